@@ -1,0 +1,722 @@
+"""Symbolic integer expressions for shapes, strides and index arithmetic.
+
+An ``Expr`` is immutable and hash-consed: building the same expression twice gives the same
+object, so ``is``/``==`` is structural equality and expressions are cheap dictionary keys.
+Public combinators take and return ``sint`` (``int | Expr``): a result that simplifies to a
+constant comes back as a plain ``int``, so concrete shapes stay ordinary Python ints.
+
+Every expression carries integer interval bounds ``lo <= value <= hi``. Index variables also
+carry a symbolic extent (``0 <= i < extent``) so that ``(i0 * seq + i1) // seq`` simplifies to
+``i0`` even though ``seq`` is not a number.
+
+Semantics: ``//`` and ``%`` are floor division and floor modulo (Python's), ``lt``/``eq``
+give 0 or 1. Expressions render to C and serialize to the postfix programs of the plan format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from math import gcd
+from typing import Any, Union
+
+# Postfix opcodes shared with the plan format (docs/plan-format.md) and the C++ evaluator.
+OP_CONST, OP_DIM, OP_ADD, OP_SUB, OP_MUL, OP_FLOORDIV, OP_MOD, OP_MIN, OP_MAX, OP_LT, OP_EQ = range(
+    11
+)
+
+DEFAULT_DIM_MAX = 2**31 - 1
+
+# Expression kinds. ADD is a canonical linear form: sum(coef * term) + const.
+VAR, ADD, MUL, DIV, MOD, MIN, MAX, LT, EQ = "var", "add", "mul", "div", "mod", "min", "max", "lt", "eq"
+
+_INTERN: dict[tuple, Expr] = {}
+
+
+class Expr:
+    """A non-constant symbolic integer expression. Build with the module's combinators."""
+
+    __slots__ = ("kind", "args", "lo", "hi", "skey", "_hash", "__weakref__")
+
+    kind: str
+    args: tuple
+    lo: int
+    hi: int
+    skey: tuple
+
+    def __new__(cls, kind: str, args: tuple, lo: int, hi: int) -> Expr:
+        key = (kind, args)
+        hit = _INTERN.get(key)
+        if hit is not None:
+            return hit
+        self = object.__new__(cls)
+        self.kind, self.args, self.lo, self.hi = kind, args, lo, hi
+        self.skey = _sort_key(kind, args)
+        self._hash = hash(key)
+        _INTERN[key] = self
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self.kind, self.args))
+
+    def __bool__(self) -> bool:
+        raise TypeError(f"the truth value of symbolic expression {self} is not known at build time")
+
+    # arithmetic operators build expressions
+    def __add__(self, o: sint) -> sint:
+        return add(self, o)
+
+    __radd__ = __add__
+
+    def __sub__(self, o: sint) -> sint:
+        return add(self, mul(o, -1))
+
+    def __rsub__(self, o: sint) -> sint:
+        return add(o, mul(self, -1))
+
+    def __mul__(self, o: sint) -> sint:
+        return mul(self, o)
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> sint:
+        return mul(self, -1)
+
+    def __floordiv__(self, o: sint) -> sint:
+        return floordiv(self, o)
+
+    def __rfloordiv__(self, o: sint) -> sint:
+        return floordiv(o, self)
+
+    def __mod__(self, o: sint) -> sint:
+        return mod(self, o)
+
+    def __rmod__(self, o: sint) -> sint:
+        return mod(o, self)
+
+    def __lt__(self, o: sint) -> sint:  # type: ignore[override]
+        return lt(self, o)
+
+    def __repr__(self) -> str:
+        return render(self, lambda v: v.args[0], style="py")
+
+    @property
+    def name(self) -> str:
+        if self.kind != VAR:
+            raise TypeError(f"{self} is not a variable")
+        return str(self.args[0])
+
+    @property
+    def extent(self) -> sint | None:
+        """For index variables: the exclusive upper bound (``0 <= var < extent``)."""
+        return self.args[3] if self.kind == VAR else None
+
+    def vars(self) -> set[Expr]:
+        out: set[Expr] = set()
+        _collect_vars(self, out)
+        return out
+
+    def to_postfix(self, dim_index: Mapping[str, int]) -> list[tuple[int, int]]:
+        return to_postfix(self, dim_index)
+
+
+sint = Union[int, Expr]
+
+
+def _rebuild(kind: str, args: tuple) -> sint:
+    return _BUILDERS[kind](*args) if kind != VAR else var(*args)
+
+
+def _key(x: Any) -> tuple:
+    if isinstance(x, Expr):
+        return x.skey
+    if isinstance(x, tuple):
+        return (9, tuple(_key(a) for a in x))
+    return (0, x) if isinstance(x, int) else (1, str(x))
+
+
+_KIND_RANK = {VAR: 1, ADD: 2, MUL: 3, DIV: 4, MOD: 5, MIN: 6, MAX: 7, LT: 8, EQ: 9}
+
+
+def _sort_key(kind: str, args: tuple) -> tuple:
+    if kind == VAR:
+        return (1, args[0], args[1], args[2])
+    return (_KIND_RANK[kind], tuple(_key(a) for a in args))
+
+
+def _collect_vars(e: Any, out: set[Expr]) -> None:
+    if isinstance(e, Expr):
+        if e.kind == VAR:
+            out.add(e)
+            if isinstance(e.args[3], Expr):
+                _collect_vars(e.args[3], out)
+        else:
+            for a in e.args:
+                _collect_vars(a, out)
+    elif isinstance(e, tuple):
+        for a in e:
+            _collect_vars(a, out)
+
+
+# ----------------------------------------------------------------------------- constructors
+
+
+def var(name: str, lo: int = 0, hi: int = DEFAULT_DIM_MAX, extent: sint | None = None) -> Expr:
+    """A named integer variable with bounds ``lo <= name <= hi``.
+
+    ``extent`` marks an index variable: ``0 <= name < extent`` (``extent`` may be symbolic).
+    """
+    if lo > hi:
+        raise ValueError(f"variable {name!r}: empty range [{lo}, {hi}]")
+    return Expr(VAR, (name, int(lo), int(hi), extent), int(lo), int(hi))
+
+
+def dim(name: str, min: int = 1, max: int = DEFAULT_DIM_MAX) -> Expr:  # noqa: A002
+    """A symbolic dimension such as ``seq`` with its declared range (inclusive)."""
+    if not name.isidentifier():
+        raise ValueError(f"dim name must be an identifier, got {name!r}")
+    if min < 0:
+        raise ValueError(f"dim {name!r}: min must be >= 0, got {min}")
+    return var(name, min, max)
+
+
+def index_var(k: int, extent: sint) -> sint:
+    """The k-th index variable of a loop over ``range(extent)``; 0 when the extent is 1."""
+    if isinstance(extent, int):
+        if extent <= 1:
+            return 0
+        return var(f"_i{k}", 0, extent - 1, extent)
+    return var(f"_i{k}", 0, max(extent.hi - 1, 0), extent)
+
+
+def _lin(x: sint) -> tuple[dict[Expr, int], int]:
+    """Linear form of x: ({term: coef}, const)."""
+    if isinstance(x, int):
+        return {}, x
+    if x.kind == ADD:
+        return dict(x.args[0]), x.args[1]
+    return {x: 1}, 0
+
+
+def _fold_divmod(terms: dict[Expr, int]) -> int:
+    """k*c*(x // c) + k*(x % c) == k*x: undo the split a reshape of a merged dim makes.
+    Folds in place and returns the constant to add."""
+    extra = 0
+    for t in [t for t in terms if t.kind == MOD and isinstance(t.args[1], int)]:
+        x, c = t.args
+        k = terms.get(t, 0)
+        d = _INTERN.get((DIV, (x, c)))
+        if k == 0 or d is None or terms.get(d) != c * k:
+            continue
+        del terms[t], terms[d]
+        tx, cx = _lin(x)
+        for u, cu in tx.items():
+            terms[u] = terms.get(u, 0) + cu * k
+        extra += cx * k
+    return extra
+
+
+def _from_lin(terms: Mapping[Expr, int], const: int) -> sint:
+    if any(t.kind == MOD for t in terms):
+        terms = dict(terms)
+        const += _fold_divmod(terms)
+    items = tuple(sorted(((t, c) for t, c in terms.items() if c != 0), key=lambda tc: tc[0].skey))
+    if not items:
+        return const
+    if const == 0 and len(items) == 1 and items[0][1] == 1:
+        return items[0][0]
+    lo = hi = const
+    for t, c in items:
+        a, b = t.lo * c, t.hi * c
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return Expr(ADD, (items, const), lo, hi)
+
+
+def add(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    ta, ca = _lin(a)
+    tb, cb = _lin(b)
+    for t, c in tb.items():
+        ta[t] = ta.get(t, 0) + c
+    return _from_lin(ta, ca + cb)
+
+
+def _factors(x: Expr) -> list[Expr]:
+    return list(x.args) if x.kind == MUL else [x]
+
+
+def _mul_terms(a: Expr, b: Expr) -> Expr:
+    fs = sorted(_factors(a) + _factors(b), key=lambda f: f.skey)
+    corners = []
+    lo, hi = fs[0].lo, fs[0].hi
+    for f in fs[1:]:
+        corners = [lo * f.lo, lo * f.hi, hi * f.lo, hi * f.hi]
+        lo, hi = min(corners), max(corners)
+    return Expr(MUL, tuple(fs), lo, hi)
+
+
+def mul(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if isinstance(a, int):
+        a, b = b, a
+    assert isinstance(a, Expr)
+    if isinstance(b, int):
+        if b == 0:
+            return 0
+        ta, ca = _lin(a)
+        return _from_lin({t: c * b for t, c in ta.items()}, ca * b)
+    # distribute products of linear forms (expressions here are small)
+    ta, ca = _lin(a)
+    tb, cb = _lin(b)
+    out: dict[Expr, int] = {}
+    for t, c in ta.items():
+        out[t] = out.get(t, 0) + c * cb
+    for t, c in tb.items():
+        out[t] = out.get(t, 0) + c * ca
+    for t1, c1 in ta.items():
+        for t2, c2 in tb.items():
+            p = _mul_terms(t1, t2)
+            out[p] = out.get(p, 0) + c1 * c2
+    return _from_lin(out, ca * cb)
+
+
+def _is_multiple_of(term: Expr, d: Expr) -> Expr | None:
+    """term / d when the product ``term`` has ``d``'s factors among its own, else None."""
+    tf, df = _factors(term), _factors(d)
+    rest = list(tf)
+    for f in df:
+        if f in rest:
+            rest.remove(f)
+        else:
+            return None
+    if not rest:
+        return None  # term == d: handled by the caller as coefficient
+    out: sint = rest[0]
+    for f in rest[1:]:
+        out = mul(out, f)
+    return out if isinstance(out, Expr) else None
+
+
+def sym_upper(x: sint) -> sint:
+    """A symbolic upper bound of x, using index variables' extents (``i < extent``)."""
+    if isinstance(x, int):
+        return x
+    if x.kind == VAR:
+        return x if x.args[3] is None else add(x.args[3], -1)
+    if x.kind == ADD:
+        out: sint = x.args[1]
+        for t, c in x.args[0]:
+            out = add(out, mul(sym_upper(t) if c > 0 else sym_lower(t), c))
+        return out
+    if x.kind == MUL and all(f.lo >= 0 for f in x.args):
+        out = 1
+        for f in x.args:
+            out = mul(out, sym_upper(f))
+        return out
+    if x.kind == MOD and isinstance(x.args[1], Expr) and x.args[0].lo >= 0:
+        return add(x.args[1], -1)
+    if x.kind == DIV and isinstance(x.args[1], int) and x.args[1] > 0:
+        return floordiv(sym_upper(x.args[0]), x.args[1])
+    return x.hi
+
+
+def sym_lower(x: sint) -> sint:
+    if isinstance(x, int):
+        return x
+    if x.kind == VAR:
+        return x.lo
+    if x.kind == ADD:
+        out: sint = x.args[1]
+        for t, c in x.args[0]:
+            out = add(out, mul(sym_lower(t) if c > 0 else sym_upper(t), c))
+        return out
+    return x.lo
+
+
+def lower_bound(x: sint) -> int:
+    return x if isinstance(x, int) else x.lo
+
+
+def upper_bound(x: sint) -> int:
+    return x if isinstance(x, int) else x.hi
+
+
+def prove_nonneg(x: sint) -> bool:
+    """True when x >= 0 is provable (interval or symbolic bounds)."""
+    if lower_bound(x) >= 0:
+        return True
+    return lower_bound(sym_lower(x)) >= 0
+
+
+def prove_lt(a: sint, b: sint) -> bool:
+    """True when a < b is provable for every value of the variables."""
+    d = add(b, mul(a, -1))
+    if lower_bound(d) >= 1:
+        return True
+    return lower_bound(add(add(b, mul(sym_upper(a), -1)), -1)) >= 0
+
+
+def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
+    """a == d * q + r, with as much as possible moved into q (exact, no bounds needed)."""
+    terms, const = _lin(a)
+    q: dict[Expr, int] = {}
+    r: dict[Expr, int] = {}
+    qc, rc = 0, const
+    if isinstance(d, int):
+        for t, c in terms.items():
+            if c % d == 0:
+                q[t] = c // d
+            else:
+                r[t] = c
+        qc, rc = const // d, const % d
+        return _from_lin(q, qc), _from_lin(r, rc)
+    # d == dc * dm with dm a single monomial: a term k*t is a multiple when dc | k and dm | t
+    dterms, dconst = _lin(d)
+    if dconst != 0 or len(dterms) != 1:
+        return 0, a
+    ((dm, dc),) = dterms.items()
+    for t, c in terms.items():
+        if c % dc:
+            r[t] = c
+        elif t is dm:
+            qc += c // dc
+        elif (rest := _is_multiple_of(t, dm)) is not None:
+            q[rest] = q.get(rest, 0) + c // dc
+        else:
+            r[t] = c
+    return _from_lin(q, qc), _from_lin(r, rc)
+
+
+def _mk(kind: str, a: sint, b: sint, lo: int, hi: int) -> Expr:
+    return Expr(kind, (a, b), lo, hi)
+
+
+def floordiv(a: sint, b: sint) -> sint:
+    if isinstance(b, int):
+        if b == 0:
+            raise ZeroDivisionError(f"symbolic floor division of {a} by zero")
+        if isinstance(a, int):
+            return a // b
+        if b == 1:
+            return a
+        if b < 0:
+            return floordiv(mul(a, -1), -b)
+    if isinstance(b, Expr) and lower_bound(b) <= 0 and upper_bound(b) >= 0:
+        raise ZeroDivisionError(f"symbolic floor division of {a} by {b}, which may be zero")
+    if isinstance(a, int) and a == 0:
+        return 0
+    if isinstance(b, Expr) and a is b:
+        return 1
+    q, r = _split_multiples(a, b)
+    if isinstance(b, int):
+        # cancel a common factor: (g*x) // (g*c) == x // c
+        rt, rconst = _lin(r)
+        g = gcd(b, rconst, *rt.values())
+        if g > 1:
+            r = _from_lin({t: c // g for t, c in rt.items()}, rconst // g)
+            b = b // g
+            if b == 1:
+                return add(q, r)
+    if prove_nonneg(r) and prove_lt(r, b):
+        return q
+    if isinstance(r, Expr) and isinstance(b, int) and r.kind == DIV and isinstance(r.args[1], int):
+        return add(q, floordiv(r.args[0], r.args[1] * b))
+    if isinstance(r, int):
+        return add(q, r // b) if isinstance(b, int) else add(q, _div_raw(r, b))
+    return add(q, _div_raw(r, b))
+
+
+def _div_raw(a: sint, b: sint) -> sint:
+    bl, bh = lower_bound(b), upper_bound(b)
+    al, ah = lower_bound(a), upper_bound(a)
+    if bl > 0:
+        c = [al // bl, al // bh, ah // bl, ah // bh]
+        lo, hi = min(c), max(c)
+    else:
+        m = max(abs(al), abs(ah))
+        lo, hi = -m, m
+    if lo == hi:
+        return lo
+    return _mk(DIV, a, b, lo, hi)
+
+
+def mod(a: sint, b: sint) -> sint:
+    if isinstance(b, int):
+        if b == 0:
+            raise ZeroDivisionError(f"symbolic modulo of {a} by zero")
+        if isinstance(a, int):
+            return a % b
+        if b == 1:
+            return 0
+    if isinstance(b, Expr) and lower_bound(b) <= 0:
+        raise ZeroDivisionError(f"symbolic modulo of {a} by {b}, which may be zero or negative")
+    if isinstance(a, Expr) and a is b:
+        return 0
+    _, r = _split_multiples(a, b)
+    if prove_nonneg(r) and prove_lt(r, b):
+        return r
+    if isinstance(r, int):
+        return r % b if isinstance(b, int) else _mod_raw(r, b)
+    if isinstance(r, Expr) and r.kind == MOD and isinstance(b, int) and isinstance(r.args[1], int):
+        if r.args[1] % b == 0:
+            return mod(r.args[0], b)
+    return _mod_raw(r, b)
+
+
+def _mod_raw(a: sint, b: sint) -> sint:
+    bh = upper_bound(b)
+    return _mk(MOD, a, b, 0, bh - 1)
+
+
+def minimum(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    if a is b:
+        return a
+    if upper_bound(a) <= lower_bound(b) or prove_nonneg(add(b, mul(a, -1))):
+        return a
+    if upper_bound(b) <= lower_bound(a) or prove_nonneg(add(a, mul(b, -1))):
+        return b
+    a, b = sorted((a, b), key=_key)
+    return _mk(MIN, a, b, min(lower_bound(a), lower_bound(b)), min(upper_bound(a), upper_bound(b)))
+
+
+def maximum(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    if a is b:
+        return a
+    if upper_bound(a) <= lower_bound(b) or prove_nonneg(add(b, mul(a, -1))):
+        return b
+    if upper_bound(b) <= lower_bound(a) or prove_nonneg(add(a, mul(b, -1))):
+        return a
+    a, b = sorted((a, b), key=_key)
+    return _mk(MAX, a, b, max(lower_bound(a), lower_bound(b)), max(upper_bound(a), upper_bound(b)))
+
+
+def lt(a: sint, b: sint) -> sint:
+    """1 if a < b else 0."""
+    if isinstance(a, int) and isinstance(b, int):
+        return int(a < b)
+    if prove_lt(a, b):
+        return 1
+    if prove_nonneg(add(a, mul(b, -1))):
+        return 0
+    return _mk(LT, a, b, 0, 1)
+
+
+def eq(a: sint, b: sint) -> sint:
+    """1 if a == b else 0."""
+    if isinstance(a, int) and isinstance(b, int):
+        return int(a == b)
+    if a is b:
+        return 1
+    if prove_lt(a, b) or prove_lt(b, a):
+        return 0
+    a, b = sorted((a, b), key=_key)
+    return _mk(EQ, a, b, 0, 1)
+
+
+def ceildiv(a: sint, b: sint) -> sint:
+    return floordiv(add(a, add(b, -1)), b)
+
+
+def logical_and(a: sint, b: sint) -> sint:
+    """Both 0/1 valued: 1 when both are 1."""
+    return mul(a, b)
+
+
+_BUILDERS: dict[str, Callable[..., sint]] = {
+    ADD: lambda items, const: _from_lin(dict(items), const),
+    MUL: lambda *fs: _prod(fs),
+    DIV: floordiv,
+    MOD: mod,
+    MIN: minimum,
+    MAX: maximum,
+    LT: lt,
+    EQ: eq,
+}
+
+
+def _prod(fs: Iterable[sint]) -> sint:
+    out: sint = 1
+    for f in fs:
+        out = mul(out, f)
+    return out
+
+
+# ----------------------------------------------------------------------------- transforms
+
+
+def substitute(x: sint, mapping: Mapping[str, sint]) -> sint:
+    """Replace variables by name and re-simplify."""
+    if isinstance(x, int) or not mapping:
+        return x
+    if x.kind == VAR:
+        return mapping.get(x.args[0], x)
+    if x.kind == ADD:
+        out: sint = x.args[1]
+        for t, c in x.args[0]:
+            out = add(out, mul(substitute(t, mapping), c))
+        return out
+    args = [substitute(a, mapping) for a in x.args]
+    return _prod(args) if x.kind == MUL else _BUILDERS[x.kind](*args)
+
+
+def evaluate(x: sint, env: Mapping[str, Any]) -> Any:
+    """Evaluate with variables bound to ints or numpy integer arrays."""
+    if isinstance(x, int):
+        return x
+    k = x.kind
+    if k == VAR:
+        try:
+            return env[x.args[0]]
+        except KeyError:
+            raise ValueError(f"dim {x.args[0]!r} is not bound (bound: {sorted(env)})") from None
+    if k == ADD:
+        out = x.args[1]
+        for t, c in x.args[0]:
+            out = out + evaluate(t, env) * c
+        return out
+    if k == MUL:
+        out = 1
+        for f in x.args:
+            out = out * evaluate(f, env)
+        return out
+    a, b = evaluate(x.args[0], env), evaluate(x.args[1], env)
+    if k == DIV:
+        return a // b
+    if k == MOD:
+        return a % b
+    if k == MIN:
+        return _np_or(min, "minimum", a, b)
+    if k == MAX:
+        return _np_or(max, "maximum", a, b)
+    if k == LT:
+        return _np_or(lambda p, q: int(p < q), "less", a, b, as_int=True)
+    return _np_or(lambda p, q: int(p == q), "equal", a, b, as_int=True)
+
+
+def _np_or(fn: Callable, np_name: str, a: Any, b: Any, as_int: bool = False) -> Any:
+    if isinstance(a, int) and isinstance(b, int):
+        return fn(a, b)
+    import numpy as np
+
+    r = getattr(np, np_name)(a, b)
+    return r.astype(np.int64) if as_int else r
+
+
+def render(x: sint, name: Callable[[Expr], str], style: str = "c") -> str:
+    """Render as C (``style='c'``; floor ops go through lm_fdiv/lm_fmod when a side may be
+    negative) or as Python-like text (``style='py'``)."""
+    if isinstance(x, int):
+        return str(x) if style == "py" or -(2**31) < x < 2**31 else f"{x}LL"
+    k = x.kind
+    r = lambda e: render(e, name, style)  # noqa: E731
+    if k == VAR:
+        return name(x)
+    if k == ADD:
+        parts = []
+        for t, c in x.args[0]:
+            s = r(t)
+            parts.append(s if c == 1 else f"-{s}" if c == -1 else f"{c}*{s}")
+        if x.args[1]:
+            parts.append(str(x.args[1]))
+        return "(" + " + ".join(parts).replace("+ -", "- ") + ")"
+    if k == MUL:
+        return "(" + "*".join(r(f) for f in x.args) + ")"
+    a, b = x.args
+    if k in (DIV, MOD):
+        op = "//" if k == DIV else "%"
+        if style == "py":
+            return f"({r(a)} {op} {r(b)})"
+        if lower_bound(a) >= 0 and lower_bound(b) > 0:
+            return f"({r(a)} {'/' if k == DIV else '%'} {r(b)})"
+        return f"{'lm_fdiv' if k == DIV else 'lm_fmod'}({r(a)}, {r(b)})"
+    if k in (MIN, MAX):
+        return f"{'lm_min' if k == MIN else 'lm_max'}({r(a)}, {r(b)})" if style == "c" else f"{k}({r(a)}, {r(b)})"
+    return f"({r(a)} {'<' if k == LT else '=='} {r(b)})"
+
+
+def to_postfix(x: sint, dim_index: Mapping[str, int]) -> list[tuple[int, int]]:
+    """The postfix program of the plan format; variables must be plan dims."""
+    out: list[tuple[int, int]] = []
+    _emit(x, dim_index, out)
+    return out
+
+
+def _emit(x: sint, dim_index: Mapping[str, int], out: list[tuple[int, int]]) -> None:
+    if isinstance(x, int):
+        out.append((OP_CONST, x))
+        return
+    k = x.kind
+    if k == VAR:
+        if x.args[0] not in dim_index:
+            raise ValueError(f"expression {x} uses {x.args[0]!r}, which is not a plan dim")
+        out.append((OP_DIM, dim_index[x.args[0]]))
+    elif k == ADD:
+        first = True
+        for t, c in x.args[0]:
+            _emit(t, dim_index, out)
+            if c != 1:
+                out += [(OP_CONST, c), (OP_MUL, 0)]
+            if not first:
+                out.append((OP_ADD, 0))
+            first = False
+        if x.args[1]:
+            out += [(OP_CONST, x.args[1]), (OP_ADD, 0)]
+    elif k == MUL:
+        for i, f in enumerate(x.args):
+            _emit(f, dim_index, out)
+            if i:
+                out.append((OP_MUL, 0))
+    else:
+        _emit(x.args[0], dim_index, out)
+        _emit(x.args[1], dim_index, out)
+        op = {DIV: OP_FLOORDIV, MOD: OP_MOD, MIN: OP_MIN, MAX: OP_MAX, LT: OP_LT, EQ: OP_EQ}[k]
+        out.append((op, 0))
+
+
+def eval_postfix(prog: Iterable[tuple[int, int]], dims: list[int]) -> int:
+    """Reference evaluator of a postfix program (the C++ runtime mirrors it)."""
+    st: list[int] = []
+    for op, v in prog:
+        if op == OP_CONST:
+            st.append(v)
+        elif op == OP_DIM:
+            st.append(dims[v])
+        else:
+            b, a = st.pop(), st.pop()
+            st.append(
+                {
+                    OP_ADD: lambda: a + b,
+                    OP_SUB: lambda: a - b,
+                    OP_MUL: lambda: a * b,
+                    OP_FLOORDIV: lambda: a // b,
+                    OP_MOD: lambda: a % b,
+                    OP_MIN: lambda: min(a, b),
+                    OP_MAX: lambda: max(a, b),
+                    OP_LT: lambda: int(a < b),
+                    OP_EQ: lambda: int(a == b),
+                }[op]()
+            )
+    if len(st) != 1:
+        raise ValueError("malformed postfix program")
+    return st[0]
+
+
+def free_dims(xs: Iterable[sint]) -> set[Expr]:
+    """Named (non-index) variables used by the expressions."""
+    out: set[Expr] = set()
+    for x in xs:
+        if isinstance(x, Expr):
+            out |= {v for v in x.vars() if v.args[3] is None}
+    return out
+
+
+def as_int(x: sint) -> int | None:
+    return x if isinstance(x, int) else None

@@ -1,0 +1,110 @@
+"""One helper that checks a luminal op against PyTorch on every backend present.
+
+``check_op`` builds a graph from ``fn`` (luminal tensors in, tensor or tuple out), runs it on
+every registered backend (the reference interpreter always; compiled plans where the runtime
+is built) and compares with ``ref`` run by PyTorch on the same inputs. Inputs may be given
+symbolic shapes so one graph is checked at several bindings. Every checked name is recorded in
+``COVERED`` (the suite writes the list at the end of the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import luminal as lm
+from luminal.graph import dtypes as dt
+
+COVERED: set[str] = set()
+
+# name -> fn(graph, inputs, dims) -> {output: array}; the interpreter is always present.
+BACKENDS: dict[str, Callable[[lm.Graph, dict[str, np.ndarray], dict[str, int]], dict[str, np.ndarray]]] = {
+    "interp": lambda g, inputs, dims: g.run(inputs, **dims),
+}
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int, dtype: Any = np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
+    d = np.dtype(dtype)
+    if d.kind == "f":
+        return RNG.uniform(low, high, size=shape).astype(d)
+    if d.kind == "b":
+        return RNG.random(size=shape) < 0.5
+    return RNG.integers(int(low), int(high), size=shape).astype(d)
+
+
+def _to_torch(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def check_op(
+    name: str,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    inputs: Sequence[np.ndarray],
+    *,
+    shapes: Sequence[Sequence[Any] | None] | None = None,
+    more: Sequence[Sequence[np.ndarray]] = (),
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    check_dtype: bool = True,
+    backends: Sequence[str] | None = None,
+) -> lm.Graph:
+    """Check ``fn`` against ``ref``; ``shapes`` (optional, per input) may hold dims, and
+    ``more`` gives further input lists run through the same graph."""
+    COVERED.add(name)
+    g = lm.Graph(name)
+    tensors = []
+    for i, a in enumerate(inputs):
+        shp = shapes[i] if shapes is not None and shapes[i] is not None else a.shape
+        tensors.append(g.input(f"x{i}", shp, dt.to_dtype(a.dtype)))
+    outs = _as_tuple(fn(*tensors))
+    for k, o in enumerate(outs):
+        g.output(f"out{k}", o)
+    g.verify()
+    for arrays in [inputs, *more]:
+        feed = {f"x{i}": a for i, a in enumerate(arrays)}
+        with torch.no_grad():
+            want = [w.detach().numpy() if isinstance(w, torch.Tensor) else np.asarray(w)
+                    for w in _as_tuple(ref(*[_to_torch(a) for a in arrays]))]  # fmt: skip
+        for bname in backends or list(BACKENDS):
+            if bname not in BACKENDS:
+                continue
+            got = BACKENDS[bname](g, feed, {})
+            for k, w in enumerate(want):
+                compare(f"{name}[{bname}] out{k}", got[f"out{k}"], w, atol, rtol, check_dtype)
+    return g
+
+
+def compare(what: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float, check_dtype: bool) -> None:
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: shape {got.shape} != torch {want.shape}")
+    if check_dtype and np.dtype(got.dtype) != np.dtype(want.dtype):
+        raise AssertionError(f"{what}: dtype {got.dtype} != torch {want.dtype}")
+    if want.dtype.kind in "biu":
+        if not np.array_equal(got.astype(want.dtype), want):
+            bad = np.argwhere(got.astype(want.dtype) != want)[:5]
+            raise AssertionError(f"{what}: values differ at {bad.tolist()}")
+        return
+    g64, w64 = got.astype(np.float64), want.astype(np.float64)
+    if not np.allclose(g64, w64, atol=atol, rtol=rtol, equal_nan=True):
+        err = np.abs(g64 - w64)
+        err[np.isnan(err) & np.isnan(g64) & np.isnan(w64)] = 0
+        i = np.unravel_index(np.nanargmax(err), err.shape) if err.size else ()
+        raise AssertionError(
+            f"{what}: max abs err {np.nanmax(err):.3g} at {i} (got {g64[i]!r}, torch {w64[i]!r}); "
+            f"atol={atol} rtol={rtol}"
+        )
+
+
+def sym_shape(shape: Sequence[int], which: Mapping[int, Any]) -> tuple:
+    """Replace entries of ``shape`` by dims: ``sym_shape((3, 50), {1: seq})``."""
+    return tuple(which.get(k, s) for k, s in enumerate(shape))
