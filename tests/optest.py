@@ -9,6 +9,8 @@ symbolic shapes so one graph is checked at several bindings. Every checked name 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,11 +23,45 @@ from luminal.graph import dtypes as dt
 COVERED: set[str] = set()
 
 # name -> fn(graph, inputs, dims) -> {output: array}; the interpreter is always present.
-BACKENDS: dict[str, Callable[[lm.Graph, dict[str, np.ndarray], dict[str, int]], dict[str, np.ndarray]]] = {
+BACKENDS: dict[
+    str, Callable[[lm.Graph, dict[str, np.ndarray], dict[str, int]], dict[str, np.ndarray]]
+] = {
     "interp": lambda g, inputs, dims: g.run(inputs, **dims),
 }
 
 RNG = np.random.default_rng(0)
+
+# Plans compiled by the "cpu" backend are saved here with their inputs and the interpreter's
+# outputs; tests/test_zz_fresh_process.py reloads every one in a new process.
+PLAN_DIR = tempfile.mkdtemp(prefix="luminal-optest-")
+MANIFEST: list[tuple[str, str]] = []  # (plan path, npz path)
+_COMPILED: dict[int, Any] = {}
+
+
+def _cpu_backend(
+    g: lm.Graph, inputs: dict[str, np.ndarray], dims: dict[str, int]
+) -> dict[str, np.ndarray]:
+    cg = _COMPILED.get(id(g))
+    if cg is None or cg[0] is not g:
+        cg = (g, lm.compile(g))
+        _COMPILED.clear()  # one graph at a time: check_op compiles once, runs every binding
+        _COMPILED[id(g)] = cg
+    out = cg[1].run(inputs, **dims)
+    k = len(MANIFEST)
+    plan_path = os.path.join(PLAN_DIR, f"{k:05d}_{g.name}.lmp")
+    data_path = os.path.join(PLAN_DIR, f"{k:05d}.npz")
+    cg[1].save(plan_path)
+    expect = g.run(inputs, **dims)
+    np.savez(
+        data_path,
+        **{f"in.{n}": a for n, a in inputs.items()},
+        **{f"out.{n}": a for n, a in expect.items()},
+    )
+    MANIFEST.append((plan_path, data_path))
+    return out
+
+
+BACKENDS["cpu"] = _cpu_backend
 
 
 def rand(*shape: int, dtype: Any = np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
@@ -84,7 +120,9 @@ def check_op(
     return g
 
 
-def compare(what: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float, check_dtype: bool) -> None:
+def compare(
+    what: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float, check_dtype: bool
+) -> None:
     if got.shape != want.shape:
         raise AssertionError(f"{what}: shape {got.shape} != torch {want.shape}")
     if check_dtype and np.dtype(got.dtype) != np.dtype(want.dtype):

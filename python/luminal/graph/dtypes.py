@@ -64,7 +64,23 @@ fp4e2m1 = DType("fp4e2m1", 12, 4, "float", ml_dtypes.float4_e2m1fn, "uint8_t")
 i4 = DType("i4", 13, 4, "int", ml_dtypes.int4, "uint8_t")
 u4 = DType("u4", 14, 4, "uint", ml_dtypes.uint4, "uint8_t")
 
-ALL: tuple[DType, ...] = (f32, f16, bf16, f64, i32, i64, bool_, i8, u8, f8e4m3, f8e5m2, e8m0, fp4e2m1, i4, u4)
+ALL: tuple[DType, ...] = (
+    f32,
+    f16,
+    bf16,
+    f64,
+    i32,
+    i64,
+    bool_,
+    i8,
+    u8,
+    f8e4m3,
+    f8e5m2,
+    e8m0,
+    fp4e2m1,
+    i4,
+    u4,
+)
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
 BY_CODE: dict[int, DType] = {d.code: d for d in ALL}
 _ALIASES = {
@@ -128,4 +144,6 @@ def np_cast(x: np.ndarray, dtype: DType) -> np.ndarray:
     return x.astype(dtype.np_type)
 
 
-_EXOTIC_FLOATS = {np.dtype(d.np_type) for d in ALL if d.is_float and d.name not in ("f32", "f64", "f16")}
+_EXOTIC_FLOATS = {
+    np.dtype(d.np_type) for d in ALL if d.is_float and d.name not in ("f32", "f64", "f16")
+}

@@ -50,12 +50,15 @@ def infer(op: Op | Leaf, srcs: Sequence[Src], arg: Any) -> tuple[DType, tuple[si
     shapes = [v.shape for _, v in srcs]
     dts = [n.dtype for n, _ in srcs]
     want = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(REDUCE, 1),
-            Op.CAST: 1, Op.GATHER: 2, Op.SCATTER: 3, Op.IOTA: 0, Leaf.OUTPUT: 1}.get(op, 0)  # fmt: skip
+            Op.CAST: 1, Op.GATHER: 2, Op.SCATTER: 3, Op.IOTA: 0,
+            Leaf.OUTPUT: 1}.get(op, 0)  # fmt: skip
     if len(srcs) != want:
         raise ValueError(f"{name}: expected {want} inputs, got {len(srcs)}")
     if op in UNARY:
         if not dts[0].is_float:
-            raise TypeError(f"{name}: needs a float input, got {dts[0].name}{_shape_str(shapes[0])}")
+            raise TypeError(
+                f"{name}: needs a float input, got {dts[0].name}{_shape_str(shapes[0])}"
+            )
         return dts[0], shapes[0]
     if op in BINARY:
         if shapes[0] != shapes[1]:
@@ -110,9 +113,12 @@ class Graph:
         self.weights: dict[str, Any] = {}  # name -> numpy array (weights set with Tensor.set)
 
     def __repr__(self) -> str:
-        return f"Graph({self.name!r}, {len(self.nodes)} nodes, inputs={list(self.inputs)}, outputs={list(self.outputs)})"
+        return (f"Graph({self.name!r}, {len(self.nodes)} nodes, inputs={list(self.inputs)}, "
+                f"outputs={list(self.outputs)})")
 
-    def _intern(self, op: Op | Leaf, srcs: tuple[Src, ...], dtype: DType, shape: tuple[sint, ...], arg: Any) -> Node:
+    def _intern(
+        self, op: Op | Leaf, srcs: tuple[Src, ...], dtype: DType, shape: tuple[sint, ...], arg: Any
+    ) -> Node:
         key = (op, tuple((n.id, v) for n, v in srcs), dtype, shape, arg)
         hit = self._interned.get(key)
         if hit is not None:
@@ -122,12 +128,15 @@ class Graph:
         self._interned[key] = node
         return node
 
-    def add_op(self, op: Op, srcs: Sequence[Src], arg: Any = None, shape: Sequence[sint] | None = None,
+    def add_op(self, op: Op, srcs: Sequence[Src], arg: Any = None,
+               shape: Sequence[sint] | None = None,
            dtype: DType | None = None) -> Node:  # fmt: skip
         """Add a primitive op (shape/dtype checked and inferred)."""
         for n, _ in srcs:
             if n.graph is not self:
-                raise ValueError(f"{op.name}: input %{n.id} belongs to another graph ({n.graph.name!r})")
+                raise ValueError(
+                    f"{op.name}: input %{n.id} belongs to another graph ({n.graph.name!r})"
+                )
         if op is Op.IOTA:
             if shape is None:
                 raise ValueError("IOTA: needs a shape")
@@ -138,14 +147,19 @@ class Graph:
             for v in _vars(arg):
                 k = int(v.name[2:]) if v.extent is not None else -1
                 if v.extent is not None and (k >= len(shp) or v.extent != shp[k]):
-                    raise ValueError(f"IOTA: expression {arg} uses index variables outside shape {_shape_str(shp)}")
+                    raise ValueError(
+                        f"IOTA: expression {arg} uses index variables outside shape "
+                        f"{_shape_str(shp)}"
+                    )
             return self._intern(op, (), d, shp, arg)
         d, shp = infer(op, srcs, arg)
         if op is Op.CAST:
             arg = d
         return self._intern(op, tuple(srcs), d, tuple(shp), arg)
 
-    def add_input(self, name: str, shape: Sequence[sint], dtype: Any = dt.f32, weight: bool = False) -> Node:
+    def add_input(
+        self, name: str, shape: Sequence[sint], dtype: Any = dt.f32, weight: bool = False
+    ) -> Node:
         if not name or not isinstance(name, str):
             raise ValueError(f"input name must be a non-empty string, got {name!r}")
         if name in self.inputs:
@@ -184,7 +198,9 @@ class Graph:
         """Nodes reachable from ``roots`` (default: the outputs), sources first."""
         order: list[Node] = []
         seen: set[int] = set()
-        stack: list[tuple[Node, bool]] = [(n, False) for n in (roots if roots is not None else self.outputs.values())]
+        stack: list[tuple[Node, bool]] = [
+            (n, False) for n in (roots if roots is not None else self.outputs.values())
+        ]
         while stack:
             n, done = stack.pop()
             if done:
@@ -225,7 +241,9 @@ class Graph:
             for s, v in n.srcs:
                 if s.graph is not self or pos.get(s.id, i) >= i:
                     raise ValueError(f"node {n}: source %{s.id} is foreign or not before it")
-                if v.ndim and any(x.extent is not None and int(x.name[2:]) >= v.ndim for x in _vars(v.index)):
+                if v.ndim and any(
+                    x.extent is not None and int(x.name[2:]) >= v.ndim for x in _vars(v.index)
+                ):
                     raise ValueError(f"node {n}: view {v} uses index variables beyond its rank")
             if isinstance(n.op, Op) and n.op is not Op.IOTA:
                 d, shp = infer(n.op, [(s, v) for s, v in n.srcs], n.arg)

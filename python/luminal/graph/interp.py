@@ -21,14 +21,18 @@ from .ops import Leaf, Op
 from .view import View
 
 
-def bind_dims(graph: Graph, inputs: Mapping[str, Any], dims: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind_dims(
+    graph: Graph, inputs: Mapping[str, Any], dims: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """Dims given explicitly, plus those read off inputs whose shape entry is a bare dim;
     every dim checked against its declared range."""
     declared = graph.dims()
     env: dict[str, int] = {}
     for k, v in (dims or {}).items():
         if k not in declared:
-            raise ValueError(f"unknown dim {k!r}; graph {graph.name!r} declares {sorted(declared) or 'none'}")
+            raise ValueError(
+                f"unknown dim {k!r}; graph {graph.name!r} declares {sorted(declared) or 'none'}"
+            )
         env[k] = int(v)
     for name, node in graph.inputs.items():
         if name not in inputs:
@@ -72,7 +76,7 @@ def read(view: View, arr: np.ndarray, env: Mapping[str, int]) -> np.ndarray:
     """What an edge with ``view`` sees of ``arr`` (the source's contiguous buffer)."""
     shape = tuple(int(sym.evaluate(s, env)) for s in view.shape)
     flat = arr.reshape(-1)
-    if view.is_contiguous():
+    if view.is_contiguous() and flat.size == int(np.prod(shape)):  # a prefix slice is not a copy
         return flat.reshape(shape)
     g = {**env, **_grid(shape)}
     idx = np.broadcast_to(np.asarray(sym.evaluate(view.index, g), dtype=np.int64), shape)
@@ -167,7 +171,11 @@ def eval_node(n: Node, srcs: list[np.ndarray], env: Mapping[str, int]) -> np.nda
         v = n.arg
         if isinstance(v, sym.Expr):
             v = sym.evaluate(v, env)
-        return dt.np_cast(np.asarray(v), d) if not d.is_float else np.asarray(v, dtype=np.float64).astype(d.np_type)
+        return (
+            dt.np_cast(np.asarray(v), d)
+            if not d.is_float
+            else np.asarray(v, dtype=np.float64).astype(d.np_type)
+        )
     raise ValueError(f"interp: cannot evaluate {n}")
 
 
@@ -182,13 +190,17 @@ def run(
     inputs = dict(inputs or {})
     for name in inputs:
         if name not in graph.inputs:
-            raise ValueError(f"unknown input {name!r}; graph {graph.name!r} has {sorted(graph.inputs)}")
+            raise ValueError(
+                f"unknown input {name!r}; graph {graph.name!r} has {sorted(graph.inputs)}"
+            )
     feed = {**graph.weights, **inputs}
     env = bind_dims(graph, feed, dims)
     names = outputs if outputs is not None else list(graph.outputs)
     for o in names:
         if o not in graph.outputs:
-            raise ValueError(f"unknown output {o!r}; graph {graph.name!r} has {sorted(graph.outputs)}")
+            raise ValueError(
+                f"unknown output {o!r}; graph {graph.name!r} has {sorted(graph.outputs)}"
+            )
     vals: dict[int, np.ndarray] = {}
     result: dict[str, np.ndarray] = {}
     for n in graph.toposort([graph.outputs[o] for o in names]):
@@ -201,7 +213,7 @@ def run(
             continue
         srcs = [read(v, vals[s.id], env) for s, v in n.srcs]
         if n.op is Leaf.OUTPUT:
-            result[n.arg] = np.ascontiguousarray(srcs[0])
+            result[n.arg] = np.ascontiguousarray(srcs[0]).reshape(np.shape(srcs[0]))  # keep 0-d
             continue
         vals[n.id] = np.ascontiguousarray(eval_node(n, srcs, env))
     return {o: result[o] for o in names}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from math import gcd
-from typing import Any, Union
+from typing import Any
 
 # Postfix opcodes shared with the plan format (docs/plan-format.md) and the C++ evaluator.
 OP_CONST, OP_DIM, OP_ADD, OP_SUB, OP_MUL, OP_FLOORDIV, OP_MOD, OP_MIN, OP_MAX, OP_LT, OP_EQ = range(
@@ -27,7 +27,17 @@ OP_CONST, OP_DIM, OP_ADD, OP_SUB, OP_MUL, OP_FLOORDIV, OP_MOD, OP_MIN, OP_MAX, O
 DEFAULT_DIM_MAX = 2**31 - 1
 
 # Expression kinds. ADD is a canonical linear form: sum(coef * term) + const.
-VAR, ADD, MUL, DIV, MOD, MIN, MAX, LT, EQ = "var", "add", "mul", "div", "mod", "min", "max", "lt", "eq"
+VAR, ADD, MUL, DIV, MOD, MIN, MAX, LT, EQ = (
+    "var",
+    "add",
+    "mul",
+    "div",
+    "mod",
+    "min",
+    "max",
+    "lt",
+    "eq",
+)
 
 _INTERN: dict[tuple, Expr] = {}
 
@@ -122,7 +132,7 @@ class Expr:
         return to_postfix(self, dim_index)
 
 
-sint = Union[int, Expr]
+sint = int | Expr
 
 
 def _rebuild(kind: str, args: tuple) -> sint:
@@ -638,7 +648,11 @@ def render(x: sint, name: Callable[[Expr], str], style: str = "c") -> str:
             return f"({r(a)} {'/' if k == DIV else '%'} {r(b)})"
         return f"{'lm_fdiv' if k == DIV else 'lm_fmod'}({r(a)}, {r(b)})"
     if k in (MIN, MAX):
-        return f"{'lm_min' if k == MIN else 'lm_max'}({r(a)}, {r(b)})" if style == "c" else f"{k}({r(a)}, {r(b)})"
+        return (
+            f"{'lm_min' if k == MIN else 'lm_max'}({r(a)}, {r(b)})"
+            if style == "c"
+            else f"{k}({r(a)}, {r(b)})"
+        )
     return f"({r(a)} {'<' if k == LT else '=='} {r(b)})"
 
 
@@ -679,34 +693,6 @@ def _emit(x: sint, dim_index: Mapping[str, int], out: list[tuple[int, int]]) -> 
         _emit(x.args[1], dim_index, out)
         op = {DIV: OP_FLOORDIV, MOD: OP_MOD, MIN: OP_MIN, MAX: OP_MAX, LT: OP_LT, EQ: OP_EQ}[k]
         out.append((op, 0))
-
-
-def eval_postfix(prog: Iterable[tuple[int, int]], dims: list[int]) -> int:
-    """Reference evaluator of a postfix program (the C++ runtime mirrors it)."""
-    st: list[int] = []
-    for op, v in prog:
-        if op == OP_CONST:
-            st.append(v)
-        elif op == OP_DIM:
-            st.append(dims[v])
-        else:
-            b, a = st.pop(), st.pop()
-            st.append(
-                {
-                    OP_ADD: lambda: a + b,
-                    OP_SUB: lambda: a - b,
-                    OP_MUL: lambda: a * b,
-                    OP_FLOORDIV: lambda: a // b,
-                    OP_MOD: lambda: a % b,
-                    OP_MIN: lambda: min(a, b),
-                    OP_MAX: lambda: max(a, b),
-                    OP_LT: lambda: int(a < b),
-                    OP_EQ: lambda: int(a == b),
-                }[op]()
-            )
-    if len(st) != 1:
-        raise ValueError("malformed postfix program")
-    return st[0]
 
 
 def free_dims(xs: Iterable[sint]) -> set[Expr]:

@@ -81,7 +81,9 @@ class View:
     def expand(self, shape: Sequence[sint]) -> View:
         """Broadcast size-1 dims to ``shape`` (same rank)."""
         nv = idx_vars(shape)
-        old = [0 if (s == 1 and n != 1) else nv[k] for k, (s, n) in enumerate(zip(self.shape, shape))]
+        old = [
+            0 if (s == 1 and n != 1) else nv[k] for k, (s, n) in enumerate(zip(self.shape, shape))
+        ]
         return self._remap(shape, old)
 
     def unsqueeze(self, dim: int) -> View:
@@ -121,7 +123,11 @@ class View:
             flat = sym.add(flat, sym.mul(v, st))
         # the outermost dim needs no modulo: flat < numel
         old = [
-            0 if s == 1 else sym.floordiv(flat, st) if k == 0 else sym.mod(sym.floordiv(flat, st), s)
+            0
+            if s == 1
+            else sym.floordiv(flat, st)
+            if k == 0
+            else sym.mod(sym.floordiv(flat, st), s)
             for k, (s, st) in enumerate(zip(self.shape, contiguous_strides(self.shape)))
         ]
         return self._remap(shape, old)

@@ -1,0 +1,410 @@
+"""Render kernel IR as C for the CPU backend.
+
+Every kernel has the CPU ABI of the plan format::
+
+    void NAME(void *const *args, const int64_t *dims, int64_t begin, int64_t end);
+
+``args`` are the kernel's buffers (output first, then what it reads), ``dims`` the bound plan
+dims, ``[begin, end)`` the tasks this call runs. A task is one index of the outer dims (all but
+the innermost); the innermost dim is a plain loop the C compiler vectorizes. Low-precision
+floats compute in f32 and round once, at the store. Each kernel carries a guarded prelude so
+a plan's kernels concatenate into one translation unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..compiler import kernel_ir as K
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Op
+from ..graph.symbolic import sint
+from ..graph.view import contiguous_strides
+
+PRELUDE = r"""
+#ifndef LM_PRELUDE
+#define LM_PRELUDE
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+static inline int64_t lm_fdiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) & ((a < 0) != (b < 0))); }
+static inline int64_t lm_fmod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t lm_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t lm_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t lm_imod(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }
+static inline float lm_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline double lm_maxd(double a, double b) { return (a > b || a != a) ? a : b; }
+static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+static inline float lm_bf16_to_f32(uint16_t h) { return lm_bits_f32((uint32_t)h << 16); }
+static inline uint16_t lm_f32_to_bf16(float f) {
+  uint32_t u = lm_f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* small float formats: decode by fields; encode = nearest representable, ties to even code */
+static inline float lm_small_to_f32(uint32_t code, int eb, int mb, int bias, int fn) {
+  uint32_t s = code >> (eb + mb), e = (code >> mb) & ((1u << eb) - 1), m = code & ((1u << mb) - 1);
+  float v;
+  if (fn == 1 && e == (1u << eb) - 1 && m == (1u << mb) - 1) return NAN; /* e4m3fn */
+  if (fn == 0 && e == (1u << eb) - 1) return m ? NAN : (s ? -INFINITY : INFINITY); /* IEEE-like */
+  if (e == 0) v = ldexpf((float)m, 1 - bias - mb); else v = ldexpf((float)(m | (1u << mb)), (int)e - bias - mb);
+  return s ? -v : v;
+}
+static inline uint32_t lm_f32_to_small(float x, int eb, int mb, int bias, int fn) {
+  uint32_t sign = signbit(x) ? 1u << (eb + mb) : 0u, n = 1u << (eb + mb), best = 0, lo = 0, hi;
+  float ax = fabsf(x);
+  hi = (fn == 1) ? n - 2 : (fn == 0) ? ((1u << eb) - 1) << mb : n - 1; /* largest finite code + 1 */
+  if (fn == 0) hi -= 1;
+  if (x != x) return fn == 2 ? n - 1 : sign | ((fn == 1) ? n - 1 : (((1u << eb) - 1) << mb) | 1u);
+  if (fn != 2 && ax > lm_small_to_f32(hi, eb, mb, bias, fn)) {
+    float top = lm_small_to_f32(hi, eb, mb, bias, fn), prev = lm_small_to_f32(hi - 1, eb, mb, bias, fn);
+    if (ax >= top + (top - prev) * 0.5f) return fn == 1 ? sign | (n - 1) : sign | (((1u << eb) - 1) << mb);
+  }
+  while (lo < hi) { uint32_t mid = (lo + hi + 1) / 2; if (lm_small_to_f32(mid, eb, mb, bias, fn) <= ax) lo = mid; else hi = mid - 1; }
+  best = lo;
+  if (best + 1 <= ((fn == 1) ? n - 2 : n - 1)) {
+    float a = lm_small_to_f32(best, eb, mb, bias, fn), b = lm_small_to_f32(best + 1, eb, mb, bias, fn);
+    if (b == b && (ax - a > b - ax || (ax - a == b - ax && (best & 1)))) best += 1;
+  }
+  return sign | best;
+}
+static inline float lm_e8m0_to_f32(uint8_t c) { return c == 255 ? NAN : ldexpf(1.0f, (int)c - 127); }
+static inline uint8_t lm_f32_to_e8m0(float x) {
+  if (!(x > 0) || x != x) return 255;
+  int e; float m = frexpf(x, &e); /* x = m * 2^e, m in [0.5, 1) */
+  int k = e - 1 + (m > 0.75f ? 1 : 0) + 127;
+  return (uint8_t)(k < 0 ? 0 : k > 254 ? 254 : k);
+}
+#endif
+"""
+
+# (decode, encode) for stored types that compute as f32
+_SMALL = {
+    dt.f8e4m3: (4, 3, 7, 1),
+    dt.f8e5m2: (5, 2, 15, 0),
+    dt.fp4e2m1: (2, 1, 1, 2),
+}
+
+
+def ctype(d: dt.DType) -> str:
+    """The C type a value of dtype ``d`` is computed in."""
+    if d.is_float:
+        return "double" if d is dt.f64 else "float"
+    return {dt.bool_: "uint8_t", dt.i4: "int8_t", dt.u4: "uint8_t"}.get(d, d.c_type)
+
+
+def _c_name(v: sym.Expr) -> str:
+    n = v.name
+    if n.startswith("_i") or n.startswith("_r") or n.startswith("_g"):
+        return n[1:]
+    return f"d_{n}"
+
+
+def cexpr(e: sint) -> str:
+    return sym.render(e, _c_name, "c")
+
+
+def _const(value: float | int | bool, d: dt.DType) -> str:
+    if d.is_float:
+        f = float(value)
+        if math.isnan(f):
+            return "NAN"
+        if math.isinf(f):
+            return "INFINITY" if f > 0 else "-INFINITY"
+        return repr(f) + ("" if d is dt.f64 else "f")
+    if d is dt.bool_:
+        return "1" if value else "0"
+    return f"({ctype(d)}){int(value)}LL"
+
+
+def load_expr(ptr: str, idx: str, d: dt.DType) -> str:
+    """Read element ``idx`` of a buffer of dtype ``d`` as its compute type."""
+    if d.packed:
+        nib = f"(({ptr}[({idx}) >> 1] >> ((({idx}) & 1) * 4)) & 15)"
+        if d is dt.i4:
+            return f"((int8_t)({nib} << 4) >> 4)"
+        if d is dt.u4:
+            return f"(uint8_t){nib}"
+        return f"lm_small_to_f32({nib}, {', '.join(map(str, _SMALL[d]))})"
+    raw = f"{ptr}[{idx}]"
+    if d is dt.f16:
+        return f"lm_f16_to_f32({raw})"
+    if d is dt.bf16:
+        return f"lm_bf16_to_f32({raw})"
+    if d is dt.e8m0:
+        return f"lm_e8m0_to_f32({raw})"
+    if d in _SMALL:
+        return f"lm_small_to_f32({raw}, {', '.join(map(str, _SMALL[d]))})"
+    return raw
+
+
+def store_stmt(ptr: str, idx: str, val: str, d: dt.DType) -> str:
+    if d.packed:
+        enc = (
+            f"(uint8_t)({val} & 15)"
+            if d in (dt.i4, dt.u4)
+            else f"lm_f32_to_small({val}, {', '.join(map(str, _SMALL[d]))})"
+        )
+        return (f"{{ int64_t q = {idx}; uint8_t sh = (uint8_t)((q & 1) * 4); "
+                f"{ptr}[q >> 1] = (uint8_t)(({ptr}[q >> 1] & ~(15 << sh)) | ((({enc}) & 15) << sh)); }}")  # fmt: skip
+    conv = {dt.f16: "lm_f32_to_f16", dt.bf16: "lm_f32_to_bf16", dt.e8m0: "lm_f32_to_e8m0"}.get(d)
+    if conv:
+        return f"{ptr}[{idx}] = {conv}({val});"
+    if d in _SMALL:
+        return f"{ptr}[{idx}] = (uint8_t)lm_f32_to_small({val}, {', '.join(map(str, _SMALL[d]))});"
+    return f"{ptr}[{idx}] = {val};"
+
+
+def storage_ctype(d: dt.DType) -> str:
+    return d.c_type
+
+
+_UNARY_F = {Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.SQRT: "sqrt"}
+
+
+class _Emitter:
+    """Emits value trees as SSA statements; nested blocks get their own memo scope."""
+
+    def __init__(self, ptr_of: Callable[[int], str]) -> None:
+        self.ptr_of = ptr_of
+        self.lines: list[str] = []
+        self.scopes: list[dict[K.Value, str]] = [{}]
+        self.n = 0
+
+    def tmp(self) -> str:
+        self.n += 1
+        return f"v{self.n}"
+
+    def emit(self, v: K.Value, indent: str) -> str:
+        for s in reversed(self.scopes):
+            if v in s:
+                return s[v]
+        e = self._emit(v, indent)
+        if isinstance(v, K.Const) or e.isidentifier():
+            self.scopes[-1][v] = e
+            return e
+        name = self.tmp()
+        self.lines.append(f"{indent}const {ctype(v.dtype)} {name} = {e};")
+        self.scopes[-1][v] = name
+        return name
+
+    def block(self, body: Callable[[], None]) -> None:
+        self.scopes.append({})
+        body()
+        self.scopes.pop()
+
+    def _emit(self, v: K.Value, ind: str) -> str:
+        if isinstance(v, K.Const):
+            return _const(v.value, v.dtype)
+        if isinstance(v, K.IndexVal):
+            return f"(({ctype(v.dtype)})({cexpr(v.expr)}))"
+        if isinstance(v, K.Load):
+            x = load_expr(self.ptr_of(v.buf), cexpr(v.index), v.dtype)
+            if v.valid == 1:
+                return x
+            return f"(({cexpr(v.valid)}) ? ({ctype(v.dtype)})({x}) : ({ctype(v.dtype)})0)"
+        if isinstance(v, K.Cast):
+            a = self.emit(v.src, ind)
+            if v.dtype is dt.bool_:
+                return f"(uint8_t)({a} != 0)"
+            if v.dtype in (dt.i4, dt.u4):
+                return (
+                    f"({ctype(v.dtype)})(((int64_t)({a})) & 15)"
+                    if v.dtype is dt.u4
+                    else f"(int8_t)((int8_t)(((int64_t)({a})) << 4) >> 4)"
+                )
+            return f"({ctype(v.dtype)})({a})"
+        if isinstance(v, K.Alu):
+            return self._alu(v, ind)
+        if isinstance(v, K.Masked):
+            out = self.tmp()
+            self.lines.append(f"{ind}{ctype(v.dtype)} {out} = 0;")
+            self.lines.append(f"{ind}if ({cexpr(v.valid)}) {{")
+
+            def inner() -> None:
+                x = self.emit(v.value, ind + "  ")
+                self.lines.append(f"{ind}  {out} = {x};")
+
+            self.block(inner)
+            self.lines.append(f"{ind}}}")
+            return out
+        if isinstance(v, K.Reduce):
+            acc = self.tmp()
+            t = ctype(v.dtype)
+            init = "0" if v.op is Op.SUM_REDUCE else _max_init(v.dtype)
+            self.lines.append(f"{ind}{t} {acc} = {init};")
+            rv = _c_name(v.var)
+            self.lines.append(f"{ind}for (int64_t {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{")
+
+            def body() -> None:
+                x = self.emit(v.body, ind + "  ")
+                if v.op is Op.SUM_REDUCE:
+                    upd = (
+                        f"{acc} + {x}"
+                        if v.dtype.is_float
+                        else f"({t})((int64_t){acc} + (int64_t){x})"
+                    )
+                elif v.dtype.is_float:
+                    upd = f"{'lm_maxd' if v.dtype is dt.f64 else 'lm_maxf'}({acc}, {x})"
+                else:
+                    upd = f"({x} > {acc} ? {x} : {acc})"
+                self.lines.append(f"{ind}  {acc} = {upd};")
+
+            self.block(body)
+            self.lines.append(f"{ind}}}")
+            return acc
+        if isinstance(v, K.Gather):
+            out = self.tmp()
+            row = self.emit(v.row, ind)
+            gv = _c_name(v.var)
+            self.lines.append(f"{ind}{ctype(v.dtype)} {out} = 0;")
+            self.lines.append(f"{ind}{{ const int64_t {gv} = (int64_t)({row});")
+            self.lines.append(f"{ind}if ({gv} >= 0 && {gv} < {cexpr(v.rows)}) {{")
+
+            def gbody() -> None:
+                x = self.emit(v.body, ind + "  ")
+                self.lines.append(f"{ind}  {out} = {x};")
+
+            self.block(gbody)
+            self.lines.append(f"{ind}}} }}")
+            return out
+        raise TypeError(f"cannot render {v!r}")
+
+    def _alu(self, v: K.Alu, ind: str) -> str:
+        args = [self.emit(s, ind) for s in v.srcs]
+        d, t = v.dtype, ctype(v.dtype)
+        op = v.op
+        if op in _UNARY_F:
+            return f"{_UNARY_F[op]}{'' if d is dt.f64 else 'f'}({args[0]})"
+        if op is Op.RECIP:
+            return f"({'1.0' if d is dt.f64 else '1.0f'} / {args[0]})"
+        a, b = args
+        if op is Op.LESS_THAN:
+            return f"(uint8_t)({a} < {b})"
+        if d is dt.bool_:
+            return f"(uint8_t)({a} & {b})"
+        if d.is_float:
+            if op is Op.MOD:
+                return f"fmod{'' if d is dt.f64 else 'f'}({a}, {b})"
+            return f"({a} {'+' if op is Op.ADD else '*'} {b})"
+        if op is Op.MOD:
+            return f"({t})lm_imod({a}, {b})"
+        sign = "+" if op is Op.ADD else "*"
+        # compute in 64 bits (unsigned for MUL, so overflow wraps instead of being UB)
+        if op is Op.MUL:
+            return f"({t})(int64_t)((uint64_t)(int64_t){a} * (uint64_t)(int64_t){b})"
+        return f"({t})(int64_t)((uint64_t)(int64_t){a} {sign} (uint64_t)(int64_t){b})"
+
+
+def _max_init(d: dt.DType) -> str:
+    if d.is_float:
+        return "-INFINITY"
+    return {dt.i32: "INT32_MIN", dt.i64: "INT64_MIN", dt.i8: "INT8_MIN", dt.i4: "-8"}.get(d, "0")
+
+
+@dataclass
+class CKernel:
+    name: str
+    source: str
+    args: list[int]  # buffer ids: output first, then the buffers it reads
+    tasks: sint  # grid[0]
+    min_chunk: int  # tasks per thread chunk hint
+
+
+def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024) -> CKernel:
+    reads = sorted({v.buf for v in K.walk(k.value) if isinstance(v, K.Load)}
+                   | ({v.buf for v in K.walk(k.scatter_row) if isinstance(v, K.Load)} if k.scatter_row else set()))  # fmt: skip
+    reads = [b for b in reads if b != k.out] + ([k.out] if k.out in reads else [])
+    args = [k.out] + [b for b in reads if b != k.out]
+    slot = {b: i for i, b in enumerate(args)}
+    dtypes: dict[int, dt.DType] = {k.out: k.dtype}
+    for v in K.walk(k.value):
+        if isinstance(v, K.Load):
+            dtypes[v.buf] = v.dtype
+    if k.scatter_row is not None:
+        for v in K.walk(k.scatter_row):
+            if isinstance(v, K.Load):
+                dtypes[v.buf] = v.dtype
+    em = _Emitter(lambda b: f"b{slot[b]}")
+    shape = k.shape
+    n = len(shape)
+    lines = [
+        f"void {k.name}(void *const *args, const int64_t *dims, int64_t begin, int64_t end) {{"
+    ]
+    for b, i in slot.items():
+        const = "" if i == 0 else "const "
+        lines.append(
+            f"  {const}{storage_ctype(dtypes[b])} *restrict b{i} = ({const}{storage_ctype(dtypes[b])} *)args[{i}];"
+        )
+    for i, name in enumerate(dim_names):
+        lines.append(f"  const int64_t d_{name} = dims[{i}]; (void)d_{name};")
+    ext = [cexpr(s) for s in shape]
+    ivars = [f"i{j}" for j in range(n)]
+    body_ind = "    "
+    if n == 0:
+        tasks: sint = 1
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        loop_close = ["  }"]
+    elif n == 1:
+        tasks = sym.ceildiv(shape[0], inner_chunk)
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        lines.append(f"    const int64_t hi = lm_min({ext[0]}, (t + 1) * {inner_chunk});")
+        lines.append(f"    for (int64_t i0 = t * {inner_chunk}; i0 < hi; ++i0) {{")
+        body_ind = "      "
+        loop_close = ["    }", "  }"]
+    else:
+        tasks = 1
+        for s in shape[:-1]:
+            tasks = sym.mul(tasks, s)
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        rem = "t"
+        for j in range(n - 2, -1, -1):
+            if j == 0:
+                lines.append(f"    const int64_t i0 = {rem};")
+            else:
+                lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
+                lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
+                rem = f"q{j}"
+        lines.append(f"    for (int64_t i{n - 1} = 0; i{n - 1} < {ext[n - 1]}; ++i{n - 1}) {{")
+        body_ind = "      "
+        loop_close = ["    }", "  }"]
+    for j in range(n):
+        lines.append(f"{body_ind}(void){ivars[j]};")
+    em.lines = []
+    val = em.emit(k.value, body_ind)
+    body = list(em.lines)
+    if k.scatter_row is None:
+        flat: sint = 0
+        for v, st in zip(
+            [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)
+        ):
+            flat = sym.add(flat, sym.mul(v, st))
+        body.append(body_ind + store_stmt("b0", cexpr(flat), val, k.dtype))
+    else:
+        em.lines = []
+        row = em.emit(k.scatter_row, body_ind)
+        body += em.lines
+        inner_shape = shape[k.row_dims :]
+        inner: sint = 0
+        for j, (s, st) in enumerate(zip(inner_shape, contiguous_strides(inner_shape))):
+            inner = sym.add(inner, sym.mul(sym.index_var(k.row_dims + j, s), st))
+        row_size: sint = 1
+        for s in inner_shape:
+            row_size = sym.mul(row_size, s)
+        body.append(f"{body_ind}{{ const int64_t row = (int64_t)({row});")
+        body.append(f"{body_ind}  if (row >= 0 && row < {cexpr(k.scatter_rows)}) "
+                    + store_stmt("b0", f"row * {cexpr(row_size)} + {cexpr(inner)}", val, k.dtype) + " }")  # fmt: skip
+    lines += body + loop_close + ["}"]
+    inner_elems = sym.upper_bound(shape[-1]) if n >= 2 else inner_chunk
+    min_chunk = max(1, 4096 // max(inner_elems, 1))
+    if k.dtype.packed or k.scatter_row is not None:
+        # packed stores read-modify-write shared bytes, and scatters may write one row from
+        # several tasks: keep both on one thread
+        min_chunk = 2**62
+    return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, tasks, min_chunk)

@@ -1,0 +1,237 @@
+"""Lowering: a graph of primitives -> kernels of the kernel IR plus a buffer table.
+
+The baseline schedule: a node is *materialized* (gets a buffer and a kernel) when it is a
+reduction, gather or scatter, has several consumers, or feeds an output; every other
+elementwise node (and every constant and iota) is *inlined* into its consumers, through
+whatever view connects them. So an elementwise chain becomes one kernel, and a reduction
+fuses with the elementwise producers of its input. The search (compiler/search) improves on
+this by choosing among alternatives; this lowering is always available and always correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.graph import Graph, Node
+from ..graph.ops import ELEMENTWISE, REDUCE, Leaf, Op
+from ..graph.symbolic import sint
+from ..graph.view import View, contiguous_strides
+from . import kernel_ir as K
+
+Role = Literal["input", "weight", "output", "scratch"]
+
+
+@dataclass
+class BufferInfo:
+    id: int
+    name: str
+    dtype: dt.DType
+    shape: tuple[sint, ...]
+    role: Role
+
+    def numel(self) -> sint:
+        n: sint = 1
+        for s in self.shape:
+            n = sym.mul(n, s)
+        return n
+
+    def nbytes(self) -> sint:
+        return sym.ceildiv(sym.mul(self.numel(), self.dtype.bits), 8)
+
+
+@dataclass
+class Lowered:
+    buffers: list[BufferInfo]
+    kernels: list[K.Kernel]
+    dims: dict[str, sym.Expr]
+    weights: dict[str, object] = field(default_factory=dict)  # weight name -> array
+
+    def verify(self) -> None:
+        for k in self.kernels:
+            k.verify()
+
+
+def _consumers(graph: Graph, live: list[Node]) -> dict[int, list[Node]]:
+    out: dict[int, list[Node]] = {n.id: [] for n in live}
+    for n in live:
+        for s, _ in n.srcs:
+            out[s.id].append(n)
+    return out
+
+
+def _unflatten(flat: sint, shape: tuple[sint, ...]) -> dict[str, sint]:
+    """Index variables of a contiguous tensor of ``shape`` at flat offset ``flat``."""
+    out: dict[str, sint] = {}
+    for k, (s, st) in enumerate(zip(shape, contiguous_strides(shape))):
+        if s == 1:
+            continue
+        q = sym.floordiv(flat, st)
+        out[f"_i{k}"] = q if k == 0 else sym.mod(q, s)
+    return out
+
+
+class _Lowerer:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        outs = list(graph.outputs.values())
+        self.order = graph.toposort(outs)
+        self.consumers = _consumers(graph, self.order)
+        self.buffers: list[BufferInfo] = []
+        self.buf_of: dict[int, int] = {}  # node id -> buffer id
+        self.kernels: list[K.Kernel] = []
+        self.values: dict[int, K.Value] = {}  # inlined node id -> value over its own index vars
+
+    def new_buffer(self, name: str, dtype: dt.DType, shape: tuple[sint, ...], role: Role) -> int:
+        self.buffers.append(BufferInfo(len(self.buffers), name, dtype, shape, role))
+        return len(self.buffers) - 1
+
+    def materialized(self, n: Node) -> bool:
+        if n.op is Leaf.INPUT:
+            return True
+        if n.op is Leaf.CONSTANT or n.op is Op.IOTA:
+            return False
+        if n.op in ELEMENTWISE:
+            cons = self.consumers[n.id]
+            return len(cons) != 1 or cons[0].op is Leaf.OUTPUT
+        return True
+
+    # ---------------------------------------------------------------- reading an edge
+    def read(self, src: Node, view: View) -> K.Value:
+        """The value a consumer sees at its index vars when reading ``src`` through ``view``."""
+        if src.op is Leaf.CONSTANT:
+            v: K.Value = (
+                K.IndexVal(src.arg, src.dtype)
+                if isinstance(src.arg, sym.Expr) and not src.dtype.is_float
+                else K.Cast(K.IndexVal(src.arg, dt.i64), src.dtype) if isinstance(src.arg, sym.Expr)
+                else K.Const(src.arg, src.dtype)
+            )  # fmt: skip
+            return v if view.valid == 1 else _masked(view.valid, v)
+        if src.id in self.buf_of:
+            return K.Load(self.buf_of[src.id], view.index, view.valid, src.dtype)
+        inner = self.values[src.id]
+        if not src.shape:
+            out = inner
+        else:
+            out = K.substitute(inner, _unflatten(view.index, src.shape))
+        return out if view.valid == 1 else _masked(view.valid, out)
+
+    # ---------------------------------------------------------------- node values
+    def value_of(self, n: Node) -> K.Value:
+        """n's value at its own index vars, reading its sources (inlined or loaded)."""
+        op = n.op
+        if op in ELEMENTWISE:
+            srcs = tuple(self.read(s, v) for s, v in n.srcs)
+            if op is Op.CAST:
+                return srcs[0] if srcs[0].dtype is n.dtype else K.Cast(srcs[0], n.dtype)
+            return K.Alu(op, srcs, n.dtype)  # type: ignore[arg-type]
+        if op is Op.IOTA:
+            return K.IndexVal(n.arg, n.dtype)
+        if op in REDUCE:
+            (s, v), axis = n.srcs[0], n.arg
+            ext = v.shape[axis]
+            rv = sym.var(f"_r{n.id}", 0, max(sym.upper_bound(ext) - 1, 0), ext)
+            # source index vars: output vars with the reduced axis inserted
+            m: dict[str, sint] = {}
+            for k in range(len(v.shape)):
+                m[f"_i{k}"] = (
+                    rv if k == axis else sym.index_var(k if k < axis else k - 1, v.shape[k])
+                )
+            body = K.substitute(self.read(s, v), m)
+            return K.Reduce(op, rv, ext, body, n.dtype)  # type: ignore[arg-type]
+        if op is Op.GATHER:
+            (data, dv), (idx, iv) = n.srcs
+            nidx = len(iv.shape)
+            row = self.read(idx, iv)
+            rows = dv.shape[0]
+            gv = sym.var(f"_g{n.id}", 0, max(sym.upper_bound(rows) - 1, 0), rows)
+            m = {"_i0": gv}
+            for k in range(1, len(dv.shape)):
+                m[f"_i{k}"] = sym.index_var(nidx + k - 1, dv.shape[k])
+            body = K.substitute(self.read(data, dv), m)
+            return K.Gather(gv, row, rows, body, n.dtype)
+        raise ValueError(f"lower: no value for {n}")
+
+    # ---------------------------------------------------------------- kernels
+    def emit(self, n: Node, out: int) -> None:
+        name = f"k{len(self.kernels)}_{n.op.name.lower()}"
+        if n.op is Op.SCATTER:
+            (dest, dview), (idx, iview), (src, sview) = n.srcs
+            # 1) out = dest, 2) rows of src into out (a second kernel: it must see all of 1)
+            self.kernels.append(
+                K.Kernel(name + "_copy", n.shape, out, self.read(dest, dview), n.dtype)
+            )
+            row = self.read(idx, iview)
+            self.kernels.append(
+                K.Kernel(
+                    name,
+                    sview.shape,
+                    out,
+                    self.read(src, sview),
+                    n.dtype,
+                    scatter_row=row,
+                    scatter_rows=dview.shape[0],
+                    row_dims=len(iview.shape),
+                )  # fmt: skip
+            )
+            return
+        self.kernels.append(K.Kernel(name, n.shape, out, self.value_of(n), n.dtype))
+
+    def run(self) -> Lowered:
+        g = self.graph
+        for n in self.order:
+            if n.op is Leaf.INPUT:
+                name, is_weight = n.arg
+                role: Role = "weight" if is_weight else "input"
+                self.buf_of[n.id] = self.new_buffer(name, n.dtype, n.shape, role)
+            elif n.op is Leaf.OUTPUT:
+                if n.id in self.buf_of:
+                    continue  # its producer wrote it in place
+                s, v = n.srcs[0]
+                ob = self.new_buffer(n.arg, n.dtype, v.shape, "output")
+                value = self.read(s, v)
+                self.kernels.append(
+                    K.Kernel(f"k{len(self.kernels)}_out", v.shape, ob, value, n.dtype)
+                )
+            elif n.op is Leaf.CONSTANT:
+                continue  # read() renders constants in place
+            elif self.materialized(n):
+                cons = self.consumers[n.id]
+                if (
+                    len(cons) == 1
+                    and cons[0].op is Leaf.OUTPUT
+                    and cons[0].srcs[0][1].is_contiguous()
+                ):
+                    # the only consumer is an output read contiguously: write straight into it
+                    o = cons[0]
+                    b = self.new_buffer(o.arg, o.dtype, n.shape, "output")
+                    self.buf_of[o.id] = b
+                else:
+                    b = self.new_buffer(f"t{n.id}", n.dtype, n.shape, "scratch")
+                self.emit(n, b)
+                self.buf_of[n.id] = b
+            else:
+                self.values[n.id] = self.value_of(n)
+        for name, n in g.inputs.items():
+            if n.id not in self.buf_of and not n.arg[1]:
+                # unused inputs stay in the signature, so callers need not know what was pruned
+                self.buf_of[n.id] = self.new_buffer(name, n.dtype, n.shape, "input")
+        return Lowered(self.buffers, self.kernels, g.dims(), dict(g.weights))
+
+
+def _masked(valid: sint, v: K.Value) -> K.Value:
+    if valid == 0:
+        return K.Const(0, v.dtype)
+    return K.Masked(valid, v, v.dtype)
+
+
+def lower(graph: Graph) -> Lowered:
+    """Lower every output of ``graph`` to kernels (see the module doc for the schedule)."""
+    if not graph.outputs:
+        raise ValueError(f"graph {graph.name!r} has no outputs")
+    graph.verify()
+    result = _Lowerer(graph).run()
+    result.verify()
+    return result

@@ -1,0 +1,45 @@
+"""Every environment variable luminal reads, in one registry (README lists this table)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    default: str
+    doc: str
+
+    def get(self) -> str:
+        return os.environ.get(self.name, self.default)
+
+    def as_int(self) -> int:
+        v = self.get()
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"{self.name} must be an integer, got {v!r}") from None
+
+
+DEBUG = Flag(
+    "LUMINAL_DEBUG", "0",
+    "1 compile summary, 2 timings per step, 3 search decisions, 4 generated kernels, 5 the plan",
+)  # fmt: skip
+CACHE_DIR = Flag("LUMINAL_CACHE_DIR", "", "kernel/search cache folder (default ~/.cache/luminal)")
+NUM_THREADS = Flag("LUMINAL_NUM_THREADS", "", "CPU worker threads (default: all cores)")
+CC = Flag("CC", "cc", "C compiler for CPU kernels")
+
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC)
+
+
+def debug() -> int:
+    return DEBUG.as_int()
+
+
+def table() -> str:
+    """The README's environment-variable table."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{f.name}` | {f.default or '—'} | {f.doc} |" for f in ALL]
+    return "\n".join(rows)
