@@ -19,6 +19,7 @@ import torch
 
 import luminal as lm
 from luminal.graph import dtypes as dt
+from luminal.graph import interp
 
 COVERED: set[str] = set()
 
@@ -34,7 +35,7 @@ RNG = np.random.default_rng(0)
 # Plans compiled by the "cpu" backend are saved here with their inputs and the interpreter's
 # outputs; tests/test_zz_fresh_process.py reloads every one in a new process.
 PLAN_DIR = tempfile.mkdtemp(prefix="luminal-optest-")
-MANIFEST: list[tuple[str, str]] = []  # (plan path, npz path)
+MANIFEST: list[tuple[str, str, dict[str, int]]] = []  # (plan path, npz path, dims)
 _COMPILED: dict[int, Any] = {}
 
 
@@ -57,7 +58,8 @@ def _cpu_backend(
         **{f"in.{n}": a for n, a in inputs.items()},
         **{f"out.{n}": a for n, a in expect.items()},
     )
-    MANIFEST.append((plan_path, data_path))
+    bound = interp.bind_dims(g, {**g.weights, **inputs}, dims)
+    MANIFEST.append((plan_path, data_path, bound))
     return out
 
 

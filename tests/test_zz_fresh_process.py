@@ -14,10 +14,10 @@ import json, sys
 import numpy as np
 import luminal.runtime as rt
 bad = []
-for plan, data in json.load(sys.stdin):
+for plan, data, dims in json.load(sys.stdin):
     d = np.load(data)
     ins = {k[3:]: d[k] for k in d.files if k.startswith("in.")}
-    outs = rt.load(plan).run(ins)
+    outs = rt.load(plan).run(ins, **dims)
     for k in d.files:
         if k.startswith("out."):
             want, got = d[k], outs[k[4:]]

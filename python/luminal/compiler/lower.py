@@ -202,7 +202,7 @@ class _Lowerer:
                 if (
                     len(cons) == 1
                     and cons[0].op is Leaf.OUTPUT
-                    and cons[0].srcs[0][1].is_contiguous()
+                    and cons[0].srcs[0][1] == View.contiguous(n.shape)
                 ):
                     # the only consumer is an output read contiguously: write straight into it
                     o = cons[0]

@@ -1,0 +1,56 @@
+// Shared basics of the luminal runtime: error types, dtype facts, CRC32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace luminal {
+
+// Any runtime failure (bad input, compiler failure, backend error).
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Inputs that do not fit the plan: a dim out of range, a wrong size, an overflow they cause.
+struct InputError : Error {
+  using Error::Error;
+};
+
+// A plan file (or plan bytes) that is malformed, corrupt or inconsistent.
+struct PlanError : Error {
+  using Error::Error;
+};
+
+// Dtype codes are fixed by the plan format (docs/plan-format.md, "Dtype codes").
+enum class DType : uint8_t {
+  f32 = 0,
+  f16,
+  bf16,
+  f64,
+  i32,
+  i64,
+  boolean,
+  i8,
+  u8,
+  f8e4m3,
+  f8e5m2,
+  e8m0,
+  fp4e2m1,
+  i4,
+  u4,
+};
+constexpr int kNumDTypes = 15;
+
+// Bits per element; 4-bit types pack two per byte, low nibble first.
+int dtype_bits(DType t);
+const char *dtype_name(DType t);
+
+// Bytes needed for `count` elements of `t` (4-bit types round up).
+int64_t dtype_nbytes(DType t, int64_t count);
+
+// CRC-32 (zlib polynomial) so Python's zlib.crc32 computes the same value.
+uint32_t crc32(const void *data, size_t n, uint32_t crc = 0);
+
+} // namespace luminal

@@ -1,0 +1,30 @@
+// Turns c_source kernels into a loaded shared library, through an on-disk cache.
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace luminal::cpu {
+
+// A dlopen'd library; closed when the last owner goes.
+class SharedLib {
+public:
+  explicit SharedLib(const std::string &path);
+  ~SharedLib();
+  SharedLib(const SharedLib &) = delete;
+  SharedLib &operator=(const SharedLib &) = delete;
+  void *symbol(const std::string &name) const; // throws Error naming the symbol
+private:
+  void *handle_;
+  std::string path_;
+};
+
+// Compiles one C translation unit with $CC (default "cc") and the fixed flags, caching the
+// result in $LUMINAL_CACHE_DIR (default ~/.cache/luminal) under a hash of source, compiler
+// version, flags and CPU model. Throws Error with the compiler's log on failure.
+std::shared_ptr<SharedLib> compile_c(const std::string &source);
+
+// Writes a prebuilt shared object to the cache (keyed by its hash) and loads it.
+std::shared_ptr<SharedLib> load_shared_object(const std::string &image);
+
+} // namespace luminal::cpu

@@ -1,0 +1,263 @@
+// The CPU backend: C kernels compiled by the system compiler, a thread pool, OpenBLAS GEMM.
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "../backend.hpp"
+#include "compiler.hpp"
+#include "thread_pool.hpp"
+
+extern "C" { // scipy-openblas32 prefixes every symbol with "scipy_"
+void scipy_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                       int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void scipy_cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha,
+                       const double *a, int lda, const double *b, int ldb, double beta, double *c,
+                       int ldc);
+void scipy_openblas_set_num_threads(int n);
+}
+
+namespace luminal {
+namespace {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+
+// GEMM over row-major matrices: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for each
+// of `batch` matrices; strides and offsets are in elements. Args: A, B, C.
+class Gemm final : public LibCallOp {
+public:
+  Gemm(const Plan &plan, size_t step, cpu::ThreadPool &pool) : pool_(pool) {
+    const Step &s = plan.steps[step];
+    std::string at = "step " + std::to_string(step) + " (gemm)";
+    if (s.args.size() != 3) throw PlanError(at + ": needs 3 buffers (A, B, C)");
+    DType t = plan.buffers[s.args[0]].dtype;
+    for (uint32_t a : s.args)
+      if (plan.buffers[a].dtype != t || (t != DType::f32 && t != DType::f64))
+        throw PlanError(at + ": A, B and C must all be f32 or all f64");
+    f64_ = t == DType::f64;
+    for (const Field &f : s.fields) {
+      auto it = kIndex.find(f.name);
+      if (it == kIndex.end()) throw PlanError(at + ": unknown descriptor field '" + f.name + "'");
+      if (f.is_real && it->second < kAlpha)
+        throw PlanError(at + ": field '" + f.name + "' must be an integer expression");
+      fields_.push_back(&f);
+    }
+    for (const char *req : {"m", "n", "k"}) {
+      bool found = false;
+      for (const Field *f : fields_) found |= f->name == req;
+      if (!found) throw PlanError(at + ": descriptor lacks required field '" + req + "'");
+    }
+    args_ = s.args;
+  }
+
+  void bind(const int64_t *vals, const int64_t *buf_bytes) override {
+    int64_t v[kNum] = {};
+    v[kBatch] = 1;
+    double alpha = 1.0, beta = 0.0;
+    bool set[kNum] = {};
+    for (const Field *f : fields_) {
+      int i = kIndex.at(f->name);
+      set[i] = true;
+      double r = f->is_real ? f->real : double(vals[f->expr]);
+      if (i == kAlpha)
+        alpha = r;
+      else if (i == kBeta)
+        beta = r;
+      else
+        v[i] = vals[f->expr];
+    }
+    int64_t m = v[kM], n = v[kN], k = v[kK];
+    // Row-major defaults: packed matrices.
+    if (!set[kLda]) v[kLda] = v[kTransA] ? m : k;
+    if (!set[kLdb]) v[kLdb] = v[kTransB] ? k : n;
+    if (!set[kLdc]) v[kLdc] = n;
+    for (int i : {kM, kN, kK, kLda, kLdb, kLdc, kBatch})
+      if (v[i] < 0 || v[i] > INT32_MAX) throw Error("gemm size out of range");
+    int64_t elem = f64_ ? 8 : 4;
+    // Each operand: rows x cols stored with leading dimension ld.
+    check(v, v[kTransA] ? k : m, v[kTransA] ? m : k, v[kLda], v[kStrideA], v[kOffA],
+          buf_bytes[args_[0]] / elem, "A");
+    check(v, v[kTransB] ? n : k, v[kTransB] ? k : n, v[kLdb], v[kStrideB], v[kOffB],
+          buf_bytes[args_[1]] / elem, "B");
+    check(v, m, n, v[kLdc], v[kStrideC], v[kOffC], buf_bytes[args_[2]] / elem, "C");
+    std::memcpy(v_, v, sizeof v);
+    alpha_ = alpha;
+    beta_ = beta;
+  }
+
+  void run(void *const *args) override {
+    if (v_[kM] == 0 || v_[kN] == 0) return;
+    pool_.park(); // OpenBLAS brings its own threads; ours should not spin against them
+    int ta = v_[kTransA] ? kTrans : kNoTrans, tb = v_[kTransB] ? kTrans : kNoTrans;
+    for (int64_t i = 0; i < v_[kBatch]; ++i) {
+      int64_t oa = v_[kOffA] + i * v_[kStrideA], ob = v_[kOffB] + i * v_[kStrideB],
+              oc = v_[kOffC] + i * v_[kStrideC];
+      if (f64_)
+        scipy_cblas_dgemm(kRowMajor, ta, tb, int(v_[kM]), int(v_[kN]), int(v_[kK]), alpha_,
+                          static_cast<const double *>(args[0]) + oa, int(v_[kLda]),
+                          static_cast<const double *>(args[1]) + ob, int(v_[kLdb]), beta_,
+                          static_cast<double *>(args[2]) + oc, int(v_[kLdc]));
+      else
+        scipy_cblas_sgemm(kRowMajor, ta, tb, int(v_[kM]), int(v_[kN]), int(v_[kK]), float(alpha_),
+                          static_cast<const float *>(args[0]) + oa, int(v_[kLda]),
+                          static_cast<const float *>(args[1]) + ob, int(v_[kLdb]), float(beta_),
+                          static_cast<float *>(args[2]) + oc, int(v_[kLdc]));
+    }
+  }
+
+private:
+  enum {
+    kM,
+    kN,
+    kK,
+    kLda,
+    kLdb,
+    kLdc,
+    kTransA,
+    kTransB,
+    kBatch,
+    kStrideA,
+    kStrideB,
+    kStrideC,
+    kOffA,
+    kOffB,
+    kOffC,
+    kAlpha,
+    kBeta,
+    kNum
+  };
+  inline static const std::map<std::string, int> kIndex = {{"m", kM},
+                                                           {"n", kN},
+                                                           {"k", kK},
+                                                           {"lda", kLda},
+                                                           {"ldb", kLdb},
+                                                           {"ldc", kLdc},
+                                                           {"trans_a", kTransA},
+                                                           {"trans_b", kTransB},
+                                                           {"batch", kBatch},
+                                                           {"stride_a", kStrideA},
+                                                           {"stride_b", kStrideB},
+                                                           {"stride_c", kStrideC},
+                                                           {"a_offset", kOffA},
+                                                           {"b_offset", kOffB},
+                                                           {"c_offset", kOffC},
+                                                           {"alpha", kAlpha},
+                                                           {"beta", kBeta}};
+
+  // Refuses descriptors that would touch memory outside the operand's buffer.
+  static void check(const int64_t *v, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                    int64_t off, int64_t elems, const char *name) {
+    std::string what = std::string("operand ") + name;
+    if (ld < std::max<int64_t>(cols, 1))
+      throw Error(what + ": leading dimension " + std::to_string(ld) + " < " +
+                  std::to_string(cols));
+    if (rows == 0 || cols == 0) return;
+    __int128 span = __int128(v[kBatch] - 1) * stride; // batches may step backwards
+    __int128 first = off + (span < 0 ? span : 0);
+    __int128 last = off + (span > 0 ? span : 0) + __int128(rows - 1) * ld + cols;
+    if (first < 0 || last > elems)
+      throw Error(what + " reaches outside its buffer (" + std::to_string(elems) + " elements)");
+  }
+
+  cpu::ThreadPool &pool_;
+  bool f64_ = false;
+  std::vector<const Field *> fields_;
+  std::vector<uint32_t> args_;
+  int64_t v_[kNum] = {};
+  double alpha_ = 1.0, beta_ = 0.0;
+};
+
+bool is_identifier(const std::string &s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
+
+class CpuBackend final : public Backend {
+public:
+  explicit CpuBackend(bool staged) : staged_(staged), pool_(cpu::ThreadPool::global()) {
+    static bool blas_threads = (scipy_openblas_set_num_threads(pool_.size()), true);
+    (void)blas_threads;
+  }
+  std::string name() const override { return staged_ ? "cpu-staged" : "cpu"; }
+  bool host_visible() const override { return !staged_; }
+
+  void *alloc(size_t bytes) override {
+    void *p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign + kAlign);
+    if (!p) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void free(void *p) override { std::free(p); }
+  void copy(void *dst, const void *src, size_t n) override { std::memmove(dst, src, n); }
+  void copy_in(void *dst, const void *host, size_t n) override { std::memcpy(dst, host, n); }
+  void copy_out(void *host, const void *src, size_t n) override { std::memcpy(host, src, n); }
+
+  std::vector<KernelHandle> load_kernels(const Plan &plan) override {
+    // All C sources go into one translation unit: one compiler run per plan.
+    std::string source;
+    std::map<std::string, size_t> entries;
+    for (size_t i = 0; i < plan.kernels.size(); ++i) {
+      const Kernel &k = plan.kernels[i];
+      if (!is_identifier(k.entry))
+        throw PlanError("kernel '" + k.name + "': entry point '" + k.entry +
+                        "' is not a C identifier");
+      if (k.format == KernelFormat::c_source) {
+        if (!entries.emplace(k.entry, i).second)
+          throw PlanError("two c_source kernels define entry point '" + k.entry + "'");
+        source += "#line 1 \"kernel_" + std::to_string(i) + "\"\n" + k.code + "\n";
+      } else if (k.format != KernelFormat::shared_object) {
+        throw Error("the cpu backend cannot run kernel '" + k.name + "' of format " +
+                    kernel_format_name(k.format));
+      }
+    }
+    std::vector<KernelHandle> handles(plan.kernels.size());
+    if (!source.empty()) libs_.push_back(cpu::compile_c(source));
+    std::shared_ptr<cpu::SharedLib> c_lib = source.empty() ? nullptr : libs_.back();
+    for (size_t i = 0; i < plan.kernels.size(); ++i) {
+      const Kernel &k = plan.kernels[i];
+      if (k.format == KernelFormat::c_source) {
+        handles[i] = c_lib->symbol(k.entry);
+      } else {
+        libs_.push_back(cpu::load_shared_object(k.code));
+        handles[i] = libs_.back()->symbol(k.entry);
+      }
+    }
+    return handles;
+  }
+
+  void check_launch(const LaunchGeom &g, const std::string &what) override {
+    if (g.grid[0] < 0 || g.grid[1] != 1 || g.grid[2] != 1 || g.block[0] < 1 || g.block[1] != 1 ||
+        g.block[2] != 1)
+      throw PlanError(what +
+                      ": on cpu, grid must be (tasks >= 0, 1, 1) and block (hint >= 1, 1, 1)");
+  }
+
+  void launch(KernelHandle k, const LaunchGeom &g, void *const *args,
+              const int64_t *dims) override {
+    auto fn = reinterpret_cast<cpu::KernelFn>(k);
+    pool_.run(fn, args, dims, g.grid[0], g.block[0]);
+  }
+
+  std::unique_ptr<LibCallOp> make_libcall(const Plan &plan, size_t step) override {
+    const std::string &f = plan.steps[step].func;
+    if (f == "gemm") return std::make_unique<Gemm>(plan, step, pool_);
+    throw PlanError("step " + std::to_string(step) + ": the cpu backend has no library function '" +
+                    f + "' (it has: gemm)");
+  }
+
+  void sync() override {} // launches are synchronous on CPU
+
+private:
+  bool staged_;
+  cpu::ThreadPool &pool_;
+  std::vector<std::shared_ptr<cpu::SharedLib>> libs_;
+};
+
+} // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(bool staged) {
+  return std::make_unique<CpuBackend>(staged);
+}
+
+} // namespace luminal

@@ -1,0 +1,57 @@
+// Plan loading and the facts runtime.py needs about inputs and outputs.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "../plan.hpp"
+
+namespace nb = nanobind;
+using luminal::Plan;
+
+void init_plan(nb::module_ &m) {
+  nb::class_<Plan>(m, "Plan", "A validated plan, loaded by the C++ runtime.")
+      .def_static("load", &Plan::load, nb::arg("path"),
+                  "Maps and validates a .lmp file; raises luminal.plan.PlanError.")
+      .def_static(
+          "from_bytes",
+          [](nb::bytes data, const std::string &base_dir) {
+            return Plan::from_bytes(data.c_str(), data.size(), base_dir);
+          },
+          nb::arg("data"), nb::arg("base_dir") = ".",
+          "Validates plan bytes; external weight paths resolve against base_dir.")
+      .def_ro("backend", &Plan::backend)
+      .def_ro("arch", &Plan::arch)
+      .def_ro("metadata", &Plan::metadata)
+      .def_prop_ro("num_steps", [](const Plan &p) { return p.steps.size(); })
+      .def_prop_ro("num_kernels", [](const Plan &p) { return p.kernels.size(); })
+      .def_prop_ro(
+          "dims",
+          [](const Plan &p) {
+            std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+            for (const auto &d : p.dims) out.emplace_back(d.name, d.min, d.max);
+            return out;
+          },
+          "[(name, min, max)] in plan order.")
+      .def_prop_ro(
+          "io",
+          [](const Plan &p) {
+            // (buffer id, name, role, dtype, per shape entry: dim index if a bare dim else -1)
+            std::vector<std::tuple<uint32_t, std::string, int, int, std::vector<int64_t>>> out;
+            for (uint32_t b = 0; b < p.buffers.size(); ++b) {
+              const auto &buf = p.buffers[b];
+              if (buf.role != luminal::Role::input && buf.role != luminal::Role::output) continue;
+              std::vector<int64_t> bare;
+              for (uint32_t e : buf.shape) {
+                const auto &prog = p.exprs[e];
+                bare.push_back(prog.size() == 1 && prog[0].op == luminal::Op::Dim ? prog[0].arg
+                                                                                  : -1);
+              }
+              out.emplace_back(b, buf.name, int(buf.role), int(buf.dtype), bare);
+            }
+            return out;
+          },
+          "[(buffer id, name, role, dtype code, bare-dim index per shape entry or -1)].");
+}

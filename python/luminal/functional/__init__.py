@@ -1,0 +1,37 @@
+"""High-level ops named as in PyTorch (``torch``, ``torch.nn.functional``), each a composition
+of the 15 primitives. Tensor methods and operators delegate here.
+
+Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, select, exp/log/trig),
+``activation``, ``reduce`` (reductions, scans, softmax), ``movement`` (views, cat, pad),
+``index`` (x[...], gather/scatter, embedding), ``creation`` (``arange(g, ...)``, ``zeros``...),
+``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling).
+"""
+
+from . import (
+    activation,
+    attention,
+    conv,
+    creation,
+    elementwise,
+    index,
+    linalg,
+    movement,
+    nn,
+    reduce,
+    transcendental,
+)  # fmt: skip
+from .activation import *  # noqa: F403
+from .attention import *  # noqa: F403
+from .conv import *  # noqa: F403
+from .creation import *  # noqa: F403
+from .elementwise import *  # noqa: F403
+from .index import *  # noqa: F403
+from .linalg import *  # noqa: F403
+from .movement import *  # noqa: F403
+from .nn import *  # noqa: F403
+from .reduce import *  # noqa: F403
+from .transcendental import *  # noqa: F403
+
+_TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn, reduce,
+           transcendental)  # fmt: skip
+__all__ = sorted({name for m in _TOPICS for name in m.__all__})

@@ -1,0 +1,245 @@
+"""The Llama family as one luminal graph: RMSNorm, RoPE, grouped-query attention, SwiGLU,
+tied or separate output embeddings, optional q/k/v biases (Qwen2).
+
+KV cache: each layer has persistent caches ``k_cache_<l>`` / ``v_cache_<l>`` of shape
+(ctx, kv_heads * head_dim): graph inputs whose updated values are the outputs
+``k_cache_<l>_new`` / ``v_cache_<l>_new`` (``Llama.state`` maps each output to its input, so
+a runtime can alias the two buffers and update the cache in place). The
+new keys/values of a step are written with SCATTER at rows ``pos .. pos + seq - 1`` and
+attention reads rows ``0 .. pos + seq - 1`` through a slice view. ``seq`` and ``pos`` are
+symbolic dims, so one graph serves prefill (seq = prompt length, pos = 0) and every decode
+step (seq = 1, pos = tokens so far) up to the context limit: nothing is rebuilt per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..functional import apply_rotary_emb, causal_mask, linear, rms_norm, rope_cos_sin, rope_positions, silu
+from ..functional import scaled_dot_product_attention as sdpa
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Op
+from ..graph.view import idx_vars
+from ..tensor import Graph, Tensor
+from .base import Runner, WeightSource
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    context_length: int = 2048
+    rope_interleaved: bool = False  # GGUF "llama" weights are permuted for adjacent-pair RoPE
+    rope_scaling: dict[str, Any] | None = None
+    attn_bias: bool = False
+    arch: str = "llama"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_hf(c: dict[str, Any]) -> LlamaConfig:
+        """From a transformers ``config.json`` (safetensors layout: rotate-half RoPE)."""
+        heads = c["num_attention_heads"]
+        return LlamaConfig(
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"], n_layers=c["num_hidden_layers"],
+            n_heads=heads, n_kv_heads=c.get("num_key_value_heads", heads),
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            rope_theta=float(c.get("rope_theta", 10000.0)), rms_eps=float(c.get("rms_norm_eps", 1e-5)),
+            context_length=c.get("max_position_embeddings", 2048), rope_scaling=c.get("rope_scaling"),
+            attn_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
+            arch=c.get("model_type", "llama"),
+        )  # fmt: skip
+
+
+class Llama:
+    """A Llama-family decoder over a ``WeightSource`` with GGUF tensor names."""
+
+    def __init__(self, config: LlamaConfig, weights: WeightSource, max_context: int | None = None) -> None:
+        self.config = config
+        self.weights = weights
+        self.ctx = min(max_context or config.context_length, config.context_length)
+        c = config
+        if c.n_heads % c.n_kv_heads:
+            raise ValueError(f"llama: {c.n_heads} query heads are not a multiple of {c.n_kv_heads} kv heads")
+        self.tied = not weights.has("output.weight")
+
+    @property
+    def kv_width(self) -> int:
+        return self.config.n_kv_heads * self.config.head_dim
+
+    def cache_names(self) -> list[str]:
+        return [f"{kv}_cache_{i}" for i in range(self.config.n_layers) for kv in ("k", "v")]
+
+    @property
+    def state(self) -> dict[str, str]:
+        """Output name -> the input it updates (the KV caches)."""
+        return {n + "_new": n for n in self.cache_names()}
+
+    def new_cache(self) -> dict[str, np.ndarray]:
+        return {n: np.zeros((self.ctx, self.kv_width), np.float32) for n in self.cache_names()}
+
+    def build(self, logits: str = "last", name: str = "llama") -> Graph:
+        """The forward graph. Inputs: ``tokens`` i32 (seq,) and the caches; dims ``seq`` (from
+        the tokens) and ``pos``. Outputs: ``logits`` (1, vocab) for the last position
+        (``logits='all'``: (seq, vocab)) and the updated caches."""
+        if logits not in ("last", "all"):
+            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+        c, w = self.config, self.weights
+        g = Graph(name)
+        seq = sym.dim("seq", 1, self.ctx)
+        pos = sym.dim("pos", 0, self.ctx - 1)
+        tokens = g.input("tokens", (seq,), dt.i32)
+        x = w.rows(g, "token_embd.weight", tokens)  # (seq, hidden)
+        positions = rope_positions(g, seq, pos)
+        scaling = c.rope_scaling
+        if w.has("rope_freqs.weight"):  # Llama 3.1 GGUF: per-frequency divisors stored as a tensor
+            scaling = None
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_interleaved, scaling)
+        if w.has("rope_freqs.weight"):
+            cos, sin = self._freq_factors(g, positions)
+        for i in range(c.n_layers):
+            x = self._block(g, i, x, seq, pos, cos, sin)
+        x = rms_norm(x, c.hidden_size, w.get(g, "output_norm.weight"), c.rms_eps)
+        if logits == "last":
+            x = x.slice(0, sym.add(seq, -1), 1)
+        head = w.get(g, "token_embd.weight" if self.tied else "output.weight")
+        g.output("logits", linear(x, head))
+        return g
+
+    def _freq_factors(self, g: Graph, positions: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.config
+        inv = 1.0 / (c.rope_theta ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
+        factors = self.weights.get(g, "rope_freqs.weight")
+        ang = positions.cast(dt.f32).unsqueeze(-1).mul(g.tensor(inv.astype(np.float32))).mul(factors.reciprocal())
+        half = c.head_dim // 2
+        if c.rope_interleaved:
+            ang = ang.unsqueeze(-1).expand([*ang.shape, 2]).reshape([*ang.shape[:-1], c.head_dim])
+        else:
+            ang = ang.unsqueeze(-2).expand([*ang.shape[:-1], 2, half]).reshape([*ang.shape[:-1], c.head_dim])
+        s2 = ang.mul(0.5).sin()
+        return s2.mul(s2).mul(-2.0).add(1.0), ang.sin()
+
+    def _proj(self, g: Graph, x: Tensor, name: str) -> Tensor:
+        w = self.weights
+        bias = w.get(g, name + ".bias") if w.has(name + ".bias") else None
+        return linear(x, w.get(g, name + ".weight"), bias)
+
+    def _block(self, g: Graph, i: int, x: Tensor, seq: Any, pos: Any, cos: Tensor, sin: Tensor) -> Tensor:
+        c, w, p = self.config, self.weights, f"blk.{i}."
+        hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
+        h = rms_norm(x, c.hidden_size, w.get(g, p + "attn_norm.weight"), c.rms_eps)
+        q = self._proj(g, h, p + "attn_q").reshape(seq, nh, hd)
+        k = self._proj(g, h, p + "attn_k").reshape(seq, nkv, hd)
+        v = self._proj(g, h, p + "attn_v")
+        # cos/sin are (seq, hd): broadcast over the head dim
+        q = apply_rotary_emb(q, cos.unsqueeze(1), sin.unsqueeze(1), c.rope_interleaved)
+        k = apply_rotary_emb(k, cos.unsqueeze(1), sin.unsqueeze(1), c.rope_interleaved)
+        total = sym.add(pos, seq)
+        ks = self._cache(g, f"k_cache_{i}", k.reshape(seq, nkv * hd), seq, pos, total)
+        vs = self._cache(g, f"v_cache_{i}", v, seq, pos, total)
+        kh = ks.reshape(total, nkv, hd).permute(1, 0, 2)  # (kv, T, hd)
+        vh = vs.reshape(total, nkv, hd).permute(1, 0, 2)
+        mask = causal_mask(g, seq, total, pos)
+        o = sdpa(q.permute(1, 0, 2), kh, vh, attn_mask=mask, enable_gqa=True)  # (heads, seq, hd)
+        x = x.add(self._proj(g, o.permute(1, 0, 2).reshape(seq, nh * hd), p + "attn_output"))
+        h = rms_norm(x, c.hidden_size, w.get(g, p + "ffn_norm.weight"), c.rms_eps)
+        gate = self._proj(g, h, p + "ffn_gate")
+        up = self._proj(g, h, p + "ffn_up")
+        return x.add(self._proj(g, silu(gate).mul(up), p + "ffn_down"))
+
+    def _cache(self, g: Graph, name: str, new: Tensor, seq: Any, pos: Any, total: Any) -> Tensor:
+        """Write ``new`` (seq, width) into rows pos.. of the persistent cache; return a view of
+        rows 0 .. pos+seq-1 of the updated cache."""
+        cache = g.input(name, (self.ctx, self.kv_width), dt.f32)
+        rows = Tensor(g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32))
+        updated = Tensor(g.add_op(Op.SCATTER, [(cache.node, cache.view), (rows.node, rows.view),
+                                              (new.node, new.view)]))  # fmt: skip
+        g.output(name + "_new", updated)
+        return updated.slice(0, 0, total)
+
+
+class LlamaSession:
+    """A model with its KV cache: ``prefill(tokens)`` then ``decode(token)`` return the
+    logits of the last position; one graph, run at every (seq, pos)."""
+
+    def __init__(self, model: Llama, backend: str = "auto", quiet: bool = True) -> None:
+        self.model = model
+        self.graph = model.build()
+        self.runner = Runner(self.graph, backend, quiet)
+        self.cache = model.new_cache()
+        self.pos = 0
+
+    @property
+    def backend(self) -> str:
+        return self.runner.backend
+
+    def reset(self) -> None:
+        self.pos = 0  # stale rows beyond pos are never read: the mask and the slice stop at pos+seq
+
+    def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.size == 0:
+            raise ValueError("no tokens to run")
+        if self.pos + toks.size > self.model.ctx:
+            raise ValueError(f"context full: {self.pos} cached + {toks.size} new tokens exceed the context "
+                             f"limit of {self.model.ctx} tokens")  # fmt: skip
+        vocab = self.model.config.vocab_size
+        if toks.min() < 0 or toks.max() >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab}), got {toks.min()}..{toks.max()}")
+        out = self.runner({"tokens": toks, **self.cache}, pos=self.pos)
+        for n in self.cache:
+            self.cache[n] = out[n + "_new"]
+        self.pos += toks.size
+        return out["logits"][-1]
+
+
+_GGUF_ARCHS = ("llama", "qwen2", "smollm")
+
+
+def config_from_gguf(f: Any) -> LlamaConfig:
+    """Hyper-parameters from GGUF metadata (``<arch>.block_count`` etc.)."""
+    arch = f.architecture
+    if arch not in _GGUF_ARCHS:
+        raise NotImplementedError(f"{f.path}: architecture {arch!r} is not supported by luminal.models.llama "
+                                  f"(supported: {', '.join(_GGUF_ARCHS)})")  # fmt: skip
+
+    def need(key: str) -> Any:
+        v = f.arch_key(key)
+        if v is None:
+            raise ValueError(f"{f.path}: metadata {arch}.{key} is missing")
+        return v
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    vocab = f.arch_key("vocab_size") or len(f.get("tokenizer.ggml.tokens") or []) or f.shape("token_embd.weight")[0]
+    return LlamaConfig(
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
+        n_layers=int(need("block_count")), n_heads=heads,
+        n_kv_heads=int(f.arch_key("attention.head_count_kv", heads)),
+        head_dim=int(f.arch_key("attention.key_length", hidden // heads)),
+        rope_theta=float(f.arch_key("rope.freq_base", 10000.0)),
+        rms_eps=float(f.arch_key("attention.layer_norm_rms_epsilon", 1e-5)),
+        context_length=int(f.arch_key("context_length", 2048)),
+        # llama.cpp's converter permutes Llama q/k rows for adjacent-pair RoPE; Qwen2 keeps halves
+        rope_interleaved=arch in ("llama", "smollm"), attn_bias=arch == "qwen2", arch=arch,
+    )  # fmt: skip
+
+
+def load_gguf(path: str, dequant: str = "graph", max_context: int | None = None) -> tuple[Llama, Any]:
+    """A Llama-family model and its tokenizer from a GGUF file."""
+    from ..loaders.gguf import GGUFFile, GGUFWeights
+    from ..tokenizer import Tokenizer
+
+    f = GGUFFile(path)
+    cfg = config_from_gguf(f)
+    return Llama(cfg, GGUFWeights(f, dequant), max_context), Tokenizer.from_gguf(f)

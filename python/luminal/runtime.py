@@ -1,0 +1,263 @@
+"""Running plans from Python: a checked, documented front of the native runtime ``luminal._rt``.
+
+    ex = luminal.runtime.load("model.lmp")          # kernels compiled once (cached on disk)
+    out = ex.run({"x": x}, seq=7)                  # dict of output arrays
+
+Inputs that are C-contiguous with the right dtype are used in place; outputs are new arrays
+written directly by the kernels. Dims not given are taken from inputs whose shape entry is a
+bare dim. The GIL is released while the plan runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import ml_dtypes
+import numpy as np
+import scipy_openblas32  # noqa: F401  (loads OpenBLAS with RTLD_GLOBAL before _rt needs it)
+
+from luminal import _rt
+from luminal.plan import DType, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
+
+__all__ = ["Executor", "PlanError", "backends", "load", "luminal_run_path", "numpy_dtype"]
+
+_NUMPY: dict[DType, Any] = {
+    DType.f32: np.float32,
+    DType.f16: np.float16,
+    DType.bf16: ml_dtypes.bfloat16,
+    DType.f64: np.float64,
+    DType.i32: np.int32,
+    DType.i64: np.int64,
+    DType.bool: np.bool_,
+    DType.i8: np.int8,
+    DType.u8: np.uint8,
+    DType.f8e4m3: ml_dtypes.float8_e4m3fn,
+    DType.f8e5m2: ml_dtypes.float8_e5m2,
+    DType.e8m0: ml_dtypes.float8_e8m0fnu,
+    DType.fp4e2m1: ml_dtypes.float4_e2m1fn,
+    DType.i4: ml_dtypes.int4,
+    DType.u4: ml_dtypes.uint4,
+}
+
+
+def numpy_dtype(dtype: DType | str | int) -> np.dtype[Any]:
+    """The numpy (or ml_dtypes) dtype that carries a plan dtype in Python."""
+    return np.dtype(_NUMPY[DType.of(dtype)])
+
+
+def backends() -> list[str]:
+    """Names of the backends this build of luminal can run."""
+    return list(_rt.backends())
+
+
+def luminal_run_path() -> Path:
+    """Path of the ``luminal-run`` program (runs a plan on .npy files without Python)."""
+    import luminal
+
+    for d in luminal.__path__:
+        p = Path(d) / "bin" / "luminal-run"
+        if p.is_file():
+            return p
+    raise FileNotFoundError("luminal-run is not installed with this luminal package")
+
+
+class _IO:
+    """What run() needs to know about one input or output, computed once."""
+
+    __slots__ = ("name", "role", "dtype", "np_dtype", "bare", "raw", "packed")
+
+    def __init__(self, name: str, role: int, dtype: int, bare: list[int]) -> None:
+        self.name = name
+        self.role = Role(role)
+        self.dtype = DType(dtype)
+        self.np_dtype = numpy_dtype(self.dtype)
+        self.bare = [(axis, d) for axis, d in enumerate(bare) if d >= 0]
+        self.packed = self.dtype.bits == 4  # ml_dtypes keeps one 4-bit value per byte
+        # DLPack and the buffer protocol know no bf16/fp8: those cross as raw bytes.
+        self.raw = self.np_dtype.kind == "V"
+
+
+class Executor:
+    """A plan loaded on a backend, ready to run many times with different dims.
+
+    ``plan`` is a path to a ``.lmp`` file, plan bytes, or a :class:`luminal.plan.Plan`.
+    External weight files resolve against the plan file's folder, or ``base_dir`` for bytes
+    and Plan objects. Raises :class:`luminal.plan.PlanError` for a bad plan and RuntimeError
+    when kernels cannot be built (the message holds the compiler's log).
+    """
+
+    def __init__(
+        self,
+        plan: str | os.PathLike[str] | bytes | Plan,
+        backend: str = "cpu",
+        *,
+        base_dir: str | os.PathLike[str] = ".",
+    ) -> None:
+        if isinstance(plan, Plan):
+            plan = plan.to_bytes()
+        if isinstance(plan, (bytes, bytearray, memoryview)):
+            self._plan = _rt.Plan.from_bytes(bytes(plan), os.fspath(base_dir))
+        elif isinstance(plan, (str, os.PathLike)):
+            self._plan = _rt.Plan.load(os.fspath(plan))
+        else:
+            raise TypeError(f"plan must be a path, bytes or a luminal.plan.Plan, not {plan!r}")
+        self._ex = _rt.Executor(self._plan, backend)
+        self._dims: list[tuple[str, int, int]] = list(self._plan.dims)
+        self._dim_index = {name: i for i, (name, _, _) in enumerate(self._dims)}
+        self._io = [_IO(name, role, dt, bare) for _, name, role, dt, bare in self._plan.io]
+        self._inputs = [io for io in self._io if io.role == Role.input]
+        self._input_names = {io.name for io in self._inputs}
+        self._shape_cache: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+
+    # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        return str(self._ex.backend)
+
+    @property
+    def dims(self) -> dict[str, tuple[int, int]]:
+        """Each dim's inclusive range ``(min, max)``."""
+        return {name: (lo, hi) for name, lo, hi in self._dims}
+
+    @property
+    def inputs(self) -> dict[str, np.dtype[Any]]:
+        return {io.name: io.np_dtype for io in self._inputs}
+
+    @property
+    def outputs(self) -> dict[str, np.dtype[Any]]:
+        return {io.name: io.np_dtype for io in self._io if io.role == Role.output}
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return dict(self._plan.metadata)
+
+    @property
+    def arena_bytes(self) -> int:
+        """Scratch memory held now (grows to the largest dims run so far)."""
+        return int(self._ex.arena_bytes)
+
+    def shapes(self, dims: Mapping[str, int] | None = None, /, **more: int) -> dict[str, tuple]:
+        """Shapes of every input and output for fully given dims."""
+        vals = self._dim_values({}, dims, more)
+        return {io.name: s for io, s in zip(self._io, self._shapes(vals), strict=True)}
+
+    # -- running -----------------------------------------------------------------------------
+
+    def run(
+        self, inputs: Mapping[str, Any], dims: Mapping[str, int] | None = None, /, **more: int
+    ) -> dict[str, np.ndarray]:
+        """Runs the plan. ``dims`` (a dict, keywords or both) may leave out dims that an
+        input's shape gives. Raises ValueError/TypeError naming the input or dim at fault."""
+        if len(inputs) != len(self._inputs) or not self._input_names.issuperset(inputs):
+            self._check_names(inputs)
+        vals = self._dim_values(inputs, dims, more)
+        shapes = self._shapes(vals)
+        arrays: list[np.ndarray] = []
+        outputs: list[tuple[_IO, np.ndarray, tuple[int, ...]]] = []
+        for io, shape in zip(self._io, shapes, strict=True):
+            if io.role == Role.input:
+                arrays.append(self._prepare_input(io, inputs[io.name], shape))
+            elif io.packed:
+                raw = np.empty(io.dtype.nbytes(_prod(shape)), np.uint8)
+                arrays.append(raw)
+                outputs.append((io, raw, shape))
+            else:
+                out = np.empty(shape, io.np_dtype)
+                arrays.append(out.reshape(-1).view(np.uint8) if io.raw else out)
+                outputs.append((io, out, shape))
+        self._ex.run(vals, arrays)
+        result = {}
+        for io, a, shape in outputs:
+            if io.packed:
+                count = _prod(shape)
+                a = unpack_nibbles(a, count, io.dtype == DType.i4).view(io.np_dtype).reshape(shape)
+            result[io.name] = a
+        return result
+
+    __call__ = run
+
+    def _prepare_input(self, io: _IO, a: Any, shape: tuple[int, ...]) -> np.ndarray:
+        if type(a) is not np.ndarray:
+            a = np.asarray(a, dtype=io.np_dtype if not isinstance(a, np.ndarray) else None)
+        if a.dtype != io.np_dtype:
+            raise TypeError(
+                f"input {io.name!r} has dtype {a.dtype}, expected {io.np_dtype} "
+                f"(plan dtype {io.dtype.name})"
+            )
+        if a.shape != shape:
+            raise ValueError(f"input {io.name!r} has shape {a.shape}, expected {shape}")
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        if io.packed:
+            return pack_nibbles(a)
+        return a.reshape(-1).view(np.uint8) if io.raw else a
+
+    def _check_names(self, inputs: Mapping[str, Any]) -> None:
+        missing = sorted(self._input_names - set(inputs))
+        unknown = sorted(set(inputs) - self._input_names)
+        if missing:
+            raise ValueError(
+                f"missing input(s) {missing}; the plan takes {sorted(self._input_names)}"
+            )
+        if unknown:
+            raise ValueError(
+                f"unknown input(s) {unknown}; the plan takes {sorted(self._input_names)}"
+            )
+
+    def _dim_values(
+        self, inputs: Mapping[str, Any], dims: Mapping[str, int] | None, more: Mapping[str, int]
+    ) -> list[int]:
+        vals: list[int | None] = [None] * len(self._dims)
+        for given in (dims or {}, more):
+            for name, v in given.items():
+                i = self._dim_index.get(name)
+                if i is None:
+                    raise ValueError(f"unknown dim {name!r}; the plan has {list(self._dim_index)}")
+                if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                    raise TypeError(f"dim {name!r} must be an int, got {v!r}")
+                vals[i] = int(v)
+        if None in vals:
+            for io in self._inputs:
+                a = inputs.get(io.name)
+                shape = getattr(a, "shape", None)
+                if shape is None:
+                    continue
+                for axis, d in io.bare:
+                    if vals[d] is None and axis < len(shape):
+                        vals[d] = int(shape[axis])
+            for i, val in enumerate(vals):
+                if val is None:
+                    name = self._dims[i][0]
+                    raise ValueError(f"dim {name!r} is not given and no input shape implies it")
+        return cast(list[int], vals)
+
+    def _shapes(self, vals: list[int]) -> list[tuple[int, ...]]:
+        key = tuple(vals)
+        shapes = self._shape_cache.get(key)
+        if shapes is None:
+            shapes = self._ex.shapes(vals)
+            if len(self._shape_cache) >= 256:
+                self._shape_cache.clear()
+            self._shape_cache[key] = shapes
+        return shapes
+
+
+def load(
+    plan: str | os.PathLike[str] | bytes | Plan,
+    backend: str = "cpu",
+    *,
+    base_dir: str | os.PathLike[str] = ".",
+) -> Executor:
+    """Loads a plan for running; see :class:`Executor`."""
+    return Executor(plan, backend, base_dir=base_dir)
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
