@@ -65,6 +65,27 @@ def _cpu_backend(
 
 BACKENDS["cpu"] = _cpu_backend
 
+_CUDA_COMPILED: dict[int, Any] = {}
+
+
+def _cuda_backend(
+    g: lm.Graph, inputs: dict[str, np.ndarray], dims: dict[str, int]
+) -> dict[str, np.ndarray]:
+    cg = _CUDA_COMPILED.get(id(g))
+    if cg is None or cg[0] is not g:
+        cg = (g, lm.compile(g, backend="cuda"))
+        _CUDA_COMPILED.clear()
+        _CUDA_COMPILED[id(g)] = cg
+    return cg[1].run(inputs, **dims)
+
+
+# Plans also run on the GPU where one is usable (LUMINAL_TEST_CUDA=0 turns that off).
+if os.environ.get("LUMINAL_TEST_CUDA", "1") != "0":
+    import luminal.cuda
+
+    if luminal.cuda.available():
+        BACKENDS["cuda"] = _cuda_backend
+
 
 def rand(*shape: int, dtype: Any = np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     d = np.dtype(dtype)

@@ -406,9 +406,10 @@ def test_compiler_errors_carry_the_log(tmp_path, monkeypatch) -> None:
 
 
 def test_backend_registry() -> None:
-    assert runtime.backends() == ["cpu"]
-    with pytest.raises(RuntimeError, match="built without CUDA"):
-        runtime.load(add_plan(), "cuda")
+    assert runtime.backends()[0] == "cpu" and set(runtime.backends()) <= {"cpu", "cuda"}
+    if "cuda" not in runtime.backends():
+        with pytest.raises(RuntimeError, match="built without CUDA|CUDA unavailable: "):
+            runtime.load(add_plan(), "cuda")
     with pytest.raises(RuntimeError, match="unknown backend 'tpu'"):
         runtime.load(add_plan(), "tpu")
     p = add_plan()

@@ -28,6 +28,13 @@ from .graph.symbolic import Expr, dim
 from .tensor import Graph, Tensor
 
 
+def cuda_status() -> str:
+    """Whether CUDA plans can run here (and on which GPU), or why not; and NVRTC's state."""
+    from . import cuda
+
+    return cuda.status()
+
+
 def load(path, backend: str = "cpu"):  # type: ignore[no-untyped-def]
     """Load a saved plan for running (``luminal.runtime.Executor``)."""
     from . import runtime
@@ -38,7 +45,8 @@ def load(path, backend: str = "cpu"):  # type: ignore[no-untyped-def]
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompiledGraph", "DType", "Expr", "Graph", "compile", "load", "Leaf", "Op", "Tensor", "dim",
+    "CompiledGraph", "DType", "Expr", "Graph", "compile", "cuda_status", "load", "Leaf", "Op",
+    "Tensor", "dim",
     "__version__",
     "bf16", "bool_", "e8m0", "f8e4m3", "f8e5m2", "f16", "f32", "f64", "fp4e2m1",
     "i4", "i8", "i32", "i64", "u4", "u8",

@@ -28,23 +28,37 @@ __all__ = ["CompiledGraph", "compile", "build_plan"]
 _ROLE = {"input": Role.input, "output": Role.output, "weight": Role.weight, "scratch": Role.scratch}
 
 
-def build_plan(low: Lowered, name: str = "graph") -> Plan:
-    """The plan for a lowered graph on the CPU backend."""
-    plan = Plan(backend="cpu", metadata={"graph": name})
+def build_plan(low: Lowered, name: str = "graph", backend: str = "cpu") -> Plan:
+    """The plan for a lowered graph on ``backend`` ("cpu" or "cuda")."""
     dim_names = sorted(low.dims)
+    # per kernel: (name, format, code, buffer args, grid, block)
+    launches: list[tuple[str, KernelFormat, bytes | str, list[int], tuple, tuple]]
+    if backend == "cpu":
+        arch = ""
+        ckernels = [render_kernel(k, dim_names) for k in low.kernels]
+        launches = [(c.name, KernelFormat.c_source, c.source, c.args, (c.tasks, 1, 1),
+                     (c.min_chunk, 1, 1)) for c in ckernels]  # fmt: skip
+    elif backend == "cuda":
+        from .codegen import cuda
+
+        arch = cuda.target_arch()
+        launches = [(c.name, KernelFormat.cubin, cubin, c.args, c.grid, c.block)
+                    for c, cubin in cuda.compile_kernels(low.kernels, dim_names, arch)]  # fmt: skip
+    else:
+        raise ValueError(f"luminal.compile: unknown backend {backend!r} (have: 'cpu', 'cuda')")
+    plan = Plan(backend=backend, arch=arch, metadata={"graph": name})
     for n in dim_names:
         d = low.dims[n]
         plan.add_dim(n, d.lo, d.hi)
-    ckernels = [render_kernel(k, dim_names) for k in low.kernels]
-    steps = [(c.args[:1], c.args[1:]) for c in ckernels]
+    steps = [(args[:1], args[1:]) for _, _, _, args, _, _ in launches]
     mem = plan_memory({b.id: b.nbytes() for b in low.buffers if b.role == "scratch"}, steps)
     for b in low.buffers:
         plan.add_buffer(
             b.name, b.dtype.name, _ROLE[b.role], b.shape, b.nbytes(), mem.offsets.get(b.id)
         )
-    for c in ckernels:
-        kid = plan.add_kernel(c.name, KernelFormat.c_source, c.name, c.source)
-        plan.steps.append(Launch(kid, c.args, (c.tasks, 1, 1), (c.min_chunk, 1, 1)))
+    for kname, fmt, code, args, grid, block in launches:
+        kid = plan.add_kernel(kname, fmt, kname, code)
+        plan.steps.append(Launch(kid, args, grid, block))
     for b in low.buffers:
         if b.role == "weight":
             if b.name not in low.weights:
@@ -57,13 +71,25 @@ def build_plan(low: Lowered, name: str = "graph") -> Plan:
 
 
 class CompiledGraph:
-    """A compiled plan with its executor: ``run(inputs, **dims)`` and ``save(path)``."""
+    """A compiled plan with its executor: ``run(inputs, **dims)`` and ``save(path)``.
 
-    def __init__(self, plan: Plan, backend: str = "cpu") -> None:
-        from . import runtime
+    With ``lazy`` the executor is made on first use (a CUDA plan compiles on a machine
+    without a GPU; running it there raises the runtime's error)."""
 
+    def __init__(self, plan: Plan, backend: str = "cpu", lazy: bool = False) -> None:
         self.plan = plan
-        self.executor = runtime.Executor(plan, backend)
+        self.backend = backend
+        self._executor: Any = None
+        if not lazy:
+            self._executor = self.executor
+
+    @property
+    def executor(self) -> Any:
+        if self._executor is None:
+            from . import runtime
+
+            self._executor = runtime.Executor(self.plan, self.backend)
+        return self._executor
 
     def run(self, inputs: Mapping[str, Any] | None = None, **dims: int) -> dict[str, np.ndarray]:
         return self.executor.run(dict(inputs or {}), **dims)
@@ -80,13 +106,11 @@ class CompiledGraph:
 
 def compile(graph: Graph, backend: str = "cpu") -> CompiledGraph:  # noqa: A001
     """Compile ``graph`` into a plan for ``backend`` and load it."""
-    if backend != "cpu":
-        raise ValueError(f"luminal.compile: backend {backend!r} is not available yet (have: 'cpu')")
     t0 = time.perf_counter()
     low = lower(graph)
-    plan = build_plan(low, graph.name)
+    plan = build_plan(low, graph.name, backend)
     t1 = time.perf_counter()
-    cg = CompiledGraph(plan, backend)
+    cg = CompiledGraph(plan, backend, lazy=backend == "cuda")
     level = flags.debug()
     if level >= 1:
         t2 = time.perf_counter()
@@ -96,7 +120,8 @@ def compile(graph: Graph, backend: str = "cpu") -> CompiledGraph:  # noqa: A001
               file=sys.stderr)  # fmt: skip
     if level >= 4:
         for k in plan.kernels:
-            print(bytes(k.code).decode().split("#endif\n", 1)[-1], file=sys.stderr)
+            if k.format in (KernelFormat.c_source, KernelFormat.cuda_source):
+                print(bytes(k.code).decode().split("#endif\n", 1)[-1], file=sys.stderr)
     if level >= 5:
         print(plan.describe(), file=sys.stderr)
     return cg

@@ -30,8 +30,11 @@ DEBUG = Flag(
 CACHE_DIR = Flag("LUMINAL_CACHE_DIR", "", "kernel/search cache folder (default ~/.cache/luminal)")
 NUM_THREADS = Flag("LUMINAL_NUM_THREADS", "", "CPU worker threads (default: all cores)")
 CC = Flag("CC", "cc", "C compiler for CPU kernels")
+CUDA_ARCH = Flag(
+    "LUMINAL_CUDA_ARCH", "", "GPU arch CUDA plans are built for (default: the GPU's, else sm_90a)"
+)
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC)
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH)
 
 
 def debug() -> int:

@@ -45,7 +45,9 @@ class Sampler:
         if self.top_p < 1.0:
             order = np.argsort(-p, kind="stable")
             cum = np.cumsum(p[order])
-            keep = order[: int(np.searchsorted(cum, self.top_p)) + 1]  # smallest prefix reaching top_p
+            keep = order[
+                : int(np.searchsorted(cum, self.top_p)) + 1
+            ]  # smallest prefix reaching top_p
             mask = np.zeros_like(p, dtype=bool)
             mask[keep] = True
             p = np.where(mask, p, 0.0)

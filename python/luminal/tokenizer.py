@@ -13,20 +13,31 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 # Pre-tokenizer regexes of byte-level BPE vocabularies, by GGUF ``tokenizer.ggml.pre``
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    " + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 _CONTROL, _USER_DEFINED = 3, 4  # GGUF token types that are whole special tokens
 
 
 class Tokenizer:
-    def __init__(self, tk: Any, bos_id: int | None = None, eos_ids: Sequence[int] = (), add_bos: bool = False,
-                 chat_template: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tk: Any,
+        bos_id: int | None = None,
+        eos_ids: Sequence[int] = (),
+        add_bos: bool = False,
+        chat_template: str | None = None,
+    ) -> None:
         self.tk = tk
         self.bos_id = bos_id
         self.eos_ids = list(eos_ids)
@@ -54,8 +65,13 @@ class Tokenizer:
 
         eos = tok_id("eos_token")
         tmpl = cfg.get("chat_template")
-        return cls(tk, tok_id("bos_token"), [eos] if eos is not None else [], bool(cfg.get("add_bos_token", False)),
-                   tmpl if isinstance(tmpl, str) else None)  # fmt: skip
+        return cls(
+            tk,
+            tok_id("bos_token"),
+            [eos] if eos is not None else [],
+            bool(cfg.get("add_bos_token", False)),
+            tmpl if isinstance(tmpl, str) else None,
+        )
 
     @classmethod
     def from_gguf(cls, f: Any) -> Tokenizer:
@@ -65,39 +81,53 @@ class Tokenizer:
 
         kind = f.get("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise NotImplementedError(f"{f.path}: GGUF tokenizer model {kind!r} is not supported "
-                                      "(only byte-level BPE, 'gpt2')")  # fmt: skip
+            raise NotImplementedError(
+                f"{f.path}: GGUF tokenizer model {kind!r} is not supported "
+                "(only byte-level BPE, 'gpt2')"
+            )
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
         merges = f.get("tokenizer.ggml.merges") or []
         types = f.get("tokenizer.ggml.token_type")
         vocab = {t: i for i, t in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        tk = TK(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))  # type: ignore[arg-type]
+        tk = TK(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
         pre = f.get("tokenizer.ggml.pre", "default")
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if pre in ("llama-bpe", "llama3", "smaug-bpe", "dbrx"):
             split = pre_tokenizers.Split(Regex(_LLAMA3), behavior="isolated", invert=False)
             tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])  # fmt: skip
+                [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
         elif pre == "qwen2":
             split = pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated", invert=False)
             tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])  # fmt: skip
+                [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
         elif pre in ("smollm", "starcoder", "refact"):  # single digits, then GPT-2 splitting
-            tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Digits(individual_digits=True), byte_level]
+            )
         else:
             tk.pre_tokenizer = byte_level
         tk.decoder = decoders.ByteLevel()
         if types is not None:
-            special = [AddedToken(tokens[i], special=True, normalized=False)
-                       for i, t in enumerate(types) if int(t) in (_CONTROL, _USER_DEFINED)]  # fmt: skip
+            special = [
+                AddedToken(tokens[i], special=True, normalized=False)
+                for i, t in enumerate(types)
+                if int(t) in (_CONTROL, _USER_DEFINED)
+            ]
             tk.add_special_tokens(special)
         eos = f.get("tokenizer.ggml.eos_token_id")
         eot = f.get("tokenizer.ggml.eot_token_id")
         eos_ids = [int(e) for e in (eos, eot) if e is not None]
         bos = f.get("tokenizer.ggml.bos_token_id")
-        return cls(tk, int(bos) if bos is not None else None, list(dict.fromkeys(eos_ids)),
-                   bool(f.get("tokenizer.ggml.add_bos_token", False)), f.get("tokenizer.chat_template"))  # fmt: skip
+        return cls(
+            tk,
+            int(bos) if bos is not None else None,
+            list(dict.fromkeys(eos_ids)),
+            bool(f.get("tokenizer.ggml.add_bos_token", False)),
+            f.get("tokenizer.chat_template"),
+        )
 
     # ------------------------------------------------------------------ use
     @property
@@ -113,7 +143,9 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return str(self.tk.decode(list(ids), skip_special_tokens=skip_special))
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         """Render the model's chat template (ChatML when it has none)."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -121,10 +153,11 @@ class Tokenizer:
         tmpl = env.from_string(self.chat_template or _CHATML)
         tok = self.tk.id_to_token
         return tmpl.render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
             bos_token=tok(self.bos_id) if self.bos_id is not None else "",
             eos_token=tok(self.eos_ids[0]) if self.eos_ids else "",
-        )  # fmt: skip
+        )
 
     def streamer(self) -> StreamDecoder:
         return StreamDecoder(self)

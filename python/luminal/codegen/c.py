@@ -24,31 +24,24 @@ from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
 
-PRELUDE = r"""
-#ifndef LM_PRELUDE
-#define LM_PRELUDE
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-static inline int64_t lm_fdiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) & ((a < 0) != (b < 0))); }
-static inline int64_t lm_fmod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline int64_t lm_min(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t lm_max(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t lm_imod(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }
-static inline float lm_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
-static inline double lm_maxd(double a, double b) { return (a > b || a != a) ? a : b; }
-static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
-static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
-static inline float lm_bf16_to_f32(uint16_t h) { return lm_bits_f32((uint32_t)h << 16); }
-static inline uint16_t lm_f32_to_bf16(float f) {
+# Helpers shared by every C-style backend (C, CUDA): the backend's head defines LM_FN (the
+# function qualifier), the fixed-width integer types, INFINITY/NAN, the f32 bit casts and f16.
+SHARED_HELPERS = r"""
+LM_FN int64_t lm_fdiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) & ((a < 0) != (b < 0))); }
+LM_FN int64_t lm_fmod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+LM_FN int64_t lm_min(int64_t a, int64_t b) { return a < b ? a : b; }
+LM_FN int64_t lm_max(int64_t a, int64_t b) { return a > b ? a : b; }
+LM_FN int64_t lm_imod(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }
+LM_FN float lm_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
+LM_FN double lm_maxd(double a, double b) { return (a > b || a != a) ? a : b; }
+LM_FN float lm_bf16_to_f32(uint16_t h) { return lm_bits_f32((uint32_t)h << 16); }
+LM_FN uint16_t lm_f32_to_bf16(float f) {
   uint32_t u = lm_f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 /* small float formats: decode by fields; encode = nearest representable, ties to even code */
-static inline float lm_small_to_f32(uint32_t code, int eb, int mb, int bias, int fn) {
+LM_FN float lm_small_to_f32(uint32_t code, int eb, int mb, int bias, int fn) {
   uint32_t s = code >> (eb + mb), e = (code >> mb) & ((1u << eb) - 1), m = code & ((1u << mb) - 1);
   float v;
   if (fn == 1 && e == (1u << eb) - 1 && m == (1u << mb) - 1) return NAN; /* e4m3fn */
@@ -56,7 +49,7 @@ static inline float lm_small_to_f32(uint32_t code, int eb, int mb, int bias, int
   if (e == 0) v = ldexpf((float)m, 1 - bias - mb); else v = ldexpf((float)(m | (1u << mb)), (int)e - bias - mb);
   return s ? -v : v;
 }
-static inline uint32_t lm_f32_to_small(float x, int eb, int mb, int bias, int fn) {
+LM_FN uint32_t lm_f32_to_small(float x, int eb, int mb, int bias, int fn) {
   uint32_t sign = signbit(x) ? 1u << (eb + mb) : 0u, n = 1u << (eb + mb), best = 0, lo = 0, hi;
   float ax = fabsf(x);
   hi = (fn == 1) ? n - 2 : (fn == 0) ? ((1u << eb) - 1) << mb : n - 1; /* largest finite code + 1 */
@@ -74,15 +67,27 @@ static inline uint32_t lm_f32_to_small(float x, int eb, int mb, int bias, int fn
   }
   return sign | best;
 }
-static inline float lm_e8m0_to_f32(uint8_t c) { return c == 255 ? NAN : ldexpf(1.0f, (int)c - 127); }
-static inline uint8_t lm_f32_to_e8m0(float x) {
+LM_FN float lm_e8m0_to_f32(uint8_t c) { return c == 255 ? NAN : ldexpf(1.0f, (int)c - 127); }
+LM_FN uint8_t lm_f32_to_e8m0(float x) {
   if (!(x > 0) || x != x) return 255;
   int e; float m = frexpf(x, &e); /* x = m * 2^e, m in [0.5, 1) */
   int k = e - 1 + (m > 0.75f ? 1 : 0) + 127;
   return (uint8_t)(k < 0 ? 0 : k > 254 ? 254 : k);
 }
-#endif
 """
+
+_C_HEAD = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#define LM_FN static inline
+static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+"""
+
+PRELUDE = "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE" + _C_HEAD + SHARED_HELPERS + "#endif\n"
 
 # (decode, encode) for stored types that compute as f32
 _SMALL = {
@@ -169,13 +174,17 @@ _UNARY_F = {Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.SQRT: "sqrt"}
 
 
 class _Emitter:
-    """Emits value trees as SSA statements; nested blocks get their own memo scope."""
+    """Emits value trees as SSA statements; nested blocks get their own memo scope.
+    ``index_type`` is the C type of loop and gather variables."""
+
+    index_type = "int64_t"
 
     def __init__(self, ptr_of: Callable[[int], str]) -> None:
         self.ptr_of = ptr_of
         self.lines: list[str] = []
         self.scopes: list[dict[K.Value, str]] = [{}]
         self.n = 0
+        self.fv_memo: dict[int, frozenset[str]] = {}
 
     def tmp(self) -> str:
         self.n += 1
@@ -193,6 +202,14 @@ class _Emitter:
         self.lines.append(f"{indent}const {ctype(v.dtype)} {name} = {e};")
         self.scopes[-1][v] = name
         return name
+
+    simd_reductions = True
+
+    def hoist(self, v: K.Value, inner: frozenset[str], ind: str) -> None:
+        """Emit, at the current level, the parts of ``v`` that do not use the loop variables in
+        ``inner``, so the loop about to open reads them instead of recomputing them."""
+        for part in K.invariant_parts(v, inner, self.fv_memo):
+            self.emit(part, ind)
 
     def block(self, body: Callable[[], None]) -> None:
         self.scopes.append({})
@@ -235,36 +252,35 @@ class _Emitter:
             self.lines.append(f"{ind}}}")
             return out
         if isinstance(v, K.Reduce):
+            # loop-invariant parts of the body (e.g. a row max inside a row sum) run once
+            self.hoist(v.body, frozenset({v.var.name}), ind)
             acc = self.tmp()
             t = ctype(v.dtype)
-            init = "0" if v.op is Op.SUM_REDUCE else _max_init(v.dtype)
-            self.lines.append(f"{ind}{t} {acc} = {init};")
+            self.lines.append(f"{ind}{t} {acc} = {reduce_init(v.op, v.dtype)};")
             rv = _c_name(v.var)
-            self.lines.append(f"{ind}for (int64_t {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{")
+            head = len(self.lines)
+            self.lines.append(
+                f"{ind}for ({self.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
+            )
 
             def body() -> None:
                 x = self.emit(v.body, ind + "  ")
-                if v.op is Op.SUM_REDUCE:
-                    upd = (
-                        f"{acc} + {x}"
-                        if v.dtype.is_float
-                        else f"({t})((int64_t){acc} + (int64_t){x})"
-                    )
-                elif v.dtype.is_float:
-                    upd = f"{'lm_maxd' if v.dtype is dt.f64 else 'lm_maxf'}({acc}, {x})"
-                else:
-                    upd = f"({x} > {acc} ? {x} : {acc})"
-                self.lines.append(f"{ind}  {acc} = {upd};")
+                self.lines.append(f"{ind}  {acc} = {reduce_update(v.op, v.dtype, acc, x)};")
 
             self.block(body)
             self.lines.append(f"{ind}}}")
+            if self.simd_reductions and v.op is Op.SUM_REDUCE and v.dtype.is_float:
+                inner = self.lines[head + 1 : -1]
+                if not any("{" in ln or "}" in ln for ln in inner):
+                    # straight-line body: let the compiler reassociate this one sum
+                    self.lines.insert(head, f"{ind}#pragma omp simd reduction(+:{acc})")
             return acc
         if isinstance(v, K.Gather):
             out = self.tmp()
             row = self.emit(v.row, ind)
             gv = _c_name(v.var)
             self.lines.append(f"{ind}{ctype(v.dtype)} {out} = 0;")
-            self.lines.append(f"{ind}{{ const int64_t {gv} = (int64_t)({row});")
+            self.lines.append(f"{ind}{{ const {self.index_type} {gv} = ({self.index_type})({row});")
             self.lines.append(f"{ind}if ({gv} >= 0 && {gv} < {cexpr(v.rows)}) {{")
 
             def gbody() -> None:
@@ -300,6 +316,19 @@ class _Emitter:
         if op is Op.MUL:
             return f"({t})(int64_t)((uint64_t)(int64_t){a} * (uint64_t)(int64_t){b})"
         return f"({t})(int64_t)((uint64_t)(int64_t){a} {sign} (uint64_t)(int64_t){b})"
+
+
+def reduce_init(op: Op, d: dt.DType) -> str:
+    return "0" if op is Op.SUM_REDUCE else _max_init(d)
+
+
+def reduce_update(op: Op, d: dt.DType, acc: str, x: str) -> str:
+    """The C expression folding ``x`` into accumulator ``acc`` (max propagates NaN)."""
+    if op is Op.SUM_REDUCE:
+        return f"{acc} + {x}" if d.is_float else f"({ctype(d)})((int64_t){acc} + (int64_t){x})"
+    if d.is_float:
+        return f"{'lm_maxd' if d is dt.f64 else 'lm_maxf'}({acc}, {x})"
+    return f"({x} > {acc} ? {x} : {acc})"
 
 
 def _max_init(d: dt.DType) -> str:
@@ -371,6 +400,10 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
                 lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
                 rem = f"q{j}"
+        # per-row values (a row's max or sum feeding every element) are computed once per row
+        em.lines = []
+        em.hoist(k.value, frozenset({f"_i{n - 1}"}), "    ")
+        lines += em.lines
         lines.append(f"    for (int64_t i{n - 1} = 0; i{n - 1} < {ext[n - 1]}; ++i{n - 1}) {{")
         body_ind = "      "
         loop_close = ["    }", "  }"]

@@ -195,3 +195,52 @@ def substitute(v: Value, mapping: dict[str, sint]) -> Value:
         return Reduce(v.op, v.var, s(v.extent), substitute(v.body, inner), v.dtype)
     inner = {k: e for k, e in mapping.items() if k != v.var.name}
     return Gather(v.var, substitute(v.row, mapping), s(v.rows), substitute(v.body, inner), v.dtype)
+
+
+def _expr_vars(e: sint) -> frozenset[str]:
+    if not isinstance(e, sym.Expr):
+        return frozenset()
+    return frozenset(x.name for x in e.vars() if x.extent is not None)
+
+
+def free_vars(v: Value, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    """Loop variables (index, reduce and gather vars) a value depends on; ``memo`` is keyed by
+    ``id`` and must live no longer than the tree."""
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit
+    if isinstance(v, Load):
+        out = _expr_vars(v.index) | _expr_vars(v.valid)
+    elif isinstance(v, IndexVal):
+        out = _expr_vars(v.expr)
+    elif isinstance(v, Const):
+        out = frozenset()
+    elif isinstance(v, Alu):
+        out = frozenset().union(*(free_vars(s, memo) for s in v.srcs))
+    elif isinstance(v, Cast):
+        out = free_vars(v.src, memo)
+    elif isinstance(v, Masked):
+        out = _expr_vars(v.valid) | free_vars(v.value, memo)
+    elif isinstance(v, Reduce):
+        out = (free_vars(v.body, memo) | _expr_vars(v.extent)) - {v.var.name}
+    else:
+        out = (free_vars(v.row, memo) | free_vars(v.body, memo) | _expr_vars(v.rows)) - {v.var.name}
+    memo[id(v)] = out
+    return out
+
+
+def invariant_parts(v: Value, inner: frozenset[str], memo: dict[int, frozenset[str]]) -> list[Value]:
+    """Maximal subtrees of ``v`` that use none of the loop variables in ``inner`` (the loop being
+    entered and any loop nested in it) and are evaluated unconditionally (not under a mask or
+    a gather bound check): safe to compute once, before the loop."""
+    if not free_vars(v, memo) & inner:
+        return [] if isinstance(v, (Const, IndexVal)) else [v]
+    if isinstance(v, Alu):
+        return [p for s in v.srcs for p in invariant_parts(s, inner, memo)]
+    if isinstance(v, Cast):
+        return invariant_parts(v.src, inner, memo)
+    if isinstance(v, Reduce):
+        return invariant_parts(v.body, inner | {v.var.name}, memo)
+    if isinstance(v, Gather):
+        return invariant_parts(v.row, inner, memo)
+    return []

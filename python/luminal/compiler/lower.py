@@ -93,9 +93,42 @@ class _Lowerer:
             return True
         if n.op is Leaf.CONSTANT or n.op is Op.IOTA:
             return False
+        cons = self.consumers[n.id]
+        if any(c.op is Leaf.OUTPUT for c in cons):
+            return True
         if n.op in ELEMENTWISE:
-            cons = self.consumers[n.id]
-            return len(cons) != 1 or cons[0].op is Leaf.OUTPUT
+            if len(cons) == 1:
+                return False
+            # recompute a small reduction-free expression rather than store and reload it
+            v = self.value_of(n)
+            cheap = sum(1 for _ in K.walk(v)) <= 12 and not any(
+                isinstance(x, (K.Reduce, K.Gather)) for x in K.walk(v)
+            )
+            return not (cheap and len(cons) <= 3)
+        if n.op in REDUCE and len(cons) <= 2:
+            # a reduction read once per row of each consumer (a row max, a mean) or pointwise
+            # by its only consumer is fused into it: codegen hoists it out of the inner loop
+            return not all(self._cheap_read(n, c, len(cons)) for c in cons)
+        return True
+
+    def _cheap_read(self, n: Node, c: Node, n_consumers: int) -> bool:
+        if c.op in ELEMENTWISE:
+            inner = f"_i{len(c.shape) - 1}" if c.shape else None
+        elif c.op in REDUCE:
+            inner = f"_i{c.arg}"
+        else:
+            return False
+        for s, v in c.srcs:
+            if s is not n:
+                continue
+            if n_consumers == 1 and v == View.contiguous(n.shape):
+                continue  # pointwise: each value computed exactly once either way
+            idx = _unflatten(v.index, n.shape) if n.shape else {}
+            used = {x.name for e in idx.values() if isinstance(e, sym.Expr) for x in e.vars()}
+            if isinstance(v.valid, sym.Expr):
+                used |= {x.name for x in v.valid.vars()}
+            if inner is None or inner in used:
+                return False
         return True
 
     # ---------------------------------------------------------------- reading an edge

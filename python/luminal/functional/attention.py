@@ -58,7 +58,9 @@ def attention_weights(
     enable_gqa: bool = False,
     name: str = "scaled_dot_product_attention",
 ) -> tuple[Tensor, int]:
-    """softmax(q k^T * scale + mask) with shape (..., Hq, L, S), and the GQA group size."""
+    """softmax(q k^T * scale + mask) and the GQA group size G. With G > 1 the weights are laid
+    out (..., Hk, G, L, S): the query heads are split, never K/V copied, and nothing of
+    symbolic size (S) is reshaped (merging dims of size ``pos + seq`` costs the compiler)."""
     for what, t in (("query", query), ("key", key)):
         if not isinstance(t, Tensor) or t.ndim < 2 or not t.dtype.is_float:
             raise ValueError(f"{name}: {what} must be a float tensor (..., seq, dim), got {t!r}")
@@ -86,10 +88,7 @@ def attention_weights(
     if group > 1:  # (.., Hk*G, L, E) -> (.., Hk, G, L, E) against K (.., Hk, 1, S, E)
         q = q.reshape([*q.shape[:-3], q.shape[-3] // group, group, lq, e])
         k = k.unsqueeze(-3)
-    scores = matmul(q, _t(k))
-    if group > 1:
-        scores = scores.reshape([*scores.shape[:-4], scores.shape[-4] * group, lq, s])
-    scores = acc(scores)
+    scores = acc(matmul(q, _t(k)))
     if sc is None:  # symbolic head dim: scale by 1/sqrt(E) computed in the graph
         scores = scores.mul(scores.graph.constant(e, scores.dtype).sqrt().reciprocal())
     elif sc != 1.0:
@@ -104,6 +103,10 @@ def attention_weights(
             if attn_mask.dtype is dt.bool_
             else attn_mask.cast(scores.dtype)
         )
+        if group > 1 and bias.ndim >= 3:  # a per-head mask splits like the query heads
+            h = bias.shape[-3]
+            split = [*bias.shape[:-3], query.shape[-3] // group, group, *bias.shape[-2:]]
+            bias = bias.reshape(split) if same(h, query.shape[-3]) else bias.unsqueeze(-3)
         try:
             scores = scores.add(bias)
         except ValueError:
@@ -143,10 +146,8 @@ def scaled_dot_product_attention(
     p, v = p.cast(d), value.cast(d)
     if group == 1:
         return matmul(p, v)
-    lq, s = p.shape[-2:]
-    p = p.reshape([*p.shape[:-3], p.shape[-3] // group, group, lq, s])
-    out = matmul(p, v.unsqueeze(-3))
-    return out.reshape([*out.shape[:-4], out.shape[-4] * group, lq, out.shape[-1]])
+    out = matmul(p, v.unsqueeze(-3))  # (.., Hk, G, L, Ev) -> (.., Hq, L, Ev)
+    return out.reshape([*out.shape[:-4], out.shape[-4] * group, *out.shape[-2:]])
 
 
 # ----------------------------------------------------------------------------- rotary embeddings

@@ -36,7 +36,9 @@ class GGUFFile:
         try:
             from gguf import GGUFReader
         except ImportError as e:  # pragma: no cover - gguf is a dependency of the models extra
-            raise ImportError("reading GGUF files needs the 'gguf' package (pip install gguf)") from e
+            raise ImportError(
+                "reading GGUF files needs the 'gguf' package (pip install gguf)"
+            ) from e
         self.path = os.fspath(path)
         size = os.path.getsize(self.path)
         with open(self.path, "rb") as fh:
@@ -46,14 +48,20 @@ class GGUFFile:
         try:
             self.reader = GGUFReader(self.path, "r")
         except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
-            raise GGUFError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
-        self.metadata: dict[str, Any] = {k: _field_value(f) for k, f in self.reader.fields.items()
-                                         if not k.startswith("GGUF.")}  # fmt: skip
+            raise GGUFError(
+                f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})"
+            ) from None
+        self.metadata: dict[str, Any] = {
+            k: _field_value(f) for k, f in self.reader.fields.items() if not k.startswith("GGUF.")
+        }
         self.tensors = {t.name: t for t in self.reader.tensors}
         for t in self.tensors.values():
             if int(t.data_offset) + int(t.n_bytes) > size:
-                raise GGUFError(f"{self.path}: tensor {t.name!r} ends at byte {int(t.data_offset) + int(t.n_bytes)} "
-                                f"but the file has {size} bytes (truncated)")  # fmt: skip
+                raise GGUFError(
+                    f"{self.path}: tensor {t.name!r} ends at byte "
+                    f"{int(t.data_offset) + int(t.n_bytes)} "
+                    f"but the file has {size} bytes (truncated)"
+                )
 
     @property
     def architecture(self) -> str:
@@ -66,7 +74,7 @@ class GGUFFile:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
     def type_name(self, name: str) -> str:
-        return self._tensor(name).tensor_type.name  # type: ignore[no-any-return]
+        return self._tensor(name).tensor_type.name
 
     def shape(self, name: str) -> tuple[int, ...]:
         """PyTorch-order shape (GGUF stores dims innermost first)."""
@@ -92,13 +100,16 @@ class GGUFFile:
         return self.raw(name).view(_FLOAT_TYPES[kind]).reshape(self.shape(name))
 
     def dequantize(self, name: str) -> np.ndarray:
-        """f32 values with ``gguf.quants`` (the reference our graph expressions are tested against)."""
+        """f32 values from ``gguf.quants`` (the reference our graph expressions are tested
+        against)."""
         from gguf.quants import dequantize
 
         t = self._tensor(name)
         if self.type_name(name) in _FLOAT_TYPES:
             return np.asarray(self.array(name), dtype=np.float32)
-        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(self.shape(name))
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+            self.shape(name)
+        )
 
 
 def _field_value(f: Any) -> Any:
@@ -131,9 +142,13 @@ class GGUFWeights:
         for name in f.tensors:
             kind = f.type_name(name)
             if kind not in _FLOAT_TYPES and kind not in quants.FORMATS:
-                raise GGUFError(f"{f.path}: tensor {name!r} uses quantization {kind}, which luminal does not "
-                                f"support (supported: {', '.join([*_FLOAT_TYPES, *quants.FORMATS])})")  # fmt: skip
-        self._cache: weakref.WeakKeyDictionary[Graph, dict[str, Tensor]] = weakref.WeakKeyDictionary()
+                raise GGUFError(
+                    f"{f.path}: tensor {name!r} uses quantization {kind}, which luminal does not "
+                    f"support (supported: {', '.join([*_FLOAT_TYPES, *quants.FORMATS])})"
+                )
+        self._cache: weakref.WeakKeyDictionary[Graph, dict[str, Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def has(self, name: str) -> bool:
         return name in self.file.tensors

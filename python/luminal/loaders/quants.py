@@ -81,7 +81,7 @@ def _cat_last(a: Tensor, b: Tensor) -> Tensor:
     return a.pad_dim(-1, 0, nb).add(b.pad_dim(-1, na, 0))
 
 
-def _b(i: sint, size: int, off: int = 0) -> sint:
+def _b(i: sint, size: int, off: sint = 0) -> sint:
     return sym.add(sym.mul(i, size), off)
 
 
@@ -89,8 +89,8 @@ def _b(i: sint, size: int, off: int = 0) -> sint:
 def _q4_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # block_q4_0: f16 d; u8 qs[16]. y[h*16 + l] = (((qs[l] >> 4h) & 15) - 8) * d
     shape = (nb, 2, 16)
-    q = _f(_read(w["u8"], shape, lambda b, h, l: _b(b, 18, sym.add(2, l))))
-    d = _f(_read(w["f16"], shape, lambda b, h, l: _b(b, 9)))
+    q = _f(_read(w["u8"], shape, lambda b, h, e: _b(b, 18, sym.add(2, e))))
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 9)))
     v = _bits(q, _table(g, [1.0, 1 / 16], (2, 1)), 4).add(-8.0)
     return v.mul(d).reshape(nb, 32)
 
@@ -98,9 +98,9 @@ def _q4_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
 def _q4_1(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # block_q4_1: f16 d, f16 m; u8 qs[16]. y[h*16 + l] = ((qs[l] >> 4h) & 15) * d + m
     shape = (nb, 2, 16)
-    q = _f(_read(w["u8"], shape, lambda b, h, l: _b(b, 20, sym.add(4, l))))
-    d = _f(_read(w["f16"], shape, lambda b, h, l: _b(b, 10)))
-    m = _f(_read(w["f16"], shape, lambda b, h, l: _b(b, 10, 1)))
+    q = _f(_read(w["u8"], shape, lambda b, h, e: _b(b, 20, sym.add(4, e))))
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 10)))
+    m = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 10, 1)))
     v = _bits(q, _table(g, [1.0, 1 / 16], (2, 1)), 4)
     return v.mul(d).add(m).reshape(nb, 32)
 
@@ -108,8 +108,8 @@ def _q4_1(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
 def _q8_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # block_q8_0: f16 d; i8 qs[32]. y[l] = qs[l] * d
     shape = (nb, 32)
-    q = _f(_read(w["i8"], shape, lambda b, l: _b(b, 34, sym.add(2, l))))
-    d = _f(_read(w["f16"], shape, lambda b, l: _b(b, 17)))
+    q = _f(_read(w["i8"], shape, lambda b, e: _b(b, 34, sym.add(2, e))))
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 17)))
     return q.mul(d)
 
 
@@ -130,7 +130,7 @@ def _q4_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     dmin = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 72, 1)))
     scale = sc.mul(d).reshape(nb, 4, 2, 1).expand(shape)
     offset = mn.mul(dmin).reshape(nb, 4, 2, 1).expand(shape)
-    q = _f(_read(u8, shape, lambda b, j, h, l: _b(b, 144, sym.add(16, sym.add(sym.mul(j, 32), l)))))
+    q = _f(_read(u8, shape, lambda b, j, h, e: _b(b, 144, sym.add(16, sym.add(sym.mul(j, 32), e)))))
     v = _bits(q, _table(g, [1.0, 1 / 16], (2, 1)), 4)
     return v.mul(scale).add(offset.mul(-1.0)).reshape(nb, 256)
 
@@ -144,13 +144,38 @@ def _q6_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     def l_(lh: sint, ll: sint) -> sint:
         return sym.add(sym.mul(lh, 16), ll)
 
-    ql = _f(_read(w["u8"], shape, lambda b, n, kh, kl, lh, ll:
-                  _b(b, 210, sym.add(sym.add(sym.mul(n, 64), sym.mul(kl, 32)), l_(lh, ll)))))  # fmt: skip
-    qh = _f(_read(w["u8"], shape, lambda b, n, kh, kl, lh, ll:
-                  _b(b, 210, sym.add(128 + 0, sym.add(sym.mul(n, 32), l_(lh, ll))))))  # fmt: skip
-    sc = _f(_read(w["i8"], shape, lambda b, n, kh, kl, lh, ll:
-                  _b(b, 210, sym.add(192, sym.add(sym.add(sym.mul(n, 8), sym.mul(kh, 4)),
-                                                  sym.add(sym.mul(kl, 2), lh))))))  # fmt: skip
+    ql = _f(
+        _read(
+            w["u8"],
+            shape,
+            lambda b, n, kh, kl, lh, ll: _b(
+                b, 210, sym.add(sym.add(sym.mul(n, 64), sym.mul(kl, 32)), l_(lh, ll))
+            ),
+        )
+    )
+    qh = _f(
+        _read(
+            w["u8"],
+            shape,
+            lambda b, n, kh, kl, lh, ll: _b(
+                b, 210, sym.add(128 + 0, sym.add(sym.mul(n, 32), l_(lh, ll)))
+            ),
+        )
+    )
+    sc = _f(
+        _read(
+            w["i8"],
+            shape,
+            lambda b, n, kh, kl, lh, ll: _b(
+                b,
+                210,
+                sym.add(
+                    192,
+                    sym.add(sym.add(sym.mul(n, 8), sym.mul(kh, 4)), sym.add(sym.mul(kl, 2), lh)),
+                ),
+            ),
+        )
+    )
     d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 105, 104)))
     lo = _bits(ql, _table(g, [1.0, 1 / 16], (2, 1, 1, 1)), 4)
     hi = _bits(qh, _table(g, [1.0, 1 / 4, 1 / 16, 1 / 64], (2, 2, 1, 1)), 2)
@@ -169,16 +194,23 @@ FORMATS: dict[str, Format] = {
 _ALIASES = {"u8": np.uint8, "f16": np.float16, "i8": np.int8}
 
 
-def _aliases(g: Graph, name: str, f: Format, raw: np.ndarray, rows: int, cols: int) -> dict[str, Tensor]:
+def _aliases(
+    g: Graph, name: str, f: Format, raw: np.ndarray, rows: int, cols: int
+) -> dict[str, Tensor]:
     """Register (once per graph) the byte views of a quantized tensor as weights, each of shape
     (rows, bytes per row / element width)."""
     if cols % f.block:
-        raise ValueError(f"tensor {name!r}: row length {cols} is not a multiple of the {f.name} block ({f.block})")
+        raise ValueError(
+            f"tensor {name!r}: row length {cols} is not a multiple of the {f.name} block "
+            f"({f.block})"
+        )
     row_bytes = cols // f.block * f.type_size
     flat = raw.reshape(-1).view(np.uint8)
     if flat.size != rows * row_bytes:
-        raise ValueError(f"tensor {name!r}: {flat.size} bytes for ({rows}, {cols}) in {f.name} "
-                         f"(needs {rows * row_bytes})")  # fmt: skip
+        raise ValueError(
+            f"tensor {name!r}: {flat.size} bytes for ({rows}, {cols}) in {f.name} "
+            f"(needs {rows * row_bytes})"
+        )
     ws = {}
     for key in f.aliases:
         wname = f"{name}#{key}"
@@ -186,19 +218,25 @@ def _aliases(g: Graph, name: str, f: Format, raw: np.ndarray, rows: int, cols: i
             ws[key] = Tensor(g.inputs[wname])
             continue
         npd = _ALIASES[key]
-        ws[key] = g.weight(wname, data=flat.view(npd).reshape(rows, row_bytes // np.dtype(npd).itemsize))
+        ws[key] = g.weight(
+            wname, data=flat.view(npd).reshape(rows, row_bytes // np.dtype(npd).itemsize)
+        )
     return ws
 
 
 def _format(name: str, fmt: str) -> Format:
     f = FORMATS.get(fmt)
     if f is None:
-        raise NotImplementedError(f"tensor {name!r}: quantization {fmt} is not supported "
-                                  f"(supported: {', '.join(FORMATS)}, F32, F16, BF16)")  # fmt: skip
+        raise NotImplementedError(
+            f"tensor {name!r}: quantization {fmt} is not supported "
+            f"(supported: {', '.join(FORMATS)}, F32, F16, BF16)"
+        )
     return f
 
 
-def quantized_weight(g: Graph, name: str, fmt: str, raw: np.ndarray, shape: tuple[int, int]) -> Tensor:
+def quantized_weight(
+    g: Graph, name: str, fmt: str, raw: np.ndarray, shape: tuple[int, int]
+) -> Tensor:
     """The f32 (rows, cols) expression of a block-quantized tensor whose bytes are ``raw``
     (a contiguous view of the file). Registers the byte aliases as weights of ``g``."""
     f = _format(name, fmt)
@@ -207,13 +245,18 @@ def quantized_weight(g: Graph, name: str, fmt: str, raw: np.ndarray, shape: tupl
     return f.build(g, ws, rows * cols // f.block).reshape(rows, cols)
 
 
-def quantized_rows(g: Graph, name: str, fmt: str, raw: np.ndarray, shape: tuple[int, int], idx: Tensor) -> Tensor:
+def quantized_rows(
+    g: Graph, name: str, fmt: str, raw: np.ndarray, shape: tuple[int, int], idx: Tensor
+) -> Tensor:
     """``weight[idx]`` (an embedding lookup) as (len(idx), cols) f32: GATHER the packed rows,
     then dequantize only those."""
     f = _format(name, fmt)
     rows, cols = shape
     ws = _aliases(g, name, f, raw, rows, cols)
-    picked = {k: Tensor(g.add_op(Op.GATHER, [(w.node, w.view), (idx.node, idx.view)])) for k, w in ws.items()}
+    picked = {
+        k: Tensor(g.add_op(Op.GATHER, [(w.node, w.view), (idx.node, idx.view)]))
+        for k, w in ws.items()
+    }
     n = idx.numel()
     return f.build(g, picked, sym.mul(n, cols // f.block)).reshape(n, cols)
 

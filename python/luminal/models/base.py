@@ -64,40 +64,42 @@ def progress(msg: str, quiet: bool = False) -> None:
 
 
 class Runner:
-    """Runs one graph many times with different dims: compiled once when the compiler exists
-    (``backend='compiled'`` or ``'auto'``), else the reference interpreter."""
+    """Runs one graph many times with different dims. ``backend='compiled'`` compiles it once
+    with ``luminal.compile`` (a CPU plan run by the C++ runtime); ``'interp'`` uses the
+    reference interpreter; ``'auto'`` compiles when the compiler and runtime are available and
+    falls back to the interpreter otherwise. ``backend`` says which one runs."""
 
     def __init__(self, graph: Graph, backend: str = "auto", quiet: bool = True) -> None:
+        if backend not in ("auto", "compiled", "interp"):
+            raise ValueError(f"unknown backend {backend!r} (auto, compiled, interp)")
         self.graph = graph
         self.compiles = 0
-        self._run: Callable[[Mapping[str, Any], Mapping[str, int]], dict[str, np.ndarray]]
-        compile_fn = _find_compile()
+        self.backend = "interp"
+        self._plan: Any = None
+        compile_fn = find_compile()
         if backend == "compiled" and compile_fn is None:
-            raise RuntimeError("backend='compiled' asked for, but luminal.compile is not available")
-        if backend in ("compiled", "auto") and compile_fn is not None:
+            raise RuntimeError("backend='compiled': luminal.compile is not available")
+        if backend != "interp" and compile_fn is not None:
             progress(f"compiling {graph.name} ...", quiet)
-            plan = compile_fn(graph)
-            self.compiles += 1
-            self.backend = "compiled"
-            self._run = lambda inputs, dims: dict(plan.run(dict(inputs), **dims))
-        elif backend in ("interp", "auto"):
-            self.backend = "interp"
-            self._run = lambda inputs, dims: graph.run(inputs, **dims)
-        else:
-            raise ValueError(f"unknown backend {backend!r} (auto, compiled, interp)")
+            try:
+                self._plan = compile_fn(graph)
+            except ImportError as e:  # the C++ runtime is not built
+                if backend == "compiled":
+                    raise
+                progress(f"luminal: no compiled runtime ({e}); using the interpreter", quiet)
+            else:
+                self.compiles += 1
+                self.backend = "compiled"
 
     def __call__(self, inputs: Mapping[str, Any], **dims: int) -> dict[str, np.ndarray]:
-        return self._run(inputs, dims)
+        if self._plan is not None:
+            return dict(self._plan.run(dict(inputs), **dims))
+        return self.graph.run(inputs, **dims)
 
 
-def _find_compile() -> Callable[[Graph], Any] | None:
+def find_compile() -> Callable[[Graph], Any] | None:
+    """``luminal.compile`` when the compiler exists (it may still lack a built runtime)."""
     import luminal
 
     fn = getattr(luminal, "compile", None)
-    if fn is not None:
-        return fn  # type: ignore[no-any-return]
-    try:
-        from luminal import compile as mod  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(mod, "compile", None)
+    return fn if callable(fn) else None

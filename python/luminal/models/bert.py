@@ -41,9 +41,16 @@ class BertConfig:
         act = c.get("hidden_act", "gelu")
         if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
             raise NotImplementedError(f"BERT activation {act!r} is not supported")
-        return BertConfig(c["vocab_size"], c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
-                          c["intermediate_size"], c.get("max_position_embeddings", 512),
-                          float(c.get("layer_norm_eps", 1e-12)), act)  # fmt: skip
+        return BertConfig(
+            c["vocab_size"],
+            c["hidden_size"],
+            c["num_hidden_layers"],
+            c["num_attention_heads"],
+            c["intermediate_size"],
+            c.get("max_position_embeddings", 512),
+            float(c.get("layer_norm_eps", 1e-12)),
+            act,
+        )
 
 
 class Bert:
@@ -53,7 +60,8 @@ class Bert:
 
     @staticmethod
     def from_dir(path: str | os.PathLike[str]) -> Bert:
-        """A sentence-transformers / transformers folder: ``config.json`` + ``model.safetensors``."""
+        """A sentence-transformers / transformers folder (``config.json``,
+        ``model.safetensors``)."""
         from ..loaders.safetensors import SafetensorsFile
 
         path = os.fspath(path)
@@ -71,7 +79,13 @@ class Bert:
 
     def _ln(self, g: Graph, x: Tensor, name: str) -> Tensor:
         c = self.config
-        return layer_norm(x, c.hidden_size, self._w(g, name + ".weight"), self._w(g, name + ".bias"), c.layer_norm_eps)
+        return layer_norm(
+            x,
+            c.hidden_size,
+            self._w(g, name + ".weight"),
+            self._w(g, name + ".bias"),
+            c.layer_norm_eps,
+        )
 
     def build(self, name: str = "bert") -> Graph:
         c = self.config
@@ -81,7 +95,11 @@ class Bert:
         am = g.input("attention_mask", (batch, seq), dt.i32)
         x = embedding(ids, self._w(g, "embeddings.word_embeddings.weight"))  # (batch, seq, hidden)
         x = x.add(self._w(g, "embeddings.position_embeddings.weight").slice(0, 0, seq))
-        x = x.add(self._w(g, "embeddings.token_type_embeddings.weight").slice(0, 0, 1).reshape(c.hidden_size))
+        x = x.add(
+            self._w(g, "embeddings.token_type_embeddings.weight")
+            .slice(0, 0, 1)
+            .reshape(c.hidden_size)
+        )
         x = self._ln(g, x, "embeddings.LayerNorm")
         hd = c.hidden_size // c.n_heads
         mask = am.cast(dt.bool_).reshape(batch, 1, 1, seq)  # keys a query may attend
@@ -92,24 +110,38 @@ class Bert:
         approx = "none" if c.hidden_act == "gelu" else "tanh"
         for i in range(c.n_layers):
             p = f"encoder.layer.{i}."
-            q, k, v = (heads(self._lin(g, x, p + f"attention.self.{n}")) for n in ("query", "key", "value"))
+            q, k, v = (
+                heads(self._lin(g, x, p + f"attention.self.{n}")) for n in ("query", "key", "value")
+            )
             o = sdpa(q, k, v, attn_mask=mask).permute(0, 2, 1, 3).reshape(batch, seq, c.hidden_size)
-            x = self._ln(g, x.add(self._lin(g, o, p + "attention.output.dense")), p + "attention.output.LayerNorm")
+            x = self._ln(
+                g,
+                x.add(self._lin(g, o, p + "attention.output.dense")),
+                p + "attention.output.LayerNorm",
+            )
             h = gelu(self._lin(g, x, p + "intermediate.dense"), approx)
             x = self._ln(g, x.add(self._lin(g, h, p + "output.dense")), p + "output.LayerNorm")
         g.output("last_hidden_state", x)
         m = am.cast(dt.f32).unsqueeze(-1)  # mean over real tokens only
         summed = x.mul(m.expand(x.shape)).sum_reduce(1)
         count = m.sum_reduce(1)
-        g.output("embeddings", normalize(summed.mul(count.reciprocal().expand(summed.shape)), 2.0, -1))
+        g.output(
+            "embeddings", normalize(summed.mul(count.reciprocal().expand(summed.shape)), 2.0, -1)
+        )
         return g
 
 
 class Embedder:
     """Text -> L2-normalized sentence embeddings with a BERT model and its tokenizer."""
 
-    def __init__(self, model: Bert, tokenizer: Any, backend: str = "auto", quiet: bool = True,
-                 max_length: int = 256) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Bert,
+        tokenizer: Any,
+        backend: str = "auto",
+        quiet: bool = True,
+        max_length: int = 256,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.graph = model.build()

@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from ..functional import apply_rotary_emb, causal_mask, linear, rms_norm, rope_cos_sin, rope_positions, silu
+from ..functional import (
+    apply_rotary_emb,
+    causal_mask,
+    linear,
+    rms_norm,
+    rope_cos_sin,
+    rope_positions,
+    silu,
+)
 from ..functional import scaled_dot_product_attention as sdpa
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
@@ -50,28 +58,43 @@ class LlamaConfig:
     def from_hf(c: dict[str, Any]) -> LlamaConfig:
         """From a transformers ``config.json`` (safetensors layout: rotate-half RoPE)."""
         heads = c["num_attention_heads"]
+        # transformers >= 5 nests RoPE settings in rope_parameters; older configs are flat
+        rp = dict(c.get("rope_parameters") or {})
+        theta = rp.pop("rope_theta", c.get("rope_theta", 10000.0))
+        scaling = c.get("rope_scaling") or (
+            rp if rp.get("rope_type", "default") != "default" else None
+        )
         return LlamaConfig(
-            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
-            intermediate_size=c["intermediate_size"], n_layers=c["num_hidden_layers"],
-            n_heads=heads, n_kv_heads=c.get("num_key_value_heads", heads),
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            n_layers=c["num_hidden_layers"],
+            n_heads=heads,
+            n_kv_heads=c.get("num_key_value_heads", heads),
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            rope_theta=float(c.get("rope_theta", 10000.0)), rms_eps=float(c.get("rms_norm_eps", 1e-5)),
-            context_length=c.get("max_position_embeddings", 2048), rope_scaling=c.get("rope_scaling"),
+            rope_theta=float(theta),
+            rms_eps=float(c.get("rms_norm_eps", 1e-5)),
+            context_length=c.get("max_position_embeddings", 2048),
+            rope_scaling=scaling,
             attn_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
             arch=c.get("model_type", "llama"),
-        )  # fmt: skip
+        )
 
 
 class Llama:
     """A Llama-family decoder over a ``WeightSource`` with GGUF tensor names."""
 
-    def __init__(self, config: LlamaConfig, weights: WeightSource, max_context: int | None = None) -> None:
+    def __init__(
+        self, config: LlamaConfig, weights: WeightSource, max_context: int | None = None
+    ) -> None:
         self.config = config
         self.weights = weights
         self.ctx = min(max_context or config.context_length, config.context_length)
         c = config
         if c.n_heads % c.n_kv_heads:
-            raise ValueError(f"llama: {c.n_heads} query heads are not a multiple of {c.n_kv_heads} kv heads")
+            raise ValueError(
+                f"llama: {c.n_heads} query heads are not a multiple of {c.n_kv_heads} kv heads"
+            )
         self.tied = not weights.has("output.weight")
 
     @property
@@ -121,12 +144,21 @@ class Llama:
         c = self.config
         inv = 1.0 / (c.rope_theta ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
         factors = self.weights.get(g, "rope_freqs.weight")
-        ang = positions.cast(dt.f32).unsqueeze(-1).mul(g.tensor(inv.astype(np.float32))).mul(factors.reciprocal())
+        ang = (
+            positions.cast(dt.f32)
+            .unsqueeze(-1)
+            .mul(g.tensor(inv.astype(np.float32)))
+            .mul(factors.reciprocal())
+        )
         half = c.head_dim // 2
         if c.rope_interleaved:
             ang = ang.unsqueeze(-1).expand([*ang.shape, 2]).reshape([*ang.shape[:-1], c.head_dim])
         else:
-            ang = ang.unsqueeze(-2).expand([*ang.shape[:-1], 2, half]).reshape([*ang.shape[:-1], c.head_dim])
+            ang = (
+                ang.unsqueeze(-2)
+                .expand([*ang.shape[:-1], 2, half])
+                .reshape([*ang.shape[:-1], c.head_dim])
+            )
         s2 = ang.mul(0.5).sin()
         return s2.mul(s2).mul(-2.0).add(1.0), ang.sin()
 
@@ -135,7 +167,9 @@ class Llama:
         bias = w.get(g, name + ".bias") if w.has(name + ".bias") else None
         return linear(x, w.get(g, name + ".weight"), bias)
 
-    def _block(self, g: Graph, i: int, x: Tensor, seq: Any, pos: Any, cos: Tensor, sin: Tensor) -> Tensor:
+    def _block(
+        self, g: Graph, i: int, x: Tensor, seq: Any, pos: Any, cos: Tensor, sin: Tensor
+    ) -> Tensor:
         c, w, p = self.config, self.weights, f"blk.{i}."
         hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
         h = rms_norm(x, c.hidden_size, w.get(g, p + "attn_norm.weight"), c.rms_eps)
@@ -162,9 +196,14 @@ class Llama:
         """Write ``new`` (seq, width) into rows pos.. of the persistent cache; return a view of
         rows 0 .. pos+seq-1 of the updated cache."""
         cache = g.input(name, (self.ctx, self.kv_width), dt.f32)
-        rows = Tensor(g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32))
-        updated = Tensor(g.add_op(Op.SCATTER, [(cache.node, cache.view), (rows.node, rows.view),
-                                              (new.node, new.view)]))  # fmt: skip
+        rows = Tensor(
+            g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32)
+        )
+        updated = Tensor(
+            g.add_op(
+                Op.SCATTER, [(cache.node, cache.view), (rows.node, rows.view), (new.node, new.view)]
+            )
+        )
         g.output(name + "_new", updated)
         return updated.slice(0, 0, total)
 
@@ -173,7 +212,8 @@ class LlamaSession:
     """A model with its KV cache: ``prefill(tokens)`` then ``decode(token)`` return the
     logits of the last position; one graph, run at every (seq, pos)."""
 
-    def __init__(self, model: Llama, backend: str = "auto", quiet: bool = True) -> None:
+    def __init__(self, model: Any, backend: str = "auto", quiet: bool = True) -> None:
+        # any decoder with build(), new_cache(), ctx and config.vocab_size: Llama, GPT2
         self.model = model
         self.graph = model.build()
         self.runner = Runner(self.graph, backend, quiet)
@@ -192,8 +232,10 @@ class LlamaSession:
         if toks.size == 0:
             raise ValueError("no tokens to run")
         if self.pos + toks.size > self.model.ctx:
-            raise ValueError(f"context full: {self.pos} cached + {toks.size} new tokens exceed the context "
-                             f"limit of {self.model.ctx} tokens")  # fmt: skip
+            raise ValueError(
+                f"context full: {self.pos} cached + {toks.size} new tokens exceed the context "
+                f"limit of {self.model.ctx} tokens"
+            )
         vocab = self.model.config.vocab_size
         if toks.min() < 0 or toks.max() >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab}), got {toks.min()}..{toks.max()}")
@@ -211,8 +253,10 @@ def config_from_gguf(f: Any) -> LlamaConfig:
     """Hyper-parameters from GGUF metadata (``<arch>.block_count`` etc.)."""
     arch = f.architecture
     if arch not in _GGUF_ARCHS:
-        raise NotImplementedError(f"{f.path}: architecture {arch!r} is not supported by luminal.models.llama "
-                                  f"(supported: {', '.join(_GGUF_ARCHS)})")  # fmt: skip
+        raise NotImplementedError(
+            f"{f.path}: architecture {arch!r} is not supported by luminal.models.llama "
+            f"(supported: {', '.join(_GGUF_ARCHS)})"
+        )
 
     def need(key: str) -> Any:
         v = f.arch_key(key)
@@ -221,21 +265,32 @@ def config_from_gguf(f: Any) -> LlamaConfig:
         return v
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    vocab = f.arch_key("vocab_size") or len(f.get("tokenizer.ggml.tokens") or []) or f.shape("token_embd.weight")[0]
+    vocab = (
+        f.arch_key("vocab_size")
+        or len(f.get("tokenizer.ggml.tokens") or [])
+        or f.shape("token_embd.weight")[0]
+    )
     return LlamaConfig(
-        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
-        n_layers=int(need("block_count")), n_heads=heads,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        n_layers=int(need("block_count")),
+        n_heads=heads,
         n_kv_heads=int(f.arch_key("attention.head_count_kv", heads)),
         head_dim=int(f.arch_key("attention.key_length", hidden // heads)),
         rope_theta=float(f.arch_key("rope.freq_base", 10000.0)),
         rms_eps=float(f.arch_key("attention.layer_norm_rms_epsilon", 1e-5)),
         context_length=int(f.arch_key("context_length", 2048)),
         # llama.cpp's converter permutes Llama q/k rows for adjacent-pair RoPE; Qwen2 keeps halves
-        rope_interleaved=arch in ("llama", "smollm"), attn_bias=arch == "qwen2", arch=arch,
-    )  # fmt: skip
+        rope_interleaved=arch in ("llama", "smollm"),
+        attn_bias=arch == "qwen2",
+        arch=arch,
+    )
 
 
-def load_gguf(path: str, dequant: str = "graph", max_context: int | None = None) -> tuple[Llama, Any]:
+def load_gguf(
+    path: str, dequant: str = "graph", max_context: int | None = None
+) -> tuple[Llama, Any]:
     """A Llama-family model and its tokenizer from a GGUF file."""
     from ..loaders.gguf import GGUFFile, GGUFWeights
     from ..tokenizer import Tokenizer
@@ -243,3 +298,73 @@ def load_gguf(path: str, dequant: str = "graph", max_context: int | None = None)
     f = GGUFFile(path)
     cfg = config_from_gguf(f)
     return Llama(cfg, GGUFWeights(f, dequant), max_context), Tokenizer.from_gguf(f)
+
+
+_HF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
+def hf_to_gguf_name(name: str) -> str | None:
+    """transformers Llama/Qwen2 parameter name -> the GGUF name the model uses (None: unused)."""
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    if name in top:
+        return top[name]
+    parts = name.split(".")
+    if len(parts) >= 5 and parts[:2] == ["model", "layers"]:
+        mod, leaf = ".".join(parts[3:-1]), parts[-1]
+        if mod in _HF_NAMES:
+            return f"blk.{parts[2]}.{_HF_NAMES[mod]}.{leaf}"
+    return None
+
+
+def from_hf(
+    config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None
+) -> Llama:
+    """A model from a transformers config dict and its (safetensors) arrays."""
+    from .base import DictWeights
+
+    cfg = LlamaConfig.from_hf(config)
+    ws = {}
+    for k, v in arrays.items():
+        n = hf_to_gguf_name(k)
+        if n is not None:
+            ws[n] = v
+    if config.get("tie_word_embeddings", False):
+        ws.pop("output.weight", None)
+    return Llama(cfg, DictWeights(ws), max_context)
+
+
+def load_hf_dir(path: str, max_context: int | None = None) -> tuple[Llama, Any]:
+    """A transformers folder: config.json, *.safetensors (mapped), tokenizer.json."""
+    import glob
+    import json
+    import os
+
+    from ..loaders.safetensors import SafetensorsFile
+    from ..tokenizer import Tokenizer
+
+    with open(os.path.join(path, "config.json")) as fh:
+        config = json.load(fh)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{path}: no .safetensors files")
+    arrays: dict[str, np.ndarray] = {}
+    for fn in files:
+        st = SafetensorsFile(fn)
+        arrays.update({k: st[k] for k in st.keys()})
+    return from_hf(config, arrays, max_context), Tokenizer.from_file(
+        os.path.join(path, "tokenizer.json")
+    )

@@ -126,14 +126,12 @@ class MultiheadAttention(Module):
         g = query.graph
         w = self.in_proj_weight.bind(g)
         b = self.in_proj_bias.bind(g) if self.in_proj_bias is not None else None
-        q, k, v = (
-            _heads(
-                F.linear(t, w.slice(0, i * e, e), None if b is None else b.slice(0, i * e, e)),
-                h,
-                hd,
-            )
-            for i, t in enumerate((query, key, value))
-        )
+
+        def proj(i: int, t: Tensor) -> Tensor:  # rows [i*E, (i+1)*E) of the packed in_proj
+            bi = None if b is None else b.slice(0, i * e, e)
+            return _heads(F.linear(t, w.slice(0, i * e, e), bi), h, hd)
+
+        q, k, v = proj(0, query), proj(1, key), proj(2, value)
         lq, s = q.shape[-2], k.shape[-2]
         bias: Tensor | None = None
         if attn_mask is not None:  # MHA's bool masks are True where attention is *not* allowed
@@ -149,9 +147,8 @@ class MultiheadAttention(Module):
         if key_padding_mask is not None:
             kp = key_padding_mask
             kp = kp.cast(dt.f32).mul(-fmax(dt.f32)) if kp.dtype is dt.bool_ else kp
-            kp = (
-                kp.unsqueeze(-2).unsqueeze(-3) if batched else kp.unsqueeze(-2)
-            )  # (N, 1, 1, S) / (1, S)
+            # (N, S) -> (N, 1, 1, S); unbatched (S,) -> (1, S)
+            kp = kp.unsqueeze(-2).unsqueeze(-3) if batched else kp.unsqueeze(-2)
             bias = kp if bias is None else F.maximum(bias.add(kp), -fmax(dt.f32))  # stay finite
         p, _ = attention_weights(q, k, bias, name=name)
         out = _merge(F.matmul(p.cast(v.dtype), v))

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU checks, as one script for a machine with an NVIDIA GPU and PyTorch (no internet):
+# builds luminal, runs the CUDA tests and the op tests with the CUDA backend, then benchmarks
+# GEMM (vs torch.matmul), attention (vs torch SDPA) and a bf16 Llama-shaped decode step (vs the
+# memory-bandwidth roofline). Everything lands in OUTDIR; a short table is printed last. The
+# whole run stays under 8 minutes: each step has a timeout and a share of what is left.
+#
+#   bench/gpu_check.sh OUTDIR
+#
+# Environment: PYTHON (default python3, needs torch with CUDA); LUMINAL_WHEELS, a folder of
+# wheels for the build (scikit-build-core, nanobind, scipy-openblas32, ml_dtypes,
+# cuda-pathfinder) used when they are not installed (default bench/wheels);
+# LUMINAL_GPU_CHECK_SKIP_BUILD=1 uses the luminal that PYTHON already imports. To fill
+# bench/wheels on a machine with internet:
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     -d bench/wheels scikit-build-core nanobind scipy-openblas32 ml_dtypes cuda-pathfinder
+set -euo pipefail
+
+OUT=${1:?usage: bench/gpu_check.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PY=${PYTHON:-python3}
+WHEELS=${LUMINAL_WHEELS:-$ROOT/bench/wheels}
+DEADLINE=$((SECONDS + 465)) # 7m45s: leaves room for the table
+SUMMARY="$OUT/steps.tsv"
+printf 'step\trc\tseconds\n' >"$SUMMARY"
+export LUMINAL_CACHE_DIR="$OUT/cache" PYTHONUNBUFFERED=1
+
+log() { echo "[gpu_check $(date +%T)] $*" >&2; }
+
+# step NAME SECONDS CMD...: runs CMD with at most SECONDS (less if the deadline is nearer),
+# output to OUT/NAME.log; records the exit status and never stops the script.
+step() {
+  local name=$1 limit=$2 left rc start
+  shift 2
+  left=$((DEADLINE - SECONDS))
+  ((limit > left)) && limit=$left
+  if ((limit < 10)); then
+    log "$name: skipped (out of time)"
+    printf '%s\tskipped\t0\n' "$name" >>"$SUMMARY"
+    return 0
+  fi
+  log "$name (up to ${limit}s) ..."
+  start=$SECONDS
+  rc=0
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1 || rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >>"$SUMMARY"
+  ((rc == 0)) || log "$name: exit $rc (see $OUT/$name.log)"
+  return 0
+}
+
+build() {
+  set -euo pipefail
+  if [[ ${LUMINAL_GPU_CHECK_SKIP_BUILD:-0} == 1 ]]; then
+    "$PY" -c "import luminal._rt, luminal; print(luminal.__file__)"
+    return
+  fi
+  local venv="$OUT/venv"
+  "$PY" -m venv --system-site-packages "$venv" # keeps the machine's torch and NVIDIA wheels
+  local vpy="$venv/bin/python"
+  if ! "$vpy" -c "import scikit_build_core, nanobind, scipy_openblas32, ml_dtypes" 2>/dev/null; then
+    "$vpy" -m pip install --no-index --find-links "$WHEELS" \
+      scikit-build-core nanobind scipy-openblas32 ml_dtypes cuda-pathfinder
+  fi
+  "$vpy" -m pip install --no-index --no-build-isolation --no-deps -v "$ROOT"
+  "$vpy" -c "import luminal; print(luminal.__file__)"
+}
+
+step nvidia-smi 20 nvidia-smi
+export OUT PY ROOT WHEELS
+export -f build
+step build 240 bash -c build
+if [[ ${LUMINAL_GPU_CHECK_SKIP_BUILD:-0} != 1 && -x "$OUT/venv/bin/python" ]]; then
+  PY="$OUT/venv/bin/python"
+fi
+# Run from an empty folder so `import luminal` finds the installed package, not ./python.
+mkdir -p "$OUT/run"
+step status 60 "$PY" -c "import luminal, luminal.runtime as r; print(luminal.cuda_status()); print(r.backends())"
+step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+  --junitxml="$OUT/cuda-tests.xml" "$ROOT/tests/test_cuda_compile.py" "$ROOT/tests/test_cuda_emulated.py"
+step op-tests 180 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+  --junitxml="$OUT/op-tests.xml" "$ROOT"/tests/test_ops_*.py "$ROOT/tests/test_linalg.py" \
+  "$ROOT"/tests/test_nn_*.py
+step bench 400 "$PY" "$ROOT/bench/gpu_bench.py" "$OUT"
+
+{
+  echo
+  echo "== luminal gpu_check: $OUT"
+  head -n 3 "$OUT/status.log" 2>/dev/null || true
+  for f in cuda-tests op-tests; do
+    printf '%-11s %s\n' "$f:" "$(grep -E '[0-9]+ (passed|failed)' "$OUT/$f.log" | tail -n 1 || echo 'no result')"
+  done
+  echo
+  column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
+  echo
+  sed -n '/copy bandwidth/,/^{"gpu_bench"/p' "$OUT/bench.log" 2>/dev/null | grep -v '^{"gpu_bench"' || true
+} | tee "$OUT/table.txt"

@@ -1,0 +1,7 @@
+"""``python -m luminal ...`` is the ``luminal`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

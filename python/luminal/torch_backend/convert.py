@@ -1,0 +1,689 @@
+"""ATen FX graph -> luminal graph: one converter per core ATen overload.
+
+The table is keyed by OpOverload objects (``torch.ops.aten.add.Tensor``), never by printed
+names. A converter gets the node's arguments with FX nodes replaced by luminal values (Tensor,
+or a sint for symbolic ints) and returns a luminal value; the result is cast to the dtype that
+torch's fake tensor reports, and its shape is checked against it. A converter raises
+``Unsupported`` for argument combinations it does not handle; the node then runs in eager.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import functional as F
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..tensor import Graph, Tensor
+from .symbols import Dims, Unsupported
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+Converter = Callable[..., Any]
+TABLE: dict[Any, Converter] = {}
+
+
+def op(*targets: Any) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for t in targets:
+            TABLE[t] = fn
+        return fn
+
+    return register
+
+
+class Ctx:
+    """What a converter may read besides its arguments: the graph, dims, the node's fake value."""
+
+    def __init__(self, graph: Graph, dims: Dims) -> None:
+        self.g = graph
+        self.dims = dims
+        self.val: Any = None  # node.meta["val"] of the node being converted
+
+    def shape(self, k: int | None = None) -> tuple[Any, ...]:
+        v = self.val if k is None else self.val[k]
+        return self.dims.shape(v)
+
+    @property
+    def dtype(self) -> dt.DType:
+        return dt.to_dtype(self.val.dtype)
+
+
+def supported_targets() -> list[str]:
+    """Names of the converted overloads (for docs and debugging)."""
+    return sorted(str(t) for t in TABLE)
+
+
+def _ld(d: Any) -> dt.DType | None:
+    return None if d is None else dt.to_dtype(d)
+
+
+def _need(x: Any, what: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise Unsupported(f"{what} must be a tensor, got {type(x).__name__}")
+    return x
+
+
+# ----------------------------------------------------------------------------- elementwise
+def _binary(fn: Callable[..., Tensor]) -> Converter:
+    def conv(cx: Ctx, a: Any, b: Any, **kw: Any) -> Tensor:
+        if not isinstance(a, Tensor):  # aten.pow.Scalar, rsub: a scalar first argument
+            a = _need(b, "an operand")._lift(a)  # a 0-d constant, PyTorch's scalar promotion
+        return fn(a, b, **kw)
+
+    return conv
+
+
+for _targets, _fn in (
+    ((aten.add.Tensor, aten.add.Scalar), F.add),
+    ((aten.sub.Tensor, aten.sub.Scalar), F.sub),
+    ((aten.mul.Tensor, aten.mul.Scalar), F.mul),
+    ((aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor), F.div),
+    ((aten.div.Tensor_mode, aten.div.Scalar_mode), F.div),
+    ((aten.floor_divide.default,), F.floor_divide),
+    ((aten.remainder.Tensor, aten.remainder.Scalar), F.remainder),
+    ((aten.fmod.Tensor, aten.fmod.Scalar), F.fmod),
+    ((aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar), F.pow),
+    ((aten.maximum.default,), F.maximum),
+    ((aten.minimum.default,), F.minimum),
+    ((aten.eq.Tensor, aten.eq.Scalar), F.eq),
+    ((aten.ne.Tensor, aten.ne.Scalar), F.ne),
+    ((aten.lt.Tensor, aten.lt.Scalar), F.lt),
+    ((aten.le.Tensor, aten.le.Scalar), F.le),
+    ((aten.gt.Tensor, aten.gt.Scalar), F.gt),
+    ((aten.ge.Tensor, aten.ge.Scalar), F.ge),
+    ((aten.logical_and.default,), F.logical_and),
+    ((aten.logical_or.default,), F.logical_or),
+    ((aten.logical_xor.default,), F.logical_xor),
+    ((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), F.bitwise_and),
+    ((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), F.bitwise_or),
+    ((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), F.bitwise_xor),
+):
+    op(*_targets)(_binary(_fn))
+
+
+@op(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(cx: Ctx, a: Tensor, b: Any, alpha: Any = 1) -> Tensor:
+    return F.sub(b, a, alpha=alpha) if isinstance(b, Tensor) else F.add(F.mul(a, -alpha), b)
+
+
+def _unary(fn: Callable[[Tensor], Tensor]) -> Converter:
+    return lambda cx, x: fn(_need(x, "input"))
+
+
+for _tgt, _u in (
+    (aten.neg.default, F.neg), (aten.abs.default, F.abs), (aten.exp.default, F.exp),
+    (aten.exp2.default, F.exp2), (aten.log.default, F.log), (aten.log2.default, F.log2),
+    (aten.log10.default, F.log10), (aten.log1p.default, F.log1p),
+    (aten.expm1.default, F.expm1), (aten.sqrt.default, F.sqrt), (aten.rsqrt.default, F.rsqrt),
+    (aten.reciprocal.default, F.reciprocal), (aten.sin.default, F.sin),
+    (aten.cos.default, F.cos), (aten.tan.default, F.tan), (aten.tanh.default, F.tanh),
+    (aten.sinh.default, F.sinh), (aten.cosh.default, F.cosh),
+    (aten.sigmoid.default, F.sigmoid), (aten.erf.default, F.erf), (aten.relu.default, F.relu),
+    (aten.silu.default, F.silu), (aten.floor.default, F.floor), (aten.ceil.default, F.ceil),
+    (aten.round.default, F.round), (aten.trunc.default, F.trunc), (aten.sign.default, F.sign),
+    (aten.isnan.default, F.isnan), (aten.isinf.default, F.isinf),
+    (aten.logical_not.default, F.logical_not), (aten.bitwise_not.default, F.bitwise_not),
+    (aten.mish.default, F.mish), (aten.hardswish.default, F.hardswish),
+    (aten.hardsigmoid.default, F.hardsigmoid),
+):  # fmt: skip
+    op(_tgt)(_unary(_u))
+
+
+@op(aten.gelu.default)
+def _gelu(cx: Ctx, x: Tensor, approximate: str = "none") -> Tensor:
+    return F.gelu(x, approximate=approximate)
+
+
+@op(aten.hardtanh.default)
+def _hardtanh(cx: Ctx, x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    return F.clamp(x, min_val, max_val)
+
+
+@op(aten.leaky_relu.default)
+def _leaky_relu(cx: Ctx, x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return F.leaky_relu(x, negative_slope)
+
+
+@op(aten.elu.default)
+def _elu(cx: Ctx, x: Tensor, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0
+         ) -> Tensor:  # fmt: skip
+    pos = F.mul(F.relu(x), scale)
+    neg = F.mul(F.expm1(F.mul(F.clamp(x, max=0.0), input_scale)), alpha * scale)
+    return F.add(pos, neg)
+
+
+@op(aten.softplus.default)
+def _softplus(cx: Ctx, x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    return F.softplus(x, beta, threshold)
+
+
+@op(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(cx: Ctx, x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    return F.clamp(x, min, max)
+
+
+@op(aten.clamp_min.default)
+def _clamp_min(cx: Ctx, x: Tensor, v: Any) -> Tensor:
+    return F.clamp(x, min=v)
+
+
+@op(aten.clamp_max.default)
+def _clamp_max(cx: Ctx, x: Tensor, v: Any) -> Tensor:
+    return F.clamp(x, max=v)
+
+
+@op(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(cx: Ctx, cond: Tensor, a: Any, b: Any) -> Tensor:
+    return F.where(cond, a, b)
+
+
+@op(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(cx: Ctx, x: Tensor, mask: Tensor, value: Any) -> Tensor:
+    return F.masked_fill(x, mask, value)
+
+
+@op(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(cx: Ctx, x: Tensor, end: Any, weight: Any) -> Tensor:
+    return F.lerp(x, end, weight)
+
+
+# ----------------------------------------------------------------------------- dtype / copies
+@op(aten._to_copy.default)
+def _to_copy(cx: Ctx, x: Tensor, **kw: Any) -> Tensor:
+    dev = kw.get("device")
+    if dev is not None and torch.device(dev).type != "cpu":
+        raise Unsupported(f"copy to device {dev}")
+    return x.cast(cx.dtype)
+
+
+@op(prims.convert_element_type.default)
+def _convert(cx: Ctx, x: Tensor, dtype: Any) -> Tensor:
+    return x.cast(dt.to_dtype(dtype))
+
+
+@op(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default,
+    aten.contiguous.default)  # fmt: skip
+def _identity(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
+    return x
+
+
+@op(aten.dropout.default)
+def _dropout(cx: Ctx, x: Tensor, p: float, train: bool) -> Tensor:
+    if train and p > 0:
+        raise Unsupported("dropout in training mode")
+    return x
+
+
+@op(aten.copy.default)
+def _copy(cx: Ctx, dst: Tensor, src: Any, non_blocking: bool = False) -> Tensor:
+    return (
+        src.cast(dst.dtype).expand(dst.shape) if isinstance(src, Tensor) else F.full_like(dst, src)
+    )
+
+
+# ----------------------------------------------------------------------------- reductions
+def _dims_arg(dim: Any) -> Any:
+    return None if dim is None or (isinstance(dim, (list, tuple)) and not dim) else dim
+
+
+@op(aten.sum.dim_IntList, aten.sum.default)
+def _sum(cx: Ctx, x: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None
+         ) -> Tensor:  # fmt: skip
+    return F.sum(x, _dims_arg(dim), keepdim, dtype=_ld(dtype))
+
+
+@op(aten.mean.dim, aten.mean.default)
+def _mean(cx: Ctx, x: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None
+          ) -> Tensor:  # fmt: skip
+    return F.mean(x, _dims_arg(dim), keepdim, dtype=_ld(dtype))
+
+
+@op(aten.prod.dim_int, aten.prod.default)
+def _prod(cx: Ctx, x: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None
+          ) -> Tensor:  # fmt: skip
+    return F.prod(x, dim, keepdim, dtype=_ld(dtype))
+
+
+@op(aten.var.correction, aten.var.dim)
+def _var(cx: Ctx, x: Tensor, dim: Any = None, *args: Any, correction: Any = None,
+         keepdim: bool = False) -> Tensor:  # fmt: skip
+    if args:  # var.dim(self, dim, unbiased, keepdim)
+        return F.var(x, _dims_arg(dim), args[0], *args[1:])
+    return F.var(x, _dims_arg(dim), keepdim=keepdim, correction=correction)
+
+
+@op(aten.amax.default)
+def _amax(cx: Ctx, x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
+    return F.amax(x, dim, keepdim)
+
+
+@op(aten.amin.default)
+def _amin(cx: Ctx, x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
+    return F.amin(x, dim, keepdim)
+
+
+@op(aten.max.dim)
+def _max_dim(cx: Ctx, x: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    return F.amax(x, dim, keepdim), F.argmax(x, dim, keepdim)
+
+
+@op(aten.min.dim)
+def _min_dim(cx: Ctx, x: Tensor, dim: int, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    return F.amin(x, dim, keepdim), F.argmin(x, dim, keepdim)
+
+
+@op(aten.max.default)
+def _max_all(cx: Ctx, x: Tensor) -> Tensor:
+    return F.amax(x)
+
+
+@op(aten.min.default)
+def _min_all(cx: Ctx, x: Tensor) -> Tensor:
+    return F.amin(x)
+
+
+@op(aten.argmax.default)
+def _argmax(cx: Ctx, x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    return F.argmax(x, dim, keepdim)
+
+
+@op(aten.argmin.default)
+def _argmin(cx: Ctx, x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    return F.argmin(x, dim, keepdim)
+
+
+@op(aten.any.default, aten.any.dim, aten.any.dims)
+def _any(cx: Ctx, x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return F.any(x, _dims_arg(dim), keepdim)
+
+
+@op(aten.all.default, aten.all.dim, aten.all.dims)
+def _all(cx: Ctx, x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return F.all(x, _dims_arg(dim), keepdim)
+
+
+@op(aten.cumsum.default)
+def _cumsum(cx: Ctx, x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+    return F.cumsum(x, dim, dtype=_ld(dtype))
+
+
+@op(aten._softmax.default, aten.softmax.int)
+def _softmax(cx: Ctx, x: Tensor, dim: int, half_to_float: Any = False) -> Tensor:
+    return F.softmax(x, dim)
+
+
+@op(aten._log_softmax.default, aten.log_softmax.int)
+def _log_softmax(cx: Ctx, x: Tensor, dim: int, half_to_float: Any = False) -> Tensor:
+    return F.log_softmax(x, dim)
+
+
+@op(aten.logsumexp.default)
+def _logsumexp(cx: Ctx, x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
+    return F.logsumexp(x, dim, keepdim)
+
+
+# ----------------------------------------------------------------------------- matmul
+@op(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(cx: Ctx, a: Tensor, b: Tensor) -> Tensor:
+    return F.matmul(a, b)
+
+
+@op(aten.addmm.default)
+def _addmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    return F.addmm(bias, a, b, beta=beta, alpha=alpha)
+
+
+@op(aten.baddbmm.default)
+def _baddbmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1
+             ) -> Tensor:  # fmt: skip
+    return F.baddbmm(bias, a, b, beta=beta, alpha=alpha)
+
+
+# ----------------------------------------------------------------------------- views
+@op(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.flatten.using_ints,
+    aten.unflatten.int, aten.view_as.default)  # fmt: skip
+def _reshape(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
+    # the fake value holds the resolved shape (no -1, symbolic sizes simplified by torch)
+    return x.reshape(cx.shape())
+
+
+@op(aten.expand.default, aten.expand_as.default)
+def _expand(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
+    return x.expand(cx.shape())
+
+
+@op(aten.permute.default)
+def _permute(cx: Ctx, x: Tensor, dims: Sequence[int]) -> Tensor:
+    return x.permute(list(dims))
+
+
+@op(aten.transpose.int)
+def _transpose(cx: Ctx, x: Tensor, a: int, b: int) -> Tensor:
+    return F.transpose(x, a, b)
+
+
+@op(aten.t.default)
+def _t(cx: Ctx, x: Tensor) -> Tensor:
+    return F.t(x)
+
+
+@op(aten.slice.Tensor)
+def _slice(cx: Ctx, x: Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+           ) -> Tensor:  # fmt: skip
+    d = x._axis(dim)
+    n = x.shape[d]
+    length = cx.shape()[d]
+    if start is None:
+        start = 0
+    elif isinstance(start, int):
+        if start < 0:
+            start = sym.maximum(sym.add(n, start), 0)
+        elif not isinstance(n, int) or start > n:
+            start = sym.minimum(start, n)
+    return x.slice(d, start, length, step)
+
+
+@op(aten.select.int)
+def _select(cx: Ctx, x: Tensor, dim: int, index: Any) -> Tensor:
+    return F.select(x, dim, index)
+
+
+@op(aten.narrow.default)
+def _narrow(cx: Ctx, x: Tensor, dim: int, start: Any, length: Any) -> Tensor:
+    return F.narrow(x, dim, start, length)
+
+
+@op(aten.cat.default)
+def _cat(cx: Ctx, tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    # torch ignores legacy empty 1-D tensors in cat
+    ts = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors)
+    return F.cat(ts, dim)
+
+
+@op(aten.stack.default)
+def _stack(cx: Ctx, tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    return F.stack(list(tensors), dim)
+
+
+def _split_at(x: Tensor, sizes: Sequence[Any], dim: int) -> tuple[Tensor, ...]:
+    d = x._axis(dim)
+    out: list[Tensor] = []
+    off: Any = 0
+    for s in sizes:
+        out.append(x.slice(d, off, s))
+        off = sym.add(off, s)
+    return tuple(out)
+
+
+@op(aten.split_with_sizes.default)
+def _split_with_sizes(cx: Ctx, x: Tensor, sizes: Sequence[Any], dim: int = 0) -> tuple:
+    return _split_at(x, sizes, dim)
+
+
+@op(aten.split.Tensor)
+def _split(cx: Ctx, x: Tensor, size: Any, dim: int = 0) -> tuple:
+    d = x._axis(dim)
+    return _split_at(x, [cx.dims.shape(v)[d] for v in cx.val], d)
+
+
+@op(aten.unbind.int)
+def _unbind(cx: Ctx, x: Tensor, dim: int = 0) -> tuple:
+    return F.unbind(x, dim)
+
+
+@op(aten.constant_pad_nd.default)
+def _pad(cx: Ctx, x: Tensor, pad: Sequence[Any], value: Any = 0) -> Tensor:
+    return F.pad(x, list(pad), "constant", value)
+
+
+@op(aten.flip.default)
+def _flip(cx: Ctx, x: Tensor, dims: Sequence[int]) -> Tensor:
+    return F.flip(x, list(dims))
+
+
+@op(aten.roll.default)
+def _roll(cx: Ctx, x: Tensor, shifts: Any, dims: Any = ()) -> Tensor:
+    return F.roll(x, shifts, dims if dims else None)
+
+
+@op(aten.repeat.default)
+def _repeat(cx: Ctx, x: Tensor, repeats: Sequence[Any]) -> Tensor:
+    return F.repeat(x, *repeats)
+
+
+@op(aten.tril.default)
+def _tril(cx: Ctx, x: Tensor, diagonal: int = 0) -> Tensor:
+    return F.tril(x, diagonal)
+
+
+@op(aten.triu.default)
+def _triu(cx: Ctx, x: Tensor, diagonal: int = 0) -> Tensor:
+    return F.triu(x, diagonal)
+
+
+# ----------------------------------------------------------------------------- indexing
+@op(aten.index.Tensor, aten._unsafe_index.Tensor)
+def _index(cx: Ctx, x: Tensor, indices: Sequence[Any]) -> Tensor:
+    key = tuple(slice(None) if i is None else _need(i, "index") for i in indices)
+    if any(isinstance(k, Tensor) and k.dtype is dt.bool_ for k in key):
+        raise Unsupported("indexing with a bool mask (data-dependent shape)")
+    return F.getitem(x, key)
+
+
+@op(aten.index_select.default)
+def _index_select(cx: Ctx, x: Tensor, dim: int, index: Tensor) -> Tensor:
+    return F.index_select(x, dim, index)
+
+
+@op(aten.gather.default)
+def _gather(cx: Ctx, x: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    return F.gather(x, dim, index)
+
+
+@op(aten.embedding.default)
+def _embedding(cx: Ctx, weight: Tensor, indices: Tensor, padding_idx: int = -1, *args: Any
+               ) -> Tensor:  # fmt: skip
+    return F.embedding(indices, weight)
+
+
+@op(aten.scatter.src, aten.scatter.value)
+def _scatter(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Any) -> Tensor:
+    if isinstance(src, Tensor):
+        return F.scatter(x, dim, index, src)
+    return F.scatter(x, dim, index, value=src)
+
+
+@op(aten.scatter_add.default)
+def _scatter_add(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    return F.scatter_add(x, dim, index, src)
+
+
+@op(aten.index_put.default)
+def _index_put(cx: Ctx, x: Tensor, indices: Sequence[Any], values: Any, accumulate: bool = False
+               ) -> Tensor:  # fmt: skip
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype is dt.bool_:
+        raise Unsupported("index_put with other than one integer index over dim 0")
+    return F.index_put(x, list(indices), values, accumulate)
+
+
+# ----------------------------------------------------------------------------- creation
+def _fill(cx: Ctx, value: Any) -> Tensor:
+    return F.full(cx.g, cx.shape(), value, dtype=cx.dtype)
+
+
+@op(aten.full.default, aten.new_full.default, aten.full_like.default)
+def _full(cx: Ctx, *args: Any, **kw: Any) -> Tensor:
+    return _fill(cx, args[-1])
+
+
+@op(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.empty.memory_format,
+    aten.empty_like.default, aten.new_empty.default, aten.empty_strided.default)  # fmt: skip
+def _zeros(cx: Ctx, *args: Any, **kw: Any) -> Tensor:
+    return _fill(cx, 0)
+
+
+@op(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+def _ones(cx: Ctx, *args: Any, **kw: Any) -> Tensor:
+    return _fill(cx, 1)
+
+
+@op(aten.scalar_tensor.default)
+def _scalar_tensor(cx: Ctx, value: Any, **kw: Any) -> Tensor:
+    return _fill(cx, value)
+
+
+@op(aten.fill.Scalar)
+def _fill_scalar(cx: Ctx, x: Tensor, value: Any) -> Tensor:
+    return F.full_like(x, value)
+
+
+@op(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(cx: Ctx, *args: Any, step: Any = 1, **kw: Any) -> Tensor:
+    start, end = (0, args[0]) if len(args) == 1 else args[:2]
+    step = args[2] if len(args) > 2 else step
+    return F.arange(cx.g, start, end, step, dtype=cx.dtype)
+
+
+# ----------------------------------------------------------------------------- nn
+@op(aten.convolution.default)
+def _convolution(cx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any,
+                 dilation: Any, transposed: bool, output_padding: Any, groups: int
+                 ) -> Tensor:  # fmt: skip
+    nd = w.ndim - 2
+    if transposed:
+        fns = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
+        if nd not in fns:
+            raise Unsupported(f"conv_transpose{nd}d")
+        return fns[nd](x, w, b, list(stride), list(padding), list(output_padding), groups,
+                       list(dilation))  # fmt: skip
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd)
+    if fn is None:
+        raise Unsupported(f"conv{nd}d")
+    return fn(x, w, b, list(stride), list(padding), list(dilation), groups)
+
+
+@op(aten.native_layer_norm.default)
+def _layer_norm(cx: Ctx, x: Tensor, shape: Sequence[Any], w: Any, b: Any, eps: float) -> tuple:
+    # mean / rstd (outputs 1 and 2) are for backward; None makes a use of them unsupported
+    return F.layer_norm(x, list(shape), w, b, eps), None, None
+
+
+@op(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(cx: Ctx, x: Tensor, w: Any, b: Any, rm: Tensor, rv: Tensor, momentum: float,
+                eps: float) -> tuple:  # fmt: skip
+    return F.batch_norm(x, rm, rv, w, b, False, momentum, eps), None, None
+
+
+@op(aten.native_group_norm.default)
+def _group_norm(cx: Ctx, x: Tensor, w: Any, b: Any, n: Any, c: Any, hw: Any, groups: int,
+                eps: float) -> tuple:  # fmt: skip
+    return F.group_norm(x, groups, w, b, eps), None, None
+
+
+@op(aten.max_pool2d_with_indices.default, aten.max_pool1d_with_indices.default)
+def _max_pool(cx: Ctx, x: Tensor, kernel: Any, stride: Any = (), padding: Any = 0,
+              dilation: Any = 1, ceil_mode: bool = False) -> tuple:  # fmt: skip
+    nd = len(kernel)
+    fn = F.max_pool2d if nd == 2 else F.max_pool1d
+    return fn(x, list(kernel), list(stride) or None, padding, dilation, ceil_mode), None
+
+
+@op(aten.avg_pool2d.default)
+def _avg_pool2d(cx: Ctx, x: Tensor, kernel: Any, stride: Any = (), padding: Any = 0,
+                ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: Any = None) -> Tensor:  # fmt: skip
+    return F.avg_pool2d(x, list(kernel), list(stride) or None, padding, ceil_mode,
+                        count_include_pad, divisor_override)  # fmt: skip
+
+
+@op(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(cx: Ctx, x: Tensor, output_size: Sequence[int]) -> Tensor:
+    return F.adaptive_avg_pool2d(x, list(output_size))
+
+
+@op(aten.scaled_dot_product_attention.default)
+def _sdpa(
+    cx: Ctx,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                          enable_gqa)  # fmt: skip
+
+
+@op(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_cpu(
+    cx: Ctx,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: Any = None,
+    scale: Any = None,
+) -> tuple:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale), None
+
+
+# ----------------------------------------------------------------------------- structure
+@op(operator.getitem)
+def _getitem(cx: Ctx, seq: Any, k: int) -> Any:
+    if not isinstance(seq, (tuple, list)):
+        raise Unsupported("getitem of a non-sequence")
+    v = seq[k]
+    if v is None:
+        raise Unsupported(f"output {k} of a multi-output op (only used in training)")
+    return v
+
+
+def convert_call(cx: Ctx, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Convert one call; the result matches the fake value's dtype and rank."""
+    fn = TABLE.get(target)
+    if fn is None:
+        raise Unsupported("no converter")
+    try:
+        out = fn(cx, *args, **kwargs)
+    except Unsupported:
+        raise
+    except Exception as e:  # a converter that cannot build this node: eager runs it correctly
+        raise Unsupported(f"{type(e).__name__}: {_short(e)}") from e
+    return _match(cx, out, cx.val)
+
+
+def _short(e: Exception, n: int = 160) -> str:
+    s = str(e).splitlines()[0] if str(e) else ""
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _match(cx: Ctx, out: Any, val: Any) -> Any:
+    if isinstance(val, (tuple, list)) and isinstance(out, (tuple, list)):
+        if len(val) != len(out):
+            raise Unsupported("converter returned the wrong number of outputs")
+        return tuple(None if o is None else _match(cx, o, v) for o, v in zip(out, val, strict=True))
+    if not isinstance(val, torch.Tensor):
+        return out
+    if not isinstance(out, Tensor):
+        raise Unsupported(f"converter returned {type(out).__name__} for a tensor")
+    want = cx.dims.shape(val)
+    if len(want) != out.ndim or any(
+        isinstance(a, int) and isinstance(b, int) and a != b
+        for a, b in zip(want, out.shape, strict=True)
+    ):
+        # a mismatch is a converter bug; eager is right, so never return this value
+        raise Unsupported(f"converted shape {out.shape} differs from torch's {tuple(val.shape)}")
+    return out.cast(dt.to_dtype(val.dtype))

@@ -1,0 +1,419 @@
+"""Split an ATen graph into luminal partitions and eager leftovers, and run the partitions.
+
+A trial conversion of the whole graph finds the nodes luminal cannot convert; torch's
+capability-based partitioner then groups the convertible nodes into submodules (never making a
+cycle), and each submodule is replaced by a ``LuminalPartition`` that runs a compiled plan.
+The unconvertible nodes stay in the parent graph and run in eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .. import compile as lm_compile
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Leaf
+from ..tensor import Graph, Tensor
+from .convert import Ctx, convert_call
+from .symbols import Dims, Unsupported, bare_symbol
+
+
+@dataclass
+class Stats:
+    """Counters a test or a user can read: ``luminal.torch_backend.stats``."""
+
+    compiles: int = 0  # dynamo graphs handed to the backend
+    partitions: int = 0  # luminal graphs built from them
+    plans: int = 0  # luminal.compile calls (a partition compiles on its first run)
+    failed_plans: int = 0  # partitions whose plan did not build: they run in eager
+    eager_ops: dict[str, int] = field(default_factory=dict)  # op -> nodes left to eager
+
+
+stats = Stats()
+_warned: set[str] = set()
+
+
+def warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+class Env:
+    """Dims bound from the top-level arguments of the current call, shared by its partitions."""
+
+    def __init__(self, binders: dict[str, tuple[int, int | None]]) -> None:
+        self.binders = binders  # dim name -> (argument index, axis or None for a SymInt arg)
+        self.dims: dict[str, int] = {}
+
+    def bind(self, args: Sequence[Any]) -> None:
+        self.dims = {
+            name: int(args[i]) if axis is None else int(args[i].shape[axis])
+            for name, (i, axis) in self.binders.items()
+        }
+
+
+def binders_for(gm: GraphModule) -> dict[str, tuple[int, int | None]]:
+    """Where each dynamic size can be read at run time: a bare symbol in an input's shape."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for i, ph in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        val = ph.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for axis, s in enumerate(val.shape):
+                name = bare_symbol(s)
+                if name is not None:
+                    out.setdefault(name, (i, axis))
+        elif isinstance(val, torch.SymInt):
+            name = bare_symbol(val)
+            if name is not None:
+                out.setdefault(name, (i, None))
+    return out
+
+
+# ----------------------------------------------------------------------------- graph building
+@dataclass
+class Built:
+    graph: Graph
+    dims: Dims
+    inputs: list[tuple[int, str]]  # (placeholder index, luminal input name) for data inputs
+    weights: list[tuple[int, Tensor]]  # (placeholder index, weight tensor)
+    scalars: list[tuple[int, str]]  # (placeholder index, input name) of run-time floats
+    outputs: list[Any]  # per output: ("t", name, torch dtype) | ("s", sint) | ("v", value)
+    tuple_out: bool
+    failed: dict[Node, str]  # tolerant builds only: node -> why it cannot convert
+
+
+_DOWNSTREAM = "an argument luminal cannot hold"  # not this op's fault: not reported
+_MISSING = object()  # a value luminal cannot hold (SymFloat, an unconverted result, ...)
+
+
+def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: bool = False) -> Built:
+    """Convert ``gm`` to a luminal graph. Strict builds raise Unsupported; tolerant builds record
+    each failing node and stand in an input for its value so later nodes can still be tried."""
+    g = Graph("torch")
+    dims = Dims(shape_env)
+    cx = Ctx(g, dims)
+    env: dict[Node, Any] = {}
+    inputs: list[tuple[int, str]] = []
+    weights: list[tuple[int, Tensor]] = []
+    scalars: list[tuple[int, str]] = []
+    failed: dict[Node, str] = {}
+    k = 0
+    outputs: list[Any] = []
+    tuple_out = True
+    storages: dict[Any, int] = {}  # fake storage of each tensor placeholder -> its index
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            env[node] = _placeholder(g, dims, node, val, k, weight_names, inputs, weights, scalars)
+            if isinstance(val, torch.Tensor):
+                storages.setdefault(StorageWeakRef(val.untyped_storage()), k)
+            k += 1
+        elif node.op == "call_function":
+            if not _is_tensor_value(val):  # symbolic ints and friends: plain expressions
+                is_float = isinstance(val, torch.SymFloat)
+                env[node] = _scalar_input(g, f"_host_{node.name}") if is_float else \
+                    _host_value(dims, val)  # fmt: skip
+                continue
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            try:
+                if _has_missing((args, kwargs)):
+                    raise Unsupported(_DOWNSTREAM)
+                cx.val = val
+                env[node] = convert_call(cx, node.target, args, kwargs)
+            except Unsupported as e:
+                if not tolerant:
+                    raise Unsupported(f"{_op_name(node.target)}: {e}") from e
+                failed[node] = str(e)
+                env[node] = _stand_in(g, dims, node, val)
+        elif node.op == "output":
+            res = node.args[0]
+            tuple_out = isinstance(res, (tuple, list))
+            for j, r in enumerate(res if tuple_out else [res]):
+                outputs.append(_output(g, dims, env, storages, r, j) if not tolerant else None)
+        else:
+            raise Unsupported(f"FX node kind {node.op}")
+    return Built(g, dims, inputs, weights, scalars, outputs, tuple_out, failed)
+
+
+def _is_tensor_value(val: Any) -> bool:
+    if isinstance(val, (tuple, list)):
+        return any(isinstance(v, torch.Tensor) for v in val)
+    return isinstance(val, torch.Tensor)
+
+
+def _has_missing(x: Any) -> bool:
+    if x is _MISSING:
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_has_missing(v) for v in x)
+    if isinstance(x, dict):
+        return any(_has_missing(v) for v in x.values())
+    return False
+
+
+def _host_value(dims: Dims, val: Any) -> Any:
+    try:
+        if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+            return dims.expr(val)
+    except Unsupported:
+        return _MISSING
+    if val is None or isinstance(val, (float, bool)):
+        return val
+    return _MISSING
+
+
+def _scalar_input(g: Graph, name: str) -> Tensor:
+    """A float only known at run time (a torch SymFloat, e.g. 1/sqrt(head_dim)) as a 0-d input."""
+    return g.input(name, (), dt.f32)
+
+
+def _placeholder(g: Graph, dims: Dims, node: Node, val: Any, k: int, weight_names: set[str],
+                 inputs: list, weights: list, scalars: list) -> Any:  # fmt: skip
+    if isinstance(val, torch.SymFloat):
+        scalars.append((k, node.name))
+        return _scalar_input(g, node.name)
+    if not isinstance(val, torch.Tensor):
+        return _host_value(dims, val)
+    try:
+        shape, dtype = dims.shape(val), dt.to_dtype(val.dtype)
+    except (Unsupported, TypeError, ValueError, KeyError):
+        return _MISSING
+    if node.name in weight_names and all(isinstance(s, int) for s in shape):
+        w = g.weight(node.name, shape, dtype)
+        weights.append((k, w))
+        return w
+    inputs.append((k, node.name))
+    return g.input(node.name, shape, dtype)
+
+
+def _stand_in(g: Graph, dims: Dims, node: Node, val: Any, k: int = 0) -> Any:
+    if isinstance(val, (tuple, list)):
+        return tuple(
+            _stand_in(g, dims, node, v, j) if isinstance(v, torch.Tensor) else None
+            for j, v in enumerate(val)
+        )
+    try:
+        return g.input(f"_eager_{node.name}_{k}", dims.shape(val), dt.to_dtype(val.dtype))
+    except (Unsupported, TypeError, ValueError, KeyError):
+        return _MISSING
+
+
+def _output(g: Graph, dims: Dims, env: dict[Node, Any], storages: dict[Any, int], r: Any,
+            j: int) -> Any:  # fmt: skip
+    """How output ``j`` is produced at run time. Tensors must have torch's layout: AOTAutograd
+    replays views on them with as_strided, so an alias of an input is returned as a view of that
+    input and a permuted result keeps its strides."""
+    if not isinstance(r, Node):
+        return ("v", r)
+    v = env[r]
+    val = r.meta.get("val")
+    if isinstance(v, Tensor) and isinstance(val, torch.Tensor):
+        size = dims.shape(val)
+        stride = tuple(dims.expr(s) for s in val.stride())
+        k = storages.get(StorageWeakRef(val.untyped_storage()))
+        if k is not None:
+            return ("alias", k, dims.expr(val.storage_offset()), size, stride)
+        perm = _dense_order(val, size, stride)
+        name = f"out{j}"
+        if perm is None:  # overlapping or gapped strides: copy into torch's layout
+            g.output(name, v if v.node.op is not Leaf.INPUT else _copy(v))
+            return ("strided", name, val.dtype, size, stride)
+        phys = v.permute(perm)
+        g.output(name, phys if phys.node.op is not Leaf.INPUT else _copy(phys))
+        inv = sorted(range(len(perm)), key=perm.__getitem__)
+        return ("t", name, val.dtype, None if perm == sorted(perm) else inv)
+    if isinstance(v, (int, sym.Expr)) and not isinstance(v, bool):
+        return ("s", v)
+    if v is None or isinstance(v, (float, bool)):
+        return ("v", v)
+    raise Unsupported(f"output {r.name} of kind {type(val).__name__}")
+
+
+def _dense_order(val: torch.Tensor, size: tuple, stride: tuple) -> list[int] | None:
+    """The dim order in which ``val`` is laid out contiguously, or None if it is not dense."""
+    hints = [_hint(s) for s in val.stride()]
+    perm = sorted(range(val.dim()), key=lambda d: -hints[d])  # stable: ties keep logical order
+    expect: sym.sint = 1
+    for d in reversed(perm):
+        if not (isinstance(size[d], int) and size[d] == 1) and stride[d] is not expect and \
+                stride[d] != expect:  # fmt: skip
+            return None
+        expect = sym.mul(expect, size[d])
+    return perm
+
+
+def _hint(s: Any) -> int:
+    return int(s.node.hint) if isinstance(s, torch.SymInt) else int(s)
+
+
+def _copy(v: Tensor) -> Tensor:
+    """An op that copies an input (a plan's outputs are written by kernels, not aliased)."""
+    return v.cast(dt.u8).cast(dt.bool_) if v.dtype is dt.bool_ else v.mul(1)
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)  # aten.convolution.default
+    return str(getattr(target, "__name__", None) or target)
+
+
+# ----------------------------------------------------------------------------- running
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.resolve_conj().resolve_neg().numpy()
+
+
+def to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    if a.dtype.kind == "V" or a.dtype.name.startswith(("bfloat", "float8")):
+        ints = {1: np.uint8, 2: np.int16}[a.dtype.itemsize]
+        return torch.from_numpy(a.view(ints)).view(dtype)
+    return torch.from_numpy(a)  # shares the plan's output array: no copy
+
+
+def _weight_key(t: torch.Tensor) -> tuple:
+    try:
+        version = t._version
+    except RuntimeError:  # inference tensors have no version counter
+        version = -1
+    return (id(t), t.data_ptr(), version)
+
+
+class LuminalPartition(torch.nn.Module):
+    """A converted submodule: compiled on its first call (weights come from that call's
+    arguments), recompiled only if a weight tensor is replaced or changed in place."""
+
+    def __init__(self, built: Built, env: Env, eager: GraphModule) -> None:
+        super().__init__()
+        self.built = built
+        self.env = env
+        self.eager = eager  # kept so a failing plan build can still run correctly
+        self.cg: Any = None
+        self.failed = False
+        self.weight_keys: list[tuple] = []
+        self.plan_dims: list[str] = []
+
+    def _compile(self, args: Sequence[Any]) -> None:
+        for k, w in self.built.weights:
+            a = to_numpy(args[k])
+            w.set(a if a.flags.c_contiguous else a.copy())  # ascontiguousarray makes 0-d 1-d
+        self.cg = lm_compile(self.built.graph)
+        stats.plans += 1
+        self.weight_keys = [_weight_key(args[k]) for k, _ in self.built.weights]
+        self.plan_dims = list(self.cg.executor.dims)
+
+    def forward(self, *args: Any) -> Any:
+        if self.failed:
+            return self.eager(*args)
+        ws = self.built.weights
+        if self.cg is None or any(
+            _weight_key(args[k]) != key for (k, _), key in zip(ws, self.weight_keys, strict=False)
+        ):
+            try:
+                self._compile(args)
+            except Exception as e:  # a plan that cannot be built must not break the model
+                return self._give_up("compiling a partition failed", e, args)
+        inputs = {name: to_numpy(args[k]) for k, name in self.built.inputs}
+        for k, name in self.built.scalars:
+            inputs[name] = np.asarray(float(args[k]), np.float32)
+        dims = {n: self.env.dims[n] for n in self.plan_dims}
+        try:
+            res = self.cg.run(inputs, **dims)
+        except (ValueError, TypeError, RuntimeError) as e:  # e.g. a size outside a dim's range
+            return self._give_up("running a partition failed", e, args)
+        outs = [self._out(o, res, args) for o in self.built.outputs]
+        return tuple(outs) if self.built.tuple_out else outs[0]
+
+    def _give_up(self, what: str, e: Exception, args: Sequence[Any]) -> Any:
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        warn_once(f"{what}:{msg}", f"luminal: {what} ({msg}); it runs in eager PyTorch")
+        self.failed = True
+        stats.failed_plans += 1
+        return self.eager(*args)
+
+    def _out(self, o: tuple, res: dict[str, np.ndarray], args: Sequence[Any]) -> Any:
+        kind, env = o[0], self.env.dims
+        if kind == "t":
+            t = to_torch(res[o[1]], o[2])
+            return t if o[3] is None else t.permute(o[3])
+        if kind == "s":
+            return int(sym.evaluate(o[1], env))
+        if kind == "v":
+            return o[1]
+        size, stride = ([int(sym.evaluate(e, env)) for e in es] for es in o[-2:])
+        if kind == "alias":
+            return torch.as_strided(args[o[1]], size, stride, int(sym.evaluate(o[2], env)))
+        # "strided": torch's layout overlaps or has gaps; scatter into storage of that layout
+        n = 1 + sum((a - 1) * b for a, b in zip(size, stride, strict=True)) if all(size) else 0
+        flat = torch.empty(n, dtype=o[2])
+        where = torch.arange(n).as_strided(size, stride).reshape(-1)
+        flat[where] = to_torch(res[o[1]], o[2]).reshape(-1)
+        return flat.as_strided(size, stride)
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, nodes: set[Node]) -> None:
+        self.nodes = nodes
+
+    def is_node_supported(self, submodules: Any, node: Node) -> bool:
+        return node in self.nodes
+
+
+def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> GraphModule:
+    """Replace the convertible parts of ``gm`` with LuminalPartitions; warn once per eager op."""
+    trial = build(gm, weight_names, shape_env, tolerant=True)
+    bound = set(env.binders)
+    for node, why in trial.failed.items():
+        if why == _DOWNSTREAM:
+            continue
+        name = _op_name(node.target)
+        stats.eager_ops[name] = stats.eager_ops.get(name, 0) + 1
+        warn_once(f"op:{name}", f"luminal: {name} is not supported ({why}); that part of the "
+                  "graph runs in eager PyTorch")  # fmt: skip
+    ok = {
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n not in trial.failed and _is_tensor_value(n.meta.get("val"))
+    }
+    if not ok:
+        return gm
+    parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True)
+    fused = parts.fuse_partitions(parts.propose_partitions())
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module":
+            continue
+        sub = getattr(fused, node.target)
+        phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        subw = {
+            ph.name
+            for ph, a in zip(phs, node.args, strict=False)
+            if isinstance(a, Node) and a.op == "placeholder" and a.name in weight_names
+        }
+        try:
+            built = build(sub, subw, shape_env)
+            unbound = set(built.dims.dims) - bound
+            if unbound:
+                raise Unsupported(f"sizes {sorted(unbound)} are not input sizes")
+        except Unsupported as e:
+            warn_once(f"part:{e}", f"luminal: {e}; that part of the graph runs in eager PyTorch")
+            continue
+        stats.partitions += 1
+        setattr(fused, node.target, LuminalPartition(built, env, sub))
+    fused.recompile()
+    return fused

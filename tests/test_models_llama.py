@@ -1,0 +1,234 @@
+"""Llama-family graphs against transformers: tiny random models (both RoPE layouts, GQA, Qwen2
+biases, tied and untied heads), the KV cache (prefill vs step-by-step, no recompiles over a
+decode loop, context overflow), and SmolLM2-135M-Instruct from its Q4_1 GGUF (slow)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import luminal  # noqa: E402
+from luminal.models import LlamaSession  # noqa: E402
+from luminal.models.llama import from_hf  # noqa: E402
+
+
+def _gguf_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's converter does to q/k rows (adjacent-pair RoPE layout)."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def _tiny(kind: str = "llama", tied: bool = False, interleaved: bool = False, ctx: int = 64):
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=61,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=ctx,
+        rope_theta=1000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+    )
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        hf = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        cfg = transformers.LlamaConfig(**common)
+        hf = transformers.LlamaForCausalLM(cfg)
+    hf.eval()
+    with torch.no_grad():  # random norms and biases so a wrong mapping shows
+        for n, p in hf.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.uniform_(0.5, 1.5) if "norm" in n else p.normal_(0, 0.5)
+    arrays = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+    config = cfg.to_dict()
+    model = from_hf(config, arrays)
+    if interleaved:
+        ws = model.weights.arrays  # type: ignore[attr-defined]
+        for i in range(2):
+            ws[f"blk.{i}.attn_q.weight"] = _gguf_permute(ws[f"blk.{i}.attn_q.weight"], 6)
+            ws[f"blk.{i}.attn_k.weight"] = _gguf_permute(ws[f"blk.{i}.attn_k.weight"], 2)
+        model.config.rope_interleaved = True
+    return hf, model
+
+
+def _hf_logits(hf, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize(
+    "kind,tied,interleaved",
+    [("llama", False, False), ("llama", True, True), ("qwen2", False, False)],
+)
+def test_tiny_matches_transformers(kind: str, tied: bool, interleaved: bool) -> None:
+    hf, model = _tiny(kind, tied, interleaved)
+    ids = [5, 17, 3, 42, 8, 60, 1]
+    ref = _hf_logits(hf, ids)
+    g = model.build(logits="all")
+    out = g.run({"tokens": np.asarray(ids, np.int32), **model.new_cache()}, pos=0)["logits"]
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_kv_cache_steps_match_full_forward() -> None:
+    hf, model = _tiny()
+    ids = [5, 17, 3, 42, 8, 60, 1, 9, 33]
+    ref = _hf_logits(hf, ids)
+    s = LlamaSession(model, "interp")
+    got = [s.forward(ids[:4])]  # prefill 4, then one token at a time
+    got += [s.forward([t]) for t in ids[4:]]
+    np.testing.assert_allclose(np.stack(got), ref[3:], atol=2e-5, rtol=1e-4)
+    s.reset()  # a fresh conversation reuses the cache buffers
+    np.testing.assert_allclose(s.forward(ids[:2]), ref[1], atol=2e-5, rtol=1e-4)
+
+
+def test_context_overflow_is_a_clear_error() -> None:
+    _, model = _tiny(ctx=8)
+    s = LlamaSession(model, "interp")
+    s.forward([1, 2, 3, 4, 5, 6])
+    with pytest.raises(ValueError, match="context"):
+        s.forward([1, 2, 3])
+    with pytest.raises(ValueError, match="token ids"):
+        s.forward([99])
+
+
+def _compiled_available() -> bool:
+    try:
+        from luminal import runtime  # noqa: F401
+    except Exception:
+        return False
+    return hasattr(luminal, "compile")
+
+
+@pytest.mark.skipif(
+    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
+)
+def test_decode_loop_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 decode steps through one compiled plan: compile is called exactly once."""
+    hf, model = _tiny(ctx=300)
+    calls = []
+    real = luminal.compile
+
+    def counting(graph, *a, **k):
+        calls.append(graph.name)
+        return real(graph, *a, **k)
+
+    monkeypatch.setattr(luminal, "compile", counting)
+    s = LlamaSession(model, "compiled")
+    prompt = [5, 17, 3, 42]
+    lg = s.forward(prompt)
+    toks = list(prompt)
+    for _ in range(256):
+        toks.append(int(np.argmax(lg)))
+        lg = s.forward([toks[-1]])
+    assert calls == ["llama"] and s.runner.compiles == 1
+    ref = _hf_logits(hf, toks)  # the last step's logits, and greedy agreement on the way
+    np.testing.assert_allclose(lg, ref[-1], atol=1e-3, rtol=1e-3)
+    assert [int(t) for t in ref[len(prompt) - 1 : -1].argmax(-1)] == toks[len(prompt) :]
+
+
+# ----------------------------------------------------------------------------- SmolLM2 (real)
+def _smollm2():
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from luminal.models import smollm2_path
+
+    try:
+        return smollm2_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def smol():
+    path = _smollm2()
+    from luminal.models import load_gguf
+
+    model, tok = load_gguf(path, dequant="load", max_context=128)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
+    hf.eval()
+    return model, tok, hf
+
+
+# Max |logit diff| measured on this prompt: 4.5e-5 (logits up to ~27); bound with margin.
+SMOL_ATOL = 5e-4
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers(smol) -> None:
+    """Interpreter, weights dequantized by gguf at load: last prompt position + 3 decode steps
+    against transformers on the same dequantized weights (teacher-forced)."""
+    model, tok, hf = smol
+    ids = tok.encode("The capital of France is")
+    s = LlamaSession(model, "interp")
+    got = [s.forward(ids)]
+    gen: list[int] = []
+    for _ in range(3):
+        gen.append(int(np.argmax(got[-1])))
+        got.append(s.forward([gen[-1]]))
+    ref = _hf_logits(hf, ids + gen)[len(ids) - 1 :]
+    assert np.abs(np.stack(got) - ref).max() < SMOL_ATOL
+    assert tok.decode(gen).startswith(" Paris")
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_32_tokens_match_transformers(smol) -> None:
+    model, tok, hf = smol
+    ids = tok.encode("The capital of France is")
+    s = LlamaSession(model, "interp")
+    lg = s.forward(ids)
+    ours: list[int] = []
+    for _ in range(32):
+        ours.append(int(np.argmax(lg)))
+        lg = s.forward([ours[-1]])
+    # transformers' greedy choice at every step of the same sequence (teacher-forced, so an
+    # EOS does not stop it): all 32 argmaxes agree <=> the greedy continuations are identical
+    ref = _hf_logits(hf, ids + ours)[len(ids) - 1 : -1].argmax(-1)
+    assert ours == ref.tolist()
+
+
+@pytest.mark.slow
+def test_smollm2_packed_dequant_graph_matches_load() -> None:
+    """The packed Q4_1/Q8_0 blocks dequantized inside the graph give the same logits as
+    weights dequantized at load time."""
+    from luminal.models import load_gguf
+
+    path = _smollm2()
+    ids = [504, 3575, 282]
+    out = []
+    for mode in ("load", "graph"):
+        model, _ = load_gguf(path, dequant=mode, max_context=16)
+        out.append(LlamaSession(model, "interp").forward(ids))
+    np.testing.assert_allclose(out[0], out[1], atol=1e-5, rtol=1e-5)
+
+
+def test_tiny_gpt2_matches_transformers() -> None:
+    from luminal.models.gpt2 import from_hf as gpt2_from_hf
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=61, n_positions=32, n_embd=48, n_layer=2, n_head=4)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if "ln" in n:
+                p.uniform_(0.5, 1.5) if n.endswith("weight") else p.normal_(0, 0.3)
+    arrays = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+    model = gpt2_from_hf(cfg.to_dict(), arrays)
+    ids = [5, 17, 3, 42, 8, 60, 1]
+    ref = _hf_logits(hf, ids)
+    s = LlamaSession(model, "interp")
+    got = [s.forward(ids[:3])] + [s.forward([t]) for t in ids[3:]]
+    np.testing.assert_allclose(np.stack(got), ref[2:], atol=2e-5, rtol=1e-4)
