@@ -19,8 +19,8 @@ def _chain_graph(n_ops: int, shared: bool) -> lm.Graph:
     y = x
     for i in range(n_ops):
         z = y.mul(1.0001).add(0.5) if i % 2 else y.sin()
-        # reading y twice forces it into a buffer: the chain then needs ping-pong slots
-        y = z.add(y) if shared else z
+        # reading y through a second view forces it into a buffer: ping-pong slots
+        y = z.add(y.flip(0)).mul(0.5) if shared else z
     g.output("y", y)
     return g
 

@@ -223,8 +223,10 @@ def test_tiny_gpt2_matches_transformers() -> None:
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for n, p in hf.named_parameters():
-            if "ln" in n:
-                p.uniform_(0.5, 1.5) if n.endswith("weight") else p.normal_(0, 0.3)
+            if "ln" in n and n.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias"):
+                p.normal_(0, 0.3)
     arrays = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
     model = gpt2_from_hf(cfg.to_dict(), arrays)
     ids = [5, 17, 3, 42, 8, 60, 1]

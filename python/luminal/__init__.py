@@ -35,7 +35,7 @@ def cuda_status() -> str:
     return cuda.status()
 
 
-def load(path, backend: str = "cpu"):  # type: ignore[no-untyped-def]
+def load(path, backend: str = "cpu"):
     """Load a saved plan for running (``luminal.runtime.Executor``)."""
     from . import runtime
 

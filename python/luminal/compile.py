@@ -18,10 +18,12 @@ import numpy as np
 
 from . import flags
 from .codegen.c import render_kernel
+from .compiler import kernel_ir as K
 from .compiler.lower import Lowered, lower
 from .compiler.memory import plan_memory
+from .compiler.search.select import choose_library_calls
 from .graph.graph import Graph
-from .plan import InlineWeight, KernelFormat, Launch, Plan, Role
+from .plan import InlineWeight, KernelFormat, Launch, LibCall, Plan, Role
 
 __all__ = ["CompiledGraph", "compile", "build_plan"]
 
@@ -33,11 +35,14 @@ def build_plan(low: Lowered, name: str = "graph", backend: str = "cpu") -> Plan:
     dim_names = sorted(low.dims)
     # per kernel: (name, format, code, buffer args, grid, block)
     launches: list[tuple[str, KernelFormat, bytes | str, list[int], tuple, tuple]]
+    libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
     if backend == "cpu":
         arch = ""
-        ckernels = [render_kernel(k, dim_names) for k in low.kernels]
+        ckernels = [render_kernel(k, dim_names) for k in low.kernels if isinstance(k, K.Kernel)]
         launches = [(c.name, KernelFormat.c_source, c.source, c.args, (c.tasks, 1, 1),
                      (c.min_chunk, 1, 1)) for c in ckernels]  # fmt: skip
+    elif libcalls:
+        raise ValueError(f"backend {backend!r} has no library calls yet")
     elif backend == "cuda":
         from .codegen import cuda
 
@@ -50,13 +55,19 @@ def build_plan(low: Lowered, name: str = "graph", backend: str = "cpu") -> Plan:
     for n in dim_names:
         d = low.dims[n]
         plan.add_dim(n, d.lo, d.hi)
-    steps = [(args[:1], args[1:]) for _, _, _, args, _, _ in launches]
+    steps = [K.step_buffers(k) for k in low.kernels]
     mem = plan_memory({b.id: b.nbytes() for b in low.buffers if b.role == "scratch"}, steps)
     for b in low.buffers:
         plan.add_buffer(
             b.name, b.dtype.name, _ROLE[b.role], b.shape, b.nbytes(), mem.offsets.get(b.id)
         )
-    for kname, fmt, code, args, grid, block in launches:
+    pending = iter(launches)
+    for i in range(len(low.kernels)):
+        if i in libcalls:
+            lc = libcalls[i]
+            plan.steps.append(LibCall(lc.func, dict(lc.fields), list(lc.args)))
+            continue
+        kname, fmt, code, args, grid, block = next(pending)
         kid = plan.add_kernel(kname, fmt, kname, code)
         plan.steps.append(Launch(kid, args, grid, block))
     for b in low.buffers:
@@ -104,10 +115,41 @@ class CompiledGraph:
         return len(self.plan.kernels)
 
 
-def compile(graph: Graph, backend: str = "cpu") -> CompiledGraph:  # noqa: A001
-    """Compile ``graph`` into a plan for ``backend`` and load it."""
+def _cpu_target() -> str:
+    import platform
+
+    return f"cpu-{platform.machine()}-{platform.processor() or 'generic'}-{os.cpu_count()}"
+
+
+def _measure_cpu(low: Lowered, dims: dict[str, int], repeats: int = 5) -> float:
+    """Median seconds of one run of a small plan, through the runtime that runs plans."""
+    from . import runtime
+    from .graph import symbolic as sym
+
+    ex = runtime.Executor(build_plan(low, "measure", "cpu"))
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for b in low.buffers:
+        if b.role == "input":
+            shape = tuple(int(sym.evaluate(s, dims)) for s in b.shape)
+            inputs[b.name] = rng.standard_normal(shape).astype(b.dtype.np_type)
+    ex.run(inputs, **dims)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        ex.run(inputs, **dims)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def compile(graph: Graph, backend: str = "cpu", search: bool = True) -> CompiledGraph:  # noqa: A001
+    """Compile ``graph`` into a plan for ``backend`` and load it. With ``search`` (the
+    default), kernels with a library alternative (GEMM) are timed both ways and the faster
+    kept; decisions are cached on disk."""
     t0 = time.perf_counter()
     low = lower(graph)
+    if backend == "cpu" and search:
+        low = choose_library_calls(low, _measure_cpu, _cpu_target())
     plan = build_plan(low, graph.name, backend)
     t1 = time.perf_counter()
     cg = CompiledGraph(plan, backend, lazy=backend == "cuda")

@@ -270,8 +270,8 @@ class _Emitter:
             self.block(body)
             self.lines.append(f"{ind}}}")
             if self.simd_reductions and v.op is Op.SUM_REDUCE and v.dtype.is_float:
-                inner = self.lines[head + 1 : -1]
-                if not any("{" in ln or "}" in ln for ln in inner):
+                loop_body = self.lines[head + 1 : -1]
+                if not any("{" in ln or "}" in ln for ln in loop_body):
                     # straight-line body: let the compiler reassociate this one sum
                     self.lines.insert(head, f"{ind}#pragma omp simd reduction(+:{acc})")
             return acc

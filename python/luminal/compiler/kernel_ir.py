@@ -9,7 +9,9 @@ Renderers (codegen/) turn kernels into C, CUDA or MSL; nothing here names a back
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..graph import symbolic as sym
 from ..graph.dtypes import DType
@@ -17,8 +19,19 @@ from ..graph.ops import BINARY, REDUCE, UNARY, Op
 from ..graph.symbolic import sint
 
 
+def _cached_hash(self: object) -> int:
+    # value trees are DAGs: hashing them field by field on every lookup is exponential
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash((type(self).__name__, *(getattr(self, f) for f in self.__dataclass_fields__)))  # type: ignore[attr-defined]
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
 @dataclass(frozen=True)
 class Load:
+    __hash__ = _cached_hash
+
     """buf[index] where ``valid`` (0/1) is true, else 0."""
 
     buf: int
@@ -29,12 +42,16 @@ class Load:
 
 @dataclass(frozen=True)
 class Const:
+    __hash__ = _cached_hash
+
     value: float | int | bool
     dtype: DType
 
 
 @dataclass(frozen=True)
 class IndexVal:
+    __hash__ = _cached_hash
+
     """An integer computed from index variables and dims (IOTA, symbolic constants)."""
 
     expr: sint
@@ -43,6 +60,8 @@ class IndexVal:
 
 @dataclass(frozen=True)
 class Alu:
+    __hash__ = _cached_hash
+
     op: Op
     srcs: tuple[Value, ...]
     dtype: DType
@@ -50,12 +69,16 @@ class Alu:
 
 @dataclass(frozen=True)
 class Cast:
+    __hash__ = _cached_hash
+
     src: Value
     dtype: DType
 
 
 @dataclass(frozen=True)
 class Masked:
+    __hash__ = _cached_hash
+
     """``value`` where ``valid`` holds, else 0 (reads of padding)."""
 
     valid: sint
@@ -65,6 +88,8 @@ class Masked:
 
 @dataclass(frozen=True)
 class Reduce:
+    __hash__ = _cached_hash
+
     """Fold ``body`` over ``var`` in [0, extent) with SUM_REDUCE or MAX_REDUCE."""
 
     op: Op
@@ -76,6 +101,8 @@ class Reduce:
 
 @dataclass(frozen=True)
 class Gather:
+    __hash__ = _cached_hash
+
     """``body`` evaluated with variable ``var`` bound to the runtime integer ``row``;
     0 when ``row`` is outside [0, rows)."""
 
@@ -120,7 +147,12 @@ class Kernel:
             )
 
 
-def _verify(v: Value, scope: set[str], kname: str) -> None:
+def _verify(v: Value, scope: set[str], kname: str, seen: set[int] | None = None) -> None:
+    seen = set() if seen is None else seen
+    if id(v) in seen:
+        return
+    seen.add(id(v))
+
     def check_expr(e: sint) -> None:
         if isinstance(e, sym.Expr):
             for x in e.vars():
@@ -138,41 +170,58 @@ def _verify(v: Value, scope: set[str], kname: str) -> None:
         if v.op in UNARY and len(v.srcs) != 1 or v.op in BINARY and len(v.srcs) != 2:
             raise ValueError(f"kernel {kname}: {v.op.name} with {len(v.srcs)} operands")
         for s in v.srcs:
-            _verify(s, scope, kname)
+            _verify(s, scope, kname, seen)
     elif isinstance(v, (Cast,)):
-        _verify(v.src, scope, kname)
+        _verify(v.src, scope, kname, seen)
     elif isinstance(v, Masked):
         check_expr(v.valid)
-        _verify(v.value, scope, kname)
+        _verify(v.value, scope, kname, seen)
     elif isinstance(v, Reduce):
         if v.op not in REDUCE:
             raise ValueError(f"kernel {kname}: Reduce with {v.op.name}")
         _verify(v.body, scope | {v.var.name}, kname)
     elif isinstance(v, Gather):
-        _verify(v.row, scope, kname)
+        _verify(v.row, scope, kname, seen)
         _verify(v.body, scope | {v.var.name}, kname)
 
 
-def walk(v: Value):  # type: ignore[no-untyped-def]
-    """Every value in the tree, parents first."""
-    yield v
-    if isinstance(v, Alu):
-        for s in v.srcs:
-            yield from walk(s)
-    elif isinstance(v, Cast):
-        yield from walk(v.src)
-    elif isinstance(v, Masked):
-        yield from walk(v.value)
-    elif isinstance(v, Reduce):
-        yield from walk(v.body)
-    elif isinstance(v, Gather):
-        yield from walk(v.row)
-        yield from walk(v.body)
+def walk(v: Value):
+    """Every distinct value in the tree (shared subtrees once), parents first."""
+    seen: set[int] = set()
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        if isinstance(x, Alu):
+            stack.extend(reversed(x.srcs))
+        elif isinstance(x, Cast):
+            stack.append(x.src)
+        elif isinstance(x, Masked):
+            stack.append(x.value)
+        elif isinstance(x, Reduce):
+            stack.append(x.body)
+        elif isinstance(x, Gather):
+            stack += [x.body, x.row]
 
 
-def substitute(v: Value, mapping: dict[str, sint]) -> Value:
-    """Rename index variables throughout a value tree (used to inline through views)."""
-    s = lambda e: sym.substitute(e, mapping)  # noqa: E731
+def substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any] | None = None) -> Value:
+    """Rename index variables throughout a value tree (used to inline through views). Shared
+    subtrees are rewritten once."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit
+    out = _substitute(v, mapping, memo)
+    memo[id(v)] = out
+    return out
+
+
+def _substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any]) -> Value:
+    emem: dict[int, sint] = memo.setdefault(-1, {})
+    s = lambda e: sym.substitute(e, mapping, emem)  # noqa: E731
     if isinstance(v, Load):
         return Load(v.buf, s(v.index), s(v.valid), v.dtype)
     if isinstance(v, Const):
@@ -180,21 +229,22 @@ def substitute(v: Value, mapping: dict[str, sint]) -> Value:
     if isinstance(v, IndexVal):
         return IndexVal(s(v.expr), v.dtype)
     if isinstance(v, Alu):
-        return Alu(v.op, tuple(substitute(x, mapping) for x in v.srcs), v.dtype)
+        return Alu(v.op, tuple(substitute(x, mapping, memo) for x in v.srcs), v.dtype)
     if isinstance(v, Cast):
-        return Cast(substitute(v.src, mapping), v.dtype)
+        return Cast(substitute(v.src, mapping, memo), v.dtype)
     if isinstance(v, Masked):
         valid = s(v.valid)
         return (
             Const(0, v.dtype)
             if valid == 0
-            else Masked(valid, substitute(v.value, mapping), v.dtype)
+            else Masked(valid, substitute(v.value, mapping, memo), v.dtype)
         )
     if isinstance(v, Reduce):
         inner = {k: e for k, e in mapping.items() if k != v.var.name}
         return Reduce(v.op, v.var, s(v.extent), substitute(v.body, inner), v.dtype)
     inner = {k: e for k, e in mapping.items() if k != v.var.name}
-    return Gather(v.var, substitute(v.row, mapping), s(v.rows), substitute(v.body, inner), v.dtype)
+    row = substitute(v.row, mapping, memo)
+    return Gather(v.var, row, s(v.rows), substitute(v.body, inner), v.dtype)
 
 
 def _expr_vars(e: sint) -> frozenset[str]:
@@ -229,7 +279,9 @@ def free_vars(v: Value, memo: dict[int, frozenset[str]]) -> frozenset[str]:
     return out
 
 
-def invariant_parts(v: Value, inner: frozenset[str], memo: dict[int, frozenset[str]]) -> list[Value]:
+def invariant_parts(
+    v: Value, inner: frozenset[str], memo: dict[int, frozenset[str]]
+) -> list[Value]:
     """Maximal subtrees of ``v`` that use none of the loop variables in ``inner`` (the loop being
     entered and any loop nested in it) and are evaluated unconditionally (not under a mask or
     a gather bound check): safe to compute once, before the loop."""
@@ -244,3 +296,96 @@ def invariant_parts(v: Value, inner: frozenset[str], memo: dict[int, frozenset[s
     if isinstance(v, Gather):
         return invariant_parts(v.row, inner, memo)
     return []
+
+
+@dataclass
+class LibCall:
+    """A named library routine (e.g. ``gemm``) with a descriptor of named fields; backends map
+    it to BLAS / cuBLASLt. ``args`` are buffer ids in the routine's order; ``out`` is written."""
+
+    name: str
+    func: str
+    fields: dict[str, sint | float]
+    args: list[int]
+    out: int
+
+    def verify(self) -> None:
+        if self.out not in self.args:
+            raise ValueError(f"library call {self.name}: output buffer not among its arguments")
+
+
+def remap_buffers(v: Value, ids: dict[int, int]) -> Value:
+    """The same tree with buffer ids renamed (used to cut kernels out into small plans)."""
+    if isinstance(v, Load):
+        return Load(ids[v.buf], v.index, v.valid, v.dtype)
+    if isinstance(v, Alu):
+        return Alu(v.op, tuple(remap_buffers(s, ids) for s in v.srcs), v.dtype)
+    if isinstance(v, Cast):
+        return Cast(remap_buffers(v.src, ids), v.dtype)
+    if isinstance(v, Masked):
+        return Masked(v.valid, remap_buffers(v.value, ids), v.dtype)
+    if isinstance(v, Reduce):
+        return Reduce(v.op, v.var, v.extent, remap_buffers(v.body, ids), v.dtype)
+    if isinstance(v, Gather):
+        return Gather(v.var, remap_buffers(v.row, ids), v.rows, remap_buffers(v.body, ids), v.dtype)
+    return v
+
+
+def step_buffers(step: Kernel | LibCall) -> tuple[list[int], list[int]]:
+    """(written, read) buffer ids of a kernel or library call."""
+    if isinstance(step, LibCall):
+        return [step.out], [a for a in step.args if a != step.out]
+    reads = {x.buf for x in walk(step.value) if isinstance(x, Load)}
+    if step.scatter_row is not None:
+        reads |= {x.buf for x in walk(step.scatter_row) if isinstance(x, Load)}
+    return [step.out], sorted(reads - {step.out})
+
+
+def fingerprint(steps: list[Kernel | LibCall]) -> str:
+    """A stable digest of kernels and library calls (DAG-aware), for on-disk caches."""
+    memo: dict[int, str] = {}
+
+    def fp_val(v: Value) -> str:
+        hit = memo.get(id(v))
+        if hit is not None:
+            return hit
+        parts: list[str] = [type(v).__name__, v.dtype.name]
+        if isinstance(v, Load):
+            parts += [str(v.buf), sym.fingerprint(v.index), sym.fingerprint(v.valid)]
+        elif isinstance(v, Const):
+            parts.append(repr(v.value))
+        elif isinstance(v, IndexVal):
+            parts.append(sym.fingerprint(v.expr))
+        elif isinstance(v, Alu):
+            parts += [v.op.name, *(fp_val(s) for s in v.srcs)]
+        elif isinstance(v, Cast):
+            parts.append(fp_val(v.src))
+        elif isinstance(v, Masked):
+            parts += [sym.fingerprint(v.valid), fp_val(v.value)]
+        elif isinstance(v, Reduce):
+            parts += [v.op.name, sym.fingerprint(v.var), sym.fingerprint(v.extent), fp_val(v.body)]
+        else:
+            parts += [
+                sym.fingerprint(v.var),
+                fp_val(v.row),
+                sym.fingerprint(v.rows),
+                fp_val(v.body),
+            ]
+        out = memo[id(v)] = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+        return out
+
+    parts = []
+    for s in steps:
+        if isinstance(s, LibCall):
+            fields = ",".join(
+                f"{k}={sym.fingerprint(v) if not isinstance(v, float) else v}"
+                for k, v in sorted(s.fields.items())
+            )
+            parts.append(f"lib:{s.func}:{fields}:{s.args}:{s.out}")
+        else:
+            row = fp_val(s.scatter_row) if s.scatter_row is not None else "-"
+            shape = ",".join(sym.fingerprint(x) for x in s.shape)
+            parts.append(
+                f"k:{shape}:{s.out}:{s.dtype.name}:{fp_val(s.value)}:{row}:{sym.fingerprint(s.scatter_rows)}:{s.row_dims}"
+            )
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

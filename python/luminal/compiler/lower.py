@@ -83,32 +83,59 @@ class _Lowerer:
         self.buf_of: dict[int, int] = {}  # node id -> buffer id
         self.kernels: list[K.Kernel] = []
         self.values: dict[int, K.Value] = {}  # inlined node id -> value over its own index vars
+        self.inline = self._plan_fusion()
+        self._reads: dict[tuple[int, View], K.Value] = {}
+        self._subst_memo: dict[tuple, dict[int, object]] = {}
 
     def new_buffer(self, name: str, dtype: dt.DType, shape: tuple[sint, ...], role: Role) -> int:
         self.buffers.append(BufferInfo(len(self.buffers), name, dtype, shape, role))
         return len(self.buffers) - 1
 
+    def _plan_fusion(self) -> set[int]:
+        """Nodes to inline, decided consumers-first: a node whose consumers all end up in the
+        same kernel is inlined there for free (codegen computes a shared subtree once), and a
+        reduction read once per row (a row max, a mean) is inlined and hoisted out of the
+        inner loop."""
+        roots: dict[int, frozenset[int]] = {}
+        inline: set[int] = set()
+        for n in reversed(self.order):
+            cons = self.consumers[n.id]
+            r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
+            ok = False
+            if n.op in (Leaf.CONSTANT, Op.IOTA):
+                ok = True
+            elif (
+                n.op is Leaf.INPUT or n.op is Leaf.OUTPUT or any(c.op is Leaf.OUTPUT for c in cons)
+            ):
+                ok = False
+            elif n.op in ELEMENTWISE:
+                # one kernel, and one view: then every use is the same shared subtree (reads
+                # through different views would each recompute it, exponentially in a chain)
+                views = {v for c in cons for s, v in c.srcs if s is n}
+                ok = len(r) == 1 and len(views) == 1
+                if ok and len(cons) > 1:
+                    # keep index math simple: div/mod views compose into large expressions
+                    ok = not _has_divmod(_unflatten(next(iter(views)).index, n.shape))
+            elif n.op in REDUCE and len(cons) <= 2:
+                ok = all(self._cheap_read(n, c, len(cons)) for c in cons)
+            if ok:
+                inline.add(n.id)
+                roots[n.id] = r
+            else:
+                roots[n.id] = frozenset({n.id})
+        return inline
+
     def materialized(self, n: Node) -> bool:
-        if n.op is Leaf.INPUT:
-            return True
-        if n.op is Leaf.CONSTANT or n.op is Op.IOTA:
+        if n.id in self.inline:
             return False
-        cons = self.consumers[n.id]
-        if any(c.op is Leaf.OUTPUT for c in cons):
+        if n.op is Leaf.INPUT or any(c.op is Leaf.OUTPUT for c in self.consumers[n.id]):
             return True
-        if n.op in ELEMENTWISE:
-            if len(cons) == 1:
-                return False
-            # recompute a small reduction-free expression rather than store and reload it
+        if n.op in ELEMENTWISE and len(self.consumers[n.id]) <= 3:
+            # consumers in different kernels: recompute a small reduction-free expression in
+            # each rather than store and reload it
             v = self.value_of(n)
-            cheap = sum(1 for _ in K.walk(v)) <= 12 and not any(
-                isinstance(x, (K.Reduce, K.Gather)) for x in K.walk(v)
-            )
-            return not (cheap and len(cons) <= 3)
-        if n.op in REDUCE and len(cons) <= 2:
-            # a reduction read once per row of each consumer (a row max, a mean) or pointwise
-            # by its only consumer is fused into it: codegen hoists it out of the inner loop
-            return not all(self._cheap_read(n, c, len(cons)) for c in cons)
+            size = sum(1 for _ in K.walk(v))
+            return size > 12 or any(isinstance(x, (K.Reduce, K.Gather)) for x in K.walk(v))
         return True
 
     def _cheap_read(self, n: Node, c: Node, n_consumers: int) -> bool:
@@ -133,7 +160,27 @@ class _Lowerer:
 
     # ---------------------------------------------------------------- reading an edge
     def read(self, src: Node, view: View) -> K.Value:
-        """The value a consumer sees at its index vars when reading ``src`` through ``view``."""
+        """The value a consumer sees at its index vars when reading ``src`` through ``view``.
+        Memoized, so two reads of one node through one view share a subtree (a DAG, not an
+        exponentially large tree)."""
+        key = (src.id, view)
+        hit = self._reads.get(key)
+        if hit is None:
+            hit = self._reads[key] = self._read(src, view)
+        return hit
+
+    def subst(self, v: K.Value, mapping: dict[str, sint]) -> K.Value:
+        """K.substitute with one memo per mapping for the whole lowering, so a subtree shared
+        by several consumers stays shared after substitution."""
+        if all(
+            isinstance(e, sym.Expr) and e.kind == sym.VAR and e.name == k
+            for k, e in mapping.items()
+        ):
+            return v
+        key = tuple(sorted(mapping.items(), key=lambda kv: kv[0]))
+        return K.substitute(v, mapping, self._subst_memo.setdefault(key, {}))
+
+    def _read(self, src: Node, view: View) -> K.Value:
         if src.op is Leaf.CONSTANT:
             v: K.Value = (
                 K.IndexVal(src.arg, src.dtype)
@@ -148,7 +195,7 @@ class _Lowerer:
         if not src.shape:
             out = inner
         else:
-            out = K.substitute(inner, _unflatten(view.index, src.shape))
+            out = self.subst(inner, _unflatten(view.index, src.shape))
         return out if view.valid == 1 else _masked(view.valid, out)
 
     # ---------------------------------------------------------------- node values
@@ -159,7 +206,7 @@ class _Lowerer:
             srcs = tuple(self.read(s, v) for s, v in n.srcs)
             if op is Op.CAST:
                 return srcs[0] if srcs[0].dtype is n.dtype else K.Cast(srcs[0], n.dtype)
-            return K.Alu(op, srcs, n.dtype)  # type: ignore[arg-type]
+            return K.Alu(op, srcs, n.dtype)
         if op is Op.IOTA:
             return K.IndexVal(n.arg, n.dtype)
         if op in REDUCE:
@@ -172,8 +219,8 @@ class _Lowerer:
                 m[f"_i{k}"] = (
                     rv if k == axis else sym.index_var(k if k < axis else k - 1, v.shape[k])
                 )
-            body = K.substitute(self.read(s, v), m)
-            return K.Reduce(op, rv, ext, body, n.dtype)  # type: ignore[arg-type]
+            body = self.subst(self.read(s, v), m)
+            return K.Reduce(op, rv, ext, body, n.dtype)
         if op is Op.GATHER:
             (data, dv), (idx, iv) = n.srcs
             nidx = len(iv.shape)
@@ -183,7 +230,7 @@ class _Lowerer:
             m = {"_i0": gv}
             for k in range(1, len(dv.shape)):
                 m[f"_i{k}"] = sym.index_var(nidx + k - 1, dv.shape[k])
-            body = K.substitute(self.read(data, dv), m)
+            body = self.subst(self.read(data, dv), m)
             return K.Gather(gv, row, rows, body, n.dtype)
         raise ValueError(f"lower: no value for {n}")
 
@@ -252,6 +299,23 @@ class _Lowerer:
                 # unused inputs stay in the signature, so callers need not know what was pruned
                 self.buf_of[n.id] = self.new_buffer(name, n.dtype, n.shape, "input")
         return Lowered(self.buffers, self.kernels, g.dims(), dict(g.weights))
+
+
+def _has_divmod(idx: dict[str, sint]) -> bool:
+    seen: set[int] = set()
+    stack = [e for e in idx.values() if isinstance(e, sym.Expr)]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.kind in (sym.DIV, sym.MOD):
+            return True
+        if e.kind == sym.ADD:
+            stack += [t for t, _ in e.args[0]]
+        elif e.kind != sym.VAR:
+            stack += [a for a in e.args if isinstance(a, sym.Expr)]
+    return False
 
 
 def _masked(valid: sint, v: K.Value) -> K.Value:

@@ -49,9 +49,11 @@ def infer(op: Op | Leaf, srcs: Sequence[Src], arg: Any) -> tuple[DType, tuple[si
     name = op.name
     shapes = [v.shape for _, v in srcs]
     dts = [n.dtype for n, _ in srcs]
-    want = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(REDUCE, 1),
-            Op.CAST: 1, Op.GATHER: 2, Op.SCATTER: 3, Op.IOTA: 0,
-            Leaf.OUTPUT: 1}.get(op, 0)  # fmt: skip
+    arity: dict[Op | Leaf, int] = {
+        **dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(REDUCE, 1),
+        Op.CAST: 1, Op.GATHER: 2, Op.SCATTER: 3, Op.IOTA: 0, Leaf.OUTPUT: 1,
+    }  # fmt: skip
+    want = arity.get(op, 0)
     if len(srcs) != want:
         raise ValueError(f"{name}: expected {want} inputs, got {len(srcs)}")
     if op in UNARY:
@@ -225,11 +227,11 @@ class Graph:
                 exprs += [*v.shape, v.index, v.valid]
             if isinstance(n.arg, sym.Expr):
                 exprs.append(n.arg)
-            for v in sym.free_dims(exprs):
-                prev = out.setdefault(v.name, v)
-                if prev is not v:
-                    raise ValueError(f"dim {v.name!r} is declared twice with different bounds: "
-                                     f"[{prev.lo}, {prev.hi}] and [{v.lo}, {v.hi}]")  # fmt: skip
+            for d in sym.free_dims(exprs):
+                prev = out.setdefault(d.name, d)
+                if prev is not d:
+                    raise ValueError(f"dim {d.name!r} is declared twice with different bounds: "
+                                     f"[{prev.lo}, {prev.hi}] and [{d.lo}, {d.hi}]")  # fmt: skip
         return out
 
     def verify(self) -> None:

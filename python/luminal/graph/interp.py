@@ -95,7 +95,9 @@ def read(view: View, arr: np.ndarray, env: Mapping[str, int]) -> np.ndarray:
     return out if valid.all() else np.where(valid, out, np.zeros((), dtype=arr.dtype))
 
 
-def _strided(view: View, shape: tuple[int, ...], flat: np.ndarray, env: Mapping[str, int]) -> np.ndarray | None:
+def _strided(
+    view: View, shape: tuple[int, ...], flat: np.ndarray, env: Mapping[str, int]
+) -> np.ndarray | None:
     """A no-copy numpy view when the index is affine in the index variables and nothing is
     padded (expand, permute, slice): the common case, and far cheaper than an index grid."""
     if view.valid != 1 or 0 in shape or not isinstance(view.index, (int, sym.Expr)):
@@ -119,7 +121,9 @@ def _strided(view: View, shape: tuple[int, ...], flat: np.ndarray, env: Mapping[
     if lo < 0 or hi >= flat.size:
         return None  # the general path reports the out-of-range read
     item = flat.itemsize
-    return np.lib.stride_tricks.as_strided(flat[off:], shape, [st * item for st in strides], writeable=False)
+    return np.lib.stride_tricks.as_strided(
+        flat[off:], shape, [st * item for st in strides], writeable=False
+    )
 
 
 def _float_op(fn: Any, d: dt.DType, *xs: np.ndarray) -> np.ndarray:
@@ -171,11 +175,11 @@ def _reduce(op: Op, d: dt.DType, x: np.ndarray, axis: int) -> np.ndarray:
 def eval_node(n: Node, srcs: list[np.ndarray], env: Mapping[str, int]) -> np.ndarray:
     op, d = n.op, n.dtype
     if op in _UNARY:
-        return _float_op(_UNARY[op], d, srcs[0])  # type: ignore[index]
+        return _float_op(_UNARY[op], d, srcs[0])
     if op in (Op.ADD, Op.MUL, Op.MOD, Op.LESS_THAN):
-        return _binary(op, n.srcs[0][0].dtype, srcs[0], srcs[1])  # type: ignore[arg-type]
+        return _binary(op, n.srcs[0][0].dtype, srcs[0], srcs[1])
     if op in (Op.SUM_REDUCE, Op.MAX_REDUCE):
-        return _reduce(op, d, srcs[0], n.arg)  # type: ignore[arg-type]
+        return _reduce(op, d, srcs[0], n.arg)
     if op is Op.CAST:
         return dt.np_cast(srcs[0], d)
     shape = tuple(int(sym.evaluate(s, env)) for s in n.shape)

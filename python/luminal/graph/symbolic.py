@@ -15,6 +15,7 @@ give 0 or 1. Expressions render to C and serialize to the postfix programs of th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from math import gcd
 from typing import Any
@@ -45,13 +46,15 @@ _INTERN: dict[tuple, Expr] = {}
 class Expr:
     """A non-constant symbolic integer expression. Build with the module's combinators."""
 
-    __slots__ = ("kind", "args", "lo", "hi", "skey", "_hash", "__weakref__")
+    __slots__ = ("kind", "args", "lo", "hi", "skey", "_hash", "_vars", "__weakref__")
 
     kind: str
     args: tuple
     lo: int
     hi: int
     skey: tuple
+    _hash: int
+    _vars: frozenset[Expr] | None
 
     def __new__(cls, kind: str, args: tuple, lo: int, hi: int) -> Expr:
         key = (kind, args)
@@ -61,6 +64,7 @@ class Expr:
         self = object.__new__(cls)
         self.kind, self.args, self.lo, self.hi = kind, args, lo, hi
         self.skey = _sort_key(kind, args)
+        self._vars = None
         self._hash = hash(key)
         _INTERN[key] = self
         return self
@@ -106,7 +110,7 @@ class Expr:
     def __rmod__(self, o: sint) -> sint:
         return mod(o, self)
 
-    def __lt__(self, o: sint) -> sint:  # type: ignore[override]
+    def __lt__(self, o: sint) -> sint:
         return lt(self, o)
 
     def __repr__(self) -> str:
@@ -124,9 +128,7 @@ class Expr:
         return self.args[3] if self.kind == VAR else None
 
     def vars(self) -> set[Expr]:
-        out: set[Expr] = set()
-        _collect_vars(self, out)
-        return out
+        return set(_vars_of(self))
 
     def to_postfix(self, dim_index: Mapping[str, int]) -> list[tuple[int, int]]:
         return to_postfix(self, dim_index)
@@ -156,18 +158,18 @@ def _sort_key(kind: str, args: tuple) -> tuple:
     return (_KIND_RANK[kind], tuple(_key(a) for a in args))
 
 
-def _collect_vars(e: Any, out: set[Expr]) -> None:
+def _vars_of(e: Any) -> frozenset[Expr]:
+    """Variables of an expression, cached per node (expressions are DAGs: no re-walks)."""
     if isinstance(e, Expr):
-        if e.kind == VAR:
-            out.add(e)
-            if isinstance(e.args[3], Expr):
-                _collect_vars(e.args[3], out)
-        else:
-            for a in e.args:
-                _collect_vars(a, out)
-    elif isinstance(e, tuple):
-        for a in e:
-            _collect_vars(a, out)
+        if e._vars is None:
+            if e.kind == VAR:
+                e._vars = frozenset({e}) | _vars_of(e.args[3])
+            else:
+                e._vars = frozenset().union(*(_vars_of(a) for a in e.args))
+        return e._vars
+    if isinstance(e, tuple):
+        return frozenset().union(*(_vars_of(a) for a in e))
+    return frozenset()
 
 
 # ----------------------------------------------------------------------------- constructors
@@ -327,7 +329,7 @@ def sym_upper(x: sint) -> sint:
         for f in x.args:
             out = mul(out, sym_upper(f))
         return out
-    if x.kind == MOD and isinstance(x.args[1], Expr) and x.args[0].lo >= 0:
+    if x.kind == MOD and isinstance(x.args[1], Expr) and lower_bound(x.args[0]) >= 0:
         return add(x.args[1], -1)
     if x.kind == DIV and isinstance(x.args[1], int) and x.args[1] > 0:
         return floordiv(sym_upper(x.args[0]), x.args[1])
@@ -415,8 +417,8 @@ def floordiv(a: sint, b: sint) -> sint:
             return a
         if b < 0:
             return floordiv(mul(a, -1), -b)
-    if isinstance(b, Expr) and lower_bound(b) <= 0 and upper_bound(b) >= 0:
-        raise ZeroDivisionError(f"symbolic floor division of {a} by {b}, which may be zero")
+    # a symbolic divisor whose range includes 0 is allowed (sizes of empty tensors); the
+    # runtime's checked evaluator reports an actual division by zero
     if isinstance(a, int) and a == 0:
         return 0
     if isinstance(b, Expr) and a is b:
@@ -462,8 +464,6 @@ def mod(a: sint, b: sint) -> sint:
             return a % b
         if b == 1:
             return 0
-    if isinstance(b, Expr) and lower_bound(b) <= 0:
-        raise ZeroDivisionError(f"symbolic modulo of {a} by {b}, which may be zero or negative")
     if isinstance(a, Expr) and a is b:
         return 0
     _, r = _split_multiples(a, b)
@@ -478,8 +478,8 @@ def mod(a: sint, b: sint) -> sint:
 
 
 def _mod_raw(a: sint, b: sint) -> sint:
-    bh = upper_bound(b)
-    return _mk(MOD, a, b, 0, bh - 1)
+    bl, bh = lower_bound(b), upper_bound(b)
+    return _mk(MOD, a, b, min(0, bl + 1), max(0, bh - 1))
 
 
 def minimum(a: sint, b: sint) -> sint:
@@ -562,25 +562,45 @@ def _prod(fs: Iterable[sint]) -> sint:
 # ----------------------------------------------------------------------------- transforms
 
 
-def substitute(x: sint, mapping: Mapping[str, sint]) -> sint:
-    """Replace variables by name and re-simplify."""
+def substitute(x: sint, mapping: Mapping[str, sint], memo: dict[int, sint] | None = None) -> sint:
+    """Replace variables by name and re-simplify. Shared subexpressions are substituted once
+    (``memo``, keyed by id, may be shared across calls with the same mapping)."""
     if isinstance(x, int) or not mapping:
         return x
+    if memo is None:
+        memo = {}
+    hit = memo.get(id(x))
+    if hit is not None:
+        return hit
     if x.kind == VAR:
-        return mapping.get(x.args[0], x)
-    if x.kind == ADD:
-        out: sint = x.args[1]
+        out: sint = mapping.get(x.args[0], x)
+    elif x.kind == ADD:
+        out = x.args[1]
         for t, c in x.args[0]:
-            out = add(out, mul(substitute(t, mapping), c))
-        return out
-    args = [substitute(a, mapping) for a in x.args]
-    return _prod(args) if x.kind == MUL else _BUILDERS[x.kind](*args)
+            out = add(out, mul(substitute(t, mapping, memo), c))
+    else:
+        args = [substitute(a, mapping, memo) for a in x.args]
+        out = _prod(args) if x.kind == MUL else _BUILDERS[x.kind](*args)
+    memo[id(x)] = out
+    return out
 
 
-def evaluate(x: sint, env: Mapping[str, Any]) -> Any:
-    """Evaluate with variables bound to ints or numpy integer arrays."""
+def evaluate(x: sint, env: Mapping[str, Any], memo: dict[int, Any] | None = None) -> Any:
+    """Evaluate with variables bound to ints or numpy integer arrays (shared subexpressions
+    once)."""
     if isinstance(x, int):
         return x
+    if memo is None:
+        memo = {}
+    hit = memo.get(id(x))
+    if hit is not None:
+        return hit
+    out = _evaluate(x, env, memo)
+    memo[id(x)] = out
+    return out
+
+
+def _evaluate(x: Expr, env: Mapping[str, Any], memo: dict[int, Any]) -> Any:
     k = x.kind
     if k == VAR:
         try:
@@ -590,14 +610,14 @@ def evaluate(x: sint, env: Mapping[str, Any]) -> Any:
     if k == ADD:
         out = x.args[1]
         for t, c in x.args[0]:
-            out = out + evaluate(t, env) * c
+            out = out + evaluate(t, env, memo) * c
         return out
     if k == MUL:
         out = 1
         for f in x.args:
-            out = out * evaluate(f, env)
+            out = out * evaluate(f, env, memo)
         return out
-    a, b = evaluate(x.args[0], env), evaluate(x.args[1], env)
+    a, b = evaluate(x.args[0], env, memo), evaluate(x.args[1], env, memo)
     if k == DIV:
         return a // b
     if k == MOD:
@@ -706,3 +726,26 @@ def free_dims(xs: Iterable[sint]) -> set[Expr]:
 
 def as_int(x: sint) -> int | None:
     return x if isinstance(x, int) else None
+
+
+_FP: dict[int, str] = {}
+
+
+def fingerprint(x: sint) -> str:
+    """A stable structural digest (same across processes; shared subexpressions hashed once)."""
+    if isinstance(x, int):
+        return f"i{x}"
+    hit = _FP.get(id(x))
+    if hit is None:
+        if x.kind == VAR:
+            parts = [
+                VAR,
+                *map(str, x.args[:3]),
+                fingerprint(x.args[3]) if x.args[3] is not None else "-",
+            ]
+        elif x.kind == ADD:
+            parts = [ADD, str(x.args[1]), *(f"{fingerprint(t)}*{c}" for t, c in x.args[0])]
+        else:
+            parts = [x.kind, *(fingerprint(a) for a in x.args)]
+        hit = _FP[id(x)] = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+    return hit

@@ -19,6 +19,8 @@ __all__ = [
     "Bert",
     "BertConfig",
     "Embedder",
+    "GPT2",
+    "GPT2Config",
     "Llama",
     "LlamaConfig",
     "LlamaSession",

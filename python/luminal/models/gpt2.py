@@ -43,7 +43,9 @@ class GPT2Config:
 
 
 class GPT2:
-    def __init__(self, config: GPT2Config, weights: DictWeights, max_context: int | None = None) -> None:
+    def __init__(
+        self, config: GPT2Config, weights: DictWeights, max_context: int | None = None
+    ) -> None:
         self.config = config
         self.weights = weights
         self.ctx = min(max_context or config.n_positions, config.n_positions)
@@ -103,13 +105,20 @@ class GPT2:
 
     def _cache(self, g: Graph, name: str, new: Tensor, seq: Any, pos: Any, total: Any) -> Tensor:
         cache = g.input(name, (self.ctx, self.config.n_embd), dt.f32)
-        rows = Tensor(g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32))
+        rows = Tensor(
+            g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32)
+        )
         srcs = [(cache.node, cache.view), (rows.node, rows.view), (new.node, new.view)]
         updated = Tensor(g.add_op(Op.SCATTER, srcs))
         g.output(name + "_new", updated)
         return updated.slice(0, 0, total)
 
 
-def from_hf(config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None) -> GPT2:
-    ws = {("transformer." + k if not k.startswith(("transformer.", "lm_head")) else k): v for k, v in arrays.items()}
+def from_hf(
+    config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None
+) -> GPT2:
+    ws = {
+        ("transformer." + k if not k.startswith(("transformer.", "lm_head")) else k): v
+        for k, v in arrays.items()
+    }
     return GPT2(GPT2Config.from_hf(config), DictWeights(ws), max_context)

@@ -1,0 +1,170 @@
+"""Recognize a sum of products as a GEMM library call, an alternative to the generated kernel.
+
+The matmul of luminal.functional is a broadcast multiply and a SUM_REDUCE, so after lowering a
+kernel holds ``Reduce_k(A[idx_a] * B[idx_b])`` at each output point (..., m, n). The rule's
+premises pin everything a BLAS call needs: f32 operands read without padding, index
+expressions affine in (batch, m, n, k) with unit stride along one axis of each operand,
+leading dimensions provably large enough, batch dims that flatten to one stride, and an
+output written contiguously. When they hold, the kernel splits into a ``gemm`` library call
+and, if the kernel did more than the product (a fused bias or activation), an epilogue kernel
+that reads the product back. Which one runs is decided by measurement (compile.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.ops import Op
+from ...graph.symbolic import sint
+from ...graph.view import contiguous_strides
+from .. import kernel_ir as K
+
+
+@dataclass
+class GemmAlternative:
+    call: K.LibCall
+    epilogue: K.Kernel | None  # reads the product from call's output buffer
+    scratch_shape: tuple[sint, ...] | None  # shape of a new buffer for the product, if any
+    m: sint
+    n: sint
+    k: sint
+    batch: sint
+
+
+def _affine(e: sint, names: list[str]) -> tuple[sint, dict[str, sint]] | None:
+    """``e == offset + sum(coef[v] * v)`` over the named variables, or None if not affine."""
+    zero = {v: 0 for v in names}
+    off = sym.substitute(e, zero)
+    coef: dict[str, sint] = {}
+    rebuilt: sint = off
+    for v in names:
+        c = sym.add(sym.substitute(e, {**zero, v: 1}), sym.mul(off, -1))
+        coef[v] = c
+    vars_in_e = {x.name: x for x in (e.vars() if isinstance(e, sym.Expr) else set())}
+    for v in names:
+        if coef[v] != 0:
+            if v not in vars_in_e:
+                return None
+            rebuilt = sym.add(rebuilt, sym.mul(coef[v], vars_in_e[v]))
+    if sym.add(rebuilt, sym.mul(e, -1)) != 0:
+        return None
+    loop_vars = {vars_in_e[v] for v in names if v in vars_in_e}
+    if any(isinstance(c, sym.Expr) and c.vars() & loop_vars for c in coef.values()):
+        return None
+    return off, coef
+
+
+def _find_reduces(v: K.Value) -> list[K.Reduce]:
+    """SUM reductions of a product anywhere in the tree (the caller checks they are evaluated
+    at the output point: their loads must be affine in the output and reduce variables)."""
+    return [
+        x for x in K.walk(v)
+        if isinstance(x, K.Reduce) and x.op is Op.SUM_REDUCE and isinstance(x.body, K.Alu)
+        and x.body.op is Op.MUL
+    ]  # fmt: skip
+
+
+def _replace(v: K.Value, target: K.Value, new: K.Value) -> K.Value:
+    if v is target:
+        return new
+    if isinstance(v, K.Alu):
+        return K.Alu(v.op, tuple(_replace(s, target, new) for s in v.srcs), v.dtype)
+    if isinstance(v, K.Cast):
+        return K.Cast(_replace(v.src, target, new), v.dtype)
+    if isinstance(v, K.Masked):
+        return K.Masked(v.valid, _replace(v.value, target, new), v.dtype)
+    if isinstance(v, K.Reduce):
+        return K.Reduce(v.op, v.var, v.extent, _replace(v.body, target, new), v.dtype)
+    if isinstance(v, K.Gather):
+        return K.Gather(
+            v.var, _replace(v.row, target, new), v.rows, _replace(v.body, target, new), v.dtype
+        )
+    return v
+
+
+def _ge(a: sint, b: sint) -> bool:
+    return sym.prove_nonneg(sym.add(a, sym.mul(b, -1)))
+
+
+def match_gemm(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
+    """A gemm alternative for ``kern``, or None when the premises do not hold.
+    ``new_buffer_id`` is the id a scratch product buffer would get."""
+    if kern.scatter_row is not None or kern.dtype is not dt.f32 or not kern.shape:
+        return None
+    for r in _find_reduces(kern.value):
+        alt = _match(kern, r, new_buffer_id)
+        if alt is not None:
+            return alt
+    return None
+
+
+def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative | None:
+    if r.dtype is not dt.f32 or not isinstance(r.body, K.Alu):
+        return None
+    loads = r.body.srcs
+    if not all(isinstance(x, K.Load) and x.valid == 1 and x.dtype is dt.f32 for x in loads):
+        return None
+    shape = kern.shape
+    rank = len(shape)
+    n_var = f"_i{rank - 1}"
+    m_var = f"_i{rank - 2}" if rank >= 2 else None
+    batch_vars = [f"_i{j}" for j in range(rank - 2)]
+    n_size, m_size = shape[-1], (shape[-2] if rank >= 2 else 1)
+    k_size = r.extent
+    names = batch_vars + ([m_var] if m_var else []) + [n_var, r.var.name]
+    aff = [_affine(x.index, names) for x in loads]  # type: ignore[union-attr]
+    if aff[0] is None or aff[1] is None:
+        return None
+    # A does not move with n, B does not move with m
+    order = [0, 1] if aff[0][1][n_var] == 0 else [1, 0]
+    (a_off, ca), (b_off, cb) = aff[order[0]], aff[order[1]]  # type: ignore[misc]
+    a_load, b_load = loads[order[0]], loads[order[1]]
+    if ca[n_var] != 0 or (m_var and cb[m_var] != 0):
+        return None
+    kv = r.var.name
+    cam = ca[m_var] if m_var else 0
+    fields: dict[str, sint | float] = {"m": m_size, "n": n_size, "k": k_size}
+    # A: (m, k) row-major with lda = stride of m, or transposed
+    if ca[kv] == 1 and (m_size == 1 or _ge(cam, k_size)):
+        fields["trans_a"], fields["lda"] = 0, (k_size if m_size == 1 else cam)
+    elif cam == 1 and m_size != 1 and _ge(ca[kv], m_size):
+        fields["trans_a"], fields["lda"] = 1, ca[kv]
+    else:
+        return None
+    cbn, cbk = cb[n_var], cb[kv]
+    if cbn == 1 and (k_size == 1 or _ge(cbk, n_size)):
+        fields["trans_b"], fields["ldb"] = 0, (n_size if k_size == 1 else cbk)
+    elif cbk == 1 and _ge(cbn, k_size):
+        fields["trans_b"], fields["ldb"] = 1, cbn
+    else:
+        return None
+    # batch dims must flatten to one stride per operand
+    batch: sint = 1
+    for v in batch_vars:
+        batch = sym.mul(batch, shape[int(v[2:])])
+    for c in (ca, cb):
+        for j in range(len(batch_vars) - 1):
+            outer, inner = batch_vars[j], batch_vars[j + 1]
+            if sym.add(c[outer], sym.mul(sym.mul(c[inner], shape[j + 1]), -1)) != 0:
+                return None
+    fields["batch"] = batch
+    fields["stride_a"] = ca[batch_vars[-1]] if batch_vars else 0
+    fields["stride_b"] = cb[batch_vars[-1]] if batch_vars else 0
+    fields["stride_c"] = sym.mul(m_size, n_size)
+    fields["a_offset"], fields["b_offset"] = a_off, b_off
+    fields["ldc"] = n_size
+    if not (sym.prove_nonneg(a_off) and sym.prove_nonneg(b_off)):
+        return None
+    direct = kern.value is r
+    out = kern.out if direct else new_buffer_id
+    call = K.LibCall(f"{kern.name}_gemm", "gemm", fields, [a_load.buf, b_load.buf, out], out)  # type: ignore[union-attr]
+    epilogue = None
+    if not direct:
+        flat: sint = 0
+        for j, st in enumerate(contiguous_strides(shape)):
+            flat = sym.add(flat, sym.mul(sym.index_var(j, shape[j]), st))
+        value = _replace(kern.value, r, K.Load(out, flat, 1, dt.f32))
+        epilogue = K.Kernel(f"{kern.name}_epi", shape, kern.out, value, kern.dtype)
+    return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size, k_size, batch)

@@ -1,0 +1,115 @@
+"""Fusion and library-call choices: what comes out of lowering and the measured search."""
+
+import numpy as np
+import pytest
+
+import luminal as lm
+import luminal.functional as F
+from luminal.compile import build_plan
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.lower import lower
+from luminal.compiler.search import select
+from luminal.compiler.search.gemm import match_gemm
+from optest import rand
+
+SEQ = lm.dim("seq", 1, 4096)
+
+
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("softmax", lambda x: x.softmax(-1)),
+        ("layer_norm", lambda x: F.layer_norm(x, (96,))),
+        ("rms_norm", lambda x: F.rms_norm(x, (96,))),
+        ("log_softmax", lambda x: x.log_softmax(-1)),
+    ],
+)
+def test_normalizations_fuse_to_at_most_two_kernels(name, fn):
+    g = lm.Graph(name)
+    x = g.input("x", (SEQ, 96))
+    g.output("y", fn(x))
+    assert len(lower(g).kernels) <= 2
+    cg = lm.compile(g)
+    for s in (1, 7, 300):
+        a = rand(s, 96)
+        np.testing.assert_allclose(
+            cg.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-5
+        )
+
+
+def _mm_graph(bias: bool) -> lm.Graph:
+    g = lm.Graph("mm")
+    x = g.input("x", (SEQ, 64))
+    w = g.weight("w", data=rand(48, 64))
+    # broadcast multiply + sum, written out by hand: no matmul op anywhere
+    y = (x.unsqueeze(1) * w.unsqueeze(0)).sum(-1)
+    if bias:
+        y = (y + g.weight("b", data=rand(48))).relu()
+    g.output("y", y)
+    return g
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("prefer", ["gemm", "generated"])
+def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    g = _mm_graph(bias)
+    low = lower(g)
+    assert match_gemm(low.kernels[0], len(low.buffers)) is not None
+    calls = []
+
+    def measure(sub, dims):
+        has_lib = any(isinstance(s, K.LibCall) for s in sub.kernels)
+        calls.append(has_lib)
+        return 1.0 if has_lib == (prefer == "gemm") else 2.0
+
+    chosen = select.choose_library_calls(low, measure, "test")
+    assert calls == [False, True]
+    libs = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
+    assert len(libs) == (1 if prefer == "gemm" else 0)
+    if prefer == "gemm":
+        assert libs[0].func == "gemm" and libs[0].fields["trans_b"] == 1
+    plan = build_plan(chosen, "mm")
+    ex = lm.load(plan.to_bytes())
+    for s in (1, 7, 300):
+        a = rand(s, 64)
+        np.testing.assert_allclose(
+            ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
+        )
+    # a second search of the same graph is answered from the cache: nothing is measured
+    calls.clear()
+    select.choose_library_calls(lower(_mm_graph(bias)), measure, "test")
+    assert calls == []
+
+
+def test_gemm_premises_reject_padded_and_integer_operands():
+    g = lm.Graph("nogemm")
+    x = g.input("x", (5, 8), lm.i32)
+    w = g.input("w", (3, 8), lm.i32)
+    g.output("y", (x.unsqueeze(1) * w.unsqueeze(0)).sum(-1))
+    low = lower(g)
+    assert match_gemm(low.kernels[0], len(low.buffers)) is None
+    g2 = lm.Graph("padded")
+    x2 = g2.input("x", (5, 8))
+    w2 = g2.input("w", (3, 6))
+    wp = F.pad(w2, (1, 1))  # reads of padding give 0: not a plain strided operand
+    g2.output("y", (x2.unsqueeze(1) * wp.unsqueeze(0)).sum(-1))
+    low2 = lower(g2)
+    assert match_gemm(low2.kernels[0], len(low2.buffers)) is None
+
+
+def test_batched_matmul_gemm_matches():
+    g = lm.Graph("bmm")
+    a = g.input("a", (3, SEQ, 16))
+    b = g.input("b", (3, 16, 24))
+    g.output("y", a @ b)
+    low = lower(g)
+    alt = match_gemm(low.kernels[0], len(low.buffers))
+    assert alt is not None and alt.call.fields["trans_b"] == 0
+    chosen = select.choose_library_calls(
+        low, lambda sub, d: 1.0 if any(isinstance(s, K.LibCall) for s in sub.kernels) else 2.0, "t"
+    )
+    ex = lm.load(build_plan(chosen, "bmm").to_bytes())
+    for s in (1, 33):
+        ia, ib = rand(3, s, 16), rand(3, 16, 24)
+        np.testing.assert_allclose(ex.run({"a": ia, "b": ib})["y"], ia @ ib, rtol=1e-4, atol=1e-4)
