@@ -98,9 +98,12 @@ class _Lowerer:
         inner loop."""
         roots: dict[int, frozenset[int]] = {}
         inline: set[int] = set()
+        # under[n]: n's value would sit inside some reduction's loop in its final kernel
+        under: dict[int, bool] = {}
         for n in reversed(self.order):
             cons = self.consumers[n.id]
             r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
+            under[n.id] = any(c.op in REDUCE or (c.id in inline and under[c.id]) for c in cons)
             ok = False
             if n.op in (Leaf.CONSTANT, Op.IOTA):
                 ok = True
@@ -117,7 +120,9 @@ class _Lowerer:
                     # keep index math simple: div/mod views compose into large expressions
                     ok = not _has_divmod(_unflatten(next(iter(views)).index, n.shape))
             elif n.op in REDUCE and len(cons) <= 2:
-                ok = all(self._cheap_read(n, c, len(cons)) for c in cons)
+                # never into a kernel that is itself a reduction: there it would sit inside
+                # the outer loop and be recomputed per step (a matmul feeding a matmul)
+                ok = all(self._cheap_read(n, c, len(cons)) for c in cons) and not under[n.id]
             if ok:
                 inline.add(n.id)
                 roots[n.id] = r
