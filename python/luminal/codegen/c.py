@@ -307,6 +307,12 @@ class _Emitter:
             return f"(uint8_t)({a} & {b})"
         if d.is_float:
             if op is Op.MOD:
+                c = v.srcs[1]
+                if isinstance(c, K.Const) and _pow2(c.value):
+                    # x - c*trunc(x/c) is exact for a power-of-two c, inline and vectorizable
+                    # (the nibble extraction of quantized weights); fmod is a libm call
+                    f = "" if d is dt.f64 else "f"
+                    return f"({a} - {b} * trunc{f}({a} * {_const(1.0 / float(c.value), d)}))"
                 return f"fmod{'' if d is dt.f64 else 'f'}({a}, {b})"
             return f"({a} {'+' if op is Op.ADD else '*'} {b})"
         if op is Op.MOD:
@@ -329,6 +335,11 @@ def reduce_update(op: Op, d: dt.DType, acc: str, x: str) -> str:
     if d.is_float:
         return f"{'lm_maxd' if d is dt.f64 else 'lm_maxf'}({acc}, {x})"
     return f"({x} > {acc} ? {x} : {acc})"
+
+
+def _pow2(x: float | int | bool) -> bool:
+    f = abs(float(x))
+    return f > 0 and math.isfinite(f) and math.frexp(f)[0] == 0.5
 
 
 def _max_init(d: dt.DType) -> str:
