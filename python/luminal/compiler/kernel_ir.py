@@ -4,7 +4,7 @@ A ``Kernel`` computes one buffer. It iterates over an output space (index variab
 and for each point stores a ``Value``: an expression tree of loads (through symbolic index
 and validity expressions), ALU ops named by the primitive ``Op`` enum, casts, constants,
 reductions over an extra variable, and gathers (a load whose row is a runtime value).
-Renderers (codegen/) turn kernels into C, CUDA or MSL; nothing here names a backend.
+Renderers in codegen/ turn kernels into source for each target; nothing here names one.
 """
 
 from __future__ import annotations
