@@ -18,6 +18,10 @@ X = rand(3, 50, 7)
 SAME = [
     ("reshape", lambda t: t.reshape(7, -1, 3)),
     ("permute", lambda t: t.permute(2, 0, 1)),
+    # torch refuses view on non-contiguous strides; luminal's contiguous() is a no-op
+    ("view", lambda t: t.contiguous().view(7, -1, 3)),
+    ("view", lambda t: t.contiguous().view((-1,))),
+    ("view", lambda t: t[:, 1:4].contiguous().view(-1, 7)),
     ("transpose", lambda t: t.transpose(0, 2)),
     ("swapaxes", lambda t: t.swapaxes(-1, 1)),
     ("t", lambda t: t[0].t()),
@@ -71,6 +75,18 @@ def test_movement(name, fn):
     check_op(
         name, lambda t: fn(t.permute(2, 0, 1)), lambda t: fn(t.permute(2, 0, 1)), [rand(50, 7, 3)]
     )
+
+
+def test_view_errors_match_torch():
+    g = lm.Graph("view")
+    x = g.input("x", (3, 50, 7))
+    with pytest.raises(ValueError, match="only one dim can be -1"):
+        x.view(-1, -1)
+    with pytest.raises(ValueError, match="cannot view"):
+        x.view(4, -1)
+    with pytest.raises(TypeError, match="view\\(dtype\\)"):
+        x.view(lm.i32)
+    assert x.view(-1).layout.shape == (1050,) and x.view(3, 350).shape == (3, 350)
 
 
 def test_tril_keeps_inf_nan_exact():

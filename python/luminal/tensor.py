@@ -73,7 +73,7 @@ class Graph(_CoreGraph):
     def output(self, name: str, t: Tensor) -> Tensor:
         if not isinstance(t, Tensor):
             raise TypeError(f"output {name!r}: expected a Tensor, got {type(t).__name__}")
-        self.add_output(name, (t.node, t.view))
+        self.add_output(name, t.edge)
         return t
 
     # creation ops named as in PyTorch: g.arange(n) is luminal.functional.arange(g, n)
@@ -123,14 +123,15 @@ def _delegate(name: str) -> Any:
 
 
 class Tensor:
-    """A lazy tensor: ``node`` read through ``view``."""
+    """A lazy tensor: ``node`` read through ``layout`` (a ``View``: index expressions, no copy).
+    ``view(*shape)`` is PyTorch's method (a reshape); the View object is ``layout``."""
 
-    __slots__ = ("node", "view")
+    __slots__ = ("node", "layout")
     __array_priority__ = 1000  # make numpy defer to our reflected operators
 
-    def __init__(self, node: Node, view: View | None = None) -> None:
+    def __init__(self, node: Node, layout: View | None = None) -> None:
         self.node = node
-        self.view = view if view is not None else View.contiguous(node.shape)
+        self.layout = layout if layout is not None else View.contiguous(node.shape)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -138,8 +139,13 @@ class Tensor:
         return self.node.graph  # type: ignore[return-value]
 
     @property
+    def edge(self) -> tuple[Node, View]:
+        """How an op reads this tensor: its node and layout."""
+        return (self.node, self.layout)
+
+    @property
     def shape(self) -> tuple[sint, ...]:
-        return self.view.shape
+        return self.layout.shape
 
     @property
     def dtype(self) -> DType:
@@ -147,7 +153,7 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return len(self.view.shape)
+        return len(self.layout.shape)
 
     def dim(self) -> int:
         return self.ndim
@@ -156,7 +162,7 @@ class Tensor:
         return self.shape if d is None else self.shape[self._axis(d)]
 
     def numel(self) -> sint:
-        return self.view.numel()
+        return self.layout.numel()
 
     def __len__(self) -> int:
         if not self.shape or not isinstance(self.shape[0], int):
@@ -200,9 +206,7 @@ class Tensor:
 
     # ------------------------------------------------------------------ primitives
     def _op(self, op: Op, *others: Tensor, arg: Any = None) -> Tensor:
-        node = self.graph.add_op(
-            op, [(self.node, self.view)] + [(o.node, o.view) for o in others], arg
-        )
+        node = self.graph.add_op(op, [self.edge] + [o.edge for o in others], arg)
         return Tensor(node)
 
     def _const(self, value: Scalar | sym.Expr, dtype: DType | None = None) -> Tensor:
@@ -304,7 +308,7 @@ class Tensor:
         axes = [self._axis(d) for d in dims]
         if sorted(axes) != list(range(self.ndim)):
             raise ValueError(f"permute: {tuple(dims)} is not a permutation of {self.ndim} dims")
-        return self._with_view(self.view.permute(axes))
+        return self._with_view(self.layout.permute(axes))
 
     def expand(self, *shape: Any) -> Tensor:
         """Broadcast to ``shape`` (PyTorch rules: new leading dims, size-1 dims grow, -1 keeps)."""
@@ -322,10 +326,10 @@ class Tensor:
                 raise ValueError(
                     f"expand: cannot broadcast {_shape_str(self.shape)} to {_shape_str(full)}"
                 )
-        return t if full == t.shape else t._with_view(t.view.expand(full))
+        return t if full == t.shape else t._with_view(t.layout.expand(full))
 
     def unsqueeze(self, d: int) -> Tensor:
-        return self._with_view(self.view.unsqueeze(self._axis(d, self.ndim + 1)))
+        return self._with_view(self.layout.unsqueeze(self._axis(d, self.ndim + 1)))
 
     def squeeze(self, d: int | Sequence[int] | None = None) -> Tensor:
         if d is None:
@@ -362,18 +366,27 @@ class Tensor:
             )
         if new == self.shape:
             return self
-        return self._with_view(self.view.reshape(new))
+        return self._with_view(self.layout.reshape(new))
+
+    def view(self, *shape: Any) -> Tensor:
+        """PyTorch's ``view``: ``reshape`` (with one ``-1``). Every luminal reshape is a view,
+        so there is no non-contiguous case to refuse; ``view(dtype)`` (bit reinterpretation)
+        is not supported."""
+        if len(shape) == 1 and isinstance(shape[0], (DType, np.dtype, type)):
+            raise TypeError("view(dtype) reinterprets bits, which luminal does not support; "
+                            "use .to(dtype) for a value cast")  # fmt: skip
+        return self.reshape(*shape)
 
     def view_as(self, other: Tensor) -> Tensor:
         return self.reshape(other.shape)
 
     def slice(self, d: int, start: sint, length: sint, step: int = 1) -> Tensor:
         """Raw slice: ``length`` elements from ``start`` with ``step`` (no bounds clamping)."""
-        return self._with_view(self.view.slice(self._axis(d), start, length, step))
+        return self._with_view(self.layout.slice(self._axis(d), start, length, step))
 
     def pad_dim(self, d: int, before: sint, after: sint) -> Tensor:
         """Zero-pad one dim (sizes >= 0)."""
-        return self._with_view(self.view.pad(self._axis(d), before, after))
+        return self._with_view(self.layout.pad(self._axis(d), before, after))
 
     def contiguous(self) -> Tensor:
         return self

@@ -91,7 +91,7 @@ def const(g: Graph, value: Any, dtype: DType, shape: Sequence[sint] = ()) -> Ten
 def const_value(t: Tensor) -> Any:
     """The Python value of a (broadcast) scalar constant, else None."""
     n = t.node
-    if n.op is Leaf.CONSTANT and not isinstance(n.arg, sym.Expr) and t.view.valid == 1:
+    if n.op is Leaf.CONSTANT and not isinstance(n.arg, sym.Expr) and t.layout.valid == 1:
         return n.arg
     return None
 
@@ -137,14 +137,14 @@ def lor(a: Tensor, b: Tensor) -> Tensor:
 
 def with_valid(t: Tensor, extra: sint) -> Tensor:
     """The same view with elements where ``extra`` (over ``idx_vars(t.shape)``) is 0 reading 0."""
-    v = t.view
+    v = t.layout
     return Tensor(t.node, View(v.shape, v.index, sym.mul(v.valid, extra)))
 
 
 def remap(t: Tensor, shape: Sequence[sint], old: Sequence[sint], valid: sint = 1) -> Tensor:
     """A view of ``shape`` whose element reads old position ``old`` (exprs over the new index
     variables); where ``valid`` is 0 it reads 0. Nothing is copied."""
-    return Tensor(t.node, t.view._remap(tuple(shape), list(old), valid))
+    return Tensor(t.node, t.layout._remap(tuple(shape), list(old), valid))
 
 
 def new_vars(shape: Sequence[sint]) -> list[sint]:
@@ -170,7 +170,7 @@ def cat_flat(parts: Sequence[Tensor]) -> Tensor:
 
 def gather_flat(data: Tensor, idx: Tensor) -> Tensor:
     """GATHER from a 1-D ``data``: out has ``idx``'s shape."""
-    return Tensor(data.graph.add_op(Op.GATHER, [(data.node, data.view), (idx.node, idx.view)]))
+    return Tensor(data.graph.add_op(Op.GATHER, [data.edge, idx.edge]))
 
 
 def select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
@@ -201,7 +201,7 @@ def select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
 
 def _unexpanded_scalar(t: Tensor) -> Tensor | None:
     """A broadcast 0-d tensor read back as its 1-element source, else None."""
-    if t.node.shape == () and t.view.valid == 1:
+    if t.node.shape == () and t.layout.valid == 1:
         return Tensor(t.node).reshape(1)
     return None
 

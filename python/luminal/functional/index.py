@@ -97,7 +97,7 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:  # noqa: A00
         raise ValueError(f"index_select: index must be 0-d or 1-D, got {shape_str(idx.shape)}")
     d = x._axis(dim)
     data = movedim(x, d, 0)
-    out = Tensor(x.graph.add_op(Op.GATHER, [(data.node, data.view), (idx.node, idx.view)]))
+    out = Tensor(x.graph.add_op(Op.GATHER, [data.edge, idx.edge]))
     out = out if idx.ndim else out.unsqueeze(0)
     return movedim(out, 0, d)
 
@@ -120,7 +120,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None,  # 
         )
     if max_norm is not None:
         raise ValueError("embedding: max_norm renormalizes weights in place; not supported")
-    return Tensor(w.graph.add_op(Op.GATHER, [(w.node, w.view), (idx.node, idx.view)]))
+    return Tensor(w.graph.add_op(Op.GATHER, [w.edge, idx.edge]))
 
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
@@ -153,9 +153,7 @@ def scatter(input: Tensor, dim: int, index: Tensor, src: Any = None, *, value: A
     pos, _ = _flat_index("scatter", x, dim, idx)
     s = _src_like("scatter", x, idx, val)
     flat = x.reshape(-1) if x.ndim != 1 else x
-    out = Tensor(
-        x.graph.add_op(Op.SCATTER, [(flat.node, flat.view), (pos.node, pos.view), (s.node, s.view)])
-    )
+    out = Tensor(x.graph.add_op(Op.SCATTER, [flat.edge, pos.edge, s.edge]))
     return out.reshape(x.shape)
 
 
@@ -242,9 +240,7 @@ def index_put(
     v = values if isinstance(values, Tensor) else const(x.graph, values, x.dtype)
     v = v.cast(x.dtype).expand(tuple(idx.shape) + tuple(x.shape[1:]))
     idx = _wrap(idx, x.shape[0], index_dtype(x.shape[0]))
-    return Tensor(
-        x.graph.add_op(Op.SCATTER, [(x.node, x.view), (idx.node, idx.view), (v.node, v.view)])
-    )
+    return Tensor(x.graph.add_op(Op.SCATTER, [x.edge, idx.edge, v.edge]))
 
 
 def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:  # noqa: A002
@@ -354,7 +350,7 @@ def _advanced(x: Tensor, adv: list[tuple[int, Tensor]]) -> Tensor:
     assert flat is not None
     rest = [k for k in range(x.ndim) if k not in dims]
     data = x.permute(dims + rest).reshape([m] + [x.shape[k] for k in rest])
-    out = Tensor(x.graph.add_op(Op.GATHER, [(data.node, data.view), (flat.node, flat.view)]))
+    out = Tensor(x.graph.add_op(Op.GATHER, [data.edge, flat.edge]))
     if dims == list(range(dims[0], dims[0] + len(dims))) and dims[0] > 0:
         nb = len(bshape)  # adjacent indexed dims: the result dims go where they were
         order = (

@@ -41,7 +41,7 @@ class Format:
 
 def _read(w: Tensor, shape: tuple[sint, ...], index: Callable[..., sint]) -> Tensor:
     """A view of ``w``'s node buffer: element ``[i0, i1, ...]`` reads flat ``index(i0, ...)``."""
-    assert w.view.is_contiguous(), "packed blocks must be read from a contiguous buffer"
+    assert w.layout.is_contiguous(), "packed blocks must be read from a contiguous buffer"
     return Tensor(w.node, View(shape, index(*idx_vars(shape))))
 
 
@@ -253,10 +253,7 @@ def quantized_rows(
     f = _format(name, fmt)
     rows, cols = shape
     ws = _aliases(g, name, f, raw, rows, cols)
-    picked = {
-        k: Tensor(g.add_op(Op.GATHER, [(w.node, w.view), (idx.node, idx.view)]))
-        for k, w in ws.items()
-    }
+    picked = {k: Tensor(g.add_op(Op.GATHER, [w.edge, idx.edge])) for k, w in ws.items()}
     n = idx.numel()
     return f.build(g, picked, sym.mul(n, cols // f.block)).reshape(n, cols)
 

@@ -108,7 +108,7 @@ class GPT2:
         rows = Tensor(
             g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32)
         )
-        srcs = [(cache.node, cache.view), (rows.node, rows.view), (new.node, new.view)]
+        srcs = [cache.edge, rows.edge, new.edge]
         updated = Tensor(g.add_op(Op.SCATTER, srcs))
         g.output(name + "_new", updated)
         return updated.slice(0, 0, total)

@@ -199,11 +199,7 @@ class Llama:
         rows = Tensor(
             g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32)
         )
-        updated = Tensor(
-            g.add_op(
-                Op.SCATTER, [(cache.node, cache.view), (rows.node, rows.view), (new.node, new.view)]
-            )
-        )
+        updated = Tensor(g.add_op(Op.SCATTER, [cache.edge, rows.edge, new.edge]))
         g.output(name + "_new", updated)
         return updated.slice(0, 0, total)
 
