@@ -21,6 +21,7 @@ from .codegen.c import render_kernel
 from .compiler import kernel_ir as K
 from .compiler.lower import Lowered, lower
 from .compiler.memory import plan_memory
+from .compiler.passes import run_passes
 from .compiler.search.select import choose_library_calls
 from .graph.graph import Graph
 from .plan import InlineWeight, KernelFormat, Launch, LibCall, Plan, Role
@@ -147,7 +148,7 @@ def compile(graph: Graph, backend: str = "cpu", search: bool = True) -> Compiled
     default), kernels with a library alternative (GEMM) are timed both ways and the faster
     kept; decisions are cached on disk."""
     t0 = time.perf_counter()
-    low = lower(graph)
+    low = lower(run_passes(graph))  # compiler/passes.py: the e-graph rewrites
     if backend == "cpu" and search:
         low = choose_library_calls(low, _measure_cpu, _cpu_target())
     plan = build_plan(low, graph.name, backend)

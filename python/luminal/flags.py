@@ -34,8 +34,12 @@ CC = Flag("CC", "cc", "C compiler for CPU kernels")
 CUDA_ARCH = Flag(
     "LUMINAL_CUDA_ARCH", "", "GPU arch CUDA plans are built for (default: the GPU's, else sm_90a)"
 )
+EGRAPH = Flag(
+    "LUMINAL_EGRAPH", "1",
+    "0 skips the e-graph rewrites before lowering (compiler/search/rules, docs/rules.md)",
+)  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH)
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH)
 
 
 def debug() -> int:
