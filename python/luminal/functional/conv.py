@@ -10,7 +10,7 @@ kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
@@ -47,6 +47,22 @@ def _batched(name: str, x: Tensor, nd: int) -> tuple[Tensor, bool]:
             f"{name}: expected a {nd + 1}-D or {nd + 2}-D input, got shape {shape_str(x.shape)}"
         )
     return x, True
+
+
+def _conv_operands(
+    name: str, x: Tensor, w: Tensor, nd: int, layout: str
+) -> tuple[Tensor, bool, tuple[int, ...]]:
+    """The input with a batch dim, whether it came with one, and the weight's (concrete)
+    shape."""
+    x, batched = _batched(name, x, nd)
+    if not isinstance(w, Tensor) or w.ndim != nd + 2:
+        raise ValueError(
+            f"{name}: weight must be {nd + 2}-D ({layout}, *kernel), got "
+            f"{shape_str(getattr(w, 'shape', ()))}"
+        )
+    if not all(isinstance(v, int) for v in w.shape):
+        raise ValueError(f"{name}: weight shape {shape_str(w.shape)} must be concrete")
+    return x, batched, tuple(v for v in w.shape if isinstance(v, int))
 
 
 def _out_size(n: sint, lo: int, hi: int, k: int, s: int, d: int, name: str, shape: tuple) -> sint:
@@ -89,19 +105,10 @@ def _conv(
     groups: int,
     nd: int,
 ) -> Tensor:
-    x, batched = _batched(name, x, nd)
-    if not isinstance(w, Tensor) or w.ndim != nd + 2:
-        raise ValueError(
-            f"{name}: weight must be {nd + 2}-D (out, in/groups, *kernel), got "
-            f"{shape_str(getattr(w, 'shape', ()))}"
-        )
+    x, batched, (o, cg, *ks) = _conv_operands(name, x, w, nd, "out, in/groups")
     d = dt.promote(x.dtype, w.dtype)
     x, w = x.cast(d), w.cast(d)
     n, c = x.shape[0], x.shape[1]
-    o, cg = w.shape[0], w.shape[1]
-    ks = tuple(v for v in w.shape[2:] if isinstance(v, int))
-    if not isinstance(o, int) or not isinstance(cg, int) or len(ks) != nd:
-        raise ValueError(f"{name}: weight shape {shape_str(w.shape)} must be concrete")
     if groups < 1 or not isinstance(c, int) or c % groups or o % groups or cg * groups != c:
         raise ValueError(
             f"{name}: input {shape_str(x.shape)} with {c} channels, weight "
@@ -135,40 +142,31 @@ def _conv(
     return y if batched else y.squeeze(0)
 
 
-def conv1d(
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: IntOr = 1,
-    padding: str | IntOr = 0,
-    dilation: IntOr = 1,
-    groups: int = 1,
-) -> Tensor:
-    return _conv("conv1d", input, weight, bias, stride, padding, dilation, groups, 1)
+# the public conv / pool functions are made per rank: same body, a name and nd bound
+def _named(fn: Callable[..., Tensor], name: str, doc: str) -> Callable[..., Tensor]:
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
 
 
-def conv2d(
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: IntOr = 1,
-    padding: str | IntOr = 0,
-    dilation: IntOr = 1,
-    groups: int = 1,
-) -> Tensor:
-    return _conv("conv2d", input, weight, bias, stride, padding, dilation, groups, 2)
+def _conv_fn(nd: int) -> Callable[..., Tensor]:
+    name = f"conv{nd}d"
+
+    def conv(
+        input: Tensor,  # noqa: A002
+        weight: Tensor,
+        bias: Tensor | None = None,
+        stride: IntOr = 1,
+        padding: str | IntOr = 0,
+        dilation: IntOr = 1,
+        groups: int = 1,
+    ) -> Tensor:
+        return _conv(name, input, weight, bias, stride, padding, dilation, groups, nd)
+
+    return _named(conv, name, f"PyTorch's ``F.{name}`` over {nd} spatial dim(s).")
 
 
-def conv3d(
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: IntOr = 1,
-    padding: str | IntOr = 0,
-    dilation: IntOr = 1,
-    groups: int = 1,
-) -> Tensor:
-    return _conv("conv3d", input, weight, bias, stride, padding, dilation, groups, 3)
+conv1d, conv2d, conv3d = _conv_fn(1), _conv_fn(2), _conv_fn(3)
 
 
 def _conv_transpose(
@@ -183,17 +181,8 @@ def _conv_transpose(
     dilation: IntOr,
     nd: int,
 ) -> Tensor:
-    x, batched = _batched(name, x, nd)
-    if not isinstance(w, Tensor) or w.ndim != nd + 2:
-        raise ValueError(
-            f"{name}: weight must be {nd + 2}-D (in, out/groups, *kernel), got "
-            f"{shape_str(getattr(w, 'shape', ()))}"
-        )
-    cin, og = w.shape[0], w.shape[1]
-    ks = tuple(v for v in w.shape[2:] if isinstance(v, int))
-    if not isinstance(og, int) or len(ks) != nd:
-        raise ValueError(f"{name}: weight shape {shape_str(w.shape)} must be concrete")
-    if groups < 1 or not same(x.shape[1], cin) or not isinstance(cin, int) or cin % groups:
+    x, batched, (cin, og, *ks) = _conv_operands(name, x, w, nd, "in, out/groups")
+    if groups < 1 or not same(x.shape[1], cin) or cin % groups:
         raise ValueError(
             f"{name}: input {shape_str(x.shape)}, weight {shape_str(w.shape)} and "
             f"groups={groups} do not match (want input channels = weight.shape[0], "
@@ -227,55 +216,50 @@ def _conv_transpose(
     return y if batched else y.squeeze(0)
 
 
-def conv_transpose1d(
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: IntOr = 1,
-    padding: IntOr = 0,
-    output_padding: IntOr = 0,
-    groups: int = 1,
-    dilation: IntOr = 1,
-) -> Tensor:
-    return _conv_transpose(
-        "conv_transpose1d",
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-        1,
-    )
+def _conv_transpose_fn(nd: int) -> Callable[..., Tensor]:
+    name = f"conv_transpose{nd}d"
+
+    def conv_transpose(
+        input: Tensor,  # noqa: A002
+        weight: Tensor,
+        bias: Tensor | None = None,
+        stride: IntOr = 1,
+        padding: IntOr = 0,
+        output_padding: IntOr = 0,
+        groups: int = 1,
+        dilation: IntOr = 1,
+    ) -> Tensor:
+        args = (stride, padding, output_padding, groups, dilation)
+        return _conv_transpose(name, input, weight, bias, *args, nd)
+
+    return _named(conv_transpose, name, f"PyTorch's ``F.{name}`` over {nd} spatial dim(s).")
 
 
-def conv_transpose2d(
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: IntOr = 1,
-    padding: IntOr = 0,
-    output_padding: IntOr = 0,
-    groups: int = 1,
-    dilation: IntOr = 1,
-) -> Tensor:
-    return _conv_transpose(
-        "conv_transpose2d",
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-        2,
-    )
+conv_transpose1d, conv_transpose2d = _conv_transpose_fn(1), _conv_transpose_fn(2)
 
 
 # ----------------------------------------------------------------------------- pooling
+
+
+def _pool_input(name: str, x: Tensor, nd: int) -> tuple[Tensor, dt.DType, int]:
+    """The input as a float (pooling averages ints in f32), its dtype and its leading rank."""
+    if x.ndim < nd + 1:
+        raise ValueError(
+            f"{name}: expected a {nd + 1}-D or {nd + 2}-D input, got shape {shape_str(x.shape)}"
+        )
+    d = x.dtype if x.dtype.is_float else dt.f32
+    return x.cast(d), d, x.ndim - nd
+
+
+def _outer(factors: Sequence[Tensor]) -> Tensor:
+    """The product of per-dim factors of equal rank, factor k broadcast over the axes of the
+    factors after it: a separable window mask or window count over all pooled dims."""
+    out: Tensor | None = None
+    for k, f in enumerate(factors):
+        f = f.reshape([*f.shape, *([1] * (f.ndim * (len(factors) - 1 - k)))])
+        out = f if out is None else out.mul(f)
+    assert out is not None, "no pooled dims"
+    return out
 
 
 def _pool(
@@ -291,10 +275,7 @@ def _pool(
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> Tensor:
-    if x.ndim < nd + 1:
-        raise ValueError(
-            f"{name}: expected a {nd + 1}-D or {nd + 2}-D input, got shape {shape_str(x.shape)}"
-        )
+    x, d, lead = _pool_input(name, x, nd)
     ks = tuple_arg(kernel_size, nd, name, "kernel_size")
     st = (
         ks
@@ -306,9 +287,6 @@ def _pool(
     for k in range(nd):
         if pd[k] * 2 > ks[k]:
             raise ValueError(f"{name}: padding {pd} should be at most half of kernel_size {ks}")
-    d = x.dtype if x.dtype.is_float else dt.f32
-    x = x.cast(d)
-    lead = x.ndim - nd
     one = x.graph.constant(1.0, d)
     masks = []  # per dim, (out, k) views of a constant: 1 where a window slot counts
     for k in range(nd):
@@ -332,49 +310,33 @@ def _pool(
         masks.append(windows(r, 0, out, ks[k], s, dil[k]))
     kaxes = [lead + 2 * k + 1 for k in range(nd)]
     if is_max:  # padding and overhang read as the most negative finite value
-        mask = None
-        for k, m in enumerate(masks):
-            m = m.reshape([*m.shape, *([1] * (2 * (nd - 1 - k)))])
-            mask = m if mask is None else mask.mul(m)
-        assert mask is not None
-        return x.add(mask.add(-1.0).mul(fmax(d))).max_reduce(kaxes)
+        return x.add(_outer(masks).add(-1.0).mul(fmax(d))).max_reduce(kaxes)
     total = x.sum_reduce(kaxes)
     if divisor_override is not None:
         return total.mul(1.0 / divisor_override)
-    count = None
-    for k, m in enumerate(masks):
-        c = m.sum_reduce(1).reshape([m.shape[0], *([1] * (nd - 1 - k))])
-        count = c if count is None else count.mul(c)
-    assert count is not None
-    return total.mul(count.reciprocal())
+    return total.mul(_outer([m.sum_reduce(1) for m in masks]).reciprocal())
 
 
-def max_pool1d(
-    input: Tensor,  # noqa: A002
-    kernel_size: IntOr,
-    stride: IntOr | None = None,
-    padding: IntOr = 0,
-    dilation: IntOr = 1,
-    ceil_mode: bool = False,
-    return_indices: bool = False,
-) -> Tensor:
-    if return_indices:
-        raise NotImplementedError("max_pool1d: return_indices is not supported")
-    return _pool("max_pool1d", input, kernel_size, stride, padding, dilation, ceil_mode, 1, True)
+def _max_pool_fn(nd: int) -> Callable[..., Tensor]:
+    name = f"max_pool{nd}d"
+
+    def max_pool(
+        input: Tensor,  # noqa: A002
+        kernel_size: IntOr,
+        stride: IntOr | None = None,
+        padding: IntOr = 0,
+        dilation: IntOr = 1,
+        ceil_mode: bool = False,
+        return_indices: bool = False,
+    ) -> Tensor:
+        if return_indices:
+            raise NotImplementedError(f"{name}: return_indices is not supported")
+        return _pool(name, input, kernel_size, stride, padding, dilation, ceil_mode, nd, True)
+
+    return _named(max_pool, name, f"PyTorch's ``F.{name}`` over {nd} spatial dim(s).")
 
 
-def max_pool2d(
-    input: Tensor,  # noqa: A002
-    kernel_size: IntOr,
-    stride: IntOr | None = None,
-    padding: IntOr = 0,
-    dilation: IntOr = 1,
-    ceil_mode: bool = False,
-    return_indices: bool = False,
-) -> Tensor:
-    if return_indices:
-        raise NotImplementedError("max_pool2d: return_indices is not supported")
-    return _pool("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode, 2, True)
+max_pool1d, max_pool2d = _max_pool_fn(1), _max_pool_fn(2)
 
 
 def avg_pool1d(
@@ -417,10 +379,7 @@ def avg_pool2d(
 def _adaptive(
     name: str, x: Tensor, output_size: int | None | Sequence[int | None], nd: int, is_max: bool
 ) -> Tensor:
-    if x.ndim < nd + 1:
-        raise ValueError(
-            f"{name}: expected a {nd + 1}-D or {nd + 2}-D input, got shape {shape_str(x.shape)}"
-        )
+    x, d, lead = _pool_input(name, x, nd)
     sizes = (
         [output_size] * nd
         if output_size is None or isinstance(output_size, int)
@@ -428,9 +387,6 @@ def _adaptive(
     )
     if len(sizes) != nd:
         raise ValueError(f"{name}: output_size must be an int or {nd} ints, got {output_size!r}")
-    d = x.dtype if x.dtype.is_float else dt.f32
-    x = x.cast(d)
-    lead = x.ndim - nd
     for k in range(nd):
         ax = lead + k
         n = x.shape[ax]

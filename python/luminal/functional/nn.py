@@ -77,6 +77,13 @@ def _affine(
     return y
 
 
+def _standardize(x: Tensor, dims: Sequence[int], eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over ``dims``, with the variance taken in a second pass
+    over the centered values (no cancellation when the mean is large)."""
+    xc = sub(x, mean(x, dims, keepdim=True))
+    return xc.mul(rsqrt(mean(xc.mul(xc), dims, keepdim=True).add(eps)))
+
+
 def layer_norm(
     input: Tensor,  # noqa: A002 - PyTorch's argument name
     normalized_shape: int | Sequence[sint],
@@ -86,9 +93,7 @@ def layer_norm(
 ) -> Tensor:
     _check_float("layer_norm", input)
     dims = _normalized("layer_norm", input, normalized_shape)
-    x = acc(input)
-    xc = sub(x, mean(x, dims, keepdim=True))
-    y = xc.mul(rsqrt(mean(xc.mul(xc), dims, keepdim=True).add(eps)))
+    y = _standardize(acc(input), dims, eps)
     shape = input.shape[input.ndim - len(dims) :]
     return _affine("layer_norm", y, weight, bias, shape).cast(input.dtype)
 
@@ -138,22 +143,28 @@ def group_norm(
         )
     x = acc(input)
     g = x.reshape([x.shape[0], num_groups, prod([c // num_groups, *x.shape[2:]])])
-    gc = sub(g, mean(g, [-1], keepdim=True))
-    y = gc.mul(rsqrt(mean(gc.mul(gc), [-1], keepdim=True).add(eps))).reshape(x.shape)
+    y = _standardize(g, [-1], eps).reshape(x.shape)
     return _affine("group_norm", y, weight, bias, _chan_shape(x)).cast(input.dtype)
 
 
-def _stat_norm(
+def _channel_norm(
     name: str,
-    x: Tensor,
-    mu: Tensor,
-    var: Tensor,
+    input: Tensor,  # noqa: A002
+    dims: Sequence[int],
+    running: tuple[Tensor | None, Tensor | None] | None,
     weight: Tensor | None,
     bias: Tensor | None,
     eps: float,
 ) -> Tensor:
-    y = sub(x, mu).mul(rsqrt(var.add(eps)))
-    return _affine(name, y, weight, bias, _chan_shape(x))
+    """Batch / instance norm: the input's own statistics over ``dims``, or the ``running``
+    (mean, var) per channel; then the per-channel affine."""
+    x = acc(input)
+    if running is None:
+        y = _standardize(x, dims, eps)
+    else:
+        mu, var = _running(name, x, *running)
+        y = sub(x, mu).mul(rsqrt(var.add(eps)))
+    return _affine(name, y, weight, bias, _chan_shape(x)).cast(input.dtype)
 
 
 def _running(name: str, x: Tensor, rm: Tensor | None, rv: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -184,15 +195,9 @@ def batch_norm(
     """Inference batch norm over dim 1 with running stats; ``training=True`` normalizes with
     the batch's own (biased) statistics and updates nothing."""
     _channels("batch_norm", input)
-    x = acc(input)
-    if training:
-        dims = [0, *range(2, x.ndim)]
-        mu = mean(x, dims, keepdim=True)
-        xc = sub(x, mu)
-        var = mean(xc.mul(xc), dims, keepdim=True)
-    else:
-        mu, var = _running("batch_norm", x, running_mean, running_var)
-    return _stat_norm("batch_norm", x, mu, var, weight, bias, eps).cast(input.dtype)
+    dims = [0, *range(2, input.ndim)]
+    stats = None if training else (running_mean, running_var)
+    return _channel_norm("batch_norm", input, dims, stats, weight, bias, eps)
 
 
 def instance_norm(
@@ -207,15 +212,10 @@ def instance_norm(
 ) -> Tensor:
     """Normalize each (sample, channel) over its spatial dims (or with running stats)."""
     _channels("instance_norm", input, 3)
-    x = acc(input)
-    if use_input_stats:
-        dims = list(range(2, x.ndim))
-        mu = mean(x, dims, keepdim=True)
-        xc = sub(x, mu)
-        var = mean(xc.mul(xc), dims, keepdim=True)
-    else:
-        mu, var = _running("instance_norm", x, running_mean, running_var)
-    return _stat_norm("instance_norm", x, mu, var, weight, bias, eps).cast(input.dtype)
+    stats = None if use_input_stats else (running_mean, running_var)
+    return _channel_norm(
+        "instance_norm", input, list(range(2, input.ndim)), stats, weight, bias, eps
+    )
 
 
 def normalize(

@@ -64,7 +64,24 @@ class Embedding(Module):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
-class LayerNorm(Module):
+class _LastDimsNorm(Module):
+    """What LayerNorm and RMSNorm share: the normalized shape, eps and a weight of ones."""
+
+    def __init__(
+        self, normalized_shape: IntOr, eps: float | None, affine: bool, dtype: Any
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = (
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
+        self.eps = eps
+        self.weight = Parameter(self.normalized_shape, dtype, ("const", 1.0)) if affine else None
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class LayerNorm(_LastDimsNorm):
     def __init__(
         self,
         normalized_shape: IntOr,
@@ -73,27 +90,18 @@ class LayerNorm(Module):
         bias: bool = True,
         dtype: Any = dt.f32,
     ) -> None:
-        super().__init__()
-        self.normalized_shape = (
-            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        )
-        self.eps = eps
-        aff = elementwise_affine
-        self.weight = Parameter(self.normalized_shape, dtype, ("const", 1.0)) if aff else None
-        self.bias = (
-            Parameter(self.normalized_shape, dtype, ("const", 0.0)) if aff and bias else None
-        )
+        super().__init__(normalized_shape, eps, elementwise_affine, dtype)
+        self.eps: float = eps
+        affine_bias = elementwise_affine and bias
+        self.bias = Parameter(self.normalized_shape, dtype, ("const", 0.0)) if affine_bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(
             x, self.normalized_shape, _opt(self.weight, x), _opt(self.bias, x), self.eps
         )
 
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
 
-
-class RMSNorm(Module):
+class RMSNorm(_LastDimsNorm):
     def __init__(
         self,
         normalized_shape: IntOr,
@@ -101,20 +109,10 @@ class RMSNorm(Module):
         elementwise_affine: bool = True,
         dtype: Any = dt.f32,
     ) -> None:
-        super().__init__()
-        self.normalized_shape = (
-            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        )
-        self.eps = eps
-        self.weight = (
-            Parameter(self.normalized_shape, dtype, ("const", 1.0)) if elementwise_affine else None
-        )
+        super().__init__(normalized_shape, eps, elementwise_affine, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, self.normalized_shape, _opt(self.weight, x), self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
 
 
 class GroupNorm(Module):

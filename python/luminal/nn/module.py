@@ -276,15 +276,8 @@ class Module:
         return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
 
 
-class Sequential(Module):
-    def __init__(self, *mods: Module | Mapping[str, Module]) -> None:
-        super().__init__()
-        if len(mods) == 1 and isinstance(mods[0], Mapping):
-            for k, m in mods[0].items():
-                setattr(self, k, m)
-        else:
-            for i, mod in enumerate(mods):
-                setattr(self, str(i), mod)
+class _Container(Module):
+    """Indexing, length and iteration over the child modules, in insertion order."""
 
     def __getitem__(self, i: int) -> Module:
         return list(self._modules.values())[i]
@@ -295,13 +288,24 @@ class Sequential(Module):
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
+
+class Sequential(_Container):
+    def __init__(self, *mods: Module | Mapping[str, Module]) -> None:
+        super().__init__()
+        if len(mods) == 1 and isinstance(mods[0], Mapping):
+            for k, m in mods[0].items():
+                setattr(self, k, m)
+        else:
+            for i, mod in enumerate(mods):
+                setattr(self, str(i), mod)
+
     def forward(self, x: Any) -> Any:
         for m in self._modules.values():
             x = m(x)
         return x
 
 
-class ModuleList(Module):
+class ModuleList(_Container):
     def __init__(self, mods: Iterable[Module] = ()) -> None:
         super().__init__()
         self.extend(mods)
@@ -314,12 +318,3 @@ class ModuleList(Module):
         for m in mods:
             self.append(m)
         return self
-
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
