@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ public:
   // unknown descriptor field or unsupported dtype.
   virtual std::unique_ptr<LibCallOp> make_libcall(const Plan &plan, size_t step) = 0;
   virtual void sync() = 0; // waits until all enqueued work is done
+  // Calls `steps`, which enqueues every step of one run. `binding` changes whenever dims or
+  // buffer pointers do, so a backend may record the steps once per binding and replay them
+  // (CUDA graphs); the default just calls them.
+  virtual void run_steps(uint64_t /*binding*/, const std::function<void()> &steps) { steps(); }
 };
 
 // "cpu" (always built) and "cpu-staged" (the CPU backend driven as if it were a device with

@@ -231,6 +231,7 @@ void Executor::bind(const std::vector<int64_t> &dims) {
   for (const Step &s : pl.steps)
     for (uint32_t a : s.args) argv_[slot++] = ptrs_[a];
   dims_ = dims;
+  ++binding_; // pointers and dims may have changed: recorded steps are stale
   bound_ = true;
 }
 
@@ -258,16 +259,18 @@ void Executor::run(const std::vector<int64_t> &dims, void *const *io, const size
     return static_cast<uint8_t *>(!staged && (r == Role::input || r == Role::output) ? io[b]
                                                                                      : ptrs_[b]);
   };
-  for (const Prepared &p : steps_) {
-    switch (p.kind) {
-    case StepKind::launch: be.launch(p.kernel, p.geom, &argv_[p.argv0], dims_.data()); break;
-    case StepKind::libcall: p.op->run(&argv_[p.argv0]); break;
-    case StepKind::copy:
-      if (p.nbytes > 0)
-        be.copy(ptr(p.dst) + p.dst_offset, ptr(p.src) + p.src_offset, size_t(p.nbytes));
-      break;
+  be.run_steps(binding_, [&] {
+    for (const Prepared &p : steps_) {
+      switch (p.kind) {
+      case StepKind::launch: be.launch(p.kernel, p.geom, &argv_[p.argv0], dims_.data()); break;
+      case StepKind::libcall: p.op->run(&argv_[p.argv0]); break;
+      case StepKind::copy:
+        if (p.nbytes > 0)
+          be.copy(ptr(p.dst) + p.dst_offset, ptr(p.src) + p.src_offset, size_t(p.nbytes));
+        break;
+      }
     }
-  }
+  });
   be.sync();
   if (staged) {
     for (size_t b = 0; b < pl.buffers.size(); ++b)

@@ -52,6 +52,7 @@ private:
 
   std::mutex mu_;
   bool bound_ = false;
+  uint64_t binding_ = 0; // counts bind() calls (Backend::run_steps)
   std::vector<int64_t> dims_, vals_, buf_bytes_;
   std::vector<Prepared> steps_;
   std::vector<void *> ptrs_;                           // per buffer, current pointer

@@ -58,6 +58,12 @@ Loaded load() {
   bind(lib, d.cuModuleGetFunction, "cuModuleGetFunction", w);
   bind(lib, d.cuFuncSetAttribute, "cuFuncSetAttribute", w);
   bind(lib, d.cuLaunchKernel, "cuLaunchKernel", w);
+  bind(lib, d.cuStreamBeginCapture, "cuStreamBeginCapture_v2", w);
+  bind(lib, d.cuStreamEndCapture, "cuStreamEndCapture", w);
+  bind(lib, d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", w);
+  bind(lib, d.cuGraphLaunch, "cuGraphLaunch", w);
+  bind(lib, d.cuGraphExecDestroy, "cuGraphExecDestroy", w);
+  bind(lib, d.cuGraphDestroy, "cuGraphDestroy", w);
   if (!w.empty()) return l;
   // The library stays loaded for the life of the process (the driver is not meant to unload).
   CUresult r = d.cuInit(0);

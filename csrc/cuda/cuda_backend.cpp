@@ -1,12 +1,19 @@
-// The CUDA backend: cubin kernels loaded with the driver API, one stream, device memory.
-// Kernels take their buffers, then every plan dim (int64) by value; see codegen/cuda.py.
+// The CUDA backend: cubin kernels loaded with the driver API, one stream, device memory,
+// cuBLASLt for gemm library calls, and the steps of a plan captured into a CUDA graph once per
+// binding (dims and pointers) and replayed. Kernels take their buffers, then every plan dim
+// (int64) by value; see codegen/cuda.py.
 #include "cuda_backend.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 
 #include "../backend.hpp"
+#include "cublaslt_api.hpp"
 #include "cuda_api.hpp"
 
 namespace luminal {
@@ -52,6 +59,268 @@ struct KernelRec {
   int64_t smem_optin = 0; // dynamic shared memory the function was opened up to
 };
 
+// What a library call needs from the backend: the stream, a cuBLASLt handle, device memory.
+struct CudaContext {
+  CUstream stream = nullptr;
+  cublasLtHandle_t lt = nullptr; // created on the first gemm
+  std::function<void *(size_t)> alloc;
+  std::function<void(void *)> free;
+};
+
+// A row-major gemm (the descriptor of compiler/search/gemm.py, as on the CPU backend) through
+// cublasLtMatmul. cuBLASLt is column-major, so C^T = op(B)^T op(A)^T is computed: B is
+// cuBLASLt's first operand and the row-major matrices are read as their transposes.
+class LtGemm final : public LibCallOp {
+public:
+  LtGemm(const Plan &plan, size_t step, CudaContext &ctx) : ctx_(ctx) {
+    const Step &s = plan.steps[step];
+    std::string at = "step " + std::to_string(step) + " (gemm)";
+    if (s.args.size() != 3) throw PlanError(at + ": needs 3 buffers (A, B, C)");
+    DType a = plan.buffers[s.args[0]].dtype, b = plan.buffers[s.args[1]].dtype,
+          c = plan.buffers[s.args[2]].dtype;
+    bool half = a == DType::f16 || a == DType::bf16;
+    bool ok =
+        a == b && ((a == DType::f32 && c == DType::f32) || (a == DType::f64 && c == DType::f64) ||
+                   (half && (c == a || c == DType::f32)));
+    if (!ok)
+      throw PlanError(at + ": cuBLASLt gemm takes f32 x f32 -> f32, f64 x f64 -> f64 or " +
+                      "f16/bf16 x same -> same or f32, not " + dtype_name(a) + " x " +
+                      dtype_name(b) + " -> " + dtype_name(c));
+    type_a_ = lt_type(a);
+    type_c_ = lt_type(c);
+    f64_ = a == DType::f64;
+    elem_a_ = dtype_nbytes(a, 1);
+    elem_c_ = dtype_nbytes(c, 1);
+    for (const Field &f : s.fields) {
+      auto it = kIndex.find(f.name);
+      if (it == kIndex.end()) throw PlanError(at + ": unknown descriptor field '" + f.name + "'");
+      if (f.is_real && it->second < kAlpha)
+        throw PlanError(at + ": field '" + f.name + "' must be an integer expression");
+      fields_.push_back(&f);
+    }
+    for (const char *req : {"m", "n", "k"}) {
+      bool found = false;
+      for (const Field *f : fields_) found |= f->name == req;
+      if (!found) throw PlanError(at + ": descriptor lacks required field '" + req + "'");
+    }
+    args_ = s.args;
+    if (!ctx_.lt) LM_CUBLAS(cublasLtCreate, &ctx_.lt); // "cuBLASLt unavailable: ..." first
+  }
+
+  ~LtGemm() override {
+    release();
+    if (workspace_) ctx_.free(workspace_);
+  }
+
+  void bind(const int64_t *vals, const int64_t *buf_bytes) override {
+    int64_t v[kNum] = {};
+    v[kBatch] = 1;
+    double alpha = 1.0, beta = 0.0;
+    bool set[kNum] = {};
+    for (const Field *f : fields_) {
+      int i = kIndex.at(f->name);
+      set[i] = true;
+      double r = f->is_real ? f->real : double(vals[f->expr]);
+      if (i == kAlpha)
+        alpha = r;
+      else if (i == kBeta)
+        beta = r;
+      else
+        v[i] = vals[f->expr];
+    }
+    int64_t m = v[kM], n = v[kN], k = v[kK];
+    if (!set[kLda]) v[kLda] = v[kTransA] ? m : k;
+    if (!set[kLdb]) v[kLdb] = v[kTransB] ? k : n;
+    if (!set[kLdc]) v[kLdc] = n;
+    for (int i : {kM, kN, kK, kLda, kLdb, kLdc, kBatch, kStrideA, kStrideB, kStrideC})
+      if (v[i] < 0 || v[i] > INT32_MAX) throw Error("gemm size or stride out of range");
+    if (v[kTransA] > 1 || v[kTransB] > 1 || v[kTransA] < 0 || v[kTransB] < 0)
+      throw Error("gemm trans_a and trans_b must be 0 or 1");
+    check(v, v[kTransA] ? k : m, v[kTransA] ? m : k, v[kLda], v[kStrideA], v[kOffA],
+          buf_bytes[args_[0]] / elem_a_, "A");
+    check(v, v[kTransB] ? n : k, v[kTransB] ? k : n, v[kLdb], v[kStrideB], v[kOffB],
+          buf_bytes[args_[1]] / elem_a_, "B");
+    check(v, m, n, v[kLdc], v[kStrideC], v[kOffC], buf_bytes[args_[2]] / elem_c_, "C");
+    std::memcpy(v_, v, sizeof v);
+    alpha_ = alpha;
+    beta_ = beta;
+    release();
+    empty_ = m == 0 || n == 0 || v[kBatch] == 0;
+    if (empty_) return;
+    if (k == 0) throw Error("cuBLASLt gemm with k = 0 (the generated gemm kernel handles it)");
+    const CublasLt &lt = cublaslt();
+    (void)lt;
+    LM_CUBLAS(cublasLtMatmulDescCreate, &desc_, f64_ ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+              f64_ ? CUDA_R_64F : CUDA_R_32F);
+    int32_t op_first = v[kTransB] ? CUBLAS_OP_T : CUBLAS_OP_N; // B is cuBLASLt's "A"
+    int32_t op_second = v[kTransA] ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LM_CUBLAS(cublasLtMatmulDescSetAttribute, desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+              sizeof op_first);
+    LM_CUBLAS(cublasLtMatmulDescSetAttribute, desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+              sizeof op_second);
+    // column-major views: row-major (r x c, ld) is column-major (c x r, ld)
+    layout(&lay_b_, type_a_, v[kTransB] ? k : n, v[kTransB] ? n : k, v[kLdb], v[kStrideB]);
+    layout(&lay_a_, type_a_, v[kTransA] ? m : k, v[kTransA] ? k : m, v[kLda], v[kStrideA]);
+    layout(&lay_c_, type_c_, n, m, v[kLdc], v[kStrideC]);
+    LM_CUBLAS(cublasLtMatmulPreferenceCreate, &pref_);
+    uint64_t ws_max = kWorkspaceMax;
+    LM_CUBLAS(cublasLtMatmulPreferenceSetAttribute, pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+              &ws_max, sizeof ws_max);
+    // buffers start 64-byte aligned; offsets and batch strides may lower that
+    uint32_t al_a = align(v[kOffA] * elem_a_, v[kStrideA] * elem_a_),
+             al_b = align(v[kOffB] * elem_a_, v[kStrideB] * elem_a_),
+             al_c = align(v[kOffC] * elem_c_, v[kStrideC] * elem_c_);
+    LM_CUBLAS(cublasLtMatmulPreferenceSetAttribute, pref_,
+              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof al_b);
+    LM_CUBLAS(cublasLtMatmulPreferenceSetAttribute, pref_,
+              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof al_a);
+    LM_CUBLAS(cublasLtMatmulPreferenceSetAttribute, pref_,
+              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+    LM_CUBLAS(cublasLtMatmulPreferenceSetAttribute, pref_,
+              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+    int found = 0;
+    LM_CUBLAS(cublasLtMatmulAlgoGetHeuristic, ctx_.lt, desc_, lay_b_, lay_a_, lay_c_, lay_c_, pref_,
+              1, &heur_, &found);
+    if (found < 1)
+      throw Error("cublasLtMatmulAlgoGetHeuristic found no algorithm for gemm m=" +
+                  std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    // bind runs outside any graph capture, so growing the workspace here is safe
+    if (heur_.workspaceSize > workspace_bytes_) {
+      if (workspace_) ctx_.free(workspace_);
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+      workspace_ = ctx_.alloc(heur_.workspaceSize);
+      workspace_bytes_ = heur_.workspaceSize;
+    }
+  }
+
+  void run(void *const *args) override {
+    if (empty_) return;
+    auto at = [](void *p, int64_t off, int64_t elem) {
+      return static_cast<char *>(p) + off * elem;
+    };
+    const void *a = at(args[0], v_[kOffA], elem_a_), *b = at(args[1], v_[kOffB], elem_a_);
+    void *c = at(args[2], v_[kOffC], elem_c_);
+    float alpha32 = float(alpha_), beta32 = float(beta_);
+    const void *alpha = f64_ ? static_cast<const void *>(&alpha_) : &alpha32;
+    const void *beta = f64_ ? static_cast<const void *>(&beta_) : &beta32;
+    LM_CUBLAS(cublasLtMatmul, ctx_.lt, desc_, alpha, b, lay_b_, a, lay_a_, beta, c, lay_c_, c,
+              lay_c_, &heur_.algo, workspace_, workspace_bytes_, ctx_.stream);
+  }
+
+private:
+  enum {
+    kM,
+    kN,
+    kK,
+    kLda,
+    kLdb,
+    kLdc,
+    kTransA,
+    kTransB,
+    kBatch,
+    kStrideA,
+    kStrideB,
+    kStrideC,
+    kOffA,
+    kOffB,
+    kOffC,
+    kAlpha,
+    kBeta,
+    kNum
+  };
+  inline static const std::map<std::string, int> kIndex = {{"m", kM},
+                                                           {"n", kN},
+                                                           {"k", kK},
+                                                           {"lda", kLda},
+                                                           {"ldb", kLdb},
+                                                           {"ldc", kLdc},
+                                                           {"trans_a", kTransA},
+                                                           {"trans_b", kTransB},
+                                                           {"batch", kBatch},
+                                                           {"stride_a", kStrideA},
+                                                           {"stride_b", kStrideB},
+                                                           {"stride_c", kStrideC},
+                                                           {"a_offset", kOffA},
+                                                           {"b_offset", kOffB},
+                                                           {"c_offset", kOffC},
+                                                           {"alpha", kAlpha},
+                                                           {"beta", kBeta}};
+  static constexpr uint64_t kWorkspaceMax = 32ull << 20;
+
+  static int lt_type(DType t) {
+    switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f64: return CUDA_R_64F;
+    case DType::f16: return CUDA_R_16F;
+    default: return CUDA_R_16BF;
+    }
+  }
+  static uint32_t align(int64_t off_bytes, int64_t stride_bytes) {
+    int64_t a = std::gcd(std::gcd(int64_t(kAlign), off_bytes), stride_bytes);
+    return uint32_t(a ? a : kAlign);
+  }
+  void layout(cublasLtMatrixLayout_t *l, int type, int64_t rows, int64_t cols, int64_t ld,
+              int64_t stride) {
+    LM_CUBLAS(cublasLtMatrixLayoutCreate, l, type, uint64_t(rows), uint64_t(cols), ld);
+    if (v_[kBatch] > 1) {
+      int32_t count = int32_t(v_[kBatch]);
+      LM_CUBLAS(cublasLtMatrixLayoutSetAttribute, *l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                sizeof count);
+      LM_CUBLAS(cublasLtMatrixLayoutSetAttribute, *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                &stride, sizeof stride);
+    }
+  }
+  // Destroys the descriptors of the previous binding (errors ignored: nothing to do about them).
+  void release() {
+    if (desc_) cublaslt().cublasLtMatmulDescDestroy(desc_);
+    for (cublasLtMatrixLayout_t *l : {&lay_a_, &lay_b_, &lay_c_})
+      if (*l) cublaslt().cublasLtMatrixLayoutDestroy(*l);
+    if (pref_) cublaslt().cublasLtMatmulPreferenceDestroy(pref_);
+    desc_ = nullptr;
+    lay_a_ = lay_b_ = lay_c_ = nullptr;
+    pref_ = nullptr;
+  }
+  // Refuses descriptors that would touch memory outside the operand's buffer.
+  static void check(const int64_t *v, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                    int64_t off, int64_t elems, const char *name) {
+    std::string what = std::string("operand ") + name;
+    if (ld < std::max<int64_t>(cols, 1))
+      throw Error(what + ": leading dimension " + std::to_string(ld) + " < " +
+                  std::to_string(cols));
+    if (off < 0) throw Error(what + ": negative offset");
+    if (rows == 0 || cols == 0 || v[kBatch] == 0) return;
+    __int128 last = off + __int128(v[kBatch] - 1) * stride + __int128(rows - 1) * ld + cols;
+    if (last > elems)
+      throw Error(what + " reaches outside its buffer (" + std::to_string(elems) + " elements)");
+  }
+
+  CudaContext &ctx_;
+  int type_a_ = 0, type_c_ = 0;
+  bool f64_ = false, empty_ = true;
+  int64_t elem_a_ = 4, elem_c_ = 4;
+  std::vector<const Field *> fields_;
+  std::vector<uint32_t> args_;
+  int64_t v_[kNum] = {};
+  double alpha_ = 1.0, beta_ = 0.0;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t lay_a_ = nullptr, lay_b_ = nullptr, lay_c_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+  cublasLtMatmulHeuristicResult_t heur_{};
+  void *workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
+// One warning per process when graph capture does not work here.
+void warn_no_graphs(const std::string &why) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    std::fprintf(stderr,
+                 "luminal: CUDA graph capture failed (%s); running plan steps as "
+                 "plain launches\n",
+                 why.c_str());
+}
+
 class CudaBackend final : public Backend {
 public:
   CudaBackend() {
@@ -76,6 +345,9 @@ public:
     max_grid_[1] = attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
     max_grid_[2] = attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
     max_smem_ = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    lib_.stream = stream_;
+    lib_.alloc = [this](size_t n) { return alloc(n); };
+    lib_.free = [this](void *p) { free(p); };
   }
 
   ~CudaBackend() override {
@@ -83,6 +355,8 @@ public:
     const Driver &d = driver();
     d.cuCtxSetCurrent(ctx_);
     if (stream_) d.cuStreamSynchronize(stream_);
+    if (graph_) d.cuGraphExecDestroy(graph_);
+    if (lib_.lt) cublaslt().cublasLtDestroy(lib_.lt);
     for (CUmodule m : modules_) d.cuModuleUnload(m);
     if (stream_) d.cuStreamDestroy(stream_);
     d.cuDevicePrimaryCtxRelease(dev_);
@@ -200,9 +474,46 @@ public:
   }
 
   std::unique_ptr<LibCallOp> make_libcall(const Plan &plan, size_t step) override {
+    const std::string &f = plan.steps[step].func;
+    make_current();
+    if (f == "gemm") return std::make_unique<LtGemm>(plan, step, lib_);
     throw PlanError("step " + std::to_string(step) +
-                    ": the cuda backend has no library functions yet (asked for '" +
-                    plan.steps[step].func + "')");
+                    ": the cuda backend has no library function '" + f + "' (it has: gemm)");
+  }
+
+  // The first run of a binding is captured into a CUDA graph and launched; later runs of the
+  // same binding launch the graph (one call instead of one per step).
+  void run_steps(uint64_t binding, const std::function<void()> &steps) override {
+    make_current();
+    if (!graphs_) return steps();
+    const Driver &d = driver();
+    if (graph_ && binding == graph_binding_) {
+      LM_CU(cuGraphLaunch, graph_, stream_);
+      return;
+    }
+    if (graph_) d.cuGraphExecDestroy(graph_);
+    graph_ = nullptr;
+    CUresult r = d.cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS) return fall_back("cuStreamBeginCapture", r, steps);
+    CUgraph g = nullptr;
+    try {
+      steps();
+    } catch (const std::exception &e) {
+      d.cuStreamEndCapture(stream_, &g); // leaves the stream usable again
+      if (g) d.cuGraphDestroy(g);
+      graphs_ = false;
+      warn_no_graphs(e.what());
+      return steps(); // a real error throws again, now outside the capture
+    }
+    r = d.cuStreamEndCapture(stream_, &g);
+    if (r != CUDA_SUCCESS) return fall_back("cuStreamEndCapture", r, steps);
+    CUgraphExec exec = nullptr;
+    r = d.cuGraphInstantiateWithFlags(&exec, g, 0);
+    d.cuGraphDestroy(g); // the executable graph holds what it needs
+    if (r != CUDA_SUCCESS) return fall_back("cuGraphInstantiateWithFlags", r, steps);
+    graph_ = exec;
+    graph_binding_ = binding;
+    LM_CU(cuGraphLaunch, graph_, stream_);
   }
 
   void sync() override {
@@ -212,6 +523,16 @@ public:
 
 private:
   static CUdeviceptr dptr(const void *p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+  void fall_back(const char *call, CUresult r, const std::function<void()> &steps) {
+    graphs_ = false;
+    try {
+      check(r, call);
+    } catch (const Error &e) {
+      warn_no_graphs(e.what());
+    }
+    steps();
+  }
 
   // Driver calls act on the calling thread's current context; runs may come from any thread.
   void make_current() {
@@ -231,6 +552,10 @@ private:
   std::vector<std::unique_ptr<KernelRec>> kernels_;
   std::vector<void *> params_;
   size_t n_dims_ = 0;
+  CudaContext lib_;
+  bool graphs_ = true;
+  CUgraphExec graph_ = nullptr;
+  uint64_t graph_binding_ = 0;
   int64_t max_threads_ = 0, max_block_[3] = {}, max_grid_[3] = {}, max_smem_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include "../common.hpp"
 
 #ifdef LUMINAL_WITH_CUDA
+#include "../cuda/cublaslt_api.hpp"
 #include "../cuda/cuda_api.hpp"
 #include "../cuda/cuda_backend.hpp"
 #endif
@@ -39,4 +40,25 @@ void init_cuda(nb::module_ &m) {
       nb::arg("ordinal") = -1,
       "(name, arch, SM count, memory bytes, driver version) of a device (-1: the one the "
       "backend uses).");
+  m.def(
+      "cuda_set_cublaslt_path",
+      [](const std::string &path) {
+#ifdef LUMINAL_WITH_CUDA
+        luminal::cuda::set_cublaslt_path(path);
+#else
+        (void)path;
+#endif
+      },
+      "Where the CUDA backend loads libcublasLt from (before its first gemm).");
+  m.def(
+      "cuda_cublaslt_version",
+      []() -> int64_t {
+#ifdef LUMINAL_WITH_CUDA
+        return int64_t(luminal::cuda::cublaslt().cublasLtGetVersion());
+#else
+        throw luminal::Error("luminal was built without CUDA support");
+#endif
+      },
+      "Loads cuBLASLt (every entry point the backend uses) and returns its version; raises "
+      "RuntimeError('cuBLASLt unavailable: ...') when it cannot. Needs no GPU.");
 }

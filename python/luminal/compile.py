@@ -31,8 +31,11 @@ __all__ = ["CompiledGraph", "compile", "build_plan"]
 _ROLE = {"input": Role.input, "output": Role.output, "weight": Role.weight, "scratch": Role.scratch}
 
 
-def build_plan(low: Lowered, name: str = "graph", backend: str = "cpu") -> Plan:
-    """The plan for a lowered graph on ``backend`` ("cpu" or "cuda")."""
+def build_plan(
+    low: Lowered, name: str = "graph", backend: str = "cpu", gemm_impl: str | None = None
+) -> Plan:
+    """The plan for a lowered graph on ``backend`` ("cpu" or "cuda"). On CUDA, ``gemm_impl``
+    ("kernel" or "cublaslt") forces how gemm calls run; by default it is measured."""
     dim_names = sorted(low.dims)
     # per kernel: (name, format, code, buffer args, grid, block)
     launches: list[tuple[str, KernelFormat, bytes | str, list[int], tuple, tuple]]
@@ -42,14 +45,17 @@ def build_plan(low: Lowered, name: str = "graph", backend: str = "cpu") -> Plan:
         ckernels = [render_kernel(k, dim_names) for k in low.kernels if isinstance(k, K.Kernel)]
         launches = [(c.name, KernelFormat.c_source, c.source, c.args, (c.tasks, 1, 1),
                      (c.min_chunk, 1, 1)) for c in ckernels]  # fmt: skip
-    elif libcalls:
-        raise ValueError(f"backend {backend!r} has no library calls yet")
     elif backend == "cuda":
+        from . import cuda as cuda_rt
         from .codegen import cuda
 
         arch = cuda.target_arch()
+        # library calls become generated kernels unless cuBLASLt measured faster (cuda.py)
+        libcalls = {i: libcalls[i] for i in cuda_rt.library_steps(low, gemm_impl)}
+        gen = [k for i, k in enumerate(low.kernels) if i not in libcalls]
+        dtypes = {b.id: b.dtype for b in low.buffers}
         launches = [(c.name, KernelFormat.cubin, cubin, c.args, c.grid, c.block)
-                    for c, cubin in cuda.compile_kernels(low.kernels, dim_names, arch)]  # fmt: skip
+                    for c, cubin in cuda.compile_kernels(gen, dim_names, arch, dtypes)]  # fmt: skip
     else:
         raise ValueError(f"luminal.compile: unknown backend {backend!r} (have: 'cpu', 'cuda')")
     plan = Plan(backend=backend, arch=arch, metadata={"graph": name})
@@ -151,6 +157,10 @@ def compile(graph: Graph, backend: str = "cpu", search: bool = True) -> Compiled
     low = lower(run_passes(graph))  # compiler/passes.py: the e-graph rewrites
     if backend == "cpu" and search:
         low = choose_library_calls(low, _measure_cpu, _cpu_target())
+    elif backend == "cuda" and search:
+        from . import cuda as cuda_rt
+
+        low = choose_library_calls(low, *cuda_rt.search_measure())
     plan = build_plan(low, graph.name, backend)
     t1 = time.perf_counter()
     cg = CompiledGraph(plan, backend, lazy=backend == "cuda")

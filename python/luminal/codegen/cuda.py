@@ -24,7 +24,7 @@ Index arithmetic is 32-bit when every index expression of the kernel provably fi
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import flags
@@ -45,6 +45,7 @@ from .c import (
     storage_ctype,
     store_stmt,
 )
+from .cuda_gemm import GemmKernel, render_gemm
 
 PRELUDE = (
     r"""
@@ -403,11 +404,24 @@ def target_arch() -> str:
     return dev
 
 
+def render_step(
+    step: K.Kernel | K.LibCall, dim_names: Sequence[str], dtypes: Mapping[int, dt.DType]
+) -> CudaKernel | GemmKernel:
+    """A kernel, or a library call this backend generates a kernel for (``gemm``)."""
+    if isinstance(step, K.LibCall):
+        return render_gemm(step, dtypes, dim_names, PRELUDE)
+    return render_kernel(step, dim_names)
+
+
 def compile_kernels(
-    kernels: Sequence[K.Kernel], dim_names: Sequence[str], arch: str = nvrtc.DEFAULT_ARCH
-) -> list[tuple[CudaKernel, bytes]]:
-    """Render every kernel and compile each to a cubin for ``arch`` (in parallel, cached)."""
-    rendered = [render_kernel(k, dim_names) for k in kernels]
+    kernels: Sequence[K.Kernel | K.LibCall],
+    dim_names: Sequence[str],
+    arch: str = nvrtc.DEFAULT_ARCH,
+    dtypes: Mapping[int, dt.DType] | None = None,
+) -> list[tuple[CudaKernel | GemmKernel, bytes]]:
+    """Render every step and compile each to a cubin for ``arch`` (in parallel, cached).
+    Library calls need ``dtypes`` (buffer id -> dtype): their kernel depends on them."""
+    rendered = [render_step(k, dim_names, dtypes or {}) for k in kernels]
     if flags.debug() >= 4:
         for c in rendered:
             print(f"// {c.name}: {c.schedule} schedule, grid {c.grid}, block {c.block}\n"

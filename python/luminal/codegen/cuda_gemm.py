@@ -1,0 +1,358 @@
+"""A ``gemm`` library call rendered as a generated tensor-core CUDA kernel (mma.sync, inline PTX).
+
+The descriptor is the one the search writes (compiler/search/gemm.py) and the CPU backend
+runs: row-major ``C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]`` for ``b < batch``, with
+leading dimensions, batch strides and element offsets as expressions over plan dims. The
+operand dtypes come from the buffers: f32 operands use ``mma.m16n8k8`` on TF32 with the
+three-pass split (big*big + big*small + small*big), which keeps f32 accuracy; f16 and bf16
+operands use ``mma.m16n8k16`` with f32 accumulation. C may be f32, f16 or bf16.
+
+Schedule: a block computes a BM x BN tile of C with WARPS_M x WARPS_N warps, each warp
+TM x TN mma tiles (16 x 8). A and B tiles of BK along k go global -> registers -> shared
+memory (two buffers, so the next tile loads while this one multiplies); shared rows are
+padded so that the fragment reads of a warp hit 32 different banks. Every global read and
+write is bounds-checked, so M, N and K may be anything (odd, 0, symbolic). Grid: x over N
+tiles, y over M tiles, z over the batch (y and z stride when they exceed 65535).
+
+The mma helpers live in ``MMA_HELPERS`` so that tests can swap in a host emulation of the
+PTX fragment layouts (tests/test_cuda_gemm.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..compiler import kernel_ir as K
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.symbolic import sint
+from .c import cexpr, store_stmt
+
+_MAX_GRID_YZ = 65535
+
+MMA_HELPERS = r"""
+#ifndef LM_MMA
+#define LM_MMA
+LM_FN uint32_t lm_tf32(float x) {
+  uint32_t r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
+}
+LM_FN void lm_mma_tf32(float *d, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+LM_FN void lm_mma_f16(float *d, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+LM_FN void lm_mma_bf16(float *d, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+"""
+
+OPERAND_DTYPES = (dt.f32, dt.f16, dt.bf16)
+OUTPUT_DTYPES = (dt.f32, dt.f16, dt.bf16)
+_INT_FIELDS = ("m", "n", "k", "lda", "ldb", "ldc", "batch", "stride_a", "stride_b", "stride_c",
+               "a_offset", "b_offset", "c_offset")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    warps_m: int
+    warps_n: int
+    tm: int  # 16-row mma tiles per warp
+    tn: int  # 8-column mma tiles per warp
+    bk: int  # k per shared-memory tile
+
+    @property
+    def bm(self) -> int:
+        return self.warps_m * self.tm * 16
+
+    @property
+    def bn(self) -> int:
+        return self.warps_n * self.tn * 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+
+def gemm_fields(lc: K.LibCall) -> dict[str, sint | float]:
+    """The descriptor with the CPU backend's defaults filled in (packed row-major)."""
+    f = dict(lc.fields)
+    unknown = set(f) - set(_INT_FIELDS) - {"trans_a", "trans_b", "alpha", "beta"}
+    if unknown:
+        raise ValueError(f"gemm {lc.name}: unknown descriptor fields {sorted(unknown)}")
+    for req in ("m", "n", "k"):
+        if req not in f:
+            raise ValueError(f"gemm {lc.name}: descriptor lacks {req!r}")
+    for t in ("trans_a", "trans_b"):
+        v = f.get(t, 0)
+        if v not in (0, 1):
+            raise ValueError(f"gemm {lc.name}: {t} must be 0 or 1, got {v!r}")
+        f[t] = int(v)
+    m, n, k = f["m"], f["n"], f["k"]
+    f.setdefault("lda", m if f["trans_a"] else k)
+    f.setdefault("ldb", k if f["trans_b"] else n)
+    f.setdefault("ldc", n)
+    for name in ("batch",):
+        f.setdefault(name, 1)
+    for name in ("stride_a", "stride_b", "stride_c", "a_offset", "b_offset", "c_offset"):
+        f.setdefault(name, 0)
+    f.setdefault("alpha", 1.0)
+    f.setdefault("beta", 0.0)
+    for name in ("alpha", "beta"):
+        if not isinstance(f[name], (int, float)):
+            raise ValueError(f"gemm {lc.name}: {name} must be a number, not {f[name]!r}")
+    for name in _INT_FIELDS:
+        if isinstance(f[name], float):
+            raise ValueError(f"gemm {lc.name}: field {name!r} must be an integer expression")
+    return f
+
+
+def supports(lc: K.LibCall, dtypes: Mapping[int, dt.DType]) -> str | None:
+    """None when this renderer can run ``lc``, else why not."""
+    if lc.func != "gemm":
+        return f"no generated kernel for library function {lc.func!r}"
+    if len(lc.args) != 3:
+        return "gemm needs 3 buffers (A, B, C)"
+    a, b, c = (dtypes[x] for x in lc.args)
+    if a is not b or a not in OPERAND_DTYPES:
+        return f"operands {a.name} x {b.name} (need both f32, f16 or bf16)"
+    if c not in OUTPUT_DTYPES:
+        return f"output {c.name}"
+    try:
+        gemm_fields(lc)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def choose_config(fields: Mapping[str, sint | float], operand: dt.DType) -> GemmConfig:
+    """Tile shape from the largest M the plan allows: small M (decode) gets short, wide tiles
+    so more of N is spread over blocks; otherwise 128 x 128 tiles."""
+    bk = 16
+    m_hi = sym.upper_bound(fields["m"])  # type: ignore[arg-type]
+    if m_hi <= 64:
+        return GemmConfig(1, 4, max(1, -(-m_hi // 16)), 2, bk)
+    return GemmConfig(2, 4, 4, 4, bk)
+
+
+@dataclass
+class GemmKernel:
+    name: str
+    source: str
+    args: list[int]  # buffer ids: C, A, B (output first, like every generated kernel)
+    grid: tuple[sint, sint, sint]
+    block: tuple[int, int, int]
+    schedule: str
+    config: GemmConfig
+
+
+def _c(e: sint | float) -> str:
+    return cexpr(e)  # type: ignore[arg-type]
+
+
+def render_gemm(
+    lc: K.LibCall,
+    dtypes: Mapping[int, dt.DType],
+    dim_names: Sequence[str],
+    prelude: str,
+    config: GemmConfig | None = None,
+) -> GemmKernel:
+    """CUDA C for one gemm call (``prelude`` is the CUDA prelude of codegen/cuda.py)."""
+    why = supports(lc, dtypes)
+    if why is not None:
+        raise ValueError(f"gemm {lc.name}: cannot generate a tensor-core kernel: {why}")
+    f = gemm_fields(lc)
+    a_id, b_id, c_id = lc.args
+    op, cdt = dtypes[a_id], dtypes[c_id]
+    cfg = config or choose_config(f, op)
+    f32 = op is dt.f32
+    kstep = 8 if f32 else 16
+    if cfg.bk % kstep or (cfg.bm * cfg.bk) % cfg.threads or (cfg.bn * cfg.bk) % cfg.threads:
+        raise ValueError(f"gemm tile config {cfg} does not divide evenly")
+    st = "float" if f32 else "uint16_t"  # shared/staging element type (raw bits for 16-bit)
+    pad = 4 if f32 else 8  # keeps fragment reads conflict-free and 16-bit pairs 4-byte aligned
+    ld_s = cfg.bk + pad
+    la, lb = cfg.bm * cfg.bk // cfg.threads, cfg.bn * cfg.bk // cfg.threads
+    alpha, beta = float(f["alpha"]), float(f["beta"])  # type: ignore[arg-type]
+    ctype = {dt.f32: "float", dt.f16: "uint16_t", dt.bf16: "uint16_t"}[cdt]
+    params = [f"{ctype} *__restrict__ b0", f"const {st} *__restrict__ b1",
+              f"const {st} *__restrict__ b2"]  # fmt: skip
+    params += [f"const int64_t lm_dim{i}" for i in range(len(dim_names))]
+    L: list[str] = []
+    add = L.append
+    add(f'extern "C" __global__ void __launch_bounds__({cfg.threads}) {lc.name}'
+        f"({', '.join(params)}) {{")  # fmt: skip
+    for i, name in enumerate(dim_names):
+        add(f"  const int64_t d_{name} = lm_dim{i}; (void)d_{name};")
+    for name, var in (("m", "M"), ("n", "N"), ("k", "K"), ("lda", "LDA"), ("ldb", "LDB"),
+                      ("ldc", "LDC"), ("batch", "BATCH"), ("stride_a", "SA"), ("stride_b", "SB"),
+                      ("stride_c", "SC"), ("a_offset", "OA"), ("b_offset", "OB"),
+                      ("c_offset", "OC")):  # fmt: skip
+        add(f"  const int64_t {var} = (int64_t)({_c(f[name])});")
+    add(f"  __shared__ __align__(16) {st} As[2][{cfg.bm}][{ld_s}];")
+    add(f"  __shared__ __align__(16) {st} Bs[2][{cfg.bn}][{ld_s}];")
+    add("  const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;")
+    add(f"  const int wm = warp / {cfg.warps_n}, wn = warp % {cfg.warps_n};")
+    add("  const int g = lane >> 2, t = lane & 3;")
+    add(f"  const int64_t tiles_m = (M + {cfg.bm - 1}) / {cfg.bm};")
+    add(f"  const int64_t KT = (K + {cfg.bk - 1}) / {cfg.bk};")
+    add(f"  const int64_t n0 = (int64_t)blockIdx.x * {cfg.bn};")
+    add("  for (int64_t bz = blockIdx.z; bz < BATCH; bz += gridDim.z)")
+    add("  for (int64_t by = blockIdx.y; by < tiles_m; by += gridDim.y) {")
+    add(f"    const int64_t m0 = by * {cfg.bm};")
+    add(f"    const {st} *A = b1 + OA + bz * SA;")
+    add(f"    const {st} *B = b2 + OB + bz * SB;")
+    add(f"    {ctype} *C = b0 + OC + bz * SC;")
+    add(f"    float acc[{cfg.tm}][{cfg.tn}][4];")
+    add(f"    for (int i = 0; i < {cfg.tm}; ++i) for (int j = 0; j < {cfg.tn}; ++j)"
+        " for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;")  # fmt: skip
+    add(f"    {st} ra[{la}], rb[{lb}];")
+    zero = "0.0f" if f32 else "(uint16_t)0"
+
+    # global -> registers for k tile `kt`; the thread-to-element map follows the operand's
+    # contiguous axis so neighbouring threads read neighbouring addresses
+    def load(kt: str) -> list[str]:
+        out = [f"      const int64_t k0 = ({kt}) * {cfg.bk};"]
+        if f["trans_a"] == 0:  # A[m][k], k contiguous
+            r, c, addr = f"e / {cfg.bk}", f"e % {cfg.bk}", "(m0 + r) * LDA + k0 + c"
+        else:  # A stored [k][m]
+            r, c, addr = f"e % {cfg.bm}", f"e / {cfg.bm}", "(k0 + c) * LDA + m0 + r"
+        out += ["#pragma unroll", f"      for (int i = 0; i < {la}; ++i) {{",
+                f"        const int e = tid + i * {cfg.threads}, r = {r}, c = {c};",
+                f"        ra[i] = (m0 + r < M && k0 + c < K) ? A[{addr}] : {zero};",
+                "      }"]  # fmt: skip
+        if f["trans_b"] == 0:  # B[k][n], n contiguous
+            r, c, addr = f"e % {cfg.bn}", f"e / {cfg.bn}", "(k0 + c) * LDB + n0 + r"
+        else:  # B stored [n][k]
+            r, c, addr = f"e / {cfg.bk}", f"e % {cfg.bk}", "(n0 + r) * LDB + k0 + c"
+        out += ["#pragma unroll", f"      for (int i = 0; i < {lb}; ++i) {{",
+                f"        const int e = tid + i * {cfg.threads}, r = {r}, c = {c};",
+                f"        rb[i] = (n0 + r < N && k0 + c < K) ? B[{addr}] : {zero};",
+                "      }"]  # fmt: skip
+        return out
+
+    def store(buf: str) -> list[str]:
+        ra_rc = (f"e / {cfg.bk}", f"e % {cfg.bk}") if f["trans_a"] == 0 else \
+            (f"e % {cfg.bm}", f"e / {cfg.bm}")  # fmt: skip
+        rb_rc = (f"e % {cfg.bn}", f"e / {cfg.bn}") if f["trans_b"] == 0 else \
+            (f"e / {cfg.bk}", f"e % {cfg.bk}")  # fmt: skip
+        return [
+            "#pragma unroll",
+            f"      for (int i = 0; i < {la}; ++i) {{ const int e = tid + i * {cfg.threads}; "
+            f"As[{buf}][{ra_rc[0]}][{ra_rc[1]}] = ra[i]; }}",
+            "#pragma unroll",
+            f"      for (int i = 0; i < {lb}; ++i) {{ const int e = tid + i * {cfg.threads}; "
+            f"Bs[{buf}][{rb_rc[0]}][{rb_rc[1]}] = rb[i]; }}",
+        ]
+
+    add("    {")
+    L += load("0")
+    L += store("0")
+    add("    }")
+    add("    __syncthreads();")
+    add("    for (int64_t kt = 0; kt < KT; ++kt) {")
+    add("      const int cur = (int)(kt & 1);")
+    add("      if (kt + 1 < KT) {")
+    L += ["  " + x for x in load("kt + 1")]
+    add("      }")
+    add(f"      const int rb0 = wm * {cfg.tm * 16}, cb0 = wn * {cfg.tn * 8};")
+    add("#pragma unroll")
+    add(f"      for (int kk = 0; kk < {cfg.bk}; kk += {kstep}) {{")
+    if f32:
+        add(f"        uint32_t ah[{cfg.tm}][4], al[{cfg.tm}][4], bh[{cfg.tn}][2], bl[{cfg.tn}][2];")
+        add("#pragma unroll")
+        add(f"        for (int i = 0; i < {cfg.tm}; ++i) {{")
+        add("          const int r = rb0 + i * 16 + g;")
+        add(
+            "          const float x[4] = {As[cur][r][kk + t], As[cur][r + 8][kk + t], "
+            "As[cur][r][kk + t + 4], As[cur][r + 8][kk + t + 4]};"
+        )
+        add(
+            "          for (int q = 0; q < 4; ++q) { ah[i][q] = lm_tf32(x[q]); "
+            "al[i][q] = lm_tf32(x[q] - __uint_as_float(ah[i][q])); }"
+        )
+        add("        }")
+        add("#pragma unroll")
+        add(f"        for (int j = 0; j < {cfg.tn}; ++j) {{")
+        add("          const int c = cb0 + j * 8 + g;")
+        add("          const float y[2] = {Bs[cur][c][kk + t], Bs[cur][c][kk + t + 4]};")
+        add(
+            "          for (int q = 0; q < 2; ++q) { bh[j][q] = lm_tf32(y[q]); "
+            "bl[j][q] = lm_tf32(y[q] - __uint_as_float(bh[j][q])); }"
+        )
+        add("        }")
+        add("#pragma unroll")
+        add(f"        for (int i = 0; i < {cfg.tm}; ++i)")
+        add("#pragma unroll")
+        add(f"          for (int j = 0; j < {cfg.tn}; ++j) {{")
+        # small terms first: they are the least significant
+        add("            lm_mma_tf32(acc[i][j], al[i], bh[j]);")
+        add("            lm_mma_tf32(acc[i][j], ah[i], bl[j]);")
+        add("            lm_mma_tf32(acc[i][j], ah[i], bh[j]);")
+        add("          }")
+    else:
+        mma = "lm_mma_f16" if op is dt.f16 else "lm_mma_bf16"
+        add(f"        uint32_t af[{cfg.tm}][4], bf[{cfg.tn}][2];")
+        add("#pragma unroll")
+        add(f"        for (int i = 0; i < {cfg.tm}; ++i) {{")
+        add("          const int r = rb0 + i * 16 + g;")
+        add("          af[i][0] = *(const uint32_t *)&As[cur][r][kk + 2 * t];")
+        add("          af[i][1] = *(const uint32_t *)&As[cur][r + 8][kk + 2 * t];")
+        add("          af[i][2] = *(const uint32_t *)&As[cur][r][kk + 2 * t + 8];")
+        add("          af[i][3] = *(const uint32_t *)&As[cur][r + 8][kk + 2 * t + 8];")
+        add("        }")
+        add("#pragma unroll")
+        add(f"        for (int j = 0; j < {cfg.tn}; ++j) {{")
+        add("          const int c = cb0 + j * 8 + g;")
+        add("          bf[j][0] = *(const uint32_t *)&Bs[cur][c][kk + 2 * t];")
+        add("          bf[j][1] = *(const uint32_t *)&Bs[cur][c][kk + 2 * t + 8];")
+        add("        }")
+        add("#pragma unroll")
+        add(f"        for (int i = 0; i < {cfg.tm}; ++i)")
+        add("#pragma unroll")
+        add(f"          for (int j = 0; j < {cfg.tn}; ++j) {mma}(acc[i][j], af[i], bf[j]);")
+    add("      }")
+    add("      if (kt + 1 < KT) {")
+    L += ["  " + x for x in store("cur ^ 1")]
+    add("      }")
+    add("      __syncthreads();")
+    add("    }")
+    # epilogue: accumulator q of tile (i, j) is row g + 8 * (q >> 1), column 2t + (q & 1)
+    add("#pragma unroll")
+    add(f"    for (int i = 0; i < {cfg.tm}; ++i)")
+    add("#pragma unroll")
+    add(f"      for (int j = 0; j < {cfg.tn}; ++j)")
+    add("#pragma unroll")
+    add("        for (int q = 0; q < 4; ++q) {")
+    add(f"          const int64_t r = m0 + wm * {cfg.tm * 16} + i * 16 + g + (q >> 1) * 8;")
+    add(f"          const int64_t c = n0 + wn * {cfg.tn * 8} + j * 8 + 2 * t + (q & 1);")
+    add("          if (r >= M || c >= N) continue;")
+    add(f"          float v = acc[i][j][q]{'' if alpha == 1.0 else f' * {alpha!r}f'};")
+    if beta != 0.0:
+        old = {dt.f32: "C[r * LDC + c]", dt.f16: "lm_f16_to_f32(C[r * LDC + c])",
+               dt.bf16: "lm_bf16_to_f32(C[r * LDC + c])"}[cdt]  # fmt: skip
+        add(f"          v += {beta!r}f * {old};")
+    add("          " + store_stmt("C", "r * LDC + c", "v", cdt))
+    add("        }")
+    add("  }")
+    add("}")
+    m, n, batch = f["m"], f["n"], f["batch"]
+    grid = (
+        sym.ceildiv(n, cfg.bn),  # type: ignore[arg-type]
+        sym.minimum(sym.ceildiv(m, cfg.bm), _MAX_GRID_YZ),  # type: ignore[arg-type]
+        sym.minimum(batch, _MAX_GRID_YZ),  # type: ignore[arg-type]
+    )
+    source = prelude + MMA_HELPERS + "\n".join(L) + "\n"
+    return GemmKernel(lc.name, source, [c_id, a_id, b_id], grid, (cfg.threads, 1, 1),
+                      f"mma-{op.name}-{cfg.bm}x{cfg.bn}x{cfg.bk}", cfg)  # fmt: skip
