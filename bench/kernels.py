@@ -1,0 +1,719 @@
+"""Kernel benchmark: luminal against PyTorch eager, torch.compile and numpy, in one run.
+
+    python bench/kernels.py                    # full run (under ~10 minutes on 2 cores)
+    python bench/kernels.py --quick            # small sizes, few repeats (a smoke test)
+    python bench/kernels.py --only gemm --json-out gemm.json
+
+Kernels: softmax, layer norm, RMS norm, a GELU chain (gelu(x*a+b)*c), GEMV 4096x4096 (the
+memory-bound group), GEMM 512..4096 and attention (seq 1024..4096, head dim 64, 4 heads;
+plus a causal variant). luminal gets each as a graph built with the functional API
+(attention written naively: q@k^T * scale, softmax, @v), compiled once; its result is
+checked against numpy before it is timed. The same run measures the machine's limits:
+memory bandwidth (best of a numpy copy, a torch copy and a torch triad over 256 MiB arrays)
+and peak FLOP/s (best sgemm at 4096 among numpy's BLAS and torch.matmul), so every luminal
+time is also a fraction of a physical limit.
+
+Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed for every contender (the script
+re-executes itself without them: OpenBLAS reads them when it loads) and every contender runs
+with --threads threads (default 2: torch.set_num_threads, LUMINAL_NUM_THREADS,
+OMP/OPENBLAS/MKL_NUM_THREADS). Timing: the first call is the warm-up (and the correctness
+check), then up to --repeats calls within --budget seconds; the median is reported.
+
+luminal compiles and runs each kernel in a child process with a hard time limit, so a slow
+compile or a crash fails that row and the run goes on. torch.compile gets a compile cap and
+is reported "skipped (reason)" past it. GEMM graphs take the row count as a symbolic dim
+(activations x weight, as in a model) and attention the sequence length: the search times
+its candidates at a representative size of a symbolic dim, at the full size of a static one
+(minutes for a naive 4096^3 kernel).
+
+The last line is JSON: gemm_vs_best_blas (luminal GEMM throughput / the best BLAS at the
+same size, best size), membound_frac_bw_min (worst memory-bound kernel's fraction of the
+measured bandwidth; a failed kernel counts 0), attention_vs_torch_sdpa (SDPA time / luminal
+time, worst non-causal size; a failure counts 0), block_compile_cold_s / block_compile_warm_s
+(one Llama block, d 576, 9 heads: a fresh cache dir in a fresh process, then the same dir in
+another fresh process), and a "kernels" entry per row. Ratios > 1 mean luminal is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+# Variables that change which OpenBLAS kernels load; this environment sets a slower core type.
+BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LUMINAL_NUM_THREADS")
+UNSET_NOTE = "LUMINAL_BENCH_UNSET"  # what the re-exec removed, for the report
+
+
+def _threads_arg(argv: list[str]) -> str:
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "2"
+
+
+def clean_environment() -> None:
+    """Re-execute this script without BLAS overrides and with the thread count pinned:
+    both are read when the libraries load, so they must be right before any import."""
+    threads = _threads_arg(sys.argv[1:])
+    removed = [k for k in BLAS_OVERRIDES if k in os.environ]
+    if not removed and all(os.environ.get(k) == threads for k in THREAD_VARS):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_OVERRIDES}
+    env.update({k: threads for k in THREAD_VARS})
+    if removed:
+        env[UNSET_NOTE] = ",".join(removed)
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
+
+
+if __name__ == "__main__":
+    clean_environment()
+
+import numpy as np  # noqa: E402 - only after the environment is clean (see above)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+MEMBOUND = ("softmax", "layer_norm", "rms_norm", "gelu_chain", "gemv")
+KERNELS = (*MEMBOUND, "gemm", "attention", "attention_causal", "block_compile")
+HEAD_DIM = 64
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- timing
+def time_calls(fn: Callable[[], object], repeats: int, budget: float) -> tuple[float, int]:
+    """Median seconds of up to ``repeats`` calls, stopping once ``budget`` seconds are spent
+    (at least one call). The caller has already made the warm-up call."""
+    times: list[float] = []
+    end = time.perf_counter() + budget
+    while len(times) < repeats:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if time.perf_counter() > end:
+            break
+    return statistics.median(times), len(times)
+
+
+class CapExceeded(Exception):
+    pass
+
+
+@contextmanager
+def time_cap(seconds: float) -> Iterator[None]:
+    """Raise CapExceeded in the main thread after ``seconds`` (at the next Python bytecode:
+    a long C call finishes first)."""
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise CapExceeded(f"over the {seconds:.0f} s cap")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def max_rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """Largest absolute error relative to the reference's largest magnitude."""
+    if out.shape != ref.shape:
+        raise ValueError(f"shape {out.shape} != reference {ref.shape}")
+    if not np.all(np.isfinite(out)):
+        return math.inf
+    scale = max(float(np.max(np.abs(ref))), 1e-30)
+    return float(np.max(np.abs(out.astype(np.float64) - ref))) / scale
+
+
+# ----------------------------------------------------------------------------- cases
+@dataclass
+class Case:
+    row: str  # unique id, e.g. gemm_1024
+    kernel: str  # what --only selects
+    size: str
+    kind: str  # "mem": work is bytes moved; "flop": work is flops
+    work: float
+    shapes: dict[str, tuple[int, ...]]
+    build: Callable[[], Any]  # -> luminal Graph with output "y"
+    numpy_fn: Callable[..., np.ndarray]  # the reference, and the numpy contender
+    torch_fn: Callable[..., Any]
+    torch_compile_fn: Callable[..., Any] | None = None  # what torch.compile gets (default torch_fn)
+    dims: dict[str, int] = field(default_factory=dict)
+    tol: float = 2e-3
+    note: str = ""
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(zlib.crc32(self.row.encode()))  # same in every process
+        return {k: rng.standard_normal(s, dtype=np.float32) for k, s in self.shapes.items()}
+
+
+def _np_softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _np_gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    s = (q @ k.transpose(0, 2, 1)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n = s.shape[-1]
+        s = np.where(np.tril(np.ones((n, n), bool)), s, np.float32(-np.inf))
+    return _np_softmax(s) @ v
+
+
+def _torch_attention_naive(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    import torch
+
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+class _TorchF:
+    """torch.nn.functional on first use: luminal's child processes never import torch."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch.nn.functional
+
+        return getattr(torch.nn.functional, name)
+
+
+TF = _TorchF()
+
+
+def make_cases(quick: bool) -> list[Case]:
+    rows, cols = (512, 1024) if quick else (4096, 4096)
+    gemm_sizes = (128, 256) if quick else (512, 1024, 2048, 4096)
+    gemv_n = 1024 if quick else 4096
+    seqs = (256,) if quick else (1024, 2048, 4096)
+    heads = 2 if quick else 4
+    mat = f"{rows}x{cols}"
+    n_el = rows * cols
+    cases: list[Case] = []
+
+    def lm_graph(name: str, fn: Callable[..., Any], shapes: dict[str, Any]) -> Callable[[], Any]:
+        def build() -> Any:
+            import luminal as lm
+
+            g = lm.Graph(name)
+            g.output("y", fn(**{k: g.input(k, s) for k, s in shapes.items()}))
+            return g
+
+        return build
+
+    def F() -> Any:  # noqa: N802 - luminal.functional, imported where luminal runs
+        import luminal.functional
+
+        return luminal.functional
+
+    vec = {"x": (rows, cols), "w": (cols,), "b": (cols,)}
+    cases.append(Case(
+        "softmax", "softmax", mat, "mem", 2 * 4 * n_el, {"x": (rows, cols)},
+        lm_graph("softmax", lambda x: F().softmax(x, -1), {"x": (rows, cols)}),
+        _np_softmax, lambda x: x.softmax(-1),
+    ))  # fmt: skip
+    cases.append(Case(
+        "layer_norm", "layer_norm", mat, "mem", 2 * 4 * n_el + 8 * cols, vec,
+        lm_graph("layer_norm", lambda x, w, b: F().layer_norm(x, (cols,), w, b, 1e-5), vec),
+        lambda x, w, b: (x - x.mean(-1, keepdims=True))
+        / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w + b,
+        lambda x, w, b: TF.layer_norm(x, (cols,), w, b, 1e-5),
+    ))  # fmt: skip
+    rv = {"x": (rows, cols), "w": (cols,)}
+    cases.append(Case(
+        "rms_norm", "rms_norm", mat, "mem", 2 * 4 * n_el + 4 * cols, rv,
+        lm_graph("rms_norm", lambda x, w: F().rms_norm(x, (cols,), w, 1e-6), rv),
+        lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
+        lambda x, w: TF.rms_norm(x, (cols,), w, 1e-6),
+    ))  # fmt: skip
+    gv = {"x": (rows, cols), "a": (cols,), "b": (cols,), "c": (cols,)}
+    cases.append(Case(
+        "gelu_chain", "gelu_chain", mat, "mem", 2 * 4 * n_el + 12 * cols, gv,
+        lm_graph("gelu_chain",
+                 lambda x, a, b, c: F().gelu(x * a + b, approximate="tanh") * c, gv),
+        lambda x, a, b, c: _np_gelu_tanh(x * a + b) * c,
+        lambda x, a, b, c: TF.gelu(x * a + b, approximate="tanh") * c,
+        note="gelu(x*a+b)*c, tanh GELU (numpy has no erf)",
+    ))  # fmt: skip
+    mv = {"x": (1, gemv_n), "w": (gemv_n, gemv_n)}
+    cases.append(Case(
+        "gemv", "gemv", f"{gemv_n}x{gemv_n}", "mem", 4 * (gemv_n * gemv_n + 2 * gemv_n), mv,
+        lm_graph("gemv", lambda x, w: F().linear(x, w), mv),
+        lambda x, w: x @ w.T, lambda x, w: TF.linear(x, w),
+        note="y = x @ W^T, x (1, n)",
+    ))  # fmt: skip
+    for n in gemm_sizes:
+
+        def build_gemm(n: int = n) -> Any:
+            import luminal as lm
+
+            g = lm.Graph(f"gemm_{n}")
+            m = lm.dim("m", 1, n)  # rows symbolic: the search times candidates at m=256
+            g.output("y", g.input("a", (m, n)) @ g.input("b", (n, n)))
+            return g
+
+        cases.append(Case(
+            f"gemm_{n}", "gemm", f"{n}x{n}x{n}", "flop", 2.0 * n**3,
+            {"a": (n, n), "b": (n, n)}, build_gemm,
+            lambda a, b: a @ b, lambda a, b: a @ b, dims={"m": n},
+        ))  # fmt: skip
+    for causal in (False, True):
+        name = "attention_causal" if causal else "attention"
+        for s in seqs:
+            shp = {"q": (heads, s, HEAD_DIM), "k": (heads, s, HEAD_DIM), "v": (heads, s, HEAD_DIM)}
+
+            def build_attn(name: str = f"{name}_{s}", s: int = s, causal: bool = causal) -> Any:
+                import luminal as lm
+
+                f = F()
+                g = lm.Graph(name)
+                seq = lm.dim("seq", 1, s)  # as in a model: one plan for every length
+                q, k, v = (g.input(n, (heads, seq, HEAD_DIM)) for n in "qkv")
+                if causal:  # luminal's sdpa is the same naive composition, plus the mask
+                    g.output("y", f.scaled_dot_product_attention(q, k, v, is_causal=True))
+                else:
+                    scores = (q @ k.permute(0, 2, 1)) * (1.0 / math.sqrt(HEAD_DIM))
+                    g.output("y", f.softmax(scores, -1) @ v)
+                return g
+
+            cases.append(Case(
+                f"{name}_{s}", name, f"h{heads} s{s} d{HEAD_DIM}", "flop",
+                # causal: the useful half (SDPA skips masked blocks; naive code does not)
+                (2.0 if causal else 4.0) * heads * s * s * HEAD_DIM, shp, build_attn,
+                lambda q, k, v, c=causal: _np_attention(q, k, v, c),
+                lambda q, k, v, c=causal: TF.scaled_dot_product_attention(q, k, v, is_causal=c),
+                lambda q, k, v, c=causal: _torch_attention_naive(q, k, v, c),
+                dims={"seq": s}, note="torch eager = SDPA; torch.compile and numpy = naive",
+            ))  # fmt: skip
+    return cases
+
+
+# ----------------------------------------------------------------------------- luminal (child)
+def luminal_child(case: Case, a: argparse.Namespace) -> dict[str, Any]:
+    """Compile, check and time one case in this (child) process."""
+    import luminal as lm
+    import luminal.runtime  # noqa: F401 - loads (an editable install: rebuilds) the extension
+
+    t = time.perf_counter()
+    cg = lm.compile(case.build())
+    compile_s = time.perf_counter() - t
+    log(f"compiled in {compile_s:.2f} s")
+    res: dict[str, Any] = {"compile_s": compile_s, "kernels": cg.kernels}
+    inputs = case.inputs()
+    ref = case.numpy_fn(**{k: v.astype(np.float64) for k, v in inputs.items()})
+    out = cg.run(inputs, **case.dims)["y"]  # the warm-up
+    err = max_rel_err(out, ref)
+    res["max_rel_err"] = err
+    if not err <= case.tol:
+        res["error"] = f"mismatch: max error {err:.3g} of max |ref| (tolerance {case.tol})"
+        return res
+
+    def call() -> object:
+        return cg.run(inputs, **case.dims)
+
+    res["time_s"], res["runs"] = time_calls(call, a.repeats, a.budget)
+    return res
+
+
+def run_luminal(case: Case, a: argparse.Namespace) -> dict[str, Any]:
+    """``luminal_child`` in a child process with a hard limit: a slow compile (the search
+    times candidates) or a crash fails this row only."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", case.row, *child_flags(a)]
+    limit = a.luminal_cap + 3 * a.budget + 30
+    for attempt in range(2):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            stage = "running" if "compiled in" in err else "compiling"
+            return {"error": f"killed after {limit:.0f} s while {stage}"}
+        # an editable install rebuilds the extension on import; a concurrent rebuild can fail
+        # once without saying anything about luminal
+        if p.returncode == 0 or attempt or "compiled in" in p.stderr:
+            break
+        if not any(w in p.stderr for w in ("cmake", "ninja")):
+            break
+        log("  luminal child failed while importing (extension rebuild); retrying once")
+    last = p.stdout.strip().splitlines()[-1:] if p.stdout.strip() else []
+    if p.returncode != 0 or not last:
+        tail = (p.stderr.strip().splitlines() or [""])[-1][:200]
+        why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
+        return {"error": f"child failed ({why}): {tail}"}
+    return json.loads(last[0])
+
+
+def child_flags(a: argparse.Namespace) -> list[str]:
+    flags = ["--threads", str(a.threads), "--repeats", str(a.repeats), "--budget", str(a.budget)]
+    return flags + (["--quick"] if a.quick else [])
+
+
+# ----------------------------------------------------------------------------- block compile
+def block_graph(vocab: int = 256) -> Any:
+    """One Llama block (d 576, 9 heads, 3 kv heads, ffn 1536, SmolLM2-135M's shapes) with
+    random weights; a tiny vocabulary keeps the embedding and head out of the measurement."""
+    from luminal.models.base import DictWeights
+    from luminal.models.llama import Llama, LlamaConfig
+
+    d, ffn, nh, nkv, hd = 576, 1536, 9, 3, 64
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=ffn, n_layers=1,
+                      n_heads=nh, n_kv_heads=nkv, head_dim=hd, context_length=2048)  # fmt: skip
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) / math.sqrt(shape[-1])).astype(
+            np.float32
+        )
+
+    ws = {"token_embd.weight": w(vocab, d), "output_norm.weight": np.ones(d, np.float32)}
+    for name, shape in {"attn_q": (nh * hd, d), "attn_k": (nkv * hd, d), "attn_v": (nkv * hd, d),
+                        "attn_output": (d, nh * hd), "ffn_gate": (ffn, d), "ffn_up": (ffn, d),
+                        "ffn_down": (d, ffn)}.items():  # fmt: skip
+        ws[f"blk.0.{name}.weight"] = w(*shape)
+    for name in ("attn_norm", "ffn_norm"):
+        ws[f"blk.0.{name}.weight"] = np.ones(d, np.float32)
+    model = Llama(cfg, DictWeights(ws))
+    return model, model.build()
+
+
+def block_child(phase: str) -> dict[str, Any]:
+    import luminal as lm
+    import luminal.runtime  # noqa: F401 - the extension's load is not part of compiling
+
+    model, g = block_graph()
+    t = time.perf_counter()
+    cg = lm.compile(g)
+    res: dict[str, Any] = {"compile_s": time.perf_counter() - t}
+    if phase == "cold":
+        t = time.perf_counter()
+        lm.compile(block_graph()[1])
+        res["second_compile_s"] = time.perf_counter() - t
+        # the compiled block must agree with the reference interpreter
+        feed = {"tokens": np.arange(8, dtype=np.int32) % model.config.vocab_size,
+                **model.new_cache()}  # fmt: skip
+        out = cg.run(feed, pos=0)["logits"]
+        ref = g.run(feed, pos=0)["logits"]
+        res["max_rel_err"] = max_rel_err(out, ref.astype(np.float64))
+    return res
+
+
+def run_block_compile(a: argparse.Namespace) -> dict[str, Any]:
+    """Cold: a fresh cache dir in a fresh process. Warm: the same dir, another process."""
+    tmp = tempfile.mkdtemp(prefix="luminal-bench-cache-")
+    env = dict(os.environ, LUMINAL_CACHE_DIR=tmp)
+    res: dict[str, Any] = {}
+    try:
+        for phase in ("cold", "warm"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", f"block_{phase}",
+                   "--threads", str(a.threads)]  # fmt: skip
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                                   timeout=a.luminal_cap + 60)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                res[f"{phase}_error"] = f"killed after {a.luminal_cap + 60:.0f} s"
+                break
+            lines = p.stdout.strip().splitlines()
+            if p.returncode != 0 or not lines:
+                tail = (p.stderr.strip().splitlines() or [""])[-1][:200]
+                res[f"{phase}_error"] = f"child failed (rc {p.returncode}): {tail}"
+                break
+            r = json.loads(lines[-1])
+            res[f"{phase}_s"] = r["compile_s"]
+            if phase == "cold":
+                res["warm_same_process_s"] = r["second_compile_s"]
+                res["max_rel_err"] = r["max_rel_err"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+# ----------------------------------------------------------------------------- limits
+def _bandwidth(quick: bool) -> dict[str, float]:
+    """GB/s of streaming kernels over arrays far larger than the caches, best of 7 each."""
+    import torch
+
+    n = (64 if quick else 256) * 1024 * 1024 // 4
+    x, y, z = np.ones(n, np.float32), np.empty(n, np.float32), np.ones(n, np.float32)
+    tx, ty, tz = (torch.from_numpy(v) for v in (x, y, z))
+    tests: dict[str, tuple[Callable[[], object], int]] = {
+        "numpy copy": (lambda: np.copyto(y, x), 2),  # single-threaded
+        "torch copy": (lambda: ty.copy_(tx), 2),
+        # y = x + 3 z: two streams read, one written
+        "torch triad": (lambda: torch.add(tx, tz, alpha=3.0, out=ty), 3),
+    }
+    bw: dict[str, float] = {}
+    for name, (fn, streams) in tests.items():
+        fn()
+        best = min(time_calls(fn, 1, 0)[0] for _ in range(7))
+        bw[name] = streams * x.nbytes / best / 1e9
+    return bw
+
+
+def _peak(quick: bool) -> tuple[int, dict[str, float]]:
+    """GFLOP/s of sgemm at a large size: numpy's BLAS and torch.matmul, best of 3 each."""
+    import torch
+
+    m = 1024 if quick else 4096
+    rng = np.random.default_rng(0)
+    p = rng.standard_normal((m, m), dtype=np.float32)
+    q = rng.standard_normal((m, m), dtype=np.float32)
+    tp, tq = torch.from_numpy(p), torch.from_numpy(q)
+    flops: dict[str, float] = {}
+    for name, fn in (("numpy sgemm", lambda: p @ q), ("torch.matmul", lambda: tp @ tq)):
+        fn()
+        flops[name] = 2.0 * m**3 / min(time_calls(fn, 1, 0)[0] for _ in range(3)) / 1e9
+    return m, flops
+
+
+def measure_limits(a: argparse.Namespace) -> dict[str, Any]:
+    bw = _bandwidth(a.quick)
+    m, flops = _peak(a.quick)
+    bw_src = max(bw, key=lambda k: bw[k])
+    fl_src = max(flops, key=lambda k: flops[k])
+    return {"bandwidth_gbs": bw[bw_src], "bandwidth_source": bw_src, "bandwidth_all": bw,
+            "peak_gflops": flops[fl_src], "peak_source": f"{fl_src} {m}^3",
+            "peak_all": flops}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- main process
+def run_case(case: Case, a: argparse.Namespace, limits: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    r: dict[str, Any] = {"kernel": case.kernel, "size": case.size, "kind": case.kind,
+                         "errors": {}}  # fmt: skip
+    log(f"{case.row} {case.size}: luminal ...")
+    lum = run_luminal(case, a)
+    r["luminal_compile_s"] = lum.get("compile_s")
+    r["luminal_s"] = lum.get("time_s")
+    if "error" in lum:
+        r["errors"]["luminal"] = lum["error"]
+    inputs = case.inputs()
+    tin = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    log(f"{case.row}: numpy, torch eager ...")
+    with torch.inference_mode():
+        for name, fn in (("numpy", lambda: case.numpy_fn(**inputs)),
+                         ("torch_eager", lambda: case.torch_fn(**tin))):  # fmt: skip
+            try:
+                fn()
+                r[f"{name}_s"] = time_calls(fn, a.repeats, a.budget)[0]
+            except Exception as e:  # one contender failing must not hide the others
+                r["errors"][name] = f"{type(e).__name__}: {e}"[:200]
+        if a.skip_torch_compile:
+            r["errors"]["torch_compile"] = "skipped (--skip-torch-compile)"
+        else:
+            log(f"{case.row}: torch.compile ...")
+            torch._dynamo.reset()
+            compiled = torch.compile(case.torch_compile_fn or case.torch_fn, dynamic=False)
+            try:
+                with time_cap(a.torch_compile_cap):
+                    compiled(**tin)
+                r["torch_compile_s"] = time_calls(lambda: compiled(**tin), a.repeats, a.budget)[0]
+            except CapExceeded as e:
+                r["errors"]["torch_compile"] = f"skipped (compile {e})"
+            except Exception as e:
+                r["errors"]["torch_compile"] = f"skipped ({type(e).__name__}: {e})"[:200]
+    others = {k: r[f"{k}_s"] for k in ("torch_eager", "torch_compile", "numpy") if r.get(f"{k}_s")}
+    if others:
+        best = min(others, key=lambda k: others[k])
+        r["best_other"] = best
+        if r["luminal_s"]:
+            r["vs_best"] = others[best] / r["luminal_s"]
+    if r["luminal_s"]:
+        rate = case.work / r["luminal_s"] / 1e9
+        limit = limits["bandwidth_gbs"] if case.kind == "mem" else limits["peak_gflops"]
+        r["luminal_rate"] = rate  # GB/s or GFLOP/s
+        r["frac_limit"] = rate / limit
+    return r
+
+
+def fmt_ms(v: float | None, err: str | None) -> str:
+    if v:
+        return f"{v * 1e3:.3f}" if v < 0.01 else f"{v * 1e3:.1f}"
+    if err and err.startswith("skipped"):
+        return "skip"
+    return "ERR" if err else "-"
+
+
+def print_table(rows: dict[str, dict[str, Any]], limits: dict[str, Any]) -> None:
+    hdr = (f"{'kernel':<22}{'size':<16}{'luminal ms':>11}{'torch ms':>10}{'t.compile':>10}"
+           f"{'numpy ms':>10}{'vs best':>8}  {'fraction of limit':<26}"
+           f"{'compile s':>9}")  # fmt: skip
+    print(hdr)
+    print("-" * len(hdr))
+    notes: list[str] = []
+    for row, r in rows.items():
+        e = r["errors"]
+        frac = ""
+        if r.get("frac_limit") is not None:
+            unit = "GB/s" if r["kind"] == "mem" else "GFLOP/s"
+            what = "bw" if r["kind"] == "mem" else "peak"
+            frac = f"{r['frac_limit']:.3f} {what} ({r['luminal_rate']:.1f} {unit})"
+        vs = f"{r['vs_best']:.3f}x" if r.get("vs_best") else "-"
+        cs = f"{r['luminal_compile_s']:.1f}" if r.get("luminal_compile_s") is not None else "-"
+        print(f"{row:<22}{r['size']:<16}{fmt_ms(r.get('luminal_s'), e.get('luminal')):>11}"
+              f"{fmt_ms(r.get('torch_eager_s'), e.get('torch_eager')):>10}"
+              f"{fmt_ms(r.get('torch_compile_s'), e.get('torch_compile')):>10}"
+              f"{fmt_ms(r.get('numpy_s'), e.get('numpy')):>10}{vs:>8}  {frac:<26}"
+              f"{cs:>9}")  # fmt: skip
+        notes += [f"  {row} {k}: {v}" for k, v in e.items()]
+    if notes:
+        print("errors / skips:")
+        print("\n".join(notes))
+
+
+def summarize(rows: dict[str, dict[str, Any]], limits: dict[str, Any],
+              block: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    gemm: list[tuple[float, str]] = []
+    for row, r in rows.items():
+        blas = [r[k] for k in ("numpy_s", "torch_eager_s") if r.get(k)]
+        if r["kernel"] == "gemm" and r.get("luminal_s") and blas:
+            gemm.append((min(blas) / r["luminal_s"], row))
+    mem = [r.get("frac_limit") or 0.0 for r in rows.values() if r["kernel"] in MEMBOUND]
+    attn = [
+        (r["torch_eager_s"] / r["luminal_s"]) if r.get("luminal_s") else 0.0
+        for r in rows.values()
+        if r["kernel"] == "attention" and r.get("torch_eager_s")
+    ]
+    best_gemm = max(gemm) if gemm else (None, None)
+    return {
+        "gemm_vs_best_blas": best_gemm[0],
+        "gemm_best_size": best_gemm[1],
+        "membound_frac_bw_min": min(mem) if mem else None,
+        "attention_vs_torch_sdpa": min(attn) if attn else None,
+        "block_compile_cold_s": block.get("cold_s"),
+        "block_compile_warm_s": block.get("warm_s"),
+        "block_compile_warm_same_process_s": block.get("warm_same_process_s"),
+        "block_max_rel_err": block.get("max_rel_err"),
+        "block_errors": {k: v for k, v in block.items() if k.endswith("_error")} or None,
+        "bandwidth_gbs": limits.get("bandwidth_gbs"),
+        "peak_gflops": limits.get("peak_gflops"),
+    }
+
+
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return float(f"{v:.4g}") if math.isfinite(v) else None  # strict JSON has no inf/nan
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    return v
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, few repeats (smoke test)")
+    p.add_argument("--only", action="append", choices=KERNELS, metavar="NAME",
+                   help=f"run only these (repeatable): {', '.join(KERNELS)}")  # fmt: skip
+    p.add_argument("--json-out", help="also write the summary JSON to this file")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, help="timed calls per contender (default 10; quick 3)")
+    p.add_argument("--budget", type=float, help="seconds per timing loop (default 5; quick 1)")
+    p.add_argument("--luminal-cap", type=float, default=300.0,
+                   help="seconds a luminal compile may take before its row fails")  # fmt: skip
+    p.add_argument("--torch-compile-cap", type=float, default=120.0)
+    p.add_argument("--skip-torch-compile", action="store_true")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # internal: one luminal case
+    a = p.parse_args(argv)
+    a.repeats = a.repeats or (3 if a.quick else 10)
+    a.budget = a.budget if a.budget is not None else (1.0 if a.quick else 5.0)
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    if a.child:
+        if a.child.startswith("block_"):
+            print(json.dumps(block_child(a.child.removeprefix("block_"))))
+            return
+        case = next(c for c in make_cases(a.quick) if c.row == a.child)
+        print(json.dumps(luminal_child(case, a)))
+        return
+    import torch
+
+    torch.set_num_threads(a.threads)
+    unset = os.environ.get(UNSET_NOTE, "")
+    only = set(a.only or KERNELS)
+    t_start = time.perf_counter()
+    load0 = os.getloadavg()[0]  # other work on the machine skews every number; say how much
+    log("measuring memory bandwidth and peak FLOP/s ...")
+    limits = measure_limits(a)
+    rows: dict[str, dict[str, Any]] = {}
+    for case in make_cases(a.quick):
+        if case.kernel in only:
+            rows[case.row] = run_case(case, a, limits)
+    block: dict[str, Any] = {}
+    if "block_compile" in only:
+        log("block compile (cold, then warm) ...")
+        block = run_block_compile(a)
+    bw_all = ", ".join(f"{k} {v:.1f}" for k, v in limits["bandwidth_all"].items())
+    pk_all = ", ".join(f"{k} {v:.0f}" for k, v in limits["peak_all"].items())
+    print(f"\nluminal kernel benchmark: {a.threads} threads for every contender "
+          f"(torch.set_num_threads, LUMINAL_NUM_THREADS, OMP/OPENBLAS/MKL_NUM_THREADS); "
+          f"unset for every contender: {', '.join(BLAS_OVERRIDES)}"
+          f" (were set: {unset or 'none'})")  # fmt: skip
+    print(f"memory bandwidth {limits['bandwidth_gbs']:.1f} GB/s (best of: {bw_all}); "
+          f"peak {limits['peak_gflops']:.0f} GFLOP/s ({pk_all})")  # fmt: skip
+    print(f"times: median of up to {a.repeats} calls after a warm-up, {a.budget:g} s cap per "
+          f"timing loop; 'vs best' = best other time / luminal time (> 1: luminal faster); "
+          f"memory-bound fraction = minimum bytes / time / bandwidth; attention fraction = "
+          f"matmul flops / peak (causal: half)\n")  # fmt: skip
+    print_table(rows, limits)
+    if block:
+        print(f"\nLlama block (d 576, 9 heads, 3 kv heads, ffn 1536) compile: "
+              f"cold {block.get('cold_s', float('nan')):.2f} s (goal < 30), "
+              f"warm {block.get('warm_s', float('nan')):.2f} s (goal < 1; same process "
+              f"{block.get('warm_same_process_s', float('nan')):.2f} s); compiled vs "
+              f"interpreter max error {block.get('max_rel_err', float('nan')):.2g}"
+              f"{' (MISMATCH)' if block.get('max_rel_err', 0) > 1e-3 else ''}")  # fmt: skip
+        for k, v in block.items():
+            if k.endswith("_error"):
+                print(f"  block {k}: {v}")
+    s = summarize(rows, limits, block)
+    s["threads"] = a.threads
+    s["blas_env_unset"] = list(BLAS_OVERRIDES)
+    s["blas_env_was_set"] = unset.split(",") if unset else []
+    s["quick"] = a.quick
+    s["total_s"] = time.perf_counter() - t_start
+    s["loadavg_1min_start_end"] = [load0, os.getloadavg()[0]]
+    s["kernels"] = rows
+    goals = [
+        ("memory-bound >= 0.80 of bandwidth", s["membound_frac_bw_min"], 0.8),
+        ("GEMM >= 0.90 of best BLAS", s["gemm_vs_best_blas"], 0.9),
+        ("attention faster than torch SDPA", s["attention_vs_torch_sdpa"], 1.0),
+    ]
+    print("\ngoals: " + "; ".join(
+        f"{n}: {v:.3f} ({'met' if v >= t else 'not met'})" if v is not None else f"{n}: n/a"
+        for n, v, t in goals))  # fmt: skip
+    line = json.dumps(_rounded(s))
+    if a.json_out:
+        with open(a.json_out, "w") as fh:
+            fh.write(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
