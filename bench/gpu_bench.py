@@ -36,8 +36,9 @@ def _torch_ms(fn: Any, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _luminal_ms(run: Any, kernel_names: set[str], reps: int = 10) -> tuple[float, float]:
-    """(GPU kernel ms per run from the profiler, wall ms per run)."""
+def _luminal_ms(run: Any, kernel_names: set[str] | None, reps: int = 10) -> tuple[float, float]:
+    """(GPU kernel ms per run from the profiler, wall ms per run). ``kernel_names`` None: every
+    device kernel but copies and memsets (library calls launch kernels of their own names)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -54,7 +55,13 @@ def _luminal_ms(run: Any, kernel_names: set[str], reps: int = 10) -> tuple[float
             torch.cuda.synchronize()
         total_us = 0.0
         for ev in prof.events():
-            if ev.name in kernel_names:
+            ours = (
+                kernel_names is None
+                and not ev.name.startswith(("Memcpy", "Memset"))
+                and getattr(ev, "device_type", None) is not None
+                and "CUDA" in str(ev.device_type)
+            ) or (kernel_names and ev.name in kernel_names)
+            if ours:
                 total_us += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
         kernel = total_us / reps / 1e3 if total_us > 0 else float("nan")
     except Exception as e:  # profiler unavailable: report wall time only
@@ -107,6 +114,47 @@ def bench_gemm(m: int = 4096, n: int = 4096, k: int = 4096) -> dict[str, Any]:
     return {"name": f"gemm f16 {m}x{n}x{k}", "kernel_ms": kernel, "wall_ms": wall,
             "torch_ms": torch_ms, "vs_torch": torch_ms / kernel, "tflops": flops / kernel / 1e9,
             "rel_err": err}  # fmt: skip
+
+
+def bench_gemm_impls(m: int = 4096, n: int = 4096, k: int = 4096) -> list[dict[str, Any]]:
+    """The gemm library call both ways (generated tensor-core kernel, cuBLASLt) on f16 and f32
+    operands with f32 output, vs torch.matmul on the same dtypes."""
+    import torch
+
+    from luminal.compile import CompiledGraph, build_plan
+    from luminal.compiler import kernel_ir as K
+    from luminal.compiler.lower import BufferInfo, Lowered
+    from luminal.graph import dtypes as dt
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for op, npd in ((dt.f16, np.float16), (dt.f32, np.float32)):
+        a = rng.standard_normal((m, k), np.float32).astype(npd)
+        b = rng.standard_normal((k, n), np.float32).astype(npd)
+        ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        want = (ta.float() @ tb.float()).cpu().numpy()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch_ms = _torch_ms(lambda ta=ta, tb=tb: ta @ tb)
+        for impl in ("kernel", "cublaslt"):
+            bufs = [BufferInfo(0, "a", op, (m, k), "input"),
+                    BufferInfo(1, "b", op, (k, n), "input"),
+                    BufferInfo(2, "c", dt.f32, (m, n), "output")]  # fmt: skip
+            call = K.LibCall("g_gemm", "gemm", {"m": m, "n": n, "k": k}, [0, 1, 2], 2)
+            low = Lowered(bufs, [call], {}, {})  # type: ignore[list-item]
+            name = f"gemm-call {op.name}->f32 {m}x{n}x{k} {impl}"
+            try:
+                cg = CompiledGraph(build_plan(low, "gemm", "cuda", gemm_impl=impl), "cuda")
+                ins = {"a": a, "b": b}
+                got = cg.run(ins)["c"]
+                err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-9))
+                kernel, wall = _luminal_ms(lambda cg=cg, ins=ins: cg.run(ins), None, reps=3)
+                rows.append({"name": name, "kernel_ms": kernel, "wall_ms": wall,
+                             "torch_ms": torch_ms, "vs_torch": torch_ms / kernel,
+                             "tflops": 2 * m * n * k / kernel / 1e9, "rel_err": err})  # fmt: skip
+            except Exception as e:
+                traceback.print_exc()
+                rows.append({"name": name, "error": f"{type(e).__name__}: {e}"[:500]})
+    return rows
 
 
 def bench_attention(b: int = 1, h: int = 16, s: int = 1024, d: int = 64) -> dict[str, Any]:
@@ -184,7 +232,7 @@ def bench_decode(bw_gbs: float, layers: int = 16, ctx: int = 256) -> dict[str, A
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--only", default="gemm,attention,decode")
+    ap.add_argument("--only", default="gemm,gemm_impls,attention,decode")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -196,17 +244,18 @@ def main() -> int:
     results["bandwidth_gbs"] = bw = bandwidth_gbs()
     rows = []
     for name in args.only.split(","):
-        fn = {"gemm": bench_gemm, "attention": bench_attention,
+        fn = {"gemm": bench_gemm, "gemm_impls": bench_gemm_impls, "attention": bench_attention,
               "decode": lambda: bench_decode(bw)}[name]  # fmt: skip
         t = time.perf_counter()
         try:
-            r = fn()
+            got = fn()
         except Exception as e:
             traceback.print_exc()
-            r = {"name": name, "error": f"{type(e).__name__}: {e}"[:500]}
-        r["seconds"] = time.perf_counter() - t
-        rows.append(r)
-        print(json.dumps(r), flush=True)
+            got = {"name": name, "error": f"{type(e).__name__}: {e}"[:500]}
+        for r in got if isinstance(got, list) else [got]:
+            r["seconds"] = time.perf_counter() - t
+            rows.append(r)
+            print(json.dumps(r), flush=True)
     results["benchmarks"] = rows
     (args.out / "bench.json").write_text(json.dumps(results, indent=1))
     print(f"\n{results['device']}: copy bandwidth {bw:.0f} GB/s")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a machine with an NVIDIA GPU and PyTorch (no internet):
-# builds luminal, runs the CUDA tests and the op tests with the CUDA backend, then benchmarks
-# GEMM (vs torch.matmul), attention (vs torch SDPA) and a bf16 Llama-shaped decode step (vs the
-# memory-bandwidth roofline). Everything lands in OUTDIR; a short table is printed last. The
+# builds luminal, runs the CUDA tests (compile-only, emulated, and on the device: gemm kernel,
+# cuBLASLt, CUDA graphs) and the op tests with the CUDA backend, then benchmarks GEMM (graph
+# matmul and the gemm call both ways, vs torch.matmul), attention (vs torch SDPA) and a bf16
+# Llama-shaped decode step (vs the memory-bandwidth roofline). Everything lands in OUTDIR; a short table is printed last. The
 # whole run stays under 8 minutes: each step has a timeout and a share of what is left.
 #
 #   bench/gpu_check.sh OUTDIR
@@ -14,6 +15,8 @@
 # bench/wheels on a machine with internet:
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     -d bench/wheels scikit-build-core nanobind scipy-openblas32 ml_dtypes cuda-pathfinder
+# cuBLASLt comes from the machine's nvidia-cublas wheel (PyTorch's); without it the gemm call
+# runs as the generated kernel and the cuBLASLt tests skip.
 set -euo pipefail
 
 OUT=${1:?usage: bench/gpu_check.sh OUTDIR}
@@ -79,7 +82,11 @@ fi
 mkdir -p "$OUT/run"
 step status 60 "$PY" -c "import luminal, luminal.runtime as r; print(luminal.cuda_status()); print(r.backends())"
 step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
-  --junitxml="$OUT/cuda-tests.xml" "$ROOT/tests/test_cuda_compile.py" "$ROOT/tests/test_cuda_emulated.py"
+  --junitxml="$OUT/cuda-tests.xml" "$ROOT/tests/test_cuda_compile.py" "$ROOT/tests/test_cuda_emulated.py" \
+  "$ROOT/tests/test_cuda_gemm.py"
+# on the device: tensor-core gemm kernel and cuBLASLt vs numpy, CUDA graph replay/re-capture
+step cuda-device 90 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+  --junitxml="$OUT/cuda-device.xml" "$ROOT/tests/test_cuda_device.py"
 step op-tests 180 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
   --junitxml="$OUT/op-tests.xml" "$ROOT"/tests/test_ops_*.py "$ROOT/tests/test_linalg.py" \
   "$ROOT"/tests/test_nn_*.py
@@ -89,8 +96,8 @@ step bench 400 "$PY" "$ROOT/bench/gpu_bench.py" "$OUT"
   echo
   echo "== luminal gpu_check: $OUT"
   head -n 3 "$OUT/status.log" 2>/dev/null || true
-  for f in cuda-tests op-tests; do
-    printf '%-11s %s\n' "$f:" "$(grep -E '[0-9]+ (passed|failed)' "$OUT/$f.log" | tail -n 1 || echo 'no result')"
+  for f in cuda-tests cuda-device op-tests; do
+    printf '%-12s %s\n' "$f:" "$(grep -E '[0-9]+ (passed|failed)' "$OUT/$f.log" | tail -n 1 || echo 'no result')"
   done
   echo
   column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
