@@ -1,6 +1,7 @@
 #include "executor.hpp"
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fcntl.h>
 #include <map>
@@ -259,23 +260,47 @@ void Executor::run(const std::vector<int64_t> &dims, void *const *io, const size
     return static_cast<uint8_t *>(!staged && (r == Role::input || r == Role::output) ? io[b]
                                                                                      : ptrs_[b]);
   };
-  be.run_steps(binding_, [&] {
-    for (const Prepared &p : steps_) {
-      switch (p.kind) {
-      case StepKind::launch: be.launch(p.kernel, p.geom, &argv_[p.argv0], dims_.data()); break;
-      case StepKind::libcall: p.op->run(&argv_[p.argv0]); break;
-      case StepKind::copy:
-        if (p.nbytes > 0)
-          be.copy(ptr(p.dst) + p.dst_offset, ptr(p.src) + p.src_offset, size_t(p.nbytes));
-        break;
-      }
+  auto exec = [&](const Prepared &p) {
+    switch (p.kind) {
+    case StepKind::launch: be.launch(p.kernel, p.geom, &argv_[p.argv0], dims_.data()); break;
+    case StepKind::libcall: p.op->run(&argv_[p.argv0]); break;
+    case StepKind::copy:
+      if (p.nbytes > 0)
+        be.copy(ptr(p.dst) + p.dst_offset, ptr(p.src) + p.src_offset, size_t(p.nbytes));
+      break;
     }
-  });
+  };
+  if (!profiling_) {
+    be.run_steps(binding_, [&] {
+      for (const Prepared &p : steps_) exec(p);
+    });
+  } else {
+    prof_.resize(steps_.size());
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exec(steps_[i]);
+      be.sync();
+      auto t1 = std::chrono::steady_clock::now();
+      prof_[i].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      prof_[i].second += 1;
+    }
+  }
   be.sync();
   if (staged) {
     for (size_t b = 0; b < pl.buffers.size(); ++b)
       if (pl.buffers[b].role == Role::output) be.copy_out(io[b], ptrs_[b], size_t(buf_bytes_[b]));
   }
+}
+
+void Executor::set_profiling(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  profiling_ = on;
+  prof_.assign(plan_->steps.size(), {0, 0});
+}
+
+std::vector<std::pair<int64_t, int64_t>> Executor::profile() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex &>(mu_));
+  return prof_;
 }
 
 } // namespace luminal

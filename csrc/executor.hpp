@@ -38,6 +38,11 @@ public:
   // Bytes of the arena allocated so far (grows to the largest dims bound).
   size_t arena_bytes() const { return arena_size_; }
 
+  // Per-step wall time (LUMINAL_DEBUG=2): when on, each step is timed (the backend syncs
+  // after it, so device steps are timed too). profile() gives (total ns, calls) per step.
+  void set_profiling(bool on);
+  std::vector<std::pair<int64_t, int64_t>> profile() const;
+
 private:
   struct Prepared;
   void bind(const std::vector<int64_t> &dims);
@@ -59,6 +64,8 @@ private:
   std::vector<void *> argv_;                           // all launch/libcall args, flattened
   std::vector<std::pair<uint32_t, uint32_t>> io_args_; // (argv slot, buffer) to refresh per run
   std::vector<int64_t> io_offset_;                     // staged backends: I/O place in arena
+  bool profiling_ = false;
+  std::vector<std::pair<int64_t, int64_t>> prof_; // per step: (total ns, calls)
   void *arena_ = nullptr;
   size_t arena_size_ = 0;
 };

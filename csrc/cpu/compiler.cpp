@@ -28,10 +28,19 @@ namespace {
 // -fopenmp-simd lets generated reductions ask for vectorization with `omp simd reduction`
 // without allowing reassociation anywhere else. -fno-tree-loop-if-convert: GCC 12 at -O3
 // miscompiles inner loops holding guarded (padding) loads when it if-converts them
-// (tests/test_ops_reduce.py::test_scans caught it).
-const std::vector<std::string> kFlags = {
-    "-O3",           "-march=native", "-fno-math-errno",           "-ffp-contract=fast",
-    "-fopenmp-simd", "-shared",       "-fno-tree-loop-if-convert", "-fPIC"};
+// (tests/test_ops_reduce.py::test_scans caught it). -fno-trapping-math changes no result (we
+// never read FP exception flags) but lets GCC vectorize trunc/floor. Wide vectors: the inner
+// loops of split reductions are 16-64 floats, one or a few AVX-512 registers.
+const std::vector<std::string> kFlags = {"-O3",
+                                         "-march=native",
+                                         "-fno-math-errno",
+                                         "-ffp-contract=fast",
+                                         "-fno-trapping-math",
+                                         "-mprefer-vector-width=512",
+                                         "-fopenmp-simd",
+                                         "-shared",
+                                         "-fno-tree-loop-if-convert",
+                                         "-fPIC"};
 
 uint64_t fnv1a(const std::string &s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;

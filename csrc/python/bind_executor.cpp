@@ -1,6 +1,7 @@
 // The executor: shapes for a set of dims, and run() with the GIL released.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -66,6 +67,12 @@ void init_executor(nb::module_ &m) {
            "Shapes of the inputs and outputs (Plan.io order) for dims in plan order.")
       .def("run", &PyExecutor::run, nb::arg("dims"), nb::arg("arrays"),
            "Runs the plan; arrays are C-contiguous, in Plan.io order, outputs writable.")
+      .def(
+          "set_profiling", [](PyExecutor &e, bool on) { e.ex.set_profiling(on); }, nb::arg("on"),
+          "Times every step of later runs (per-step wall time, device synced).")
+      .def(
+          "profile", [](const PyExecutor &e) { return e.ex.profile(); },
+          "Per step: (total nanoseconds, calls) since profiling was turned on.")
       .def_prop_ro("arena_bytes", [](const PyExecutor &e) { return e.ex.arena_bytes(); })
       .def_prop_ro("backend", [](const PyExecutor &e) { return e.ex.backend().name(); });
   m.def("backends", &luminal::available_backends, "Names of the backends built in.");

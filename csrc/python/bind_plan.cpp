@@ -28,6 +28,18 @@ void init_plan(nb::module_ &m) {
       .def_prop_ro("num_steps", [](const Plan &p) { return p.steps.size(); })
       .def_prop_ro("num_kernels", [](const Plan &p) { return p.kernels.size(); })
       .def_prop_ro(
+          "step_names",
+          [](const Plan &p) {
+            // what each step runs: the kernel name, the library function, or "copy"
+            std::vector<std::string> out;
+            for (const auto &s : p.steps)
+              out.push_back(s.kind == luminal::StepKind::launch    ? p.kernels[s.kernel].name
+                            : s.kind == luminal::StepKind::libcall ? "libcall:" + s.func
+                                                                   : std::string("copy"));
+            return out;
+          },
+          "Per step: kernel name, 'libcall:FUNC' or 'copy'.")
+      .def_prop_ro(
           "dims",
           [](const Plan &p) {
             std::vector<std::tuple<std::string, int64_t, int64_t>> out;

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,11 +23,16 @@ from .compiler import kernel_ir as K
 from .compiler.lower import Lowered, lower
 from .compiler.memory import plan_memory
 from .compiler.passes import run_passes
+from .compiler.schedule import schedule
 from .compiler.search.select import choose_library_calls
 from .graph.graph import Graph
 from .plan import InlineWeight, KernelFormat, Launch, LibCall, Plan, Role
 
 __all__ = ["CompiledGraph", "compile", "build_plan"]
+
+# compile()'s stage messages go to its ``progress`` argument, else to this (the CLI sets it
+# so that compiles made deep inside model code report too)
+PROGRESS: ContextVar[Callable[[str], None] | None] = ContextVar("luminal_progress", default=None)
 
 _ROLE = {"input": Role.input, "output": Role.output, "weight": Role.weight, "scratch": Role.scratch}
 
@@ -37,6 +43,8 @@ def build_plan(
     """The plan for a lowered graph on ``backend`` ("cpu" or "cuda"). On CUDA, ``gemm_impl``
     ("kernel" or "cublaslt") forces how gemm calls run; by default it is measured."""
     dim_names = sorted(low.dims)
+    # loop-structure rewrites that keep each kernel's value (compiler/schedule.py)
+    low = Lowered(low.buffers, cast(list[K.Kernel], schedule(low.kernels)), low.dims, low.weights)
     # per kernel: (name, format, code, buffer args, grid, block)
     launches: list[tuple[str, KernelFormat, bytes | str, list[int], tuple, tuple]]
     libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
@@ -149,10 +157,17 @@ def _measure_cpu(low: Lowered, dims: dict[str, int], repeats: int = 5) -> float:
     return float(np.median(times))
 
 
-def compile(graph: Graph, backend: str = "cpu", search: bool = True) -> CompiledGraph:  # noqa: A001
+def compile(  # noqa: A001
+    graph: Graph,
+    backend: str = "cpu",
+    search: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> CompiledGraph:
     """Compile ``graph`` into a plan for ``backend`` and load it. With ``search`` (the
     default), kernels with a library alternative (GEMM) are timed both ways and the faster
-    kept; decisions are cached on disk."""
+    kept; decisions are cached on disk. ``progress`` receives a line per stage."""
+    say = progress or PROGRESS.get() or (lambda msg: None)
+    say(f"lowering {len(graph.nodes)} nodes")
     t0 = time.perf_counter()
     low = lower(run_passes(graph))  # compiler/passes.py: the e-graph rewrites
     if backend == "cpu" and search:
@@ -161,7 +176,9 @@ def compile(graph: Graph, backend: str = "cpu", search: bool = True) -> Compiled
         from . import cuda as cuda_rt
 
         low = choose_library_calls(low, *cuda_rt.search_measure())
+    say(f"generating code for {len(low.kernels)} kernels")
     plan = build_plan(low, graph.name, backend)
+    say(f"loading the plan ({len(plan.kernels)} kernels; compiled C is cached on disk)")
     t1 = time.perf_counter()
     cg = CompiledGraph(plan, backend, lazy=backend == "cuda")
     level = flags.debug()

@@ -25,8 +25,8 @@ class Flag:
 
 DEBUG = Flag(
     "LUMINAL_DEBUG", "0",
-    "1 compile summary, 3 search decisions (measured alternatives), 4 generated kernels, "
-    "5 the plan (per-step timings, level 2, are not implemented yet)",
+    "1 compile summary, 2 per-step run times (table at exit), 3 search decisions (measured "
+    "alternatives), 4 generated kernels, 5 the plan",
 )  # fmt: skip
 CACHE_DIR = Flag("LUMINAL_CACHE_DIR", "", "kernel/search cache folder (default ~/.cache/luminal)")
 NUM_THREADS = Flag("LUMINAL_NUM_THREADS", "", "CPU worker threads (default: all cores)")

@@ -10,7 +10,9 @@ bare dim. The GIL is released while the plan runs.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -19,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import scipy_openblas32  # noqa: F401  (loads OpenBLAS with RTLD_GLOBAL before _rt needs it)
 
-from luminal import _rt
+from luminal import _rt, flags
 from luminal.plan import DType, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
 
 __all__ = ["Executor", "PlanError", "backends", "load", "luminal_run_path", "numpy_dtype"]
@@ -51,6 +53,16 @@ def numpy_dtype(dtype: DType | str | int) -> np.dtype[Any]:
 def backends() -> list[str]:
     """Names of the backends this build of luminal can run."""
     return list(_rt.backends())
+
+
+_PROFILED: list[Executor] = []
+
+
+@atexit.register
+def _print_profiles() -> None:
+    for ex in _PROFILED:
+        if any(calls for _, calls in ex._ex.profile()):
+            print(f"[luminal] per-step time:\n{ex.profile_table()}", file=sys.stderr)
 
 
 def luminal_run_path() -> Path:
@@ -111,6 +123,39 @@ class Executor:
         self._inputs = [io for io in self._io if io.role == Role.input]
         self._input_names = {io.name for io in self._inputs}
         self._shape_cache: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        if flags.debug() >= 2:
+            self.set_profiling(True)
+            _PROFILED.append(self)
+
+    # -- profiling ---------------------------------------------------------------------------
+
+    def set_profiling(self, on: bool = True) -> None:
+        """Time every step of later runs (resets the counters). ``LUMINAL_DEBUG=2`` turns it on
+        for every executor and prints :meth:`profile_table` at exit."""
+        self._ex.set_profiling(on)
+
+    def profile(self) -> list[dict[str, Any]]:
+        """Per step, in plan order: ``{"step", "name", "calls", "total_ms", "mean_us"}``."""
+        rows = []
+        for i, (name, (ns, calls)) in enumerate(
+            zip(self._plan.step_names, self._ex.profile(), strict=True)
+        ):
+            rows.append({"step": i, "name": name, "calls": calls, "total_ms": ns / 1e6,
+                         "mean_us": ns / 1e3 / calls if calls else 0.0})  # fmt: skip
+        return rows
+
+    def profile_table(self, top: int = 25) -> str:
+        """The ``top`` slowest steps by total time, with their share of the whole."""
+        rows = self.profile()
+        total = sum(r["total_ms"] for r in rows) or 1.0
+        lines = [f"{'step':>5} {'share':>6} {'total ms':>10} {'mean us':>10} {'calls':>6}  name"]
+        for r in sorted(rows, key=lambda r: -r["total_ms"])[:top]:
+            share = 100 * r["total_ms"] / total
+            lines.append(f"{r['step']:>5} {share:>5.1f}% {r['total_ms']:>10.3f} "
+                         f"{r['mean_us']:>10.1f} {r['calls']:>6}  {r['name']}")  # fmt: skip
+        lines.append(f"total {total:.3f} ms over {len(rows)} steps "
+                     f"({self.metadata.get('graph', '')})")  # fmt: skip
+        return "\n".join(lines)
 
     # -- facts -------------------------------------------------------------------------------
 

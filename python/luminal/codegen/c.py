@@ -252,6 +252,8 @@ class _Emitter:
             self.lines.append(f"{ind}}}")
             return out
         if isinstance(v, K.Reduce):
+            if self.simd_reductions and _blocked_sum(v):
+                return self._blocked_sum(v, ind)
             # loop-invariant parts of the body (e.g. a row max inside a row sum) run once
             self.hoist(v.body, frozenset({v.var.name}), ind)
             acc = self.tmp()
@@ -292,6 +294,40 @@ class _Emitter:
             return out
         raise TypeError(f"cannot render {v!r}")
 
+    def _blocked_sum(self, v: K.Reduce, ind: str) -> str:
+        """A float sum over blocks of a short inner sum (a split reduction): one vector of
+        partial sums across the whole outer loop, folded once at the end, instead of a
+        horizontal sum per block."""
+        inner = v.body
+        assert isinstance(inner, K.Reduce)
+        t, g = ctype(v.dtype), inner.extent
+        accv, acc = self.tmp(), self.tmp()
+        ro, ri = _c_name(v.var), _c_name(inner.var)
+        self.hoist(inner.body, frozenset({v.var.name, inner.var.name}), ind)
+        self.lines.append(f"{ind}{t} {accv}[{g}] = {{0}};")
+        self.lines.append(
+            f"{ind}for ({self.index_type} {ro} = 0; {ro} < {cexpr(v.extent)}; ++{ro}) {{"
+        )
+
+        def outer() -> None:
+            self.hoist(inner.body, frozenset({inner.var.name}), ind + "  ")
+            self.lines.append(f"{ind}  #pragma omp simd")
+            self.lines.append(f"{ind}  for ({self.index_type} {ri} = 0; {ri} < {g}; ++{ri}) {{")
+
+            def body() -> None:
+                x = self.emit(inner.body, ind + "    ")
+                self.lines.append(f"{ind}    {accv}[{ri}] += {x};")
+
+            self.block(body)
+            self.lines.append(f"{ind}  }}")
+
+        self.block(outer)
+        self.lines.append(f"{ind}}}")
+        self.lines.append(f"{ind}{t} {acc} = 0;")
+        self.lines.append(f"{ind}#pragma omp simd reduction(+:{acc})")
+        self.lines.append(f"{ind}for (int j = 0; j < {g}; ++j) {acc} += {accv}[j];")
+        return acc
+
     def _alu(self, v: K.Alu, ind: str) -> str:
         args = [self.emit(s, ind) for s in v.srcs]
         d, t = v.dtype, ctype(v.dtype)
@@ -324,6 +360,21 @@ class _Emitter:
         return f"({t})(int64_t)((uint64_t)(int64_t){a} {sign} (uint64_t)(int64_t){b})"
 
 
+def _blocked_sum(v: K.Reduce) -> bool:
+    """A float sum whose body is a short straight-line float sum (schedule.py's split)."""
+    b = v.body
+    return (
+        v.op is Op.SUM_REDUCE
+        and v.dtype.is_float
+        and isinstance(b, K.Reduce)
+        and b.op is Op.SUM_REDUCE
+        and b.dtype is v.dtype
+        and isinstance(b.extent, int)
+        and b.extent <= 64
+        and not any(isinstance(x, (K.Reduce, K.Gather, K.Masked)) for x in K.walk(b.body))
+    )
+
+
 def reduce_init(op: Op, d: dt.DType) -> str:
     return "0" if op is Op.SUM_REDUCE else _max_init(d)
 
@@ -346,6 +397,15 @@ def _max_init(d: dt.DType) -> str:
     if d.is_float:
         return "-INFINITY"
     return {dt.i32: "INT32_MIN", dt.i64: "INT64_MIN", dt.i8: "INT8_MIN", dt.i4: "-8"}.get(d, "0")
+
+
+def _per_element_reduce(v: K.Value, inner: str) -> bool:
+    """Whether computing one element runs a reduction loop (one that cannot be hoisted out of
+    the innermost loop, as a row max can)."""
+    if not any(isinstance(x, K.Reduce) for x in K.walk(v)):
+        return False
+    hoisted = K.invariant_parts(v, frozenset({inner}), {})
+    return not any(isinstance(x, K.Reduce) for h in hoisted for x in K.walk(h))
 
 
 @dataclass
@@ -391,19 +451,23 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         tasks: sint = 1
         lines.append("  for (int64_t t = begin; t < end; ++t) {")
         loop_close = ["  }"]
-    elif n == 1:
-        tasks = sym.ceildiv(shape[0], inner_chunk)
-        lines.append("  for (int64_t t = begin; t < end; ++t) {")
-        lines.append(f"    const int64_t hi = lm_min({ext[0]}, (t + 1) * {inner_chunk});")
-        lines.append(f"    for (int64_t i0 = t * {inner_chunk}; i0 < hi; ++i0) {{")
-        body_ind = "      "
-        loop_close = ["    }", "  }"]
     else:
-        tasks = 1
-        for s in shape[:-1]:
-            tasks = sym.mul(tasks, s)
+        inner_var = f"_i{n - 1}"
+        # a task is one chunk of the innermost dim at one index of the outer dims; elements
+        # that each run a reduction (a GEMV row) get small chunks so every thread has work
+        red = _per_element_reduce(k.value, inner_var)
+        chunk = 16 if red else inner_chunk
+        nchunks = sym.ceildiv(shape[-1], chunk)
+        tasks = nchunks
+        for sz in shape[:-1]:
+            tasks = sym.mul(tasks, sz)
         lines.append("  for (int64_t t = begin; t < end; ++t) {")
-        rem = "t"
+        single = sym.upper_bound(shape[-1]) <= chunk
+        rem = "t" if single else "q"
+        if not single:
+            lines.append(
+                f"    const int64_t c = t % {cexpr(nchunks)}, q = t / {cexpr(nchunks)}; (void)q;"
+            )
         for j in range(n - 2, -1, -1):
             if j == 0:
                 lines.append(f"    const int64_t i0 = {rem};")
@@ -413,9 +477,14 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 rem = f"q{j}"
         # per-row values (a row's max or sum feeding every element) are computed once per row
         em.lines = []
-        em.hoist(k.value, frozenset({f"_i{n - 1}"}), "    ")
+        em.hoist(k.value, frozenset({inner_var}), "    ")
         lines += em.lines
-        lines.append(f"    for (int64_t i{n - 1} = 0; i{n - 1} < {ext[n - 1]}; ++i{n - 1}) {{")
+        iv = f"i{n - 1}"
+        if single:
+            lines.append(f"    for (int64_t {iv} = 0; {iv} < {ext[n - 1]}; ++{iv}) {{")
+        else:
+            lines.append(f"    const int64_t hi = lm_min({ext[n - 1]}, (c + 1) * {chunk});")
+            lines.append(f"    for (int64_t {iv} = c * {chunk}; {iv} < hi; ++{iv}) {{")
         body_ind = "      "
         loop_close = ["    }", "  }"]
     for j in range(n):
@@ -445,8 +514,8 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         body.append(f"{body_ind}  if (row >= 0 && row < {cexpr(k.scatter_rows)}) "
                     + store_stmt("b0", f"row * {cexpr(row_size)} + {cexpr(inner)}", val, k.dtype) + " }")  # fmt: skip
     lines += body + loop_close + ["}"]
-    inner_elems = sym.upper_bound(shape[-1]) if n >= 2 else inner_chunk
-    min_chunk = max(1, 4096 // max(inner_elems, 1))
+    inner_elems = min(sym.upper_bound(shape[-1]), chunk) if n >= 1 else 1
+    min_chunk = 1 if n >= 1 and red else max(1, 4096 // max(inner_elems, 1))
     if k.dtype.packed or k.scatter_row is not None:
         # packed stores read-modify-write shared bytes, and scatters may write one row from
         # several tasks: keep both on one thread

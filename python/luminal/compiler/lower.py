@@ -98,6 +98,7 @@ class _Lowerer:
         inner loop."""
         roots: dict[int, frozenset[int]] = {}
         inline: set[int] = set()
+        costly = self._transcendental_chains()
         # under[n]: n's value would sit inside some reduction's loop in its final kernel
         under: dict[int, bool] = {}
         for n in reversed(self.order):
@@ -116,6 +117,8 @@ class _Lowerer:
                 # through different views would each recompute it, exponentially in a chain)
                 views = {v for c in cons for s, v in c.srcs if s is n}
                 ok = len(r) == 1 and len(views) == 1
+                if ok and any(self._recomputes(n, c, costly) for c in cons):
+                    ok = False
                 if ok and len(cons) > 1:
                     # keep index math simple: div/mod views compose into large expressions
                     ok = not _has_divmod(_unflatten(next(iter(views)).index, n.shape))
@@ -129,6 +132,40 @@ class _Lowerer:
             else:
                 roots[n.id] = frozenset({n.id})
         return inline
+
+    def _transcendental_chains(self) -> dict[int, tuple[bool, int]]:
+        """Per elementwise node: (its elementwise ancestry holds a transcendental op, ALU ops
+        in that ancestry, capped): what inlining it costs per read."""
+        out: dict[int, tuple[bool, int]] = {}
+        for n in self.order:
+            if n.op in ELEMENTWISE:
+                up = [out[s.id] for s, _ in n.srcs if s.id in out]
+                out[n.id] = (
+                    n.op in _TRANSCENDENTAL or any(t for t, _ in up),
+                    min(64, int(n.op is not Op.CAST) + sum(c for _, c in up)),
+                )
+        return out
+
+    def _recomputes(self, n: Node, c: Node, costly: dict[int, tuple[bool, int]]) -> bool:
+        """Whether inlining ``n`` into consumer ``c`` recomputes it many times: ``c`` reads
+        each element of ``n`` for several values of an index that codegen cannot hoist ``n``
+        out of (the innermost loop it can). Transcendental chains are stored when read twice;
+        other chains when read 64 times (the normalized activation feeding a GEMV row loop)."""
+        trans, ops = costly.get(n.id, (False, 0))
+        if not trans and ops == 0:
+            return False
+        for s, v in c.srcs:
+            if s is not n:
+                continue
+            used = {x.name for x in v.index.vars()} if isinstance(v.index, sym.Expr) else set()
+            hoisted = c.arg if c.op in REDUCE else len(v.shape) - 1
+            factor = 1
+            for k, ext in enumerate(v.shape):
+                if k != hoisted and f"_i{k}" not in used:
+                    factor *= max(sym.lower_bound(ext), 1)
+            if factor >= (2 if trans else 64):
+                return True
+        return False
 
     def materialized(self, n: Node) -> bool:
         if n.id in self.inline:
@@ -304,6 +341,9 @@ class _Lowerer:
                 # unused inputs stay in the signature, so callers need not know what was pruned
                 self.buf_of[n.id] = self.new_buffer(name, n.dtype, n.shape, "input")
         return Lowered(self.buffers, self.kernels, g.dims(), dict(g.weights))
+
+
+_TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
 
 
 def _has_divmod(idx: dict[str, sint]) -> bool:

@@ -435,11 +435,33 @@ def floordiv(a: sint, b: sint) -> sint:
                 return add(q, r)
     if prove_nonneg(r) and prove_lt(r, b):
         return q
+    if isinstance(b, int) and (peel := _peel_small(r, b)) is not None:
+        big, small, g = peel  # r == g*big + small, 0 <= small < g, g | b
+        return add(q, floordiv(big, b // g))
     if isinstance(r, Expr) and isinstance(b, int) and r.kind == DIV and isinstance(r.args[1], int):
         return add(q, floordiv(r.args[0], r.args[1] * b))
     if isinstance(r, int):
         return add(q, r // b) if isinstance(b, int) else add(q, _div_raw(r, b))
     return add(q, _div_raw(r, b))
+
+
+def _peel_small(r: sint, b: int) -> tuple[sint, sint, int] | None:
+    """r == g*big + small with g | b and 0 <= small < g: then r // b == big // (b/g) and
+    r % b == g*(big % (b/g)) + small. This makes a split loop index affine again:
+    (16*ro + ri) // 32 == ro // 2 when 0 <= ri < 16."""
+    if b <= 1:
+        return None
+    terms, const = _lin(r)
+    if len(terms) < 2:
+        return None
+    for g in sorted({gcd(c, b) for c in terms.values()} - {1, b}, reverse=True):
+        big = {t: c // g for t, c in terms.items() if c % g == 0}
+        if not big or len(big) == len(terms):
+            continue
+        small = _from_lin({t: c for t, c in terms.items() if c % g}, const % g)
+        if prove_nonneg(small) and prove_lt(small, g):
+            return _from_lin(big, const // g), small, g
+    return None
 
 
 def _div_raw(a: sint, b: sint) -> sint:
@@ -471,6 +493,9 @@ def mod(a: sint, b: sint) -> sint:
         return r
     if isinstance(r, int):
         return r % b if isinstance(b, int) else _mod_raw(r, b)
+    if isinstance(b, int) and (peel := _peel_small(r, b)) is not None:
+        big, small, g = peel
+        return add(mul(mod(big, b // g), g), small)
     if isinstance(r, Expr) and r.kind == MOD and isinstance(b, int) and isinstance(r.args[1], int):
         if r.args[1] % b == 0:
             return mod(r.args[0], b)
