@@ -39,7 +39,13 @@ EGRAPH = Flag(
     "0 skips the e-graph rewrites before lowering (compiler/search/rules, docs/rules.md)",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH)
+CUBLASLT = Flag(
+    "LUMINAL_CUBLASLT", "",
+    "libcublasLt to load for gemm calls on CUDA (default: what cuda-pathfinder finds, else "
+    "libcublasLt.so.13); read by the C++ runtime",
+)  # fmt: skip
+
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, CUBLASLT)
 
 
 def debug() -> int:
