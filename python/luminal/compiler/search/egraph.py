@@ -212,18 +212,19 @@ class EGraph:
 
     def _repair(self, c: int) -> None:
         cl = self.classes[c]
-        for pn, pc in cl.parents:
+        olds = cl.parents[:]  # unions below may append to (or move) this list
+        for pn, pc in olds:
             self.memo.pop(pn, None)
             self.memo[self.canon(pn)] = self.find(pc)
         seen: dict[ENode, int] = {}
-        for pn, pc in cl.parents:
+        for pn, pc in olds:
             pn = self.canon(pn)
             other = seen.get(pn)
             if other is not None:
                 self.union(pc, other)
             seen[pn] = self.find(pc)
-        cl = self.classes[self.find(c)]
-        cl.parents = list(seen.items())
+        if self.find(c) == c:  # else its parents moved to the root, which is pending
+            cl.parents = list(seen.items()) + cl.parents[len(olds) :]
 
     def num_nodes(self) -> int:
         return sum(len(cl.nodes) for cl in self.classes.values())
