@@ -1,23 +1,180 @@
-"""The ``luminal`` command line on the default models (reference interpreter)."""
+"""The ``luminal`` command line: ``generate`` / ``embed`` on the default models (reference
+interpreter), ``compile`` / ``run`` on a tiny graph (the real models' compiles are slow-marked)."""
 
 from __future__ import annotations
 
 import json
+import os
+import textwrap
 
 import numpy as np
 import pytest
 
-pytest.importorskip("tokenizers")
-pytest.importorskip("gguf")
+import luminal as lm
+from luminal.cli import main
 
-from luminal.cli import main  # noqa: E402
+TINY = textwrap.dedent("""
+    import numpy as np
+    import luminal as lm
+
+    def build():
+        g = lm.Graph("tiny")
+        seq = lm.dim("seq", 1, 64)
+        x = g.input("x", (seq, 4))
+        w = g.weight("w", data=np.arange(16, dtype=np.float32).reshape(4, 4) / 10 - 0.7)
+        g.output("y", (x @ w).relu())
+        g.output("total", x.sum())
+        return g
+
+    def not_a_graph():
+        return 3
+""")
 
 
 def _have(fn) -> None:
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("gguf")
     try:
         fn()
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory) -> tuple[str, str]:
+    """(graph spec, plan path): the tiny graph compiled once by ``luminal compile``."""
+    d = tmp_path_factory.mktemp("cli")
+    (d / "tiny.py").write_text(TINY)
+    spec, plan = f"{d / 'tiny.py'}:build", str(d / "tiny.lmp")
+    assert main(["compile", "--graph", spec, "-o", plan]) == 0
+    return spec, plan
+
+
+def _tiny_graph(spec: str) -> lm.Graph:
+    from luminal.cli import _graph_from_spec
+
+    return _graph_from_spec(spec)
+
+
+def test_compile_writes_a_plan_and_reports_stages(tmp_path, capsys) -> None:
+    (tmp_path / "tiny.py").write_text(TINY)
+    plan = tmp_path / "t.lmp"
+    assert main(["compile", "--graph", f"{tmp_path / 'tiny.py'}:build", "-o", str(plan)]) == 0
+    out = capsys.readouterr()
+    assert plan.is_file() and f"wrote {plan}" in out.out
+    assert "dims: seq 1..64" in out.out and "x f32(seq, 4)" in out.out
+    for stage in ("lowering", "generating code for", "loading the plan", "done in"):
+        assert stage in out.err, out.err
+    assert lm.load(str(plan)).inputs == {"x": np.dtype(np.float32)}
+
+
+def test_compile_progress_callback() -> None:
+    seen: list[str] = []
+    g = lm.Graph("cb")
+    x = g.input("x", (3,))
+    g.output("y", x * 2)
+    lm.compile(g, progress=seen.append)
+    assert seen[0].startswith("lowering") and any("kernels" in m for m in seen[1:])
+
+
+def test_run_matches_the_interpreter(tiny_plan, tmp_path, capsys) -> None:
+    spec, plan = tiny_plan
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out_dir = tmp_path / "out"
+    assert main(["run", plan, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(out_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert "y: float32 (5, 4)" in printed and "total: float32 ()" in printed
+    want = _tiny_graph(spec).run({"x": x})
+    for name in ("y", "total"):
+        np.testing.assert_allclose(np.load(out_dir / f"{name}.npy"), want[name], rtol=1e-5)
+
+
+def test_run_takes_exact_int64_for_float_and_explicit_dims(tiny_plan, tmp_path) -> None:
+    spec, plan = tiny_plan
+    x = np.arange(12).reshape(3, 4)  # int64, as numpy saves Python ints
+    np.save(tmp_path / "x.npy", x)
+    argv = ["run", plan, "-i", f"x={tmp_path / 'x.npy'}", "-d", "seq=3", "-o", str(tmp_path)]
+    assert main(argv) == 0
+    want = _tiny_graph(spec).run({"x": x.astype(np.float32)})["y"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-i", "x"], "expected NAME=FILE.npy"),
+        (["-i", "=x.npy"], "expected NAME=FILE.npy"),
+        (["-d", "seq"], "expected NAME=INTEGER"),
+        (["-d", "seq=five"], "must be an integer"),
+        (["-i", "x={d}/missing.npy"], "no such file"),
+        (["-i", "x={d}/x.npy", "-i", "x={d}/x.npy"], "given twice"),
+        (["-i", "x={d}/wrong.npy"], "has shape (3, 5), expected (3, 4)"),
+        (["-i", "x={d}/frac.npy"], "do not convert exactly"),
+        (["-i", "x={d}/x.npy", "-d", "seq=4"], "expected (4, 4)"),
+        (["-i", "x={d}/x.npy", "-d", "batch=2"], "unknown dim 'batch'"),
+        ([], "missing input(s) ['x']"),
+        (["-i", "x={d}/x.npy", "-i", "z={d}/x.npy"], "unknown input(s) ['z']"),
+    ],
+)
+def test_run_errors_are_clear(tiny_plan, tmp_path, capsys, args, message) -> None:
+    _, plan = tiny_plan
+    np.save(tmp_path / "x.npy", np.zeros((3, 4), np.float32))
+    np.save(tmp_path / "wrong.npy", np.zeros((3, 5), np.float32))
+    np.save(tmp_path / "frac.npy", np.full((3, 4), 0.5, np.float64) + 1e-12)
+    argv = ["run", plan, "-o", str(tmp_path / "out")] + [a.format(d=tmp_path) for a in args]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_missing_plan_and_bad_plan(tmp_path, capsys) -> None:
+    assert main(["run", str(tmp_path / "none.lmp")]) == 2
+    assert "no such plan file" in capsys.readouterr().err
+    bad = tmp_path / "bad.lmp"
+    bad.write_bytes(b"not a plan at all")
+    assert main(["run", str(bad)]) == 2
+    assert "luminal: error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("tiny.py", "expected FILE.py:FUNCTION"),
+        ("missing.py:build", "no such file"),
+        ("tiny.py:nothing", "has no function 'nothing'"),
+        ("tiny.py:not_a_graph", "returned int, not a luminal.Graph"),
+    ],
+)
+def test_compile_graph_spec_errors(tmp_path, capsys, spec, message) -> None:
+    (tmp_path / "tiny.py").write_text(TINY)
+    path, sep, fn = spec.partition(":")
+    assert main(["compile", "--graph", str(tmp_path / path) + sep + fn]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_compile_unknown_model_file(tmp_path, capsys) -> None:
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"\0" * 8)
+    assert main(["compile", "--model", str(f)]) == 2
+    assert "not a GGUF file or a model folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compile_default_models(tmp_path, capsys) -> None:
+    from luminal.models import minilm_dir, smollm2_path
+
+    _have(smollm2_path)
+    _have(minilm_dir)
+    plan = tmp_path / "smollm2.lmp"
+    assert main(["compile", "--ctx", "64", "--no-search", "-o", str(plan)]) == 0
+    out = capsys.readouterr()
+    assert "tokens i32(seq)" in out.out and "pos 0..63" in out.out and "lowering" in out.err
+    ex = lm.load(str(plan))
+    assert set(ex.dims) == {"seq", "pos"} and "logits" in ex.outputs
+    plan = tmp_path / "minilm.lmp"
+    assert main(["compile", "--kind", "embed", "--no-search", "-o", str(plan)]) == 0
+    assert "embeddings" in lm.load(str(plan)).outputs
+    assert os.path.getsize(plan) > 20e6  # the weights travel inside the plan
 
 
 def test_embed_json(capsys) -> None:

@@ -1,42 +1,69 @@
 """The ``luminal`` command line: ``generate`` (text with a Llama-family GGUF, default
-SmolLM2-135M-Instruct) and ``embed`` (sentence embeddings, default all-MiniLM-L6-v2).
+SmolLM2-135M-Instruct), ``embed`` (sentence embeddings, default all-MiniLM-L6-v2),
+``compile`` (a model or a Python-built graph to a plan file) and ``run`` (a plan on .npy files).
 
     luminal generate "Write a haiku about compilers"
     luminal embed "first sentence" "second sentence"
+    luminal compile --kind embed -o minilm.lmp
+    luminal compile --graph my_graph.py:build -o g.lmp
+    luminal run g.lmp -i x=x.npy -d seq=7 -o out/
 
-Generated text streams to stdout; progress and speed go to stderr.
+Results go to stdout (and files); progress and speed go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+
+from . import flags
+from .compile import PROGRESS
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-class _Stage:
-    """``with _Stage("loading model"):`` prints the stage and how long it took."""
+@contextmanager
+def _stage(what: str) -> Iterator[None]:
+    """Prints the stage and how long it took; ``luminal.compile`` stage lines inside it (its
+    progress hook) print with the time since the stage began."""
+    t0 = time.perf_counter()
+    print(f"luminal: {what} ...", end="", file=sys.stderr, flush=True)
+    pending = True  # the stage line still waits for its time
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def step(msg: str) -> None:
+        nonlocal pending
+        head = "\n" if pending else ""
+        pending = False
+        print(
+            f"{head}luminal:   {time.perf_counter() - t0:5.1f} s  {msg}",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    def __enter__(self) -> _Stage:
-        self.t0 = time.perf_counter()
-        print(f"luminal: {self.what} ...", end="", file=sys.stderr, flush=True)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        print(f" {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+    token = PROGRESS.set(step)
+    try:
+        yield
+    except BaseException:
+        print(" failed" if pending else f"luminal: {what}: failed", file=sys.stderr, flush=True)
+        raise
+    finally:
+        PROGRESS.reset(token)
+    took = f"{time.perf_counter() - t0:.1f} s"
+    print(
+        f" {took}" if pending else f"luminal: {what}: done in {took}", file=sys.stderr, flush=True
+    )
 
 
 def _backend(name: str) -> str:
@@ -56,13 +83,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
     backend = _backend(a.backend)
     dequant = a.dequant if a.dequant != "auto" else ("graph" if backend == "compiled" else "load")
     path = a.model or smollm2_path()
-    with _Stage(f"loading {os.path.basename(path)}"):
+    with _stage(f"loading {os.path.basename(path)}"):
         if os.path.isdir(path):
             model, tok = load_hf_dir(path, a.ctx)
         else:
             model, tok = load_gguf(path, dequant=dequant, max_context=a.ctx)
     compiled = backend == "compiled"
-    with _Stage(f"building the graph and {'compiling' if compiled else 'preparing'} ({backend})"):
+    with _stage(f"building the graph and {'compiling' if compiled else 'preparing'} ({backend})"):
         session = LlamaSession(model, a.backend)
     backend, compiled = session.backend, session.backend == "compiled"
     engine = "compiled CPU plan" if compiled else "reference interpreter"
@@ -121,10 +148,12 @@ def cmd_embed(a: argparse.Namespace) -> int:
     if not texts:
         _say("luminal: error: no texts to embed (give them as arguments or on stdin)")
         return 2
-    with _Stage(f"loading {os.path.basename(os.path.normpath(d))}"):
+    with _stage(f"loading {os.path.basename(os.path.normpath(d))}"):
         model = Bert.from_dir(d)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    with _Stage(f"building the graph ({backend})"):
+    with _stage(
+        f"building the graph{' and compiling' if backend == 'compiled' else ''} ({backend})"
+    ):
         emb = Embedder(model, tok, a.backend)
     backend = emb.backend
     t0 = time.perf_counter()
@@ -141,6 +170,164 @@ def cmd_embed(a: argparse.Namespace) -> int:
             print("cosine similarity:")
             print(np.array2string(sim, precision=4, suppress_small=True))
     _say(f"luminal: {len(texts)} texts in {dt:.2f} s; backend {backend}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- compile
+def _graph_from_spec(spec: str) -> Any:
+    """``FILE.py:FUNC`` or ``MODULE:FUNC``: the function, called with no arguments, returns
+    the graph to compile."""
+    src, sep, fn_name = spec.rpartition(":")
+    if not sep or not src or not fn_name:
+        raise ValueError(f"--graph {spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+    if src.endswith(".py"):
+        if not os.path.isfile(src):
+            raise FileNotFoundError(f"--graph: no such file: {src}")
+        mod_spec = importlib.util.spec_from_file_location("_luminal_cli_graph", src)
+        assert mod_spec is not None and mod_spec.loader is not None
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(src)
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"--graph {spec!r}: {src} has no function {fn_name!r}")
+    graph = fn()
+    from .graph.graph import Graph
+
+    if not isinstance(graph, Graph):
+        raise ValueError(
+            f"--graph {spec!r}: {fn_name}() returned {type(graph).__name__}, not a luminal.Graph"
+        )
+    return graph
+
+
+def _model_kind(path: str | None, kind: str) -> str:
+    if kind != "auto" or path is None:
+        return "llm" if kind == "auto" else kind
+    if os.path.isdir(path):
+        try:
+            with open(os.path.join(path, "config.json")) as fh:
+                model_type = json.load(fh).get("model_type")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: a model folder needs a config.json") from None
+        return "embed" if model_type == "bert" else "llm"
+    if path.endswith(".gguf") or not os.path.exists(path):
+        return "llm"  # a missing file is reported by the loader, with its name
+    raise ValueError(f"{path}: not a GGUF file or a model folder; say --kind, or use --graph")
+
+
+def _build_model_graph(a: argparse.Namespace) -> tuple[Any, str]:
+    """The graph to compile and the default plan name."""
+    if a.graph:
+        g = _graph_from_spec(a.graph)
+        return g, g.name
+    kind = _model_kind(a.model, a.kind)
+    if kind == "embed":
+        from .models import Bert, minilm_dir
+
+        d = a.model or minilm_dir()
+        with _stage(f"loading {os.path.basename(os.path.normpath(d))}"):
+            model = Bert.from_dir(d)
+        with _stage("building the graph"):
+            return model.build(), os.path.basename(os.path.normpath(d))
+    from .models import load_gguf, smollm2_path
+    from .models.llama import load_hf_dir
+
+    path = a.model or smollm2_path()
+    with _stage(f"loading {os.path.basename(os.path.normpath(path))}"):
+        if os.path.isdir(path):
+            llm, _ = load_hf_dir(path, a.ctx)
+        else:
+            llm, _ = load_gguf(path, dequant=a.dequant, max_context=a.ctx)
+    with _stage("building the graph"):
+        g = llm.build()
+    stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+    return g, stem
+
+
+def _signature(items: Sequence[tuple[str, Any]], limit: int = 8) -> str:
+    """``name dtype(shape)`` for the first ``limit`` (name, node) pairs, dims by name."""
+    text = [f"{name} {n.dtype.name}({', '.join(map(str, n.shape))})" for name, n in items[:limit]]
+    return ", ".join(text) + (f", ... {len(items) - limit} more" if len(items) > limit else "")
+
+
+def cmd_compile(a: argparse.Namespace) -> int:
+    import luminal
+
+    graph, stem = _build_model_graph(a)
+    out = a.output or f"{stem}.lmp"
+    with _stage(f"compiling {graph.name!r} for {a.target}"):
+        cg = luminal.compile(graph, a.target, search=a.search)
+    cg.save(out)
+    inputs = [(name, n) for name, n in graph.inputs.items() if not n.arg[1]]  # arg[1]: weight
+    dims = ", ".join(f"{d.name} {d.min}..{d.max}" for d in cg.plan.dims) or "none"
+    print(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB): {cg.kernels} kernels")
+    print(f"  dims: {dims}")
+    print(f"  inputs: {_signature(inputs)}")
+    print(f"  outputs: {_signature(list(graph.outputs.items()))}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- run
+def _pairs(items: Sequence[str], flag: str, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{flag} {item!r}: expected NAME={what}")
+        if name in out:
+            raise ValueError(f"{flag}: {name!r} is given twice")
+        out[name] = value
+    return out
+
+
+def _load_input(name: str, path: str, want: np.dtype[Any] | None) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input {name!r}: no such file: {path}")
+    try:
+        a = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise ValueError(f"input {name!r}: {path} is not a .npy array ({e})") from None
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"input {name!r}: {path} holds several arrays; give one .npy per input")
+    if want is not None and a.dtype != want:
+        # numpy saves Python ints as int64 and floats as float64: take them when exact
+        cast = a.astype(want)
+        if a.dtype.kind not in "biuf" or not np.array_equal(cast, a, equal_nan=a.dtype.kind == "f"):
+            raise TypeError(
+                f"input {name!r}: {path} has dtype {a.dtype}; the plan takes {want} "
+                f"and the values do not convert exactly"
+            )
+        a = cast
+    return a
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    import luminal
+
+    if not os.path.isfile(a.plan):
+        raise FileNotFoundError(f"no such plan file: {a.plan}")
+    files = _pairs(a.input, "--input", "FILE.npy")
+    dims: dict[str, int] = {}
+    for name, value in _pairs(a.dim, "--dim", "INTEGER").items():
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--dim {name}={value}: the value must be an integer") from None
+    with _stage(f"loading {os.path.basename(a.plan)}"):
+        ex = luminal.load(a.plan, a.backend)
+    want = ex.inputs
+    inputs = {n: _load_input(n, p, want.get(n)) for n, p in files.items()}
+    t0 = time.perf_counter()
+    out = ex.run(inputs, dims)
+    dt = time.perf_counter() - t0
+    os.makedirs(a.out, exist_ok=True)
+    for name, arr in out.items():
+        path = os.path.join(a.out, f"{name}.npy")
+        np.save(path, arr)
+        print(f"{name}: {arr.dtype} {tuple(arr.shape)} -> {path}")
+    _say(f"luminal: ran in {1e3 * dt:.1f} ms on {ex.backend}")
     return 0
 
 
@@ -189,6 +376,47 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print the embeddings as JSON")
     e.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
     e.set_defaults(fn=cmd_embed)
+    c = sub.add_parser(
+        "compile",
+        help="compile a model (default: SmolLM2) or a Python-built graph to a plan file",
+        description="Compile a model or a graph and write the plan; run it later with "
+        "`luminal run`, luminal.load or luminal-run.",
+    )
+    src = c.add_mutually_exclusive_group()
+    src.add_argument("--model", help="a GGUF file or a model folder (default: per --kind)")
+    src.add_argument(
+        "--graph",
+        metavar="FILE.py:FUNC",
+        help="a function (FILE.py:FUNC or MODULE:FUNC) that returns a luminal.Graph",
+    )
+    c.add_argument(
+        "--kind",
+        choices=["auto", "llm", "embed"],
+        default="auto",
+        help="llm: Llama-family decoder (default SmolLM2-135M-Instruct); embed: BERT sentence "
+        "embeddings (default all-MiniLM-L6-v2); auto: from the model path",
+    )
+    c.add_argument("-o", "--output", help="the plan file (default: NAME.lmp here)")
+    c.add_argument("--ctx", type=int, default=1024, help="llm: context limit (KV cache size)")
+    c.add_argument("--dequant", choices=["graph", "load"], default="graph",
+                   help="llm: dequantize GGUF weights in the graph or once at load")  # fmt: skip
+    c.add_argument("--target", choices=["cpu", "cuda"], default="cpu", help="plan backend")
+    c.add_argument("--no-search", dest="search", action="store_false",
+                   help="skip timing library-call alternatives (faster compile)")  # fmt: skip
+    c.set_defaults(fn=cmd_compile)
+    r = sub.add_parser(
+        "run",
+        help="run a plan on .npy inputs and write .npy outputs",
+        description="Run a plan file. Dims that an input's shape gives may be left out.",
+    )
+    r.add_argument("plan", help="a plan file written by `luminal compile` or CompiledGraph.save")
+    r.add_argument("-i", "--input", action="append", default=[], metavar="NAME=FILE.npy")
+    r.add_argument("-d", "--dim", action="append", default=[], metavar="NAME=VALUE")
+    r.add_argument(
+        "-o", "--out", default="luminal-out", help="output folder (default: %(default)s)"
+    )
+    r.add_argument("--backend", default="cpu", help="runtime backend (default: cpu)")
+    r.set_defaults(fn=cmd_run)
     return p
 
 
@@ -196,7 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (FileNotFoundError, ValueError, NotImplementedError) as err:
+    except (FileNotFoundError, ValueError, TypeError, NotImplementedError, RuntimeError) as err:
+        if flags.debug() >= 1:
+            raise
         _say(f"luminal: error: {err}")
         return 2
     except KeyboardInterrupt:
