@@ -5,7 +5,9 @@
 byte) is split into ``r = g*ro + ri`` with the largest power-of-two ``g`` (up to 64) for
 which the symbolic simplifier turns every such index into an affine function of ``ri`` (moving the
 block-constant parts onto ``ro``), so the inner loop has unit-stride loads that vectorize
-and the per-block scale is loaded once per block instead of once per element.
+and the per-block scale is loaded once per block instead of once per element. When the two
+halves of a split block read the same bytes (the two nibbles of 4-bit weights), they are
+computed in one inner loop so each byte is loaded and unpacked once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..graph import symbolic as sym
+from ..graph.ops import Op
 from . import kernel_ir as K
 
 Step = K.Kernel | K.LibCall
@@ -73,6 +76,40 @@ def _split(r: K.Reduce) -> K.Reduce:
     return r
 
 
+def _vector_loads(v: K.Value, name: str) -> set[K.Load]:
+    """Loads in ``v`` whose index uses loop variable ``name``."""
+    out = set()
+    for x in K.walk(v):
+        if isinstance(x, K.Load) and isinstance(x.index, sym.Expr):
+            if any(y.name == name for y in x.index.vars()):
+                out.add(x)
+    return out
+
+
+def _jam_pairs(r: K.Reduce) -> K.Reduce:
+    """Reduce(ro, Reduce(ri, body)) -> Reduce(rb, Reduce(ri, body[ro=2rb] + body[ro=2rb+1]))
+    when the two copies load the same memory in the inner loop (both nibbles of a byte):
+    each byte is then read and unpacked once."""
+    inner = r.body
+    if not (
+        isinstance(inner, K.Reduce)
+        and r.op is Op.SUM_REDUCE
+        and inner.op is Op.SUM_REDUCE
+        and isinstance(r.extent, int)
+        and r.extent % 2 == 0
+        and r.extent > 2
+    ):
+        return r
+    rb = sym.var(r.var.name + "b", 0, r.extent // 2 - 1, r.extent // 2)
+    copies = [K.substitute(inner.body, {r.var.name: sym.add(sym.mul(rb, 2), h)}) for h in (0, 1)]
+    if not _vector_loads(copies[0], inner.var.name) & _vector_loads(copies[1], inner.var.name):
+        return r
+    body = K.Alu(Op.ADD, (copies[0], copies[1]), r.dtype)
+    return K.Reduce(
+        r.op, rb, r.extent // 2, K.Reduce(r.op, inner.var, inner.extent, body, r.dtype), r.dtype
+    )
+
+
 def _rebuild(v: K.Value, memo: dict[int, K.Value]) -> K.Value:
     hit = memo.get(id(v))
     if hit is not None:
@@ -89,7 +126,10 @@ def _rebuild(v: K.Value, memo: dict[int, K.Value]) -> K.Value:
         out = v if s is v.value else K.Masked(v.valid, s, v.dtype)
     elif isinstance(v, K.Reduce):
         body = _rebuild(v.body, memo)
-        out = _split(v if body is v.body else K.Reduce(v.op, v.var, v.extent, body, v.dtype))
+        r = v if body is v.body else K.Reduce(v.op, v.var, v.extent, body, v.dtype)
+        out = _split(r)
+        if out is not r:
+            out = _jam_pairs(out)
     elif isinstance(v, K.Gather):
         row, body = _rebuild(v.row, memo), _rebuild(v.body, memo)
         same = row is v.row and body is v.body

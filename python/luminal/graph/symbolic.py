@@ -435,9 +435,9 @@ def floordiv(a: sint, b: sint) -> sint:
                 return add(q, r)
     if prove_nonneg(r) and prove_lt(r, b):
         return q
-    if isinstance(b, int) and (peel := _peel_small(r, b)) is not None:
-        big, small, g = peel  # r == g*big + small, 0 <= small < g, g | b
-        return add(q, floordiv(big, b // g))
+    if (peel := _peel_small(r, b)) is not None:
+        big, _, gp = peel  # r == gp*big + small, 0 <= small < gp, gp | b
+        return add(q, floordiv(big, _exact_div(b, gp)))
     if isinstance(r, Expr) and isinstance(b, int) and r.kind == DIV and isinstance(r.args[1], int):
         return add(q, floordiv(r.args[0], r.args[1] * b))
     if isinstance(r, int):
@@ -445,23 +445,61 @@ def floordiv(a: sint, b: sint) -> sint:
     return add(q, _div_raw(r, b))
 
 
-def _peel_small(r: sint, b: int) -> tuple[sint, sint, int] | None:
+def _peel_small(r: sint, b: sint) -> tuple[sint, sint, sint] | None:
     """r == g*big + small with g | b and 0 <= small < g: then r // b == big // (b/g) and
     r % b == g*(big % (b/g)) + small. This makes a split loop index affine again:
-    (16*ro + ri) // 32 == ro // 2 when 0 <= ri < 16."""
-    if b <= 1:
-        return None
+    (16*ro + ri) // 32 == ro // 2 when 0 <= ri < 16. ``b`` is an int or a monomial c*m (a
+    merged symbolic dim: (64*s*h + 64*i + d) // (192*s) == h // 3 when 64*i + d < 64*s)."""
     terms, const = _lin(r)
     if len(terms) < 2:
         return None
-    for g in sorted({gcd(c, b) for c in terms.values()} - {1, b}, reverse=True):
-        big = {t: c // g for t, c in terms.items() if c % g == 0}
-        if not big or len(big) == len(terms):
+    if isinstance(b, int):
+        if b <= 1:
+            return None
+        bc, bm = b, None
+    else:
+        bterms, bconst = _lin(b)
+        if bconst != 0 or len(bterms) != 1:
+            return None
+        ((bm, bc),) = bterms.items()
+        if bc <= 0:
+            return None
+    # per term: (the term divided by the divisor's monomial part, coefficient) where it is a
+    # multiple of that part
+    over: dict[Expr, tuple[sint, int]] = {}
+    for t, c in terms.items():
+        if bm is None:
+            over[t] = (t, c)
+        elif t is bm:
+            over[t] = (1, c)
+        elif (rest := _is_multiple_of(t, bm)) is not None:
+            over[t] = (rest, c)
+    for gc in sorted({gcd(c, bc) for _, c in over.values()}, reverse=True):
+        if bm is None and gc in (1, bc):
+            continue  # g must be a proper divisor of an int b (g == b: nothing to peel)
+        big_t = {t: (x, c // gc) for t, (x, c) in over.items() if c % gc == 0}
+        if not big_t or len(big_t) == len(terms):
             continue
-        small = _from_lin({t: c for t, c in terms.items() if c % g}, const % g)
+        g: sint = gc if bm is None else mul(bm, gc)
+        small_c = const % gc if bm is None else const
+        big_c = const // gc if bm is None else 0
+        small = _from_lin({t: c for t, c in terms.items() if t not in big_t}, small_c)
         if prove_nonneg(small) and prove_lt(small, g):
-            return _from_lin(big, const // g), small, g
+            big: sint = big_c
+            for x, c in big_t.values():
+                big = add(big, mul(x, c))
+            return big, small, g
     return None
+
+
+def _exact_div(b: sint, g: sint) -> int:
+    """b / g for a divisor g that _peel_small took from b (an int, or g = m*gc for b = m*bc)."""
+    if isinstance(b, int) and isinstance(g, int):
+        return b // g
+    ((_, bc),) = _lin(b)[0].items()
+    gt, _ = _lin(g)
+    ((_, gc),) = gt.items()
+    return bc // gc
 
 
 def _div_raw(a: sint, b: sint) -> sint:
@@ -493,9 +531,9 @@ def mod(a: sint, b: sint) -> sint:
         return r
     if isinstance(r, int):
         return r % b if isinstance(b, int) else _mod_raw(r, b)
-    if isinstance(b, int) and (peel := _peel_small(r, b)) is not None:
+    if (peel := _peel_small(r, b)) is not None:
         big, small, g = peel
-        return add(mul(mod(big, b // g), g), small)
+        return add(mul(mod(big, _exact_div(b, g)), g), small)
     if isinstance(r, Expr) and r.kind == MOD and isinstance(b, int) and isinstance(r.args[1], int):
         if r.args[1] % b == 0:
             return mod(r.args[0], b)

@@ -63,6 +63,18 @@ def _bits(q: Tensor, shift: int | Tensor, width: int) -> Tensor:
     return _floor(y) if shift else y
 
 
+def _nibble(g: Graph, q: Tensor, hi_shape: tuple[int, ...]) -> Tensor:
+    """``(q >> 4h) & 15`` for a u8 view ``q`` whose nibble index h in {0, 1} runs over the
+    axis that ``hi_shape`` (a broadcastable (2, 1, ...) shape) marks. In integers, so a kernel
+    reads each byte once for both nibbles: lo = q % 16 and 16*hi = q - lo, each exact in f32;
+    the tables pick lo (h = 0) or hi (h = 1)."""
+    qi = q.cast(dt.i32)
+    lo = qi.fmod(16)
+    return _f(lo).mul(_table(g, [1.0, 0.0], hi_shape)).add(
+        _f(qi.add(lo.mul(-1))).mul(_table(g, [0.0, 1 / 16], hi_shape))
+    )
+
+
 _TABLES: weakref.WeakKeyDictionary[Graph, dict[tuple, Tensor]] = weakref.WeakKeyDictionary()
 
 
@@ -89,19 +101,19 @@ def _b(i: sint, size: int, off: sint = 0) -> sint:
 def _q4_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # block_q4_0: f16 d; u8 qs[16]. y[h*16 + l] = (((qs[l] >> 4h) & 15) - 8) * d
     shape = (nb, 2, 16)
-    q = _f(_read(w["u8"], shape, lambda b, h, e: _b(b, 18, sym.add(2, e))))
+    q = _read(w["u8"], shape, lambda b, h, e: _b(b, 18, sym.add(2, e)))
     d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 9)))
-    v = _bits(q, _table(g, [1.0, 1 / 16], (2, 1)), 4).add(-8.0)
+    v = _nibble(g, q, (2, 1)).add(-8.0)
     return v.mul(d).reshape(nb, 32)
 
 
 def _q4_1(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # block_q4_1: f16 d, f16 m; u8 qs[16]. y[h*16 + l] = ((qs[l] >> 4h) & 15) * d + m
     shape = (nb, 2, 16)
-    q = _f(_read(w["u8"], shape, lambda b, h, e: _b(b, 20, sym.add(4, e))))
+    q = _read(w["u8"], shape, lambda b, h, e: _b(b, 20, sym.add(4, e)))
     d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 10)))
     m = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 10, 1)))
-    v = _bits(q, _table(g, [1.0, 1 / 16], (2, 1)), 4)
+    v = _nibble(g, q, (2, 1))
     return v.mul(d).add(m).reshape(nb, 32)
 
 
@@ -130,8 +142,8 @@ def _q4_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     dmin = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 72, 1)))
     scale = sc.mul(d).reshape(nb, 4, 2, 1).expand(shape)
     offset = mn.mul(dmin).reshape(nb, 4, 2, 1).expand(shape)
-    q = _f(_read(u8, shape, lambda b, j, h, e: _b(b, 144, sym.add(16, sym.add(sym.mul(j, 32), e)))))
-    v = _bits(q, _table(g, [1.0, 1 / 16], (2, 1)), 4)
+    q = _read(u8, shape, lambda b, j, h, e: _b(b, 144, sym.add(16, sym.add(sym.mul(j, 32), e))))
+    v = _nibble(g, q, (2, 1))
     return v.mul(scale).add(offset.mul(-1.0)).reshape(nb, 256)
 
 
