@@ -159,12 +159,16 @@ void Executor::bind(const std::vector<int64_t> &dims) {
   }
   // Staged backends keep inputs and outputs in the arena too, after the scratch buffers.
   io_offset_.assign(pl.buffers.size(), -1);
-  if (!backend_->host_visible())
+  if (!backend_->host_visible()) {
     for (size_t b = 0; b < pl.buffers.size(); ++b)
-      if (pl.buffers[b].role == Role::input || pl.buffers[b].role == Role::output) {
+      if ((pl.buffers[b].role == Role::input || pl.buffers[b].role == Role::output) &&
+          pl.buffers[b].alias == kNone) {
         io_offset_[b] = int64_t(round_up(arena));
         arena = io_offset_[b] + buf_bytes_[b];
       }
+    for (size_t b = 0; b < pl.buffers.size(); ++b)
+      if (pl.buffers[b].alias != kNone) io_offset_[b] = io_offset_[pl.buffers[b].alias];
+  }
 
   steps_.clear();
   argv_.clear();
@@ -240,10 +244,19 @@ void Executor::run(const std::vector<int64_t> &dims, void *const *io, const size
   std::lock_guard<std::mutex> lock(mu_);
   if (!bound_ || dims != dims_) bind(dims);
   const Plan &pl = *plan_;
+  // An output that updates an input in place is written through the input's pointer.
+  std::vector<void *> aliased;
+  for (size_t b = 0; b < pl.buffers.size(); ++b)
+    if (pl.buffers[b].alias != kNone) {
+      if (aliased.empty()) aliased.assign(io, io + pl.buffers.size());
+      aliased[b] = io[pl.buffers[b].alias];
+    }
+  if (!aliased.empty()) io = aliased.data();
   if (io_bytes)
     for (size_t b = 0; b < pl.buffers.size(); ++b) {
       Role r = pl.buffers[b].role;
-      if ((r == Role::input || r == Role::output) && io_bytes[b] < size_t(buf_bytes_[b]))
+      if ((r == Role::input || (r == Role::output && pl.buffers[b].alias == kNone)) &&
+          io_bytes[b] < size_t(buf_bytes_[b]))
         throw InputError("array for '" + pl.buffers[b].name + "' holds " +
                          std::to_string(io_bytes[b]) + " bytes, the plan needs " +
                          std::to_string(buf_bytes_[b]));

@@ -30,7 +30,8 @@ public:
   std::vector<int64_t> shape(const std::vector<int64_t> &vals, uint32_t b) const;
 
   // Runs every step. io[b] is the host pointer of input/output buffer b (entries of other
-  // buffers are ignored) and must hold that buffer's bytes for these dims. Thread-safe:
+  // buffers are ignored) and must hold that buffer's bytes for these dims; an output with an
+  // alias is written in place through its input's pointer (its own entry is ignored). Thread-safe:
   // concurrent calls on one executor run one after the other. When `io_bytes` is given,
   // io_bytes[b] is checked against buffer b's size first (InputError if too small).
   void run(const std::vector<int64_t> &dims, void *const *io, const size_t *io_bytes = nullptr);

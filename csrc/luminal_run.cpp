@@ -117,7 +117,7 @@ int run(int argc, char **argv) {
                              ")");
       }
       io[b] = arrays[b].data.data();
-    } else if (buf.role == luminal::Role::output) {
+    } else if (buf.role == luminal::Role::output && buf.alias == luminal::kNone) {
       outputs[b].resize(size_t(vals[buf.nbytes]));
       io[b] = outputs[b].data();
     }
@@ -129,8 +129,11 @@ int run(int argc, char **argv) {
   if (repeat > 1) std::cerr << "luminal-run: " << us / repeat << " us per run\n";
 
   ::mkdir(out.c_str(), 0755);
-  for (auto &[b, data] : outputs) {
+  for (uint32_t b = 0; b < pl.buffers.size(); ++b) {
     const auto &buf = pl.buffers[b];
+    if (buf.role != luminal::Role::output) continue;
+    // an output that updates an input in place was written into that input's array
+    const auto &data = buf.alias == luminal::kNone ? outputs[b] : arrays[buf.alias].data;
     luminal::npy::save(out + "/" + buf.name + ".npy", buf.dtype, ex.shape(vals, b), data.data(),
                        data.size());
   }

@@ -77,6 +77,34 @@ struct Reader {
   }
 };
 
+// An aliased output shares its input's memory, so it must be an input of the same dtype,
+// shape and size, and no input may be updated by two outputs.
+bool same_program(const Program &a, const Program &b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].op != b[i].op || a[i].arg != b[i].arg) return false;
+  return true;
+}
+
+void check_aliases(const Plan &pl, Reader &r) {
+  std::vector<bool> taken(pl.buffers.size(), false);
+  for (const Buffer &b : pl.buffers) {
+    if (b.alias == kNone) continue;
+    std::string what = "buffer '" + b.name + "'";
+    if (b.role != Role::output) r.fail(what + ": only outputs can alias (update) an input");
+    if (b.alias >= pl.buffers.size() || pl.buffers[b.alias].role != Role::input)
+      r.fail(what + ": alias " + std::to_string(b.alias) + " is not an input buffer");
+    const Buffer &t = pl.buffers[b.alias];
+    bool same = b.dtype == t.dtype && b.shape.size() == t.shape.size() &&
+                same_program(pl.exprs[b.nbytes], pl.exprs[t.nbytes]);
+    for (size_t k = 0; same && k < b.shape.size(); ++k)
+      same = same_program(pl.exprs[b.shape[k]], pl.exprs[t.shape[k]]);
+    if (!same) r.fail(what + ": updates input '" + t.name + "' of a different dtype/shape/size");
+    if (taken[b.alias]) r.fail(what + ": input '" + t.name + "' is updated by two outputs");
+    taken[b.alias] = true;
+  }
+}
+
 void parse_body(Plan &pl, Reader &r) {
   r.section = "target";
   pl.backend = r.str();
@@ -110,7 +138,8 @@ void parse_body(Plan &pl, Reader &r) {
   const auto n_expr = uint32_t(pl.exprs.size());
 
   r.section = "buffers";
-  pl.buffers.resize(r.count(15));
+  const bool has_alias = pl.version >= 2;
+  pl.buffers.resize(r.count(has_alias ? 19 : 15));
   std::set<std::string> io_names;
   for (Buffer &b : pl.buffers) {
     b.name = r.str();
@@ -124,10 +153,12 @@ void parse_body(Plan &pl, Reader &r) {
     if (b.role == Role::scratch ? b.offset >= n_expr : b.offset != kNone)
       r.fail("buffer '" + b.name + "': an arena offset expression is required for scratch " +
              "buffers and forbidden for others");
+    if (has_alias) b.alias = r.get<uint32_t>();
     if ((b.role == Role::input || b.role == Role::output) &&
         (b.name.empty() || !io_names.insert(b.name).second))
       r.fail("input/output name '" + b.name + "' is empty or repeated");
   }
+  check_aliases(pl, r);
   const auto n_buf = uint32_t(pl.buffers.size());
 
   r.section = "kernels";
@@ -229,10 +260,11 @@ std::shared_ptr<const Plan> parse(const uint8_t *data, size_t n, std::shared_ptr
   Reader r{data, n, 4};
   auto plan = std::make_shared<Plan>();
   plan->version = r.get<uint32_t>();
-  if (plan->version != kFormatVersion)
+  if (plan->version < kOldestVersion || plan->version > kFormatVersion)
     throw PlanError("plan format version " + std::to_string(plan->version) +
-                    " is not supported (this runtime reads version " +
-                    std::to_string(kFormatVersion) + "); recompile the model");
+                    " is not supported (this runtime reads versions " +
+                    std::to_string(kOldestVersion) + " to " + std::to_string(kFormatVersion) +
+                    "); recompile the model");
   uint64_t file_size = r.get<uint64_t>(), blob_offset = r.get<uint64_t>();
   uint32_t crc = r.get<uint32_t>(), reserved = r.get<uint32_t>();
   if (file_size != n)

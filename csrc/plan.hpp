@@ -14,7 +14,8 @@
 namespace luminal {
 
 constexpr char kMagic[4] = {'L', 'M', 'P', 'L'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kOldestVersion = 1;  // version 1 has no buffer alias field
 constexpr uint32_t kNone = 0xFFFFFFFFu; // "no expression" (e.g. arena offset of a non-scratch)
 constexpr uint64_t kAlign = 64;         // blob, inline weights and the arena
 
@@ -45,6 +46,8 @@ struct Buffer {
   std::vector<uint32_t> shape; // expression ids, outermost first
   uint32_t nbytes = 0;         // expression id
   uint32_t offset = kNone;     // expression id (arena offset, bytes); scratch only
+  // Outputs only: the input buffer this output updates in place (it is that input's memory).
+  uint32_t alias = kNone;
 };
 
 struct Kernel {

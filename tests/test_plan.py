@@ -12,6 +12,7 @@ import pytest
 
 from luminal.plan import (
     ALIGN,
+    FORMAT_VERSION,
     Copy,
     DType,
     FileWeight,
@@ -114,7 +115,7 @@ def test_layout_header_and_alignment(tmp_path) -> None:
     data = path.read_bytes()
     assert data == p.to_bytes()
     magic, version, size, blob, crc, reserved = struct.unpack("<4sIQQII", data[:32])
-    assert (magic, version, size, reserved) == (b"LMPL", 1, len(data), 0)
+    assert (magic, version, size, reserved) == (b"LMPL", FORMAT_VERSION, len(data), 0)
     assert blob % ALIGN == 0 and crc == zlib.crc32(data[32:])
     q = Plan.load(path)
     w = q.weights[0]
@@ -229,7 +230,7 @@ def test_corrupt_files_raise_plan_error() -> None:
     good = Plan(dims=[], metadata={"a": "b"}).to_bytes()
     cases = {
         "bad magic": b"GGUF" + good[4:],
-        "version 2 is not supported": good[:4] + struct.pack("<I", 2) + good[8:],
+        "version 3 is not supported": good[:4] + struct.pack("<I", 3) + good[8:],
         "shorter than the header": good[:10],
         "truncated or has trailing": good[:-1],
         "checksum mismatch": good[:-1] + bytes([good[-1] ^ 1]),

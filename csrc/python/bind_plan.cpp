@@ -50,8 +50,10 @@ void init_plan(nb::module_ &m) {
       .def_prop_ro(
           "io",
           [](const Plan &p) {
-            // (buffer id, name, role, dtype, per shape entry: dim index if a bare dim else -1)
-            std::vector<std::tuple<uint32_t, std::string, int, int, std::vector<int64_t>>> out;
+            // (buffer id, name, role, dtype, per shape entry: dim index if a bare dim else -1,
+            //  the input buffer id an output updates in place or -1)
+            std::vector<std::tuple<uint32_t, std::string, int, int, std::vector<int64_t>, int64_t>>
+                out;
             for (uint32_t b = 0; b < p.buffers.size(); ++b) {
               const auto &buf = p.buffers[b];
               if (buf.role != luminal::Role::input && buf.role != luminal::Role::output) continue;
@@ -61,9 +63,11 @@ void init_plan(nb::module_ &m) {
                 bare.push_back(prog.size() == 1 && prog[0].op == luminal::Op::Dim ? prog[0].arg
                                                                                   : -1);
               }
-              out.emplace_back(b, buf.name, int(buf.role), int(buf.dtype), bare);
+              int64_t alias = buf.alias == luminal::kNone ? -1 : int64_t(buf.alias);
+              out.emplace_back(b, buf.name, int(buf.role), int(buf.dtype), bare, alias);
             }
             return out;
           },
-          "[(buffer id, name, role, dtype code, bare-dim index per shape entry or -1)].");
+          "[(buffer id, name, role, dtype code, bare-dim index per shape entry or -1, "
+          "input buffer id updated in place or -1)].");
 }

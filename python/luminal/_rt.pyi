@@ -12,7 +12,7 @@ class Plan:
     num_steps: int
     num_kernels: int
     dims: list[tuple[str, int, int]]
-    io: list[tuple[int, str, int, int, list[int]]]
+    io: list[tuple[int, str, int, int, list[int], int]]
     step_names: list[str]
     @staticmethod
     def load(path: str) -> Plan: ...

@@ -74,8 +74,9 @@ def build_plan(
     mem = plan_memory({b.id: b.nbytes() for b in low.buffers if b.role == "scratch"}, steps)
     for b in low.buffers:
         plan.add_buffer(
-            b.name, b.dtype.name, _ROLE[b.role], b.shape, b.nbytes(), mem.offsets.get(b.id)
-        )
+            b.name, b.dtype.name, _ROLE[b.role], b.shape, b.nbytes(), mem.offsets.get(b.id),
+            alias=b.alias,
+        )  # fmt: skip
     pending = iter(launches)
     for i in range(len(low.kernels)):
         if i in libcalls:

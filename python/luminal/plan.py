@@ -56,7 +56,9 @@ __all__ = [
 ]
 
 MAGIC = b"LMPL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# versions this reader accepts: 1 has no buffer alias field (nothing is updated in place)
+READ_VERSIONS = (1, 2)
 HEADER_SIZE = 32
 ALIGN = 64
 NONE = 0xFFFFFFFF
@@ -179,7 +181,9 @@ class Dim:
 
 @dataclass
 class Buffer:
-    """``nbytes`` defaults to the packed size of ``shape``; ``offset`` is for scratch only."""
+    """``nbytes`` defaults to the packed size of ``shape``; ``offset`` is for scratch only.
+    ``alias``: for an output, the id of the input buffer it updates in place (the output
+    *is* that input's memory: same dtype, shape and size)."""
 
     name: str
     dtype: DType
@@ -187,6 +191,7 @@ class Buffer:
     shape: tuple[Expr, ...] = ()
     nbytes: Expr | None = None
     offset: Expr | None = None
+    alias: int | None = None
 
     def __post_init__(self) -> None:
         self.dtype = DType.of(self.dtype)

@@ -17,6 +17,7 @@ from .plan import (
     HEADER_SIZE,
     MAGIC,
     NONE,
+    READ_VERSIONS,
     Buffer,
     Copy,
     Dim,
@@ -162,6 +163,8 @@ def _body(plan: Plan) -> tuple[bytes, list[tuple[int, memoryview]]]:
             if b.offset is not None:
                 raise PlanError(f"{what}: only scratch buffers have an arena offset")
             rest.u32(NONE)
+        rest.u32(NONE if b.alias is None else b.alias)
+    _check_aliases(plan.buffers, lambda e: program_of(e, ex.dim_index))
 
     rest.u32(n_ker)
     for k in plan.kernels:
@@ -262,6 +265,30 @@ def _body(plan: Plan) -> tuple[bytes, list[tuple[int, memoryview]]]:
     return bytes(w.buf + rest.buf), blob
 
 
+def _check_aliases(buffers: list[Buffer], prog: Any) -> None:
+    """An alias makes an output share its input's memory: it must name an input of the same
+    dtype, shape and size, and each input may be updated by one output only."""
+    taken: set[int] = set()
+    for b in buffers:
+        if b.alias is None:
+            continue
+        what = f"buffer {b.name!r}"
+        a = b.alias
+        if b.role != Role.output:
+            raise PlanError(f"{what}: only outputs can alias (update) an input")
+        if not (isinstance(a, int) and 0 <= a < len(buffers)) or buffers[a].role != Role.input:
+            raise PlanError(f"{what}: alias {a!r} is not an input buffer")
+        t = buffers[a]
+        same_shape = [prog(x) for x in b.shape] == [prog(x) for x in t.shape]
+        sizes = [_nbytes_program(x.dtype, [prog(d) for d in x.shape]) if x.nbytes is None
+                 else prog(x.nbytes) for x in (b, t)]  # fmt: skip
+        if b.dtype != t.dtype or not same_shape or sizes[0] != sizes[1]:
+            raise PlanError(f"{what}: updates input {t.name!r} of a different dtype/shape/size")
+        if a in taken:
+            raise PlanError(f"{what}: input {t.name!r} is updated by two outputs")
+        taken.add(a)
+
+
 # ---- reading -------------------------------------------------------------------------------
 
 
@@ -315,10 +342,10 @@ def _parse(d: memoryview) -> Plan:
     if bytes(d[:4]) != MAGIC:
         raise PlanError("not a luminal plan: bad magic (expected 'LMPL' at byte 0)")
     version, size, blob_offset, crc, reserved = struct.unpack("<IQQII", d[4:HEADER_SIZE])
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise PlanError(
-            f"plan format version {version} is not supported (this luminal reads version "
-            f"{FORMAT_VERSION}); recompile the model"
+            f"plan format version {version} is not supported (this luminal reads versions "
+            f"{READ_VERSIONS[0]} to {READ_VERSIONS[-1]}); recompile the model"
         )
     if size != n:
         raise PlanError(f"plan is truncated or has trailing bytes: header says {size}, got {n}")
@@ -345,7 +372,7 @@ def _parse(d: memoryview) -> Plan:
         return exprs[r.id(len(exprs), what)]
 
     r.section = "buffers"
-    for _ in range(r.count(15)):
+    for _ in range(r.count(19 if version >= 2 else 15)):
         name, dt, role = r.text(), r.u8(), r.u8()
         if dt >= len(DType) or role >= len(Role):
             raise PlanError(f"buffer {name!r}: unknown dtype {dt} or role {role}")
@@ -354,10 +381,13 @@ def _parse(d: memoryview) -> Plan:
         off = r.u32()
         if (off == NONE) != (role != Role.scratch) or (off != NONE and off >= len(exprs)):
             raise PlanError(f"buffer {name!r}: bad arena offset expression {off}")
+        alias = r.u32() if version >= 2 else NONE
         plan.buffers.append(
-            Buffer(name, DType(dt), Role(role), shape, nbytes, None if off == NONE else exprs[off])
-        )
+            Buffer(name, DType(dt), Role(role), shape, nbytes,
+                   None if off == NONE else exprs[off], None if alias == NONE else alias)
+        )  # fmt: skip
     n_buf = len(plan.buffers)
+    _check_aliases(plan.buffers, lambda e: program_of(e, {}))
     r.section = "kernels"
     for _ in range(r.count(17)):
         name, fmt, entry = r.text(), r.u8(), r.text()
@@ -429,6 +459,8 @@ def _describe(plan: Plan) -> str:
     for i, b in enumerate(plan.buffers):
         shape = ", ".join(e(s) for s in b.shape)
         extra = f" at arena+{e(b.offset)}" if b.role == Role.scratch else ""
+        if b.alias is not None:
+            extra = f" in place of input {bname(b.alias)}"
         lines.append(
             f"  #{i:<3} {b.role.name:<7} {b.dtype.name:<7} {b.name} [{shape}] "
             f"{e(b.nbytes)} bytes{extra}"

@@ -6,6 +6,11 @@
 Inputs that are C-contiguous with the right dtype are used in place; outputs are new arrays
 written directly by the kernels. Dims not given are taken from inputs whose shape entry is a
 bare dim. The GIL is released while the plan runs.
+
+An output that updates an input in place (``Graph.output(name, t, updates=input)``, a KV
+cache) is not a new array: the kernels write the caller's input array, which must be a
+writable, C-contiguous numpy array of the plan's dtype, and ``run`` returns that same array
+under the output's name.
 """
 
 from __future__ import annotations
@@ -79,10 +84,11 @@ def luminal_run_path() -> Path:
 class _IO:
     """What run() needs to know about one input or output, computed once."""
 
-    __slots__ = ("name", "role", "dtype", "np_dtype", "bare", "raw", "packed")
+    __slots__ = ("name", "role", "dtype", "np_dtype", "bare", "raw", "packed", "updates")
 
     def __init__(self, name: str, role: int, dtype: int, bare: list[int]) -> None:
         self.name = name
+        self.updates: str | None = None  # output: the input it is written into in place
         self.role = Role(role)
         self.dtype = DType(dtype)
         self.np_dtype = numpy_dtype(self.dtype)
@@ -119,8 +125,15 @@ class Executor:
         self._ex = _rt.Executor(self._plan, backend)
         self._dims: list[tuple[str, int, int]] = list(self._plan.dims)
         self._dim_index = {name: i for i, (name, _, _) in enumerate(self._dims)}
-        self._io = [_IO(name, role, dt, bare) for _, name, role, dt, bare in self._plan.io]
+        io_table = self._plan.io
+        self._io = [_IO(name, role, dt, bare) for _, name, role, dt, bare, _ in io_table]
+        names = {bid: name for bid, name, *_ in io_table}
+        for io, (*_, alias) in zip(self._io, io_table, strict=True):
+            if alias >= 0:
+                io.updates = names[alias]
         self._inputs = [io for io in self._io if io.role == Role.input]
+        # input name -> the output that updates it in place
+        self._in_place = {io.updates: io.name for io in self._io if io.updates is not None}
         self._input_names = {io.name for io in self._inputs}
         self._shape_cache: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         if flags.debug() >= 2:
@@ -177,6 +190,11 @@ class Executor:
         return {io.name: io.np_dtype for io in self._io if io.role == Role.output}
 
     @property
+    def updates(self) -> dict[str, str]:
+        """Output name -> the input it updates in place (its array is the input's array)."""
+        return {io.name: io.updates for io in self._io if io.updates is not None}
+
+    @property
     def metadata(self) -> dict[str, str]:
         return dict(self._plan.metadata)
 
@@ -203,9 +221,20 @@ class Executor:
         shapes = self._shapes(vals)
         arrays: list[np.ndarray] = []
         outputs: list[tuple[_IO, np.ndarray, tuple[int, ...]]] = []
+        passed: dict[str, np.ndarray] = {}  # in-place inputs as passed to the runtime
+        late: list[tuple[int, str]] = []
         for io, shape in zip(self._io, shapes, strict=True):
             if io.role == Role.input:
-                arrays.append(self._prepare_input(io, inputs[io.name], shape))
+                a = self._prepare_input(io, inputs[io.name], shape)
+                if io.name in self._in_place:
+                    self._check_in_place(io, inputs[io.name])
+                    passed[io.name] = a
+                arrays.append(a)
+            elif io.updates is not None:
+                # the runtime writes this output through its input's pointer; same array here
+                late.append((len(arrays), io.updates))
+                arrays.append(inputs[io.updates])
+                outputs.append((io, inputs[io.updates], shape))
             elif io.packed:
                 raw = np.empty(io.dtype.nbytes(_prod(shape)), np.uint8)
                 arrays.append(raw)
@@ -214,6 +243,8 @@ class Executor:
                 out = np.empty(shape, io.np_dtype)
                 arrays.append(out.reshape(-1).view(np.uint8) if io.raw else out)
                 outputs.append((io, out, shape))
+        for k, name in late:
+            arrays[k] = passed[name]
         self._ex.run(vals, arrays)
         result = {}
         for io, a, shape in outputs:
@@ -240,6 +271,26 @@ class Executor:
         if io.packed:
             return pack_nibbles(a)
         return a.reshape(-1).view(np.uint8) if io.raw else a
+
+    def _check_in_place(self, io: _IO, given: Any) -> None:
+        """The kernels write an in-place input: it must be the caller's own array, as is."""
+        out = self._in_place[io.name]
+        if io.packed:  # ml_dtypes holds one 4-bit value per byte; the plan packs two
+            raise ValueError(f"input {io.name!r}: a {io.dtype.name} array cannot be updated "
+                             f"in place (output {out!r})")  # fmt: skip
+        if not isinstance(given, np.ndarray) or not given.flags.c_contiguous:
+            got = type(given).__name__
+            if isinstance(given, np.ndarray):
+                got = "a non-contiguous array"
+            raise ValueError(
+                f"input {io.name!r} is updated in place (output {out!r}): pass a writable, "
+                f"C-contiguous numpy array, not {got}"
+            )
+        if not given.flags.writeable:
+            raise ValueError(
+                f"input {io.name!r} is updated in place (output {out!r}) but its array is "
+                "read-only: pass a writable copy (np.array(a))"
+            )
 
     def _check_names(self, inputs: Mapping[str, Any]) -> None:
         missing = sorted(self._input_names - set(inputs))

@@ -70,10 +70,13 @@ class Graph(_CoreGraph):
         name = name or f"_const{len(self.weights)}"
         return self.weight(name, arr.shape, d, data=dt.np_cast(arr, d))
 
-    def output(self, name: str, t: Tensor) -> Tensor:
+    def output(self, name: str, t: Tensor, updates: str | None = None) -> Tensor:
+        """Declare ``t`` an output. ``updates="cache"``: ``t`` is the new value of input
+        ``cache`` (a SCATTER into it), updated in place by compiled plans: the caller's
+        array is written and returned under ``name``."""
         if not isinstance(t, Tensor):
             raise TypeError(f"output {name!r}: expected a Tensor, got {type(t).__name__}")
-        self.add_output(name, t.edge)
+        self.add_output(name, t.edge, updates)
         return t
 
     # creation ops named as in PyTorch: g.arange(n) is luminal.functional.arange(g, n)

@@ -31,6 +31,7 @@ class BufferInfo:
     dtype: dt.DType
     shape: tuple[sint, ...]
     role: Role
+    alias: int | None = None  # output written in place into this input buffer
 
     def numel(self) -> sint:
         n: sint = 1
@@ -74,8 +75,9 @@ def _unflatten(flat: sint, shape: tuple[sint, ...]) -> dict[str, sint]:
 
 
 class _Lowerer:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, in_place: frozenset[str] = frozenset()) -> None:
         self.graph = graph
+        self.in_place = in_place  # outputs of graph.state to write into their inputs
         outs = list(graph.outputs.values())
         self.order = graph.toposort(outs)
         self.consumers = _consumers(graph, self.order)
@@ -281,10 +283,12 @@ class _Lowerer:
         name = f"k{len(self.kernels)}_{n.op.name.lower()}"
         if n.op is Op.SCATTER:
             (dest, dview), (idx, iview), (src, sview) = n.srcs
-            # 1) out = dest, 2) rows of src into out (a second kernel: it must see all of 1)
-            self.kernels.append(
-                K.Kernel(name + "_copy", n.shape, out, self.read(dest, dview), n.dtype)
-            )
+            # 1) out = dest, 2) rows of src into out (a second kernel: it must see all of 1);
+            # an in-place output already holds dest (it is dest's buffer)
+            if self.buffers[out].alias is None:
+                self.kernels.append(
+                    K.Kernel(name + "_copy", n.shape, out, self.read(dest, dview), n.dtype)
+                )
             row = self.read(idx, iview)
             self.kernels.append(
                 K.Kernel(
@@ -321,7 +325,14 @@ class _Lowerer:
                 continue  # read() renders constants in place
             elif self.materialized(n):
                 cons = self.consumers[n.id]
-                if (
+                upd = self._updated_input(n)
+                if upd is not None:
+                    # the output shares the input's memory (the plan records the alias)
+                    o, inp = upd
+                    b = self.new_buffer(o.arg, o.dtype, n.shape, "output")
+                    self.buffers[b].alias = self.buf_of[inp.id]
+                    self.buf_of[o.id] = b
+                elif (
                     len(cons) == 1
                     and cons[0].op is Leaf.OUTPUT
                     and cons[0].srcs[0][1] == View.contiguous(n.shape)
@@ -341,6 +352,40 @@ class _Lowerer:
                 # unused inputs stay in the signature, so callers need not know what was pruned
                 self.buf_of[n.id] = self.new_buffer(name, n.dtype, n.shape, "input")
         return Lowered(self.buffers, self.kernels, g.dims(), dict(g.weights))
+
+    def _updated_input(self, n: Node) -> tuple[Node, Node] | None:
+        """(output, input) when ``n`` is a SCATTER whose output updates its dest input in
+        place (graph.state, checked again here: passes may have rebuilt the graph)."""
+        if n.op is not Op.SCATTER:
+            return None
+        dest, dview = n.srcs[0]
+        if dest.op is not Leaf.INPUT or dest.id not in self.buf_of:
+            return None
+        if dview != View.contiguous(dest.shape):
+            return None
+        for c in self.consumers[n.id]:
+            if (
+                c.op is Leaf.OUTPUT
+                and c.arg in self.in_place
+                and self.graph.state.get(c.arg) == dest.arg[0]
+                and c.srcs[0][1] == View.contiguous(n.shape)
+            ):
+                return c, dest
+        return None
+
+
+def _unsafe_in_place(low: Lowered) -> set[str]:
+    """In-place outputs whose input is still read (its old value) by the scatter writing it or
+    by a later step: those need their own buffer."""
+    bad: set[str] = set()
+    for b in low.buffers:
+        if b.alias is None:
+            continue
+        written = [i for i, k in enumerate(low.kernels) if K.step_buffers(k)[0] == [b.id]]
+        first = written[0] if written else len(low.kernels)
+        if any(b.alias in K.step_buffers(k)[1] for k in low.kernels[first:]):
+            bad.add(b.name)
+    return bad
 
 
 _TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
@@ -374,6 +419,10 @@ def lower(graph: Graph) -> Lowered:
     if not graph.outputs:
         raise ValueError(f"graph {graph.name!r} has no outputs")
     graph.verify()
-    result = _Lowerer(graph).run()
+    in_place = frozenset(graph.state)
+    result = _Lowerer(graph, in_place).run()
+    unsafe = _unsafe_in_place(result)
+    if unsafe:  # an old value is read after the write: copy those (rare; lower once more)
+        result = _Lowerer(graph, in_place - unsafe).run()
     result.verify()
     return result

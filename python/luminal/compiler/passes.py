@@ -26,7 +26,10 @@ PASSES: list[tuple[str, Callable[[Graph], Graph], flags.Flag]] = [
 
 
 def run_passes(graph: Graph) -> Graph:
+    state = graph.state
     for _, fn, flag in PASSES:
         if flag.get() != "0":
             graph = fn(graph)
+    # passes keep inputs and outputs, so in-place updates still apply (lower re-checks them)
+    graph.state = dict(state)
     return graph

@@ -113,10 +113,15 @@ class Graph:
         self.inputs: dict[str, Node] = {}
         self.outputs: dict[str, Node] = {}
         self.weights: dict[str, Any] = {}  # name -> numpy array (weights set with Tensor.set)
+        # output name -> the input it updates in place (a KV cache): the compiled plan writes
+        # the output into the input's buffer, so a step need not copy the whole tensor
+        self.state: dict[str, str] = {}
 
     def __repr__(self) -> str:
-        return (f"Graph({self.name!r}, {len(self.nodes)} nodes, inputs={list(self.inputs)}, "
-                f"outputs={list(self.outputs)})")
+        return (
+            f"Graph({self.name!r}, {len(self.nodes)} nodes, inputs={list(self.inputs)}, "
+            f"outputs={list(self.outputs)})"
+        )
 
     def _intern(
         self, op: Op | Leaf, srcs: tuple[Src, ...], dtype: DType, shape: tuple[sint, ...], arg: Any
@@ -187,13 +192,45 @@ class Graph:
             value = int(value)
         return self._intern(Leaf.CONSTANT, (), d, (), value)
 
-    def add_output(self, name: str, src: Src) -> Node:
+    def add_output(self, name: str, src: Src, updates: str | None = None) -> Node:
+        """Declare output ``name``. With ``updates``, the output is the new value of that
+        input, written in place: it must be a SCATTER into the input (read whole, as is),
+        read whole. Compiled plans then run it without copying the input; the interpreter
+        still returns a new array."""
         if name in self.outputs:
             raise ValueError(f"output {name!r} is already defined in graph {self.name!r}")
         d, shp = infer(Leaf.OUTPUT, [src], None)
+        if updates is not None:
+            self._check_update(name, src, updates)
         node = self._intern(Leaf.OUTPUT, (src,), d, shp, name)
         self.outputs[name] = node
+        if updates is not None:
+            self.state[name] = updates
         return node
+
+    def _check_update(self, name: str, src: Src, updates: str) -> None:
+        what = f"output {name!r} (updates={updates!r})"
+        inp = self.inputs.get(updates)
+        if inp is None or inp.arg[1]:
+            raise ValueError(f"{what}: graph {self.name!r} has no input {updates!r}")
+        if updates in self.state.values():
+            raise ValueError(f"{what}: another output already updates {updates!r}")
+        n, v = src
+        if n.dtype is not inp.dtype or tuple(v.shape) != inp.shape:
+            raise ValueError(
+                f"{what}: output is {n.dtype.name}{_shape_str(v.shape)} but the input is "
+                f"{inp.dtype.name}{_shape_str(inp.shape)}"
+            )
+        if inp.dtype.bits < 8:
+            raise ValueError(f"{what}: {inp.dtype.name} is packed; in-place update needs bytes")
+        if n.op is not Op.SCATTER or v != View.contiguous(n.shape):
+            raise ValueError(f"{what}: the output must be a SCATTER into the input, read whole")
+        dest, dview = n.srcs[0]
+        if dest is not inp or dview != View.contiguous(inp.shape):
+            raise ValueError(
+                f"{what}: the SCATTER must write into input {updates!r} itself (not a view of it "
+                "or another tensor)"
+            )
 
     # ------------------------------------------------------------------ traversal / checks
     def toposort(self, roots: Iterable[Node] | None = None) -> list[Node]:
@@ -254,6 +291,9 @@ class Graph:
         for name, n in self.outputs.items():
             if n.op is not Leaf.OUTPUT or n.arg != name:
                 raise ValueError(f"output {name!r} is not an OUTPUT node")
+        for name, inp in self.state.items():
+            if name not in self.outputs or inp not in self.inputs:
+                raise ValueError(f"state: output {name!r} updates unknown input {inp!r}")
         self.dims()
 
 

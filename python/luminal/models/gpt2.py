@@ -110,7 +110,7 @@ class GPT2:
         )
         srcs = [cache.edge, rows.edge, new.edge]
         updated = Tensor(g.add_op(Op.SCATTER, srcs))
-        g.output(name + "_new", updated)
+        g.output(name + "_new", updated, updates=name)
         return updated.slice(0, 0, total)
 
 

@@ -3,8 +3,9 @@ tied or separate output embeddings, optional q/k/v biases (Qwen2).
 
 KV cache: each layer has persistent caches ``k_cache_<l>`` / ``v_cache_<l>`` of shape
 (ctx, kv_heads * head_dim): graph inputs whose updated values are the outputs
-``k_cache_<l>_new`` / ``v_cache_<l>_new`` (``Llama.state`` maps each output to its input, so
-a runtime can alias the two buffers and update the cache in place). The
+``k_cache_<l>_new`` / ``v_cache_<l>_new``, declared with ``g.output(..., updates=<input>)``
+(``Llama.state`` lists them). A compiled plan writes the new rows straight into the caller's
+cache array and returns that array as the output: no copy of the cache per token. The
 new keys/values of a step are written with SCATTER at rows ``pos .. pos + seq - 1`` and
 attention reads rows ``0 .. pos + seq - 1`` through a slice view. ``seq`` and ``pos`` are
 symbolic dims, so one graph serves prefill (seq = prompt length, pos = 0) and every decode
@@ -200,7 +201,7 @@ class Llama:
             g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32)
         )
         updated = Tensor(g.add_op(Op.SCATTER, [cache.edge, rows.edge, new.edge]))
-        g.output(name + "_new", updated)
+        g.output(name + "_new", updated, updates=name)
         return updated.slice(0, 0, total)
 
 
@@ -237,6 +238,8 @@ class LlamaSession:
             raise ValueError(f"token ids must be in [0, {vocab}), got {toks.min()}..{toks.max()}")
         out = self.runner({"tokens": toks, **self.cache}, pos=self.pos)
         for n in self.cache:
+            # a compiled plan updated the cache array in place and returns it (no copy); the
+            # interpreter returns a new array
             self.cache[n] = out[n + "_new"]
         self.pos += toks.size
         return out["logits"][-1]
