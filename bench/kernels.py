@@ -16,15 +16,16 @@ time is also a fraction of a physical limit.
 Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed for every contender (the script
 re-executes itself without them: OpenBLAS reads them when it loads) and every contender runs
 with --threads threads (default 2: torch.set_num_threads, LUMINAL_NUM_THREADS,
-OMP/OPENBLAS/MKL_NUM_THREADS). Timing: the first call is the warm-up (and the correctness
-check), then up to --repeats calls within --budget seconds; the median is reported.
+OMP/OPENBLAS/MKL_NUM_THREADS). Timing: per contender, one warm-up call, then up to --repeats
+calls within --budget seconds; the median is reported. The limits are measured at the start
+and at the end (BLAS rates seen in the GEMM rows count too); the best is kept.
 
-luminal compiles and runs each kernel in a child process with a hard time limit, so a slow
-compile or a crash fails that row and the run goes on. torch.compile gets a compile cap and
-is reported "skipped (reason)" past it. GEMM graphs take the row count as a symbolic dim
-(activations x weight, as in a model) and attention the sequence length: the search times
-its candidates at a representative size of a symbolic dim, at the full size of a static one
-(minutes for a naive 4096^3 kernel).
+luminal compiles and checks each kernel in a child process with a hard time limit, so a slow
+compile or a crash fails that row and the run goes on; the saved plan is timed here.
+torch.compile gets a compile cap and is reported "skipped (reason)" past it. GEMM graphs take
+the row count as a symbolic dim (activations x weight, as in a model) and attention the
+sequence length: the search times its candidates at a representative size of a symbolic dim,
+at the full size of a static one (minutes for a naive 4096^3 kernel).
 
 The last line is JSON: gemm_vs_best_blas (luminal GEMM throughput / the best BLAS at the
 same size, best size), membound_frac_bw_min (worst memory-bound kernel's fraction of the
@@ -316,7 +317,7 @@ def make_cases(quick: bool) -> list[Case]:
 
 # ----------------------------------------------------------------------------- luminal (child)
 def luminal_child(case: Case, a: argparse.Namespace) -> dict[str, Any]:
-    """Compile, check and time one case in this (child) process."""
+    """Compile one case in this (child) process, check it against numpy, save the plan."""
     import luminal as lm
     import luminal.runtime  # noqa: F401 - loads (an editable install: rebuilds) the extension
 
@@ -327,39 +328,32 @@ def luminal_child(case: Case, a: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"compile_s": compile_s, "kernels": cg.kernels}
     inputs = case.inputs()
     ref = case.numpy_fn(**{k: v.astype(np.float64) for k, v in inputs.items()})
-    out = cg.run(inputs, **case.dims)["y"]  # the warm-up
-    err = max_rel_err(out, ref)
+    err = max_rel_err(cg.run(inputs, **case.dims)["y"], ref)
     res["max_rel_err"] = err
     if not err <= case.tol:
         res["error"] = f"mismatch: max error {err:.3g} of max |ref| (tolerance {case.tol})"
-        return res
-
-    def call() -> object:
-        return cg.run(inputs, **case.dims)
-
-    res["time_s"], res["runs"] = time_calls(call, a.repeats, a.budget)
+    else:
+        cg.save(a.plan_out)
     return res
 
 
-def run_luminal(case: Case, a: argparse.Namespace) -> dict[str, Any]:
-    """``luminal_child`` in a child process with a hard limit: a slow compile (the search
-    times candidates) or a crash fails this row only."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", case.row, *child_flags(a)]
-    limit = a.luminal_cap + 3 * a.budget + 30
+def run_child(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a child of this script and parse the JSON of its last line; a hard time limit and
+    a crash fail only what the child was doing."""
     for attempt in range(2):
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired as e:
             err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            stage = "running" if "compiled in" in err else "compiling"
-            return {"error": f"killed after {limit:.0f} s while {stage}"}
-        # an editable install rebuilds the extension on import; a concurrent rebuild can fail
-        # once without saying anything about luminal
+            stage = "checking" if "compiled in" in err else "compiling"
+            return {"error": f"killed after {timeout:.0f} s while {stage}"}
+        # an editable install rebuilds the extension on import; a rebuild racing another one
+        # can fail without saying anything about luminal: try once more
         if p.returncode == 0 or attempt or "compiled in" in p.stderr:
             break
         if not any(w in p.stderr for w in ("cmake", "ninja")):
             break
-        log("  luminal child failed while importing (extension rebuild); retrying once")
+        log("  child failed while loading luminal (extension rebuild); retrying once")
     last = p.stdout.strip().splitlines()[-1:] if p.stdout.strip() else []
     if p.returncode != 0 or not last:
         tail = (p.stderr.strip().splitlines() or [""])[-1][:200]
@@ -368,9 +362,14 @@ def run_luminal(case: Case, a: argparse.Namespace) -> dict[str, Any]:
     return json.loads(last[0])
 
 
-def child_flags(a: argparse.Namespace) -> list[str]:
-    flags = ["--threads", str(a.threads), "--repeats", str(a.repeats), "--budget", str(a.budget)]
-    return flags + (["--quick"] if a.quick else [])
+def compile_luminal(case: Case, a: argparse.Namespace, plan_path: str) -> dict[str, Any]:
+    """``luminal_child`` in a child process: a slow compile (the search times candidates) or
+    a crash fails this row only. On success the plan is at ``plan_path``."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", case.row,
+           "--plan-out", plan_path, "--threads", str(a.threads)]  # fmt: skip
+    if a.quick:
+        cmd.append("--quick")
+    return run_child(cmd, a.luminal_cap + 60)
 
 
 # ----------------------------------------------------------------------------- block compile
@@ -431,18 +430,10 @@ def run_block_compile(a: argparse.Namespace) -> dict[str, Any]:
         for phase in ("cold", "warm"):
             cmd = [sys.executable, os.path.abspath(__file__), "--child", f"block_{phase}",
                    "--threads", str(a.threads)]  # fmt: skip
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                                   timeout=a.luminal_cap + 60)  # fmt: skip
-            except subprocess.TimeoutExpired:
-                res[f"{phase}_error"] = f"killed after {a.luminal_cap + 60:.0f} s"
+            r = run_child(cmd, a.luminal_cap + 60, env)
+            if "error" in r:
+                res[f"{phase}_error"] = r["error"]
                 break
-            lines = p.stdout.strip().splitlines()
-            if p.returncode != 0 or not lines:
-                tail = (p.stderr.strip().splitlines() or [""])[-1][:200]
-                res[f"{phase}_error"] = f"child failed (rc {p.returncode}): {tail}"
-                break
-            r = json.loads(lines[-1])
             res[f"{phase}_s"] = r["compile_s"]
             if phase == "cold":
                 res["warm_same_process_s"] = r["second_compile_s"]
@@ -490,41 +481,59 @@ def _peak(quick: bool) -> tuple[int, dict[str, float]]:
     return m, flops
 
 
-def measure_limits(a: argparse.Namespace) -> dict[str, Any]:
-    bw = _bandwidth(a.quick)
+def measure_limits(a: argparse.Namespace) -> dict[str, dict[str, float]]:
     m, flops = _peak(a.quick)
+    return {"bandwidth": _bandwidth(a.quick), "peak": {f"{k} {m}^3": v for k, v in flops.items()}}
+
+
+def final_limits(samples: list[dict[str, dict[str, float]]],
+                 rows: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """Best of every measurement (start and end of the run; BLAS in the GEMM rows): other
+    load on the machine can only make a limit look lower than it is."""
+    bw: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    for smp in samples:
+        for k, v in smp["bandwidth"].items():
+            bw[k] = max(bw.get(k, 0.0), v)
+        for k, v in smp["peak"].items():
+            peak[k] = max(peak.get(k, 0.0), v)
+    for r in rows.values():
+        for k, lib in (("numpy_s", "numpy sgemm"), ("torch_eager_s", "torch.matmul")):
+            if r["kernel"] == "gemm" and r.get(k):
+                peak[f"{lib} {r['size']}"] = r["work"] / r[k] / 1e9
     bw_src = max(bw, key=lambda k: bw[k])
-    fl_src = max(flops, key=lambda k: flops[k])
+    pk_src = max(peak, key=lambda k: peak[k])
     return {"bandwidth_gbs": bw[bw_src], "bandwidth_source": bw_src, "bandwidth_all": bw,
-            "peak_gflops": flops[fl_src], "peak_source": f"{fl_src} {m}^3",
-            "peak_all": flops}  # fmt: skip
+            "peak_gflops": peak[pk_src], "peak_source": pk_src, "peak_all": peak}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- main process
-def run_case(case: Case, a: argparse.Namespace, limits: dict[str, Any]) -> dict[str, Any]:
+def run_case(case: Case, a: argparse.Namespace, tmp: str) -> dict[str, Any]:
     import torch
 
+    import luminal
+
     r: dict[str, Any] = {"kernel": case.kernel, "size": case.size, "kind": case.kind,
-                         "errors": {}}  # fmt: skip
-    log(f"{case.row} {case.size}: luminal ...")
-    lum = run_luminal(case, a)
+                         "work": case.work, "errors": {}}  # fmt: skip
+    err = r["errors"]
+    log(f"{case.row} {case.size}: luminal compile + check ...")
+    plan_path = os.path.join(tmp, f"{case.row}.lmp")
+    lum = compile_luminal(case, a, plan_path)
     r["luminal_compile_s"] = lum.get("compile_s")
-    r["luminal_s"] = lum.get("time_s")
-    if "error" in lum:
-        r["errors"]["luminal"] = lum["error"]
+    r["luminal_max_rel_err"] = lum.get("max_rel_err")
     inputs = case.inputs()
     tin = {k: torch.from_numpy(v) for k, v in inputs.items()}
-    log(f"{case.row}: numpy, torch eager ...")
+    fns: dict[str, Callable[[], object]] = {}
+    if "error" in lum:
+        err["luminal"] = lum["error"]
+    else:
+        ex = luminal.load(plan_path)
+        fns["luminal"] = lambda: ex.run(inputs, **case.dims)
+    fns["numpy"] = lambda: case.numpy_fn(**inputs)
+    fns["torch_eager"] = lambda: case.torch_fn(**tin)
     with torch.inference_mode():
-        for name, fn in (("numpy", lambda: case.numpy_fn(**inputs)),
-                         ("torch_eager", lambda: case.torch_fn(**tin))):  # fmt: skip
-            try:
-                fn()
-                r[f"{name}_s"] = time_calls(fn, a.repeats, a.budget)[0]
-            except Exception as e:  # one contender failing must not hide the others
-                r["errors"][name] = f"{type(e).__name__}: {e}"[:200]
         if a.skip_torch_compile:
-            r["errors"]["torch_compile"] = "skipped (--skip-torch-compile)"
+            err["torch_compile"] = "skipped (--skip-torch-compile)"
         else:
             log(f"{case.row}: torch.compile ...")
             torch._dynamo.reset()
@@ -532,23 +541,36 @@ def run_case(case: Case, a: argparse.Namespace, limits: dict[str, Any]) -> dict[
             try:
                 with time_cap(a.torch_compile_cap):
                     compiled(**tin)
-                r["torch_compile_s"] = time_calls(lambda: compiled(**tin), a.repeats, a.budget)[0]
+                fns["torch_compile"] = lambda: compiled(**tin)
             except CapExceeded as e:
-                r["errors"]["torch_compile"] = f"skipped (compile {e})"
+                err["torch_compile"] = f"skipped (compile {e})"
             except Exception as e:
-                r["errors"]["torch_compile"] = f"skipped ({type(e).__name__}: {e})"[:200]
+                err["torch_compile"] = f"skipped ({type(e).__name__}: {e})"[:200]
+        log(f"{case.row}: timing {', '.join(fns)} ...")
+        # one contender after another, never interleaved: each library's worker threads keep
+        # spinning for a while after a call and would steal the cores from the next one
+        for k, fn in fns.items():
+            try:
+                fn()  # warm-up
+                r[f"{k}_s"] = time_calls(fn, a.repeats, a.budget)[0]
+            except Exception as e:  # one contender failing must not hide the others
+                err[k] = f"{type(e).__name__}: {e}"[:200]
+    return r
+
+
+def finish_row(r: dict[str, Any], limits: dict[str, Any]) -> None:
+    """Ratios and fractions of the machine's limits, once the limits are final."""
     others = {k: r[f"{k}_s"] for k in ("torch_eager", "torch_compile", "numpy") if r.get(f"{k}_s")}
+    lum = r.get("luminal_s")
     if others:
-        best = min(others, key=lambda k: others[k])
-        r["best_other"] = best
-        if r["luminal_s"]:
-            r["vs_best"] = others[best] / r["luminal_s"]
-    if r["luminal_s"]:
-        rate = case.work / r["luminal_s"] / 1e9
-        limit = limits["bandwidth_gbs"] if case.kind == "mem" else limits["peak_gflops"]
+        r["best_other"] = best = min(others, key=lambda k: others[k])
+        if lum:
+            r["vs_best"] = others[best] / lum
+    if lum:
+        rate = r["work"] / lum / 1e9
+        limit = limits["bandwidth_gbs"] if r["kind"] == "mem" else limits["peak_gflops"]
         r["luminal_rate"] = rate  # GB/s or GFLOP/s
         r["frac_limit"] = rate / limit
-    return r
 
 
 def fmt_ms(v: float | None, err: str | None) -> str:
@@ -561,7 +583,7 @@ def fmt_ms(v: float | None, err: str | None) -> str:
 
 def print_table(rows: dict[str, dict[str, Any]], limits: dict[str, Any]) -> None:
     hdr = (f"{'kernel':<22}{'size':<16}{'luminal ms':>11}{'torch ms':>10}{'t.compile':>10}"
-           f"{'numpy ms':>10}{'vs best':>8}  {'fraction of limit':<26}"
+           f"{'numpy ms':>10}{'vs best':>10}  {'fraction of limit':<26}"
            f"{'compile s':>9}")  # fmt: skip
     print(hdr)
     print("-" * len(hdr))
@@ -578,7 +600,7 @@ def print_table(rows: dict[str, dict[str, Any]], limits: dict[str, Any]) -> None
         print(f"{row:<22}{r['size']:<16}{fmt_ms(r.get('luminal_s'), e.get('luminal')):>11}"
               f"{fmt_ms(r.get('torch_eager_s'), e.get('torch_eager')):>10}"
               f"{fmt_ms(r.get('torch_compile_s'), e.get('torch_compile')):>10}"
-              f"{fmt_ms(r.get('numpy_s'), e.get('numpy')):>10}{vs:>8}  {frac:<26}"
+              f"{fmt_ms(r.get('numpy_s'), e.get('numpy')):>10}{vs:>10}  {frac:<26}"
               f"{cs:>9}")  # fmt: skip
         notes += [f"  {row} {k}: {v}" for k, v in e.items()]
     if notes:
@@ -611,7 +633,9 @@ def summarize(rows: dict[str, dict[str, Any]], limits: dict[str, Any],
         "block_max_rel_err": block.get("max_rel_err"),
         "block_errors": {k: v for k, v in block.items() if k.endswith("_error")} or None,
         "bandwidth_gbs": limits.get("bandwidth_gbs"),
+        "bandwidth_source": limits.get("bandwidth_source"),
         "peak_gflops": limits.get("peak_gflops"),
+        "peak_source": limits.get("peak_source"),
     }
 
 
@@ -631,15 +655,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json-out", help="also write the summary JSON to this file")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, help="timed calls per contender (default 10; quick 3)")
-    p.add_argument("--budget", type=float, help="seconds per timing loop (default 5; quick 1)")
+    p.add_argument("--budget", type=float, help="seconds per timing loop (default 4; quick 1)")
     p.add_argument("--luminal-cap", type=float, default=300.0,
                    help="seconds a luminal compile may take before its row fails")  # fmt: skip
     p.add_argument("--torch-compile-cap", type=float, default=120.0)
     p.add_argument("--skip-torch-compile", action="store_true")
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: one luminal case
+    p.add_argument("--plan-out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.repeats = a.repeats or (3 if a.quick else 10)
-    a.budget = a.budget if a.budget is not None else (1.0 if a.quick else 5.0)
+    a.budget = a.budget if a.budget is not None else (1.0 if a.quick else 4.0)
     return a
 
 
@@ -660,25 +685,34 @@ def main() -> None:
     t_start = time.perf_counter()
     load0 = os.getloadavg()[0]  # other work on the machine skews every number; say how much
     log("measuring memory bandwidth and peak FLOP/s ...")
-    limits = measure_limits(a)
+    samples = [measure_limits(a)]
     rows: dict[str, dict[str, Any]] = {}
-    for case in make_cases(a.quick):
-        if case.kernel in only:
-            rows[case.row] = run_case(case, a, limits)
+    with tempfile.TemporaryDirectory(prefix="luminal-bench-plans-") as tmp:
+        for case in make_cases(a.quick):
+            if case.kernel in only:
+                t = time.perf_counter()
+                rows[case.row] = run_case(case, a, tmp)
+                rows[case.row]["row_s"] = time.perf_counter() - t  # where the run's time goes
     block: dict[str, Any] = {}
     if "block_compile" in only:
         log("block compile (cold, then warm) ...")
         block = run_block_compile(a)
+    log("measuring memory bandwidth and peak FLOP/s again ...")
+    samples.append(measure_limits(a))
+    limits = final_limits(samples, rows)
+    for r in rows.values():
+        finish_row(r, limits)
     bw_all = ", ".join(f"{k} {v:.1f}" for k, v in limits["bandwidth_all"].items())
-    pk_all = ", ".join(f"{k} {v:.0f}" for k, v in limits["peak_all"].items())
     print(f"\nluminal kernel benchmark: {a.threads} threads for every contender "
           f"(torch.set_num_threads, LUMINAL_NUM_THREADS, OMP/OPENBLAS/MKL_NUM_THREADS); "
           f"unset for every contender: {', '.join(BLAS_OVERRIDES)}"
           f" (were set: {unset or 'none'})")  # fmt: skip
     print(f"memory bandwidth {limits['bandwidth_gbs']:.1f} GB/s (best of: {bw_all}); "
-          f"peak {limits['peak_gflops']:.0f} GFLOP/s ({pk_all})")  # fmt: skip
+          f"peak {limits['peak_gflops']:.0f} GFLOP/s ({limits['peak_source']}); limits measured "
+          f"at the start and the end of the run, best kept")  # fmt: skip
     print(f"times: median of up to {a.repeats} calls after a warm-up, {a.budget:g} s cap per "
-          f"timing loop; 'vs best' = best other time / luminal time (> 1: luminal faster); "
+          f"contender; 'vs best' = best other time / luminal "
+          f"time (> 1: luminal faster); "
           f"memory-bound fraction = minimum bytes / time / bandwidth; attention fraction = "
           f"matmul flops / peak (causal: half)\n")  # fmt: skip
     print_table(rows, limits)
