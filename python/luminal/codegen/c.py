@@ -85,6 +85,24 @@ static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return
 static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+/* 2^x without branches, so loops calling it vectorize (libm's exp2f is a scalar call, 7x
+   slower): clamp through bit masks; 2^x = 2^n * p(x - n), n = rint(x), p the degree-7 Taylor
+   polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n applied as two factors so
+   results down to the subnormals round once; inf, -inf and NaN behave as in exp2f. */
+static inline float lm_exp2f(float x) {
+  uint32_t lo = -(uint32_t)(x < -151.0f), hi = -(uint32_t)(x > 129.0f);
+  float c = lm_bits_f32((lm_f32_bits(x) & ~(lo | hi)) | (0xc3170000u & lo) | (0x43010000u & hi));
+  float n = rintf(c), f = c - n, p = 1.5252733804059840e-05f;
+  p = p * f + 1.5403530393381606e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.6181291076284772e-03f;
+  p = p * f + 5.5504108664821580e-02f;
+  p = p * f + 2.4022650695910072e-01f;
+  p = p * f + 6.9314718055994531e-01f;
+  p = p * f + 1.0f;
+  int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
+  return p * lm_bits_f32((uint32_t)(n1 + 127) << 23) * lm_bits_f32((uint32_t)(n2 + 127) << 23);
+}
 """
 
 PRELUDE = "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE" + _C_HEAD + SHARED_HELPERS + "#endif\n"
@@ -204,6 +222,7 @@ class _Emitter:
         return name
 
     simd_reductions = True
+    fast_exp2 = True  # the C prelude's vectorizable lm_exp2f
 
     def hoist(self, v: K.Value, inner: frozenset[str], ind: str) -> None:
         """Emit, at the current level, the parts of ``v`` that do not use the loop variables in
@@ -277,6 +296,8 @@ class _Emitter:
                     # straight-line body: let the compiler reassociate this one sum
                     self.lines.insert(head, f"{ind}#pragma omp simd reduction(+:{acc})")
             return acc
+        if isinstance(v, K.SoftmaxSum):
+            return self._softmax_sum(v, ind)
         if isinstance(v, K.Gather):
             out = self.tmp()
             row = self.emit(v.row, ind)
@@ -293,6 +314,38 @@ class _Emitter:
             self.lines.append(f"{ind}}} }}")
             return out
         raise TypeError(f"cannot render {v!r}")
+
+    def exp2(self, x: str, d: dt.DType) -> str:
+        if d is dt.f64:
+            return f"exp2({x})"
+        return f"lm_exp2f({x})" if self.fast_exp2 else f"exp2f({x})"
+
+    def _softmax_sum(self, v: K.SoftmaxSum, ind: str) -> str:
+        """One element of an online softmax-weighted sum: a running max ``m``, the running
+        denominator ``l`` and numerator ``a``, both rescaled when the max grows."""
+        t = ctype(v.dtype)
+        m, l_, a = self.tmp(), self.tmp(), self.tmp()
+        jv = _c_name(v.var)
+        self.lines.append(f"{ind}{t} {m} = -INFINITY, {l_} = 0, {a} = 0;")
+        self.lines.append(
+            f"{ind}for ({self.index_type} {jv} = 0; {jv} < {cexpr(v.extent)}; ++{jv}) {{"
+        )
+
+        def body() -> None:
+            i2 = ind + "  "
+            sc = self.emit(v.score, i2)
+            w = self.emit(v.weight, i2)
+            self.lines.append(f"{i2}if ({sc} > {m}) {{ const {t} r = {self.exp2(f'{m} - {sc}', v.dtype)}; "
+                              f"{l_} *= r; {a} *= r; {m} = {sc}; }}")  # fmt: skip
+            # a score of -inf adds nothing (and m - m would be NaN while m is still -inf)
+            self.lines.append(f"{i2}if ({sc} != -INFINITY) {{ const {t} p = {self.exp2(f'{sc} - {m}', v.dtype)}; "
+                              f"{l_} += p; {a} += p * {w}; }}")  # fmt: skip
+
+        self.block(body)
+        self.lines.append(f"{ind}}}")
+        out = self.tmp()
+        self.lines.append(f"{ind}const {t} {out} = {a} / {l_};")
+        return out
 
     def _blocked_sum(self, v: K.Reduce, ind: str) -> str:
         """A float sum over blocks of a short inner sum (a split reduction): one vector of
@@ -332,6 +385,8 @@ class _Emitter:
         args = [self.emit(s, ind) for s in v.srcs]
         d, t = v.dtype, ctype(v.dtype)
         op = v.op
+        if op is Op.EXP2:
+            return self.exp2(args[0], d)
         if op in _UNARY_F:
             return f"{_UNARY_F[op]}{'' if d is dt.f64 else 'f'}({args[0]})"
         if op is Op.RECIP:
@@ -378,7 +433,9 @@ def _blocked_sum(v: K.Reduce) -> bool:
         and b.dtype is v.dtype
         and isinstance(b.extent, int)
         and b.extent <= 64
-        and not any(isinstance(x, (K.Reduce, K.Gather, K.Masked)) for x in K.walk(b.body))
+        and not any(
+            isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(b.body)
+        )
     )
 
 
@@ -409,10 +466,111 @@ def _max_init(d: dt.DType) -> str:
 def _per_element_reduce(v: K.Value, inner: str) -> bool:
     """Whether computing one element runs a reduction loop (one that cannot be hoisted out of
     the innermost loop, as a row max can)."""
-    if not any(isinstance(x, K.Reduce) for x in K.walk(v)):
+    loops = (K.Reduce, K.SoftmaxSum)
+    if not any(isinstance(x, loops) for x in K.walk(v)):
         return False
     hoisted = K.invariant_parts(v, frozenset({inner}), {})
-    return not any(isinstance(x, K.Reduce) for h in hoisted for x in K.walk(h))
+    return not any(isinstance(x, loops) for h in hoisted for x in K.walk(h))
+
+
+_SM_TILE = (
+    32  # keys per tile of the row form: scores of a tile are computed, then exp'd, as vectors
+)
+
+
+def _softmax_rows(k: K.Kernel) -> bool:
+    """Whether the kernel is a row of softmax-weighted sums (attention: out[..., i, v]) whose
+    score does not depend on the row's last index: then one pass over the keys serves the
+    whole row, each score computed once instead of once per output column."""
+    v, n = k.value, len(k.shape)
+    if k.scatter_row is not None or not isinstance(v, K.SoftmaxSum) or n == 0:
+        return False
+    last = k.shape[-1]
+    return (
+        isinstance(last, int)
+        and 0 < last <= 512
+        and f"_i{n - 1}" not in K.free_vars(v.score, {})
+        and v.dtype in (dt.f32, dt.f64)
+    )
+
+
+def _render_softmax_rows(k: K.Kernel, em: _Emitter, lines: list[str], ext: list[str]) -> sint:
+    """The row form: per task (one row), for each tile of keys: scores, the tile max, rescale
+    of the running sums, exp of the tile, then the weighted columns accumulate as a vector."""
+    v = k.value
+    assert isinstance(v, K.SoftmaxSum)
+    n, cols = len(k.shape), k.shape[-1]
+    t, T = ctype(v.dtype), _SM_TILE
+    jv, cv = _c_name(v.var), f"i{n - 1}"
+    tasks: sint = 1
+    for sz in k.shape[:-1]:
+        tasks = sym.mul(tasks, sz)
+    lines.append("  for (int64_t t = begin; t < end; ++t) {")
+    rem = "t"
+    for j in range(n - 2, -1, -1):
+        if j == 0:
+            lines.append(f"    const int64_t i0 = {rem};")
+        else:
+            lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
+            lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
+            rem = f"q{j}"
+    for j in range(n - 1):
+        lines.append(f"    (void)i{j};")
+    em.lines = []
+    em.hoist(v.score, frozenset({v.var.name}), "    ")
+    em.hoist(v.weight, frozenset({v.var.name, f"_i{n - 1}"}), "    ")
+    lines += em.lines
+    ext_s = cexpr(v.extent)
+    lines += [
+        f"    {t} acc[{cols}] = {{0}}, m = -INFINITY, l = 0;",
+        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += {T}) {{",
+        f"      const int64_t jn = lm_min({T}, {ext_s} - j0);",
+        f"      {t} sc[{T}];",
+        "      for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"        const int64_t {jv} = j0 + jj;",
+    ]
+    em.lines = []
+    em.block(lambda: lines.extend(_emit_into(em, v.score, "        ", "sc[jj] = {};")))
+    lines += [
+        "      }",
+        f"      {t} tm = -INFINITY;",
+        "      for (int64_t jj = 0; jj < jn; ++jj) tm = sc[jj] > tm ? sc[jj] : tm;",
+        "      if (tm == -INFINITY) continue; /* every key of the tile masked */",
+        "      if (tm > m) {",
+        f"        const {t} r = {em.exp2('m - tm', v.dtype)};",
+        "        l *= r;",
+        f"        for (int c = 0; c < {cols}; ++c) acc[c] *= r;",
+        "        m = tm;",
+        "      }",
+        "      for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"        sc[jj] = {em.exp2('sc[jj] - m', v.dtype)};",
+        "        l += sc[jj];",
+        "      }",
+        "      for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"        const int64_t {jv} = j0 + jj;",
+        f"        const {t} p = sc[jj];",
+        "        #pragma omp simd",
+        f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
+    ]
+    em.lines = []
+    em.block(
+        lambda: lines.extend(_emit_into(em, v.weight, "          ", "acc[" + cv + "] += p * {};"))
+    )
+    lines += ["        }", "      }", "    }"]
+    flat: sint = 0
+    for j, (s_, st) in enumerate(zip(k.shape, contiguous_strides(k.shape))):
+        flat = sym.add(flat, sym.mul(sym.index_var(j, s_), st))
+    lines.append(f"    for (int64_t {cv} = 0; {cv} < {cols}; ++{cv})")
+    lines.append("      " + store_stmt("b0", cexpr(flat), f"acc[{cv}] / l", k.dtype))
+    lines.append("  }")
+    return tasks
+
+
+def _emit_into(em: _Emitter, v: K.Value, ind: str, fmt: str) -> list[str]:
+    """Statements computing ``v`` at indent ``ind``, then ``fmt`` with the result filled in."""
+    em.lines = []
+    x = em.emit(v, ind)
+    return [*em.lines, ind + fmt.format(x)]
 
 
 @dataclass
@@ -454,6 +612,10 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
     ext = [cexpr(s) for s in shape]
     ivars = [f"i{j}" for j in range(n)]
     body_ind = "    "
+    if _softmax_rows(k):
+        row_tasks = _render_softmax_rows(k, em, lines, ext)
+        lines.append("}")
+        return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, row_tasks, 1)
     if n == 0:
         tasks: sint = 1
         lines.append("  for (int64_t t = begin; t < end; ++t) {")

@@ -126,7 +126,7 @@ def _exprs(v: K.Value) -> list[sint]:
             out.append(x.expr)
         elif isinstance(x, K.Masked):
             out.append(x.valid)
-        elif isinstance(x, K.Reduce):
+        elif isinstance(x, (K.Reduce, K.SoftmaxSum)):
             out.append(x.extent)
         elif isinstance(x, K.Gather):
             out.append(x.rows)
@@ -215,6 +215,7 @@ class _CudaEmitter(_Emitter):
     """The C emitter; reductions met outside any loop or branch are shared by the block."""
 
     simd_reductions = False
+    fast_exp2 = False  # exp2f is a hardware instruction on the GPU
 
     def __init__(self, ptr_of: Callable[[int], str], index_type: str, block_reduce: bool) -> None:
         super().__init__(ptr_of)

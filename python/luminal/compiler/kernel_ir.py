@@ -113,7 +113,23 @@ class Gather:
     dtype: DType
 
 
-Value = Load | Const | IndexVal | Alu | Cast | Masked | Reduce | Gather
+@dataclass(frozen=True)
+class SoftmaxSum:
+    __hash__ = _cached_hash
+
+    """A softmax-weighted sum over ``var`` in [0, extent): with m = max_j score_j,
+    sum_j 2^(score_j - m) * weight_j / sum_j 2^(score_j - m). ``score`` is in log2 units.
+    The online-softmax form of attention: computable in one pass (running max, rescaled
+    partial sums), so the scores are never stored."""
+
+    var: sym.Expr
+    extent: sint
+    score: Value
+    weight: Value
+    dtype: DType
+
+
+Value = Load | Const | IndexVal | Alu | Cast | Masked | Reduce | Gather | SoftmaxSum
 
 
 @dataclass
@@ -183,6 +199,12 @@ def _verify(v: Value, scope: set[str], kname: str, seen: set[int] | None = None)
     elif isinstance(v, Gather):
         _verify(v.row, scope, kname, seen)
         _verify(v.body, scope | {v.var.name}, kname)
+    elif isinstance(v, SoftmaxSum):
+        check_expr(v.extent)
+        if not v.dtype.is_float or v.score.dtype is not v.dtype or v.weight.dtype is not v.dtype:
+            raise ValueError(f"kernel {kname}: SoftmaxSum needs float score/weight of its dtype")
+        _verify(v.score, scope | {v.var.name}, kname)
+        _verify(v.weight, scope | {v.var.name}, kname)
 
 
 def walk(v: Value):
@@ -205,6 +227,8 @@ def walk(v: Value):
             stack.append(x.body)
         elif isinstance(x, Gather):
             stack += [x.body, x.row]
+        elif isinstance(x, SoftmaxSum):
+            stack += [x.weight, x.score]
 
 
 def substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any] | None = None) -> Value:
@@ -242,6 +266,11 @@ def _substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any]) -> Val
     if isinstance(v, Reduce):
         inner = {k: e for k, e in mapping.items() if k != v.var.name}
         return Reduce(v.op, v.var, s(v.extent), substitute(v.body, inner), v.dtype)
+    if isinstance(v, SoftmaxSum):
+        inner = {k: e for k, e in mapping.items() if k != v.var.name}
+        return SoftmaxSum(
+            v.var, s(v.extent), substitute(v.score, inner), substitute(v.weight, inner), v.dtype
+        )
     inner = {k: e for k, e in mapping.items() if k != v.var.name}
     row = substitute(v.row, mapping, memo)
     return Gather(v.var, row, s(v.rows), substitute(v.body, inner), v.dtype)
@@ -273,6 +302,9 @@ def free_vars(v: Value, memo: dict[int, frozenset[str]]) -> frozenset[str]:
         out = _expr_vars(v.valid) | free_vars(v.value, memo)
     elif isinstance(v, Reduce):
         out = (free_vars(v.body, memo) | _expr_vars(v.extent)) - {v.var.name}
+    elif isinstance(v, SoftmaxSum):
+        body = free_vars(v.score, memo) | free_vars(v.weight, memo)
+        out = (body | _expr_vars(v.extent)) - {v.var.name}
     else:
         out = (free_vars(v.row, memo) | free_vars(v.body, memo) | _expr_vars(v.rows)) - {v.var.name}
     memo[id(v)] = out
@@ -295,6 +327,9 @@ def invariant_parts(
         return invariant_parts(v.body, inner | {v.var.name}, memo)
     if isinstance(v, Gather):
         return invariant_parts(v.row, inner, memo)
+    if isinstance(v, SoftmaxSum):
+        inner = inner | {v.var.name}
+        return invariant_parts(v.score, inner, memo) + invariant_parts(v.weight, inner, memo)
     return []
 
 
@@ -328,6 +363,9 @@ def remap_buffers(v: Value, ids: dict[int, int]) -> Value:
         return Reduce(v.op, v.var, v.extent, remap_buffers(v.body, ids), v.dtype)
     if isinstance(v, Gather):
         return Gather(v.var, remap_buffers(v.row, ids), v.rows, remap_buffers(v.body, ids), v.dtype)
+    if isinstance(v, SoftmaxSum):
+        sc, w = remap_buffers(v.score, ids), remap_buffers(v.weight, ids)
+        return SoftmaxSum(v.var, v.extent, sc, w, v.dtype)
     return v
 
 
@@ -364,6 +402,9 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
             parts += [sym.fingerprint(v.valid), fp_val(v.value)]
         elif isinstance(v, Reduce):
             parts += [v.op.name, sym.fingerprint(v.var), sym.fingerprint(v.extent), fp_val(v.body)]
+        elif isinstance(v, SoftmaxSum):
+            parts += [sym.fingerprint(v.var), sym.fingerprint(v.extent), fp_val(v.score),
+                      fp_val(v.weight)]  # fmt: skip
         else:
             parts += [
                 sym.fingerprint(v.var),

@@ -20,6 +20,7 @@ from ..graph.ops import ELEMENTWISE, REDUCE, Leaf, Op
 from ..graph.symbolic import sint
 from ..graph.view import View, contiguous_strides
 from . import kernel_ir as K
+from .attention import SoftmaxSumMatch, match_softmax_sums
 
 Role = Literal["input", "weight", "output", "scratch"]
 
@@ -85,6 +86,14 @@ class _Lowerer:
         self.buf_of: dict[int, int] = {}  # node id -> buffer id
         self.kernels: list[K.Kernel] = []
         self.values: dict[int, K.Value] = {}  # inlined node id -> value over its own index vars
+        # the online-softmax rewrite (compiler/attention.py): each match's weights are never
+        # materialized, and its score is computed inside the one pass over the keys
+        self.softmax_sums = {m.out.id: m for m in match_softmax_sums(self.order, self.consumers)}
+        self.absorbed: set[int] = set()
+        self.forced: set[int] = set()
+        for m in self.softmax_sums.values():
+            self.absorbed |= m.absorbed
+            self.forced |= self._score_chain(m)
         self.inline = self._plan_fusion()
         self._reads: dict[tuple[int, View], K.Value] = {}
         self._subst_memo: dict[tuple, dict[int, object]] = {}
@@ -108,7 +117,9 @@ class _Lowerer:
             r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
             under[n.id] = any(c.op in REDUCE or (c.id in inline and under[c.id]) for c in cons)
             ok = False
-            if n.op in (Leaf.CONSTANT, Op.IOTA):
+            if n.id in self.absorbed or n.id in self.forced:
+                ok = True
+            elif n.op in (Leaf.CONSTANT, Op.IOTA):
                 ok = True
             elif (
                 n.op is Leaf.INPUT or n.op is Leaf.OUTPUT or any(c.op is Leaf.OUTPUT for c in cons)
@@ -134,6 +145,25 @@ class _Lowerer:
             else:
                 roots[n.id] = frozenset({n.id})
         return inline
+
+    def _score_chain(self, m: SoftmaxSumMatch) -> set[int]:
+        """The score node and the elementwise nodes (and first reductions, the QK^T sums)
+        above it that only feed the pattern: inlined into the one-pass kernel."""
+        inside = set(m.absorbed)
+        chain: set[int] = set()
+        stack = [m.score]
+        while stack:
+            n = stack.pop()
+            if n.id in chain or not all(
+                c.id in inside or c.id in chain for c in self.consumers[n.id]
+            ):
+                continue
+            if n.op not in ELEMENTWISE and n.op not in REDUCE:
+                continue
+            chain.add(n.id)
+            if n.op in ELEMENTWISE:
+                stack += [s for s, _ in n.srcs]
+        return chain
 
     def _transcendental_chains(self) -> dict[int, tuple[bool, int]]:
         """Per elementwise node: (its elementwise ancestry holds a transcendental op, ALU ops
@@ -253,6 +283,8 @@ class _Lowerer:
             return K.Alu(op, srcs, n.dtype)
         if op is Op.IOTA:
             return K.IndexVal(n.arg, n.dtype)
+        if n.id in self.softmax_sums:
+            return self._softmax_sum(self.softmax_sums[n.id])
         if op in REDUCE:
             (s, v), axis = n.srcs[0], n.arg
             ext = v.shape[axis]
@@ -277,6 +309,22 @@ class _Lowerer:
             body = self.subst(self.read(data, dv), m)
             return K.Gather(gv, row, rows, body, n.dtype)
         raise ValueError(f"lower: no value for {n}")
+
+    def _softmax_sum(self, m: SoftmaxSumMatch) -> K.Value:
+        o, prod = m.out, m.product
+        n = len(o.shape)
+        ext = prod.shape[-1]
+        rv = sym.var(f"_r{o.id}", 0, max(sym.upper_bound(ext) - 1, 0), ext)
+        to_out: dict[str, sint] = {f"_i{k}": sym.index_var(k, o.shape[k]) for k in range(n)}
+        to_out[f"_i{n}"] = rv
+        # the score in the product's index space: P and S share one index space
+        score = self.subst(self.values[m.score.id], _unflatten(m.p_view.index, m.p.shape))
+        score = self.subst(score, to_out)
+        score = K.Alu(Op.MUL, (score, K.Const(m.scale, o.dtype)), o.dtype)
+        weight = self.subst(self.read(m.value, m.value_view), to_out)
+        if weight.dtype is not o.dtype:
+            weight = K.Cast(weight, o.dtype)
+        return K.SoftmaxSum(rv, ext, score, weight, o.dtype)
 
     # ---------------------------------------------------------------- kernels
     def emit(self, n: Node, out: int) -> None:
@@ -321,8 +369,8 @@ class _Lowerer:
                 self.kernels.append(
                     K.Kernel(f"k{len(self.kernels)}_out", v.shape, ob, value, n.dtype)
                 )
-            elif n.op is Leaf.CONSTANT:
-                continue  # read() renders constants in place
+            elif n.op is Leaf.CONSTANT or n.id in self.absorbed:
+                continue  # constants render in place; absorbed nodes live in a SoftmaxSum
             elif self.materialized(n):
                 cons = self.consumers[n.id]
                 upd = self._updated_input(n)
