@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
 REQUIRED = (
@@ -17,6 +19,7 @@ REQUIRED = (
 )
 
 
+@pytest.mark.slow  # 15-50 s: a bench run with torch and luminal children
 def test_quick_softmax_ends_with_json_summary():
     env = dict(os.environ, OPENBLAS_CORETYPE="Haswell")  # the bench must re-exec without it
     p = subprocess.run(
