@@ -85,6 +85,16 @@ static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return
 static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+/* max(a, b) propagating NaN, without branches (the select of lm_maxf stays a branch): the
+   larger order-preserving integer key of the bits, NaN when either is NaN */
+static inline float lm_max2f(float a, float b) {
+  uint32_t ua = lm_f32_bits(a), ub = lm_f32_bits(b);
+  int32_t ka = (int32_t)(ua ^ ((uint32_t)((int32_t)ua >> 31) >> 1));
+  int32_t kb = (int32_t)(ub ^ ((uint32_t)((int32_t)ub >> 31) >> 1));
+  int32_t k = ka > kb ? ka : kb;
+  uint32_t nan = -(uint32_t)((a != a) | (b != b));
+  return lm_bits_f32((((uint32_t)k ^ ((uint32_t)(k >> 31) >> 1)) & ~nan) | (0x7fc00000u & nan));
+}
 /* 2^x without branches, so loops calling it vectorize (libm's exp2f is a scalar call, 7x
    slower): clamp through bit masks; 2^x = 2^n * p(x - n), n = rint(x), p the degree-7 Taylor
    polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n applied as two factors so
@@ -119,7 +129,9 @@ def ctype(d: dt.DType) -> str:
     """The C type a value of dtype ``d`` is computed in."""
     if d.is_float:
         return "double" if d is dt.f64 else "float"
-    return {dt.bool_: "uint8_t", dt.i4: "int8_t", dt.u4: "uint8_t"}.get(d, d.c_type)
+    # bools compute as 32-bit ints: a byte-wide value in a float loop stops GCC vectorizing it
+    # (it sizes vectors by the narrowest type: 64 byte lanes, no 64-lane float vector)
+    return {dt.bool_: "int32_t", dt.i4: "int8_t", dt.u4: "uint8_t"}.get(d, d.c_type)
 
 
 def _c_name(v: sym.Expr) -> str:
@@ -248,7 +260,7 @@ class _Emitter:
         if isinstance(v, K.Cast):
             a = self.emit(v.src, ind)
             if v.dtype is dt.bool_:
-                return f"(uint8_t)({a} != 0)"
+                return f"(int32_t)({a} != 0)"
             if v.dtype in (dt.i4, dt.u4):
                 return (
                     f"({ctype(v.dtype)})(((int64_t)({a})) & 15)"
@@ -273,6 +285,10 @@ class _Emitter:
         if isinstance(v, K.Reduce):
             if self.simd_reductions and _blocked_sum(v):
                 return self._blocked_sum(v, ind)
+            if self.simd_reductions and isinstance(v.extent, int) and 0 < v.extent <= 4:
+                return self._unrolled(v, ind)
+            if self.simd_reductions and v.op is Op.MAX_REDUCE and v.dtype is dt.f32:
+                return self._max_f32(v, ind)
             # loop-invariant parts of the body (e.g. a row max inside a row sum) run once
             self.hoist(v.body, frozenset({v.var.name}), ind)
             acc = self.tmp()
@@ -347,6 +363,53 @@ class _Emitter:
         self.lines.append(f"{ind}const {t} {out} = {a} / {l_};")
         return out
 
+    def _unrolled(self, v: K.Reduce, ind: str) -> str:
+        """A reduction over 2-4 values (relu's and clamp's max against a padded constant)
+        written out: the padding masks fold away and the enclosing loop stays branch-free."""
+        assert isinstance(v.extent, int)
+        xs = [self.emit(K.substitute(v.body, {v.var.name: r}), ind) for r in range(v.extent)]
+        acc = xs[0]
+        for x in xs[1:]:
+            out = self.tmp()
+            if v.op is Op.MAX_REDUCE and v.dtype is dt.f32:
+                e = f"lm_max2f({acc}, {x})"
+            else:
+                e = reduce_update(v.op, v.dtype, acc, x)
+            self.lines.append(f"{ind}const {ctype(v.dtype)} {out} = {e};")
+            acc = out
+        return acc
+
+    def _max_f32(self, v: K.Reduce, ind: str) -> str:
+        """A float max as an integer max over order-preserving keys of the bits (negative
+        floats' magnitude bits flipped) plus a NaN flag: an idiom the compiler vectorizes,
+        where lm_maxf's NaN-propagating select stays a scalar branch (8x slower)."""
+        self.hoist(v.body, frozenset({v.var.name}), ind)
+        key, nan, acc = self.tmp(), self.tmp(), self.tmp()
+        rv = _c_name(v.var)
+        # the key of -INFINITY: an empty max stays -inf
+        self.lines.append(f"{ind}int32_t {key} = (int32_t)0x807fffff, {nan} = 0;")
+        head = len(self.lines)
+        self.lines.append(
+            f"{ind}for ({self.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
+        )
+
+        def body() -> None:
+            x = self.emit(v.body, ind + "  ")
+            self.lines.append(f"{ind}  {{ const uint32_t b = lm_f32_bits({x}); "
+                              f"const int32_t k = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1)); "
+                              f"{key} = k > {key} ? k : {key}; {nan} |= ({x} != {x}); }}")  # fmt: skip
+
+        self.block(body)
+        self.lines.append(f"{ind}}}")
+        loop_body = self.lines[head + 1 : -2]
+        if not any("{" in ln or "}" in ln for ln in loop_body):
+            self.lines.insert(
+                head, f"{ind}#pragma omp simd reduction(max:{key}) reduction(|:{nan})"
+            )
+        self.lines.append(f"{ind}const float {acc} = {nan} ? NAN : "
+                          f"lm_bits_f32((uint32_t){key} ^ ((uint32_t)({key} >> 31) >> 1));")  # fmt: skip
+        return acc
+
     def _blocked_sum(self, v: K.Reduce, ind: str) -> str:
         """A float sum over blocks of a short inner sum (a split reduction): one vector of
         partial sums across the whole outer loop, folded once at the end, instead of a
@@ -393,9 +456,9 @@ class _Emitter:
             return f"({'1.0' if d is dt.f64 else '1.0f'} / {args[0]})"
         a, b = args
         if op is Op.LESS_THAN:
-            return f"(uint8_t)({a} < {b})"
+            return f"(int32_t)({a} < {b})"
         if d is dt.bool_:
-            return f"(uint8_t)({a} & {b})"
+            return f"(int32_t)({a} & {b})"
         if d.is_float:
             if op is Op.MOD:
                 c = v.srcs[1]
@@ -466,11 +529,15 @@ def _max_init(d: dt.DType) -> str:
 def _per_element_reduce(v: K.Value, inner: str) -> bool:
     """Whether computing one element runs a reduction loop (one that cannot be hoisted out of
     the innermost loop, as a row max can)."""
-    loops = (K.Reduce, K.SoftmaxSum)
-    if not any(isinstance(x, loops) for x in K.walk(v)):
+    def loop(x: K.Value) -> bool:  # reductions over 2-4 values are written out, no loop
+        if isinstance(x, K.Reduce):
+            return not (isinstance(x.extent, int) and x.extent <= 4)
+        return isinstance(x, K.SoftmaxSum)
+
+    if not any(loop(x) for x in K.walk(v)):
         return False
     hoisted = K.invariant_parts(v, frozenset({inner}), {})
-    return not any(isinstance(x, loops) for h in hoisted for x in K.walk(h))
+    return not any(loop(x) for h in hoisted for x in K.walk(h))
 
 
 _SM_TILE = (
@@ -625,7 +692,13 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         # a task is one chunk of the innermost dim at one index of the outer dims; elements
         # that each run a reduction (a GEMV row) get small chunks so every thread has work
         red = _per_element_reduce(k.value, inner_var)
-        chunk = 16 if red else inner_chunk
+        # a row value hoisted out of the inner loop (softmax's row sum) is computed once per
+        # task: never split such a row into chunks, each would recompute it
+        hoisted = K.invariant_parts(k.value, frozenset({inner_var}), {})
+        row_reduce = any(
+            isinstance(x, (K.Reduce, K.SoftmaxSum)) for h in hoisted for x in K.walk(h)
+        )
+        chunk = 16 if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
         nchunks = sym.ceildiv(shape[-1], chunk)
         tasks = nchunks
         for sz in shape[:-1]:

@@ -258,11 +258,10 @@ def _substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any]) -> Val
         return Cast(substitute(v.src, mapping, memo), v.dtype)
     if isinstance(v, Masked):
         valid = s(v.valid)
-        return (
-            Const(0, v.dtype)
-            if valid == 0
-            else Masked(valid, substitute(v.value, mapping, memo), v.dtype)
-        )
+        if valid == 0:
+            return Const(0, v.dtype)
+        inner_v = substitute(v.value, mapping, memo)
+        return inner_v if valid == 1 else Masked(valid, inner_v, v.dtype)
     if isinstance(v, Reduce):
         inner = {k: e for k, e in mapping.items() if k != v.var.name}
         return Reduce(v.op, v.var, s(v.extent), substitute(v.body, inner), v.dtype)

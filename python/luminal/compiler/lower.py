@@ -115,7 +115,10 @@ class _Lowerer:
         for n in reversed(self.order):
             cons = self.consumers[n.id]
             r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
-            under[n.id] = any(c.op in REDUCE or (c.id in inline and under[c.id]) for c in cons)
+            under[n.id] = any(
+                (c.op in REDUCE and not _small_reduce(c)) or (c.id in inline and under[c.id])
+                for c in cons
+            )
             ok = False
             if n.id in self.absorbed or n.id in self.forced:
                 ok = True
@@ -125,7 +128,8 @@ class _Lowerer:
                 n.op is Leaf.INPUT or n.op is Leaf.OUTPUT or any(c.op is Leaf.OUTPUT for c in cons)
             ):
                 ok = False
-            elif n.op in ELEMENTWISE:
+            elif n.op in ELEMENTWISE or _small_reduce(n):
+                # (a reduction over 2-4 values, relu's max against 0, is elementwise work)
                 # one kernel, and one view: then every use is the same shared subtree (reads
                 # through different views would each recompute it, exponentially in a chain)
                 views = {v for c in cons for s, v in c.srcs if s is n}
@@ -204,7 +208,7 @@ class _Lowerer:
             return False
         if n.op is Leaf.INPUT or any(c.op is Leaf.OUTPUT for c in self.consumers[n.id]):
             return True
-        if n.op in ELEMENTWISE and len(self.consumers[n.id]) <= 3:
+        if (n.op in ELEMENTWISE or _small_reduce(n)) and len(self.consumers[n.id]) <= 3:
             # consumers in different kernels: recompute a small reduction-free expression in
             # each rather than store and reload it
             v = self.value_of(n)
@@ -437,6 +441,14 @@ def _unsafe_in_place(low: Lowered) -> set[str]:
 
 
 _TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
+
+
+def _small_reduce(n: Node) -> bool:
+    """A reduction over a constant 2-4 values: codegen writes it out (no loop)."""
+    if n.op not in REDUCE:
+        return False
+    ext = n.srcs[0][1].shape[n.arg]
+    return isinstance(ext, int) and ext <= 4
 
 
 def _has_divmod(idx: dict[str, sint]) -> bool:
