@@ -388,6 +388,8 @@ def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
         return _from_lin(q, qc), _from_lin(r, rc)
     # d == dc * dm with dm a single monomial: a term k*t is a multiple when dc | k and dm | t
     dterms, dconst = _lin(d)
+    if dconst == 0 and len(dterms) > 1:
+        return _split_poly(terms, const, dterms)
     if dconst != 0 or len(dterms) != 1:
         return 0, a
     ((dm, dc),) = dterms.items()
@@ -401,6 +403,44 @@ def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
         else:
             r[t] = c
     return _from_lin(q, qc), _from_lin(r, rc)
+
+
+def _split_poly(
+    terms: dict[Expr, int], const: int, dterms: dict[Expr, int]
+) -> tuple[sint, sint]:
+    """a == d*q + r for a divisor with several terms (a merged symbolic extent such as
+    pos + seq): whole multiples u*d whose every term appears in ``a`` with exactly the
+    right coefficient move into q. 3*i*s*(p + s) + j over (p + s) gives q = 3*i*s."""
+    rest = dict(terms)
+    q: dict[Expr, int] = {}
+    qc = 0
+    lead = min(dterms, key=lambda t: t.skey)
+    c0 = dterms[lead]
+    for t in sorted(terms, key=lambda t: t.skey):
+        c = rest.get(t)
+        if c is None or c % c0:
+            continue
+        u: Expr | None = None if t is lead else _is_multiple_of(t, lead)
+        if u is None and t is not lead:
+            continue
+        k = c // c0
+        need: dict[Expr, int] = {}
+        for m, cm in dterms.items():
+            prod = m if u is None else mul(u, m)
+            pt, pc = _lin(prod)
+            if pc != 0 or len(pt) != 1:
+                break
+            ((key, coef),) = pt.items()
+            need[key] = need.get(key, 0) + coef * cm * k
+        else:
+            if all(rest.get(key) == v for key, v in need.items()):
+                for key in need:
+                    del rest[key]
+                if u is None:
+                    qc += k
+                else:
+                    q[u] = q.get(u, 0) + k
+    return _from_lin(q, qc), _from_lin(rest, const)
 
 
 def _mk(kind: str, a: sint, b: sint, lo: int, hi: int) -> Expr:
