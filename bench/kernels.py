@@ -38,6 +38,7 @@ another fresh process), and a "kernels" entry per row. Ratios > 1 mean luminal i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -90,7 +91,9 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402 - only after the environment is clean (see above)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+if importlib.util.find_spec("luminal") is None:
+    # not installed: the source tree (its runtime must have been built in place)
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 MEMBOUND = ("softmax", "layer_norm", "rms_norm", "gelu_chain", "gemv")
 KERNELS = (*MEMBOUND, "gemm", "attention", "attention_causal", "block_compile")

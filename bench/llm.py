@@ -39,6 +39,7 @@ the reason and its ratios are null.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -90,7 +91,9 @@ from typing import Any
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+if importlib.util.find_spec("luminal") is None:
+    # not installed: the source tree (its runtime must have been built in place)
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 LLM_CONTENDERS = ("luminal", "llamacpp", "torch_eager", "torch_compile")
 SKIPPABLE = (*LLM_CONTENDERS, "onnxruntime", "llm", "minilm")
