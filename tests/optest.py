@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 import luminal as lm
+from luminal.codegen import nvrtc
 from luminal.graph import dtypes as dt
 from luminal.graph import interp
 
@@ -37,6 +38,9 @@ RNG = np.random.default_rng(0)
 PLAN_DIR = tempfile.mkdtemp(prefix="luminal-optest-")
 MANIFEST: list[tuple[str, str, dict[str, int]]] = []  # (plan path, npz path, dims)
 _COMPILED: dict[int, Any] = {}
+# CUDA kernels of every op graph are compiled by NVRTC when it is installed (the test extras
+# have it); LUMINAL_TEST_NVRTC=0 skips that
+NVRTC_CHECK = os.environ.get("LUMINAL_TEST_NVRTC", "1") != "0" and nvrtc.available() is None
 
 
 def _cpu_backend(
@@ -47,6 +51,10 @@ def _cpu_backend(
         cg = (g, lm.compile(g))
         _COMPILED.clear()  # one graph at a time: check_op compiles once, runs every binding
         _COMPILED[id(g)] = cg
+        if NVRTC_CHECK:
+            # every op graph's CUDA kernels must compile to an sm_90a cubin, GPU or not (a
+            # compile error raises here); the plan is not loaded
+            lm.compile(g, backend="cuda")
     out = cg[1].run(inputs, **dims)
     k = len(MANIFEST)
     plan_path = os.path.join(PLAN_DIR, f"{k:05d}_{g.name}.lmp")
