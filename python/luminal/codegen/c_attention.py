@@ -1,11 +1,24 @@
-"""C for attention's online softmax (``K.SoftmaxSum``) in row form: one pass over the keys
-per query row serves every output column of that row."""
+"""C for attention's online softmax (``K.SoftmaxSum``): one pass over the keys per query row
+serves every output column of that row.
+
+Two forms. The blocked form, when the IR shows the score's heart is a dot product of a
+query-side and a key-side operand (``sum_r q[r] * k[j, r]``), works like a small GEMM: a task
+is a block of query rows; each tile of keys is copied once (the key operand transposed, the
+value rows padded), the block's dot products are register-blocked vector FMAs over the tile,
+the rest of the score (scale, mask, whatever the IR holds) is evaluated per row from them,
+and P.V accumulates as rank-1 updates of several rows at once. The row form serves every
+other score, and blocks too short to amortize the copies: per row, scores of a tile of keys,
+then exp, then the weighted columns as a vector.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..compiler import kernel_ir as K
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
+from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
 from .c import _c_name, _emit_into, _Emitter, cexpr, ctype, store_stmt
@@ -13,6 +26,29 @@ from .c import _c_name, _emit_into, _Emitter, cexpr, ctype, store_stmt
 _SM_TILE = (
     32  # keys per tile of the row form: scores of a tile are computed, then exp'd, as vectors
 )
+_QB = 64  # query rows per task of the blocked form
+_RB = 4  # rows per register block; a block of fewer rows takes the row form
+_MAX_DOT = 256  # longest dot product (head dim) the blocked form copies to the stack
+
+# Vector helpers of the blocked form. The key tile is LM_SM_T keys: four vectors, so the
+# dot products of a 4-row block are 16 accumulators, as are the 4 rows x 4 vectors of P.V.
+# GCC's vector types keep them in registers (plain loops over arrays stay in memory).
+_SM_PRELUDE = r"""
+#ifndef LM_SM_PRELUDE
+#define LM_SM_PRELUDE
+#if defined(__AVX512F__)
+#define LM_VL 16
+#elif defined(__AVX__)
+#define LM_VL 8
+#else
+#define LM_VL 4
+#endif
+#define LM_SM_T (4 * LM_VL)
+typedef float lm_vf __attribute__((vector_size(LM_VL * 4)));
+static inline lm_vf lm_vld(const float *p) { lm_vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void lm_vst(float *p, lm_vf v) { memcpy(p, &v, sizeof v); }
+#endif
+"""
 
 
 def _softmax_rows(k: K.Kernel) -> bool:
@@ -31,73 +67,300 @@ def _softmax_rows(k: K.Kernel) -> bool:
     )
 
 
-def _render_softmax_rows(k: K.Kernel, em: _Emitter, lines: list[str], ext: list[str]) -> sint:
-    """The row form: per task (one row), for each tile of keys: scores, the tile max, rescale
-    of the running sums, exp of the tile, then the weighted columns accumulate as a vector."""
-    v = k.value
-    assert isinstance(v, K.SoftmaxSum)
-    n, cols = len(k.shape), k.shape[-1]
-    t, T = ctype(v.dtype), _SM_TILE
-    jv, cv = _c_name(v.var), f"i{n - 1}"
-    tasks: sint = 1
-    for sz in k.shape[:-1]:
-        tasks = sym.mul(tasks, sz)
-    lines.append("  for (int64_t t = begin; t < end; ++t) {")
-    rem = "t"
-    for j in range(n - 2, -1, -1):
+@dataclass
+class _ScoreDot:
+    """The score's dot product ``red = sum_r q * k``: ``q`` does not depend on the key,
+    ``k`` not on the query row (the second-to-last output index)."""
+
+    red: K.Reduce
+    q: K.Value
+    k: K.Value
+
+
+def _score_dot(k: K.Kernel) -> _ScoreDot | None:
+    """The dot product the blocked form computes as a micro-GEMM, when the IR has one: f32,
+    the score holds exactly one sum-reduce and it is a product of a query-side and a key-side
+    operand, and the weights (values) do not depend on the query row, so one copied tile of
+    keys and values serves a whole block of rows."""
+    v, n = k.value, len(k.shape)
+    if not isinstance(v, K.SoftmaxSum) or v.dtype is not dt.f32 or n < 2:
+        return None
+    row, key = f"_i{n - 2}", v.var.name
+    memo: dict[int, frozenset[str]] = {}
+    if row in K.free_vars(v.weight, memo):
+        return None
+    reds = {x for x in K.walk(v.score) if isinstance(x, (K.Reduce, K.Gather, K.SoftmaxSum))}
+    if len(reds) != 1:
+        return None
+    (red,) = reds
+    if not (
+        isinstance(red, K.Reduce)
+        and red.op is Op.SUM_REDUCE
+        and red.dtype is dt.f32
+        and isinstance(red.extent, int)
+        and 0 < red.extent <= _MAX_DOT
+        and isinstance(red.body, K.Alu)
+        and red.body.op is Op.MUL
+    ):
+        return None
+    a, b = red.body.srcs
+    for q, kk in ((a, b), (b, a)):
+        if key not in K.free_vars(q, memo) and row not in K.free_vars(kk, memo):
+            return _ScoreDot(red, q, kk)
+    return None
+
+
+def _decode_task(lines: list[str], ext: list[str], dims: int, rem: str) -> None:
+    """Index variables i0..i{dims-1} of the outer dims from the task number ``rem``."""
+    for j in range(dims - 1, -1, -1):
         if j == 0:
             lines.append(f"    const int64_t i0 = {rem};")
         else:
             lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
             lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
             rem = f"q{j}"
-    for j in range(n - 1):
+    for j in range(dims):
         lines.append(f"    (void)i{j};")
-    em.lines = []
-    em.hoist(v.score, frozenset({v.var.name}), "    ")
-    em.hoist(v.weight, frozenset({v.var.name, f"_i{n - 1}"}), "    ")
-    lines += em.lines
-    ext_s = cexpr(v.extent)
-    lines += [
-        f"    {t} acc[{cols}] = {{0}}, m = -INFINITY, l = 0;",
-        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += {T}) {{",
-        f"      const int64_t jn = lm_min({T}, {ext_s} - j0);",
-        f"      {t} sc[{T}];",
-        "      for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"        const int64_t {jv} = j0 + jj;",
-    ]
-    em.lines = []
-    em.block(lambda: lines.extend(_emit_into(em, v.score, "        ", "sc[jj] = {};")))
-    lines += [
-        "      }",
-        f"      {t} tm = -INFINITY;",
-        "      for (int64_t jj = 0; jj < jn; ++jj) tm = sc[jj] > tm ? sc[jj] : tm;",
-        "      if (tm == -INFINITY) continue; /* every key of the tile masked */",
-        "      if (tm > m) {",
-        f"        const {t} r = {em.exp2('m - tm', v.dtype)};",
-        "        l *= r;",
-        f"        for (int c = 0; c < {cols}; ++c) acc[c] *= r;",
-        "        m = tm;",
-        "      }",
-        "      for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"        sc[jj] = {em.exp2('sc[jj] - m', v.dtype)};",
-        "        l += sc[jj];",
-        "      }",
-        "      for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"        const int64_t {jv} = j0 + jj;",
-        f"        const {t} p = sc[jj];",
-        "        #pragma omp simd",
-        f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
-    ]
-    em.lines = []
-    em.block(
-        lambda: lines.extend(_emit_into(em, v.weight, "          ", "acc[" + cv + "] += p * {};"))
-    )
-    lines += ["        }", "      }", "    }"]
+
+
+def _out_index(k: K.Kernel) -> str:
     flat: sint = 0
     for j, (s_, st) in enumerate(zip(k.shape, contiguous_strides(k.shape))):
         flat = sym.add(flat, sym.mul(sym.index_var(j, s_), st))
-    lines.append(f"    for (int64_t {cv} = 0; {cv} < {cols}; ++{cv})")
-    lines.append("      " + store_stmt("b0", cexpr(flat), f"acc[{cv}] / l", k.dtype))
+    return cexpr(flat)
+
+
+def _render_softmax_rows(k: K.Kernel, em: _Emitter, lines: list[str], ext: list[str]) -> sint:
+    """Render the kernel's loop over tasks into ``lines``; returns the task count."""
+    v = k.value
+    assert isinstance(v, K.SoftmaxSum)
+    n = len(k.shape)
+    dot = _score_dot(k)
+    if dot is None:
+        tasks: sint = 1
+        for sz in k.shape[:-1]:
+            tasks = sym.mul(tasks, sz)
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        _decode_task(lines, ext, n - 1, "t")
+        em.block(lambda: lines.extend(_row(k, em, "    ")))
+        lines.append("  }")
+        return tasks
+    lines.insert(0, _SM_PRELUDE)
+    nb = sym.ceildiv(k.shape[-2], _QB)
+    tasks = nb
+    for sz in k.shape[:-2]:
+        tasks = sym.mul(tasks, sz)
+    lines += [
+        "  for (int64_t t = begin; t < end; ++t) {",
+        f"    const int64_t ib = (t % {cexpr(nb)}) * {_QB}, tq = t / {cexpr(nb)}; (void)tq;",
+    ]
+    _decode_task(lines, ext, n - 2, "tq")
+    lines.append(f"    const int64_t rows = lm_min({_QB}, {ext[n - 2]} - ib);")
+    # parts of the score and values that hold for the whole task (a head's offsets)
+    em.lines = []
+    inner = frozenset({v.var.name, f"_i{n - 2}", f"_i{n - 1}"})
+    em.hoist(v.score, inner, "    ")
+    em.hoist(v.weight, inner, "    ")
+    lines += em.lines
+    lines += [
+        f"    if (rows < {_RB}) {{ /* too few rows to amortize copying the tiles */",
+        "      for (int64_t ri = 0; ri < rows; ++ri) {",
+        f"        const int64_t i{n - 2} = ib + ri;",
+    ]
+    em.block(lambda: lines.extend(_row(k, em, "        ")))
+    lines += ["      }", "      continue;", "    }"]
+    em.block(lambda: lines.extend(_blocked(k, em, dot)))
     lines.append("  }")
     return tasks
+
+
+def _row(k: K.Kernel, em: _Emitter, ind: str) -> list[str]:
+    """The row form for the row the index variables i0..i{n-2} name: per tile of keys, the
+    scores, the tile max, rescale of the running sums, exp of the tile, then the weighted
+    columns accumulate as a vector."""
+    v = k.value
+    assert isinstance(v, K.SoftmaxSum)
+    n, cols = len(k.shape), k.shape[-1]
+    t, T = ctype(v.dtype), _SM_TILE
+    jv, cv = _c_name(v.var), f"i{n - 1}"
+    out: list[str] = []
+    em.lines = []
+    em.hoist(v.score, frozenset({v.var.name}), ind)
+    em.hoist(v.weight, frozenset({v.var.name, f"_i{n - 1}"}), ind)
+    out += em.lines
+    ext_s = cexpr(v.extent)
+    i2, i3, i4 = ind + "  ", ind + "    ", ind + "      "
+    out += [
+        f"{ind}{t} acc[{cols}] = {{0}}, m = -INFINITY, l = 0;",
+        f"{ind}for (int64_t j0 = 0; j0 < {ext_s}; j0 += {T}) {{",
+        f"{i2}const int64_t jn = lm_min({T}, {ext_s} - j0);",
+        f"{i2}{t} sc[{T}];",
+        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) {{",
+        f"{i3}const int64_t {jv} = j0 + jj;",
+    ]
+    em.block(lambda: out.extend(_emit_into(em, v.score, i3, "sc[jj] = {};")))
+    out += [
+        f"{i2}}}",
+        f"{i2}{t} tm = -INFINITY;",
+        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) tm = sc[jj] > tm ? sc[jj] : tm;",
+        f"{i2}if (tm == -INFINITY) continue; /* every key of the tile masked */",
+        f"{i2}if (tm > m) {{",
+        f"{i3}const {t} r = {em.exp2('m - tm', v.dtype)};",
+        f"{i3}l *= r;",
+        f"{i3}for (int c = 0; c < {cols}; ++c) acc[c] *= r;",
+        f"{i3}m = tm;",
+        f"{i2}}}",
+        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) {{",
+        f"{i3}sc[jj] = {em.exp2('sc[jj] - m', v.dtype)};",
+        f"{i3}l += sc[jj];",
+        f"{i2}}}",
+        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) {{",
+        f"{i3}const int64_t {jv} = j0 + jj;",
+        f"{i3}const {t} p = sc[jj];",
+        f"{i3}#pragma omp simd",
+        f"{i3}for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
+    ]
+    em.block(lambda: out.extend(_emit_into(em, v.weight, i4, "acc[" + cv + "] += p * {};")))
+    out += [f"{i3}}}", f"{i2}}}", f"{ind}}}"]
+    out.append(f"{ind}for (int64_t {cv} = 0; {cv} < {cols}; ++{cv})")
+    out.append(f"{ind}  " + store_stmt("b0", _out_index(k), f"acc[{cv}] / l", k.dtype))
+    return out
+
+
+def _blocked(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
+    """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB)."""
+    v = k.value
+    assert isinstance(v, K.SoftmaxSum)
+    n, cols, d = len(k.shape), k.shape[-1], dot.red.extent
+    assert isinstance(d, int)
+    row, jv, cv, rv = f"i{n - 2}", _c_name(v.var), f"i{n - 1}", _c_name(dot.red.var)
+    ext_s = cexpr(v.extent)
+    colp = f"(({cols} + LM_SM_T - 1) / LM_SM_T * LM_SM_T)"  # value width padded to tiles
+    al = "__attribute__((aligned(64)))"
+    out = [
+        f"    float qs[{_QB}][{d}] {al}, oacc[{_QB}][{colp}] {al}, mrow[{_QB}], lrow[{_QB}];",
+        f"    float kts[{d}][LM_SM_T] {al}, vts[LM_SM_T][{colp}] {al};",
+        "    /* zero: the padding rows and columns of the copies below stay so */",
+        "    memset(oacc, 0, sizeof oacc), memset(qs, 0, sizeof qs);",
+        "    memset(kts, 0, sizeof kts), memset(vts, 0, sizeof vts);",
+        f"    for (int64_t ri = 0; ri < {_QB}; ++ri) mrow[ri] = -INFINITY, lrow[ri] = 0;",
+        "    /* the block's query operands, once per task */",
+        "    for (int64_t ri = 0; ri < rows; ++ri) {",
+        f"      const int64_t {row} = ib + ri;",
+        f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+    ]
+    em.block(lambda: out.extend(_emit_into(em, dot.q, "        ", "qs[ri][" + rv + "] = {};")))
+    out += [
+        "      }",
+        "    }",
+        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += LM_SM_T) {{",
+        f"      const int64_t jn = lm_min(LM_SM_T, {ext_s} - j0);",
+        "      /* the tile's key operands transposed (keys along vectors) and its value rows;",
+        "         keys past the end are zero (their scores are -inf below) */",
+        "      for (int64_t jj = jn; jj < LM_SM_T; ++jj) {",
+        f"        for (int c = 0; c < {d}; ++c) kts[c][jj] = 0;",
+        f"        for (int c = 0; c < {cols}; ++c) vts[jj][c] = 0;",
+        "      }",
+        "      for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"        const int64_t {jv} = j0 + jj;",
+        f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+    ]
+    em.block(lambda: out.extend(_emit_into(em, dot.k, "          ", "kts[" + rv + "][jj] = {};")))
+    out += ["        }", f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{"]
+    em.block(
+        lambda: out.extend(_emit_into(em, v.weight, "          ", "vts[jj][" + cv + "] = {};"))
+    )
+    out += [
+        "        }",
+        "      }",
+        f"      for (int64_t rb = 0; rb < rows; rb += {_RB}) {{",
+        f"        float dots[{_RB}][LM_SM_T] {al}, ps[{_RB}][LM_SM_T] {al};",
+        "        { /* dots = the block's query rows x the tile's keys */",
+        f"          lm_vf c[{_RB}][4];",
+        f"          for (int ri = 0; ri < {_RB}; ++ri)",
+        "            for (int u = 0; u < 4; ++u) c[ri][u] = (lm_vf){0};",
+        f"          for (int r = 0; r < {d}; ++r) {{",
+        "            lm_vf kv[4];",
+        "            for (int u = 0; u < 4; ++u) kv[u] = lm_vld(&kts[r][u * LM_VL]);",
+        f"            for (int ri = 0; ri < {_RB}; ++ri) {{",
+        "              const float a = qs[rb + ri][r];",
+        "              for (int u = 0; u < 4; ++u) c[ri][u] += a * kv[u];",
+        "            }",
+        "          }",
+        f"          for (int ri = 0; ri < {_RB}; ++ri)",
+        "            for (int u = 0; u < 4; ++u) lm_vst(&dots[ri][u * LM_VL], c[ri][u]);",
+        "        }",
+        f"        for (int ri = 0; ri < {_RB}; ++ri) {{",
+        "          if (rb + ri >= rows) { /* past the block's last row: no weight */",
+        "            for (int jj = 0; jj < LM_SM_T; ++jj) ps[ri][jj] = 0;",
+        "            continue;",
+        "          }",
+        f"          const int64_t {row} = ib + rb + ri;",
+        "          for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"            const int64_t {jv} = j0 + jj;",
+    ]
+
+    def score() -> None:
+        # the score as the IR has it, its dot product read from the micro-GEMM's result
+        em.scopes[-1][dot.red] = "dots[ri][jj]"
+        out.extend(_emit_into(em, v.score, "            ", "ps[ri][jj] = {};"))
+
+    em.block(score)
+    out += [
+        "          }",
+        "          for (int64_t jj = jn; jj < LM_SM_T; ++jj) ps[ri][jj] = -INFINITY;",
+        "          /* the tile max as an integer max of order-preserving keys (it vectorizes);",
+        "             NaN when a score is NaN */",
+        "          int32_t key = (int32_t)0x807fffff, nan = 0;",
+        "          #pragma omp simd reduction(max:key) reduction(|:nan)",
+        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
+        "            const uint32_t b = lm_f32_bits(ps[ri][jj]);",
+        "            const int32_t kk = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1));",
+        "            key = kk > key ? kk : key;",
+        "            nan |= ps[ri][jj] != ps[ri][jj];",
+        "          }",
+        "          const float tm = nan ? NAN : lm_bits_f32((uint32_t)key ^ ((uint32_t)(key >> 31) >> 1));",
+        "          if (tm == -INFINITY) { /* every key of the tile masked */",
+        "            for (int jj = 0; jj < LM_SM_T; ++jj) ps[ri][jj] = 0;",
+        "            continue;",
+        "          }",
+        "          float mm = mrow[rb + ri];",
+        "          if (tm > mm) {",
+        "            const float r = lm_exp2f(mm - tm);",
+        "            lrow[rb + ri] *= r;",
+        f"            for (int c = 0; c < {colp}; ++c) oacc[rb + ri][c] *= r;",
+        "            mm = mrow[rb + ri] = tm;",
+        "          }",
+        "          float ls = 0;",
+        "          #pragma omp simd reduction(+:ls)",
+        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
+        "            ps[ri][jj] = lm_exp2f(ps[ri][jj] - mm);",
+        "            ls += ps[ri][jj];",
+        "          }",
+        "          lrow[rb + ri] += ls;",
+        "        }",
+        "        /* P.V: rank-1 updates of the block's rows, four vectors of columns at a time */",
+        f"        for (int c0 = 0; c0 < {colp}; c0 += LM_SM_T) {{",
+        f"          lm_vf a[{_RB}][4];",
+        f"          for (int ri = 0; ri < {_RB}; ++ri)",
+        "            for (int u = 0; u < 4; ++u) a[ri][u] = lm_vld(&oacc[rb + ri][c0 + u * LM_VL]);",
+        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
+        "            lm_vf vv[4];",
+        "            for (int u = 0; u < 4; ++u) vv[u] = lm_vld(&vts[jj][c0 + u * LM_VL]);",
+        f"            for (int ri = 0; ri < {_RB}; ++ri) {{",
+        "              const float p = ps[ri][jj];",
+        "              for (int u = 0; u < 4; ++u) a[ri][u] += p * vv[u];",
+        "            }",
+        "          }",
+        f"          for (int ri = 0; ri < {_RB}; ++ri)",
+        "            for (int u = 0; u < 4; ++u) lm_vst(&oacc[rb + ri][c0 + u * LM_VL], a[ri][u]);",
+        "        }",
+        "      }",
+        "    }",
+        "    for (int64_t ri = 0; ri < rows; ++ri) {",
+        f"      const int64_t {row} = ib + ri;",
+        f"      for (int64_t {cv} = 0; {cv} < {cols}; ++{cv})",
+        "        " + store_stmt("b0", _out_index(k), f"oacc[ri][{cv}] / lrow[ri]", k.dtype),
+        "    }",
+    ]
+    return out

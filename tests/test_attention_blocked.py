@@ -1,0 +1,139 @@
+"""The blocked form of attention's C kernel (codegen/c_attention.py): query rows in blocks,
+key tiles copied once per block, the score's dot product as a micro-GEMM. Odd sizes reach
+every edge: sequences that end mid tile and mid block, blocks too short for the blocked form
+(they take the row form), head dims that are not a multiple of the vector width, value widths
+that differ from the key width, several batches and heads, masks, NaN and fully masked rows."""
+
+import numpy as np
+import pytest
+import torch
+
+import luminal as lm
+import luminal.functional as F
+from luminal.codegen.c import render_kernel
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.lower import lower
+from luminal.graph import symbolic as sym
+
+
+def _forms(g) -> set[str]:
+    """Which forms the graph's attention kernels render in: 'blocked' (the micro-GEMM, with
+    the row form for short blocks) or 'row' (the row form alone)."""
+    low = lower(g)
+    out = set()
+    for kk in low.kernels:
+        if any(isinstance(x, K.SoftmaxSum) for x in K.walk(kk.value)):
+            src = render_kernel(kk, list(low.dims)).source
+            out.add("blocked" if "dots[ri][jj]" in src else "row")
+    return out
+
+
+def _inputs(shapes, dims, seed):
+    rng = np.random.default_rng(seed)
+    return {
+        n: rng.standard_normal(tuple(int(sym.evaluate(x, dims)) for x in s)).astype(np.float32)
+        for n, s in shapes.items()
+    }
+
+
+def _sdpa(xs, **kw):
+    t = {n: torch.from_numpy(a) for n, a in xs.items()}
+    mask = t.pop("m", None)
+    return torch.nn.functional.scaled_dot_product_attention(
+        t["q"], t["k"], t["v"], attn_mask=mask, **kw
+    ).numpy()
+
+
+@pytest.mark.parametrize(
+    "batch,heads,d,dv,causal",
+    [(2, 3, 40, 24, False), (1, 2, 80, 80, True), (2, 1, 64, 72, True), (1, 2, 17, 5, False)],
+)
+def test_odd_sizes_match_sdpa(batch, heads, d, dv, causal):
+    L = sym.dim("L", 1, 300)
+    g = lm.Graph("attention_blocked")
+    shapes = {
+        "q": (batch, heads, L, d),
+        "k": (batch, heads, L, d),
+        "v": (batch, heads, L, dv),
+    }
+    q, k, v = (g.input(n, s) for n, s in shapes.items())
+    g.output("o", F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    assert _forms(g) == {"blocked"}
+    cg = lm.compile(g)
+    # 1..3: one short block (row form); 4, 5: one short blocked block; 64, 65, 67: a full
+    # block then 1 or 3 rows; 133, 300: key tiles and query blocks both end mid way
+    for seqv in (1, 3, 4, 5, 64, 65, 67, 133, 300):
+        xs = _inputs(shapes, {"L": seqv}, seqv)
+        out = cg.run(xs, L=seqv)["o"]
+        np.testing.assert_allclose(out, _sdpa(xs, is_causal=causal), atol=3e-5, rtol=1e-4)
+
+
+def test_gqa_transposed_keys_and_float_mask():
+    # keys stored (d, seq) and read through a permute; 6 query heads share 2 key heads
+    g = lm.Graph("attention_blocked_gqa")
+    q, kt, v = g.input("q", (6, 150, 32)), g.input("kt", (2, 32, 97)), g.input("v", (2, 97, 48))
+    m = g.input("m", (150, 97))
+    k = kt.permute(0, 2, 1)
+    g.output("o", F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
+    assert _forms(g) == {"blocked"}
+    rng = np.random.default_rng(5)
+    xs = {
+        "q": rng.standard_normal((6, 150, 32)),
+        "kt": rng.standard_normal((2, 32, 97)),
+        "v": rng.standard_normal((2, 97, 48)),
+        "m": rng.standard_normal((150, 97)),
+    }
+    xs = {n: a.astype(np.float32) for n, a in xs.items()}
+    out = lm.compile(g).run(xs)["o"]
+    ref = _sdpa(
+        {"q": xs["q"], "k": xs["kt"].transpose(0, 2, 1).copy(), "v": xs["v"], "m": xs["m"]},
+        enable_gqa=True,
+    )
+    np.testing.assert_allclose(out, ref, atol=3e-5, rtol=1e-4)
+
+
+def test_masked_tiles_rows_and_nan_follow_the_naive_graph():
+    # rows fully masked give NaN; a row masked over whole key tiles skips them and stays
+    # exact; a NaN in one query row makes that row NaN and no other
+    n, d = 150, 16
+    g = lm.Graph("attention_blocked_masked")
+    q, k, v = g.input("q", (n, d)), g.input("k", (n, d)), g.input("v", (n, 7))
+    m = g.input("m", (n, n))
+    g.output("o", F.softmax(q.matmul(k.transpose(-1, -2)).add(m), -1).matmul(v))
+    assert _forms(g) == {"blocked"}
+    rng = np.random.default_rng(7)
+    xs = {
+        "q": rng.standard_normal((n, d)),
+        "k": rng.standard_normal((n, d)),
+        "v": rng.standard_normal((n, 7)),
+        "m": np.zeros((n, n)),
+    }
+    xs = {name: a.astype(np.float32) for name, a in xs.items()}
+    xs["m"][3, :] = -np.inf  # in the first block
+    xs["m"][140, :] = -np.inf  # in the last block, of 22 rows
+    xs["m"][10, :130] = -np.inf  # the first two tiles, and part of the third, masked
+    xs["m"][11, 5:] = -np.inf  # one key left
+    xs["q"][70, 2] = np.nan
+    out = lm.compile(g).run(xs)["o"]
+    ref = g.run(xs)["o"]  # the reference interpreter on the naive graph
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
+    assert np.isnan(out[[3, 70, 140]]).all()
+    assert np.isfinite(np.delete(out, [3, 70, 140], axis=0)).all()
+
+
+def test_scores_without_a_dot_product_keep_the_row_form():
+    # a score that is no sum of products (an L1 distance) renders in the row form
+    g = lm.Graph("attention_l1")
+    q, k, v = g.input("q", (9, 6)), g.input("k", (11, 6)), g.input("v", (11, 4))
+    diff = q.reshape(9, 1, 6).sub(k.reshape(1, 11, 6))
+    s = diff.mul(diff).sqrt().sum(-1).mul(-1.0)
+    g.output("o", F.softmax(s, -1).matmul(v))
+    assert _forms(g) == {"row"}  # the score's reduce sums square roots, not products
+    rng = np.random.default_rng(2)
+    xs = {
+        "q": rng.standard_normal((9, 6)),
+        "k": rng.standard_normal((11, 6)),
+        "v": rng.standard_normal((11, 4)),
+    }
+    xs = {name: a.astype(np.float32) for name, a in xs.items()}
+    np.testing.assert_allclose(lm.compile(g).run(xs)["o"], g.run(xs)["o"], atol=2e-5, rtol=1e-4)
