@@ -24,7 +24,9 @@ from .compiler.lower import Lowered, lower
 from .compiler.memory import plan_memory
 from .compiler.passes import run_passes
 from .compiler.schedule import schedule
+from .compiler.search.schedules import choose_schedules
 from .compiler.search.select import choose_library_calls
+from .compiler.search.tuner import Timing, Tuner, random_inputs
 from .graph.graph import Graph
 from .plan import InlineWeight, KernelFormat, Launch, LibCall, Plan, Role
 
@@ -50,7 +52,7 @@ def build_plan(
     libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
     if backend == "cpu":
         arch = ""
-        ckernels = [render_kernel(k, dim_names) for k in low.kernels if isinstance(k, K.Kernel)]
+        ckernels = [_render(k, dim_names) for k in low.kernels if isinstance(k, K.Kernel)]
         launches = [(c.name, KernelFormat.c_source, c.source, c.args, (c.tasks, 1, 1),
                      (c.min_chunk, 1, 1)) for c in ckernels]  # fmt: skip
     elif backend == "cuda":
@@ -131,31 +133,59 @@ class CompiledGraph:
         return len(self.plan.kernels)
 
 
+def _render(k: K.Kernel, dim_names: list[str]) -> Any:
+    # a searched chunk reaches the C generator through inner_chunk (used by kernels without a
+    # per-element reduction; c.py reads nothing else of the schedule yet)
+    chunk = k.schedule.chunk if k.schedule is not None else 0
+    return render_kernel(k, dim_names, inner_chunk=chunk) if chunk else render_kernel(k, dim_names)
+
+
+def _signature(k: K.Kernel, dim_names: list[str]) -> tuple[str, str, int]:
+    """What decides the code a scheduled kernel runs: equal signatures, equal programs."""
+    c = _render(k, dim_names)
+    return c.source, repr(c.tasks), c.min_chunk
+
+
 def _cpu_target() -> str:
     import platform
 
     return f"cpu-{platform.machine()}-{platform.processor() or 'generic'}-{os.cpu_count()}"
 
 
-def _measure_cpu(low: Lowered, dims: dict[str, int], repeats: int = 5) -> float:
-    """Median seconds of one run of a small plan, through the runtime that runs plans."""
+def _executor(low: Lowered) -> Any:
     from . import runtime
-    from .graph import symbolic as sym
 
     ex = runtime.Executor(build_plan(low, "measure", "cpu"))
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for b in low.buffers:
-        if b.role == "input":
-            shape = tuple(int(sym.evaluate(s, dims)) for s in b.shape)
-            inputs[b.name] = rng.standard_normal(shape).astype(b.dtype.np_type)
-    ex.run(inputs, **dims)  # warm-up
+    if flags.debug() >= 2:  # measuring runs are not the user's: keep them out of the step table
+        ex.set_profiling(False)
+        if ex in runtime._PROFILED:
+            runtime._PROFILED.remove(ex)
+    return ex
+
+
+def _measure_cpu(low: Lowered, dims: dict[str, int], repeats: int = 5) -> Timing:
+    """Median seconds of one run of a small plan, through the runtime that runs plans, with
+    the outputs of its first run on the search's seeded inputs. A first run longer than
+    LUMINAL_SEARCH_MEASURE_MS is the only one."""
+    ex = _executor(low)
+    inputs = random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int())
+    t = time.perf_counter()
+    outputs = ex.run(inputs, **dims)  # warm-up, and the outputs the search checks
+    first = time.perf_counter() - t
+    if first * 1e3 > flags.SEARCH_MEASURE_MS.as_float():
+        return Timing(first, 1, outputs)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         ex.run(inputs, **dims)
         times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return Timing(float(np.median(times)), repeats, outputs)
+
+
+def _evaluate_cpu(low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """Outputs of a small plan on the search's seeded inputs (to check a candidate)."""
+    ex = _executor(low)
+    return ex.run(random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int()), **dims)
 
 
 def compile(  # noqa: A001
@@ -166,17 +196,26 @@ def compile(  # noqa: A001
 ) -> CompiledGraph:
     """Compile ``graph`` into a plan for ``backend`` and load it. With ``search`` (the
     default), kernels with a library alternative (GEMM) are timed both ways and the faster
-    kept; decisions are cached on disk. ``progress`` receives a line per stage."""
+    kept, and on the CPU reduction kernels are timed under a few schedules; what is kept is
+    checked against the kernel as lowered, and decisions are cached on disk (bounds:
+    LUMINAL_SEARCH_* flags). ``progress`` receives a line per stage."""
     say = progress or PROGRESS.get() or (lambda msg: None)
     say(f"lowering {len(graph.nodes)} nodes")
     t0 = time.perf_counter()
     low = lower(run_passes(graph))  # compiler/passes.py: the e-graph rewrites
     if backend == "cpu" and search:
-        low = choose_library_calls(low, _measure_cpu, _cpu_target())
+        tuner = Tuner(_measure_cpu, _cpu_target(), _evaluate_cpu)
+        low = choose_library_calls(low, tuner)
+        if flags.SEARCH_SCHEDULES.as_int():
+            low = choose_schedules(low, tuner, _signature)
+        tuner.summary()
     elif backend == "cuda" and search:
         from . import cuda as cuda_rt
 
-        low = choose_library_calls(low, *cuda_rt.search_measure())
+        # measured on the device when there is one (no outputs kept there: unchecked)
+        tuner = Tuner(*cuda_rt.search_measure())
+        low = choose_library_calls(low, tuner)
+        tuner.summary()
     say(f"generating code for {len(low.kernels)} kernels")
     plan = build_plan(low, graph.name, backend)
     say(f"loading the plan ({len(plan.kernels)} kernels; compiled C is cached on disk)")

@@ -22,6 +22,13 @@ class Flag:
         except ValueError:
             raise ValueError(f"{self.name} must be an integer, got {v!r}") from None
 
+    def as_float(self) -> float:
+        v = self.get()
+        try:
+            return float(v)
+        except ValueError:
+            raise ValueError(f"{self.name} must be a number, got {v!r}") from None
+
 
 DEBUG = Flag(
     "LUMINAL_DEBUG", "0",
@@ -45,7 +52,27 @@ CUBLASLT = Flag(
     "libcublasLt.so.13); read by the C++ runtime",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, CUBLASLT)
+# bounds of the measured search (compiler/search/tuner.py, docs/compiler.md)
+SEARCH_BUDGET = Flag(
+    "LUMINAL_SEARCH_BUDGET_S", "60",
+    "seconds of measuring per compile; past it, kernels keep their default (unmeasured) form",
+)  # fmt: skip
+SEARCH_CANDIDATES = Flag(
+    "LUMINAL_SEARCH_CANDIDATES", "4",
+    "alternatives measured per kernel (the best by the cost model; the default always)",
+)  # fmt: skip
+SEARCH_MEASURE_MS = Flag(
+    "LUMINAL_SEARCH_MEASURE_MS", "100",
+    "a candidate whose first run takes longer is not run again (that run is its time)",
+)  # fmt: skip
+SEARCH_SEED = Flag("LUMINAL_SEARCH_SEED", "0", "seed of the search's random inputs")
+SEARCH_SCHEDULES = Flag(
+    "LUMINAL_SEARCH_SCHEDULES", "1",
+    "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
+)  # fmt: skip
+
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, CUBLASLT, SEARCH_BUDGET,
+       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_SCHEDULES)  # fmt: skip
 
 
 def debug() -> int:

@@ -132,6 +132,24 @@ class SoftmaxSum:
 Value = Load | Const | IndexVal | Alu | Cast | Masked | Reduce | Gather | SoftmaxSum
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """Explicit loop-structure parameters of a kernel, chosen by the search (compiler/schedule.py
+    applies them; a kernel without one gets the default rules).
+
+    ``split``: the inner extent reductions are split by (``r = split*ro + ri``); 0 splits
+    nothing; -1 is the default rule (blocked reductions only, largest power of two up to 16).
+    ``chunk``: elements of the innermost output dim per task; 0 is the code generator's
+    default."""
+
+    split: int = -1
+    chunk: int = 0
+
+    def label(self) -> str:
+        split = "default" if self.split < 0 else str(self.split)
+        return f"split={split}" + (f",chunk={self.chunk}" if self.chunk else "")
+
+
 @dataclass
 class Kernel:
     """out[store index] = value for every point of ``shape``.
@@ -150,6 +168,8 @@ class Kernel:
     scatter_rows: sint = 0
     row_dims: int = 0
     reads: list[int] = field(default_factory=list)
+    # set by the search (compiler/search/schedules.py); None: the default schedule rules
+    schedule: Schedule | None = None
 
     def verify(self) -> None:
         """Check dtypes and variable scoping of the value tree."""
@@ -428,4 +448,6 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
             parts.append(
                 f"k:{shape}:{s.out}:{s.dtype.name}:{fp_val(s.value)}:{row}:{sym.fingerprint(s.scatter_rows)}:{s.row_dims}"
             )
+            if s.schedule is not None:  # absent by default, so older digests stay valid
+                parts[-1] += f":{s.schedule.split},{s.schedule.chunk}"
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

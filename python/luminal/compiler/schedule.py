@@ -1,12 +1,18 @@
 """Schedule rewrites on the kernel IR: loop structure changes that keep the value.
 
-``split_blocked_reductions``: a reduction whose body indexes memory with ``r // c`` or
-``r % c`` (the block structure of quantized weights: a scale per 32 values, two nibbles per
-byte) is split into ``r = g*ro + ri`` with the largest power-of-two ``g`` (up to 16) for
-which the symbolic simplifier turns every such index into an affine function of ``ri`` (moving the
-block-constant parts onto ``ro``), so the inner loop has unit-stride loads that vectorize
-and the per-block scale is loaded once per block instead of once per element. When the two
-halves of a split block read the same bytes (the two nibbles of 4-bit weights), they are
+A kernel's schedule is explicit (``K.Schedule``: split factor, chunk); the search
+(compiler/search/schedules.py) picks one per kernel by measurement, and a kernel without one
+gets the default rules below.
+
+Splitting reductions: a reduction whose body indexes memory with ``r // c`` or ``r % c`` (the
+block structure of quantized weights: a scale per 32 values, two nibbles per byte) is split
+into ``r = g*ro + ri`` so that the symbolic simplifier turns every such index into an affine
+function of ``ri`` (moving the block-constant parts onto ``ro``): the inner loop has
+unit-stride loads that vectorize and the per-block scale is loaded once per block instead of
+once per element. By default ``g`` is the largest power of two up to 16 that does this. An
+explicit split ``g`` also splits plain float sums with a short straight-line body (a GEMV
+row): the code generator keeps a vector of ``g`` partial sums across the outer loop. When the
+two halves of a split block read the same bytes (the two nibbles of 4-bit weights), they are
 computed in one inner loop so each byte is loaded and unpacked once.
 """
 
@@ -59,22 +65,52 @@ def _has_divmod_of(v: K.Value, name: str) -> bool:
     return False
 
 
-def _split(r: K.Reduce) -> K.Reduce:
+def _split_by(r: K.Reduce, g: int) -> K.Reduce | None:
+    """``r`` as Reduce(ro, Reduce(ri, body[r = g*ro + ri])), or None when ``g`` does not divide
+    the extent or leaves an index that divides or takes a modulus of ``ri``."""
+    if not isinstance(r.extent, int) or g < 2 or r.extent % g or r.extent == g:
+        return None
+    outer = sym.var(r.var.name + "o", 0, r.extent // g - 1, r.extent // g)
+    inner = sym.var(r.var.name + "i", 0, g - 1, g)
+    body = K.substitute(r.body, {r.var.name: sym.add(sym.mul(outer, g), inner)})
+    if _has_divmod_of(body, inner.name):
+        return None
+    return K.Reduce(r.op, outer, r.extent // g, K.Reduce(r.op, inner, g, body, r.dtype), r.dtype)
+
+
+def _default_split(r: K.Reduce) -> K.Reduce:
     """The largest split (inner extent a power of two up to 16) after which no index divides
     or takes a modulus of the inner variable; ``r`` itself when none helps. 16 floats are one
     AVX-512 register; GCC 12 fails to vectorize int8 -> f32 loops of 32 (Q8_0 rows ran 1.6x
     slower split by 32)."""
-    if not isinstance(r.extent, int) or not _has_divmod_of(r.body, r.var.name):
-        return r
     for g in (16, 8, 4, 2):
-        if r.extent % g or r.extent == g:
-            continue
-        outer = sym.var(r.var.name + "o", 0, r.extent // g - 1, r.extent // g)
-        inner = sym.var(r.var.name + "i", 0, g - 1, g)
-        body = K.substitute(r.body, {r.var.name: sym.add(sym.mul(outer, g), inner)})
-        if not _has_divmod_of(body, inner.name):
-            inner_r = K.Reduce(r.op, inner, g, body, r.dtype)
-            return K.Reduce(r.op, outer, r.extent // g, inner_r, r.dtype)
+        out = _split_by(r, g)
+        if out is not None:
+            return out
+    return r
+
+
+def _plain_sum(r: K.Reduce) -> bool:
+    """A float sum whose body is straight-line code: split, it becomes a vector of partial sums
+    (codegen's blocked sum), an alternative to the compiler's vectorized reduction."""
+    return (
+        r.op is Op.SUM_REDUCE
+        and r.dtype.is_float
+        and isinstance(r.extent, int)
+        and not any(
+            isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r.body)
+        )
+    )
+
+
+def _split(r: K.Reduce, split: int) -> K.Reduce:
+    """``r`` split as the schedule's ``split`` says (see ``K.Schedule``)."""
+    if split == 0 or not isinstance(r.extent, int):
+        return r
+    if _has_divmod_of(r.body, r.var.name):
+        return (_split_by(r, split) if split > 0 else None) or _default_split(r)
+    if split > 0 and _plain_sum(r):
+        return _split_by(r, split) or r
     return r
 
 
@@ -112,28 +148,28 @@ def _jam_pairs(r: K.Reduce) -> K.Reduce:
     )
 
 
-def _rebuild(v: K.Value, memo: dict[int, K.Value]) -> K.Value:
+def _rebuild(v: K.Value, memo: dict[int, K.Value], split: int) -> K.Value:
     hit = memo.get(id(v))
     if hit is not None:
         return hit
     out: K.Value
     if isinstance(v, K.Alu):
-        srcs = tuple(_rebuild(s, memo) for s in v.srcs)
+        srcs = tuple(_rebuild(s, memo, split) for s in v.srcs)
         out = v if all(a is b for a, b in zip(srcs, v.srcs)) else K.Alu(v.op, srcs, v.dtype)
     elif isinstance(v, K.Cast):
-        s = _rebuild(v.src, memo)
+        s = _rebuild(v.src, memo, split)
         out = v if s is v.src else K.Cast(s, v.dtype)
     elif isinstance(v, K.Masked):
-        s = _rebuild(v.value, memo)
+        s = _rebuild(v.value, memo, split)
         out = v if s is v.value else K.Masked(v.valid, s, v.dtype)
     elif isinstance(v, K.Reduce):
-        body = _rebuild(v.body, memo)
+        body = _rebuild(v.body, memo, split)
         r = v if body is v.body else K.Reduce(v.op, v.var, v.extent, body, v.dtype)
-        out = _split(r)
+        out = _split(r, split)
         if out is not r:
             out = _jam_pairs(out)
     elif isinstance(v, K.Gather):
-        row, body = _rebuild(v.row, memo), _rebuild(v.body, memo)
+        row, body = _rebuild(v.row, memo, split), _rebuild(v.body, memo, split)
         same = row is v.row and body is v.body
         out = v if same else K.Gather(v.var, row, v.rows, body, v.dtype)
     else:
@@ -142,22 +178,39 @@ def _rebuild(v: K.Value, memo: dict[int, K.Value]) -> K.Value:
     return out
 
 
-def split_blocked_reductions(k: Step) -> Step:
+def apply(k: Step, sched: K.Schedule | None = None) -> Step:
+    """``k`` with the loop structure of ``sched`` (default: the kernel's own schedule, else
+    the default rules). The result keeps the schedule, so code generation can read its
+    chunk."""
     if not isinstance(k, K.Kernel):
         return k
-    value = _rebuild(k.value, {})
-    if value is k.value:
+    sched = sched or k.schedule or K.Schedule()
+    value = _rebuild(k.value, {}, sched.split)
+    if value is k.value and sched == k.schedule:
         return k
     return K.Kernel(k.name, k.shape, k.out, value, k.dtype, k.scatter_row, k.scatter_rows,
-                    k.row_dims, k.reads)  # fmt: skip
+                    k.row_dims, k.reads, sched)  # fmt: skip
 
 
-# Kernel-level schedule passes, in order (each Kernel -> Kernel, value-preserving).
-PASSES = (split_blocked_reductions,)
+# Splits and chunks the search tries (compiler/search/schedules.py): 16 floats are one
+# AVX-512 register, 8 one AVX2 register, 32 two registers of independent partial sums.
+SPLITS = (8, 16, 32)
+CHUNKS = (8, 32)  # output elements per task besides the code generator's default
+
+
+def alternatives(k: Step) -> list[K.Schedule]:
+    """Schedules worth comparing for ``k``, the default first; [] when ``k`` has no
+    reduction a schedule changes (the search then leaves it alone). Schedules that give the
+    same loops are removed by the caller (it compares generated code)."""
+    if not isinstance(k, K.Kernel) or k.scatter_row is not None:
+        return []
+    reduces = [x for x in K.walk(k.value) if isinstance(x, K.Reduce)]
+    if not any(isinstance(r.extent, int) and r.extent >= 2 * min(SPLITS) for r in reduces):
+        return []
+    splits = (-1, 0, *SPLITS)
+    return [K.Schedule(s, c) for c in (0, *CHUNKS) for s in splits]
 
 
 def schedule(kernels: Sequence[Step]) -> list[Step]:
-    out = list(kernels)
-    for p in PASSES:
-        out = [p(k) for k in out]
-    return out
+    """Every kernel with its schedule applied (its own, or the default rules)."""
+    return [apply(k) for k in kernels]

@@ -1,17 +1,16 @@
 """Choose between a generated kernel and a library call by measurement.
 
 For every kernel that ``gemm.match_gemm`` can express as a GEMM, both programs are timed on
-the target through the same runtime path that runs plans (``measure``, given by the caller, so
-this module names no backend). Sizes use each dim at a representative value. Decisions are
-cached on disk by (kernel, alternative, sizes, target), so a second compile is fast and the
-choice is deterministic once cached. ``LUMINAL_DEBUG>=3`` prints every decision.
+the target through the same runtime path that runs plans (the tuner's ``measure``, given by
+the caller, so this module names no backend). Sizes use each dim at a representative value.
+The tuner (tuner.py) ranks, measures, checks the kept program against the generated kernel
+on random inputs, and caches the decision on disk by (kernel, alternative, sizes, target), so
+a second compile is fast and the choice is deterministic once cached. ``LUMINAL_DEBUG>=3``
+prints every decision.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -20,15 +19,17 @@ from ... import flags
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import BufferInfo, Lowered, Role
+from .cost import estimate
 from .gemm import match_gemm
+from .tuner import Candidate, Timing, Tuner, sub_fingerprint
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
 MIN_GEMM_WORK = 1 << 15
 REPRESENTATIVE_DIM = 256
 
 Step = K.Kernel | K.LibCall
-# measure(lowered_subprogram, dims) -> median seconds
-Measure = Callable[[Lowered, dict[str, int]], float]
+# measure(lowered_subprogram, dims) -> median seconds (or a Timing with the outputs)
+Measure = Callable[[Lowered, dict[str, int]], "float | Timing"]
 
 
 def representative_dims(low: Lowered) -> dict[str, int]:
@@ -36,8 +37,10 @@ def representative_dims(low: Lowered) -> dict[str, int]:
 
 
 def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] = ()) -> Lowered:
-    """Just ``steps`` with the buffers they touch: what they read becomes inputs, what they
-    write (and nothing later in ``steps`` reads... or not) becomes outputs."""
+    """Just ``steps`` with the buffers they touch: what they read before writing becomes an
+    input, what they write an output. Buffers are renumbered in order of use (so identical
+    layers give identical programs) and named after their id in ``low`` (so two cut-outs that
+    read the same buffers in another order get the same random inputs)."""
     buffers = list(low.buffers) + list(extra)
     used: list[int] = []
     written: set[int] = set()
@@ -54,7 +57,7 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
     for b in used:
         info = buffers[b]
         role: Role = "input" if b in read and b not in written else "output"
-        new_bufs.append(BufferInfo(ids[b], f"b{ids[b]}", info.dtype, info.shape, role))
+        new_bufs.append(BufferInfo(ids[b], f"b{b}", info.dtype, info.shape, role))
     new_steps: list[Step] = []
     for s in steps:
         if isinstance(s, K.LibCall):
@@ -67,27 +70,14 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
     return Lowered(new_bufs, new_steps, dict(low.dims), {})  # type: ignore[arg-type]
 
 
-def _sub_fp(sub: Lowered) -> str:
-    bufs = ";".join(
-        f"{b.dtype.name}:{b.role}:{','.join(sym.fingerprint(s) for s in b.shape)}"
-        for b in sub.buffers
-    )
-    return bufs + "/" + K.fingerprint(sub.kernels)  # type: ignore[arg-type]
+_sub_fp = sub_fingerprint  # cuda.py keys its own decisions with it
 
 
-def _key(parts: Sequence[str]) -> str:
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
-
-
-def _cache_dir() -> str:
-    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
-    return os.path.join(base, "search")
-
-
-def choose_library_calls(low: Lowered, measure: Measure, target: str) -> Lowered:
-    """Replace kernels by library calls where measurement says the call is faster."""
+def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "") -> Lowered:
+    """Replace kernels by library calls where measurement says the call is faster.
+    ``measure`` is a Tuner, or a measuring function for a Tuner on ``target``."""
+    tuner = measure if isinstance(measure, Tuner) else Tuner(measure, target)
     dims = representative_dims(low)
-    debug = flags.debug()
     steps: list[Step] = []
     buffers = list(low.buffers)
     for kern in low.kernels:
@@ -98,7 +88,7 @@ def choose_library_calls(low: Lowered, measure: Measure, target: str) -> Lowered
         work = int(sym.evaluate(sym.mul(sym.mul(sym.mul(alt.m, alt.n), alt.k), alt.batch), dims))
         if work < MIN_GEMM_WORK:
             steps.append(kern)
-            if debug >= 3:
+            if flags.debug() >= 3:
                 print(f"luminal search: {kern.name}: gemm work {work} < {MIN_GEMM_WORK}, "
                       "keeping the generated kernel", file=sys.stderr)  # fmt: skip
             continue
@@ -110,28 +100,16 @@ def choose_library_calls(low: Lowered, measure: Measure, target: str) -> Lowered
                 )
             ]
         lib_steps: list[Step] = [alt.call] + ([alt.epilogue] if alt.epilogue else [])
+        # cut out, buffers renumbered, so identical layers share one decision
         sub_gen = subprogram(low, [kern])
         sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
-        # keyed on the cut-out programs (buffer ids renumbered), so identical layers share
-        key = _key([target, repr(sorted(dims.items())), _sub_fp(sub_gen), _sub_fp(sub_lib)])
-        path = os.path.join(_cache_dir(), key + ".json")
-        try:
-            with open(path) as f:
-                times = json.load(f)["times"]
-        except (OSError, ValueError, KeyError):
-            times = [measure(sub_gen, dims), measure(sub_lib, dims)]
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump({"kernel": kern.name, "times": times}, f)
-            os.replace(tmp, path)
-        use_lib = times[1] < times[0]
-        if debug >= 3:
-            lib = "gemm+epilogue" if alt.epilogue else "gemm"
-            print(f"luminal search: {kern.name}: generated {1e6 * times[0]:.1f} us, "
-                  f"{lib} {1e6 * times[1]:.1f} us at {dims} -> "
-                  f"{'gemm' if use_lib else 'generated'}", file=sys.stderr)  # fmt: skip
-        if use_lib:
+        lib = "gemm+epilogue" if alt.epilogue else "gemm"
+        chosen = tuner.choose(
+            kern.name, "gemm", dims, sub_gen,
+            [Candidate("generated", sub_gen, estimate(sub_gen, dims)),
+             Candidate(lib, sub_lib, estimate(sub_lib, dims))],
+        )  # fmt: skip
+        if chosen.sub is sub_lib:
             buffers += extra
             steps += lib_steps
         else:

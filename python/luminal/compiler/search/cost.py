@@ -1,0 +1,86 @@
+"""The search's cost model: a run-time estimate of a cut-out program from the bytes it moves,
+the arithmetic it does and the steps it launches. It only ranks candidates (which few are
+measured); measurement decides. The constants are round numbers for one CPU core class, not
+fitted: what matters is the order they give.
+"""
+
+from __future__ import annotations
+
+from ...graph import symbolic as sym
+from .. import kernel_ir as K
+from ..lower import Lowered
+from ..schedule import apply
+
+BANDWIDTH = 10e9  # bytes per second
+OPS = 10e9  # simple vectorized operations per second in generated loops
+LIBRARY_SPEEDUP = 8.0  # a tuned library GEMM against generated loops, per flop
+LAUNCH = 5e-6  # seconds per step
+DIVMOD = 4.0  # an integer division or modulus in an index, in simple operations
+BLOCK = 4.0  # per pass of an outer loop of a split reduction (hoisted loads, loop control)
+
+
+def _num(e: sym.sint, dims: dict[str, int]) -> float:
+    return float(sym.evaluate(e, dims))
+
+
+def _divmods(e: sym.sint) -> int:
+    if not isinstance(e, sym.Expr):
+        return 0
+    n = 1 if e.kind in (sym.DIV, sym.MOD) else 0
+    if e.kind == sym.ADD:
+        return n + sum(_divmods(t) for t, _ in e.args[0])
+    if e.kind == sym.VAR:
+        return n
+    return n + sum(_divmods(a) for a in e.args)
+
+
+def _ops(v: K.Value, dims: dict[str, int], memo: dict[int, float]) -> float:
+    """Simple operations to compute ``v`` once (shared subtrees counted where they occur)."""
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit
+    out: float
+    if isinstance(v, K.Load):
+        out = 1 + DIVMOD * (_divmods(v.index) + _divmods(v.valid))
+    elif isinstance(v, (K.Const, K.IndexVal)):
+        out = 0.0
+    elif isinstance(v, K.Alu):
+        out = 1 + sum(_ops(s, dims, memo) for s in v.srcs)
+    elif isinstance(v, K.Cast):
+        out = 1 + _ops(v.src, dims, memo)
+    elif isinstance(v, K.Masked):
+        out = 1 + _ops(v.value, dims, memo)
+    elif isinstance(v, K.Reduce):
+        n = _num(v.extent, dims)
+        body = _ops(v.body, dims, memo)
+        # an outer loop over split blocks pays a little per pass; the inner loop is the work
+        out = n * (body + (BLOCK if isinstance(v.body, K.Reduce) else 1))
+    elif isinstance(v, K.Gather):
+        out = 2 + _ops(v.row, dims, memo) + _ops(v.body, dims, memo)
+    else:
+        n = _num(v.extent, dims)
+        out = n * (4 + _ops(v.score, dims, memo) + _ops(v.weight, dims, memo))
+    memo[id(v)] = out
+    return out
+
+
+def estimate(sub: Lowered, dims: dict[str, int]) -> float:
+    """Estimated seconds for one run of ``sub`` at ``dims`` (kernels with their schedule)."""
+    nbytes = sum(_num(b.nbytes(), dims) for b in sub.buffers)
+    total = nbytes / BANDWIDTH
+    for step in sub.kernels:
+        total += LAUNCH
+        if isinstance(step, K.LibCall):
+            f = step.fields
+            flops = 2.0
+            for name in ("m", "n", "k", "batch"):
+                flops *= _num(f.get(name, 1), dims)  # type: ignore[arg-type]
+            total += flops / (OPS * LIBRARY_SPEEDUP)
+            continue
+        k = apply(step)
+        assert isinstance(k, K.Kernel)
+        points = 1.0
+        for s in k.shape:
+            points *= _num(s, dims)
+        total += points * _ops(k.value, dims, {}) / OPS
+    return total

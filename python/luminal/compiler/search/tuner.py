@@ -1,0 +1,336 @@
+"""Measure a kernel's alternatives, keep the fastest that matches the reference, cache it.
+
+Shared by library-call selection (select.py) and schedule selection (schedules.py). For one
+kernel the caller gives candidates (cut-out sub-programs with a cost-model estimate) and the
+reference sub-program (the kernel as lowered, before any rewrite of the search). The tuner:
+
+1. answers from the cache when it can: in memory (identical layers of one model), else on
+   disk, keyed by (target, sizes, the sub-programs' fingerprints);
+2. ranks candidates by the cost model and measures the best ``LUMINAL_SEARCH_CANDIDATES``
+   (the default, what compile does without a search, always among them) through ``measure``,
+   the caller's runtime path; a candidate whose first run exceeds ``LUMINAL_SEARCH_MEASURE_MS``
+   is run once; past ``LUMINAL_SEARCH_BUDGET_S`` of measuring in one compile, kernels keep
+   their default, unmeasured and uncached;
+3. checks the fastest against the reference's outputs on the same seeded random inputs; a
+   mismatch drops it (a warning at ``LUMINAL_DEBUG>=1``) and the next fastest is checked;
+4. caches the timings, verdicts and choice.
+
+``LUMINAL_DEBUG>=3`` prints one line per searched kernel and a summary per compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ... import flags
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from .. import kernel_ir as K
+from ..lower import Lowered
+
+CACHE_VERSION = "tuner-v1"
+
+
+@dataclass
+class Timing:
+    """A measurement: median seconds over ``runs`` runs and, when the runner keeps them, the
+    outputs of a run on the seeded inputs of ``random_inputs`` (used for the check)."""
+
+    seconds: float
+    runs: int = 1
+    outputs: dict[str, np.ndarray] | None = None
+
+
+# measure(subprogram, dims) -> median seconds, or a Timing with the outputs
+Measure = Callable[[Lowered, dict[str, int]], "float | Timing"]
+# evaluate(subprogram, dims) -> outputs on the seeded inputs of random_inputs
+Evaluate = Callable[[Lowered, dict[str, int]], dict[str, np.ndarray]]
+
+
+@dataclass
+class Candidate:
+    label: str
+    sub: Lowered  # the cut-out program that runs it
+    cost: float  # cost-model estimate in seconds: ranks which candidates are measured
+    payload: Any = None  # what the caller applies when this one is chosen
+
+
+@dataclass
+class Stats:
+    searched: int = 0  # kernels decided by measurement
+    cached: int = 0  # kernels answered from a cache
+    measurements: int = 0  # calls of measure
+    checks: int = 0  # candidates compared against the reference
+    rejected: int = 0  # candidates dropped by the check
+    over_budget: int = 0  # kernels left at their default because the budget was spent
+    seconds: float = 0.0  # spent measuring and checking
+
+
+
+STATS = Stats()  # process-wide totals (tests count measurements with them)
+_MEMORY: dict[str, dict[str, Any]] = {}  # cache key -> decision, for identical kernels
+
+
+def clear_memory_cache() -> None:
+    """Forget decisions held in memory (the disk cache stays)."""
+    _MEMORY.clear()
+
+
+def cache_dir() -> str:
+    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    return os.path.join(base, "search")
+
+
+def sub_fingerprint(sub: Lowered) -> str:
+    """A digest of a cut-out program: its buffers (dtype, role, shape) and steps."""
+    bufs = ";".join(
+        f"{b.dtype.name}:{b.role}:{','.join(sym.fingerprint(s) for s in b.shape)}"
+        for b in sub.buffers
+    )
+    return bufs + "/" + K.fingerprint(sub.kernels)  # type: ignore[arg-type]
+
+
+def cache_key(parts: Sequence[str]) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+
+def random_inputs(
+    sub: Lowered, dims: Mapping[str, int], np_types: Mapping[str, Any], seed: int
+) -> dict[str, np.ndarray]:
+    """Seeded random inputs for a cut-out program. Each buffer's values depend only on its
+    name (cut-outs name buffers after the whole program's), so two candidates that read the
+    same buffers in a different order see the same data."""
+    out = {}
+    for b in sub.buffers:
+        if b.role != "input":
+            continue
+        shape = tuple(int(sym.evaluate(s, dims)) for s in b.shape)
+        rng = np.random.default_rng([seed, zlib.crc32(b.name.encode())])
+        d = b.dtype
+        a: np.ndarray
+        if d is dt.e8m0:  # block scales: powers of two near 1 (255 would be NaN)
+            a = np.exp2(rng.integers(-4, 5, shape)).astype(np.float32)
+        elif d.is_float:
+            a = rng.standard_normal(shape).astype(np.float32)
+        elif d is dt.bool_:
+            a = rng.integers(0, 2, shape).astype(bool)
+        elif d.bits <= 8:  # quantized bytes and nibbles: every code
+            info = (-8, 8) if d is dt.i4 else (0, 16) if d is dt.u4 else None
+            if info is None:
+                ii = np.iinfo(np.dtype(d.np_type))
+                info = (int(ii.min), int(ii.max) + 1)
+            a = rng.integers(info[0], info[1], shape)
+        else:  # indices: small, mostly in range
+            a = rng.integers(0, 16, shape)
+        out[b.name] = a.astype(np_types[b.name])
+    return out
+
+
+def mismatch(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> str | None:
+    """Why ``got`` does not match the reference outputs, or None. Floats may differ by
+    rounding (the search reorders sums): 1e-3 relative (1e-2 for 16-bit and smaller types)
+    plus 1e-4 of the output's largest magnitude; NaNs must match; integers exactly."""
+    common = sorted(set(ref) & set(got))
+    if not common:
+        return "no output in common with the reference"
+    for name in common:
+        a, b = np.asarray(ref[name]), np.asarray(got[name])
+        if a.shape != b.shape:
+            return f"{name}: shape {b.shape}, reference {a.shape}"
+        if a.dtype.kind in "iub":
+            differ = int(np.count_nonzero(a != b))
+            if differ:
+                return f"{name}: {differ} of {a.size} values differ"
+            continue
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        nan = np.isnan(x)
+        if not np.array_equal(nan, np.isnan(y)):
+            return f"{name}: NaNs differ"
+        x, y = np.where(nan, 0, x), np.where(nan, 0, y)
+        same_inf = np.isinf(x) & (x == y)
+        x, y = np.where(same_inf, 0, x), np.where(same_inf, 0, y)
+        rtol = 1e-2 if a.dtype.itemsize <= 2 else 1e-3
+        finite = np.abs(x[np.isfinite(x)])
+        atol = 1e-4 * float(finite.max()) if finite.size else 0.0
+        err = np.abs(x - y)
+        bad = ~(err <= atol + rtol * np.abs(x))
+        if bad.any():
+            i = int(np.argmax(np.where(bad, err, -1)))
+            return (f"{name}: {int(bad.sum())} of {a.size} values differ, worst "
+                    f"{y.flat[i]!r} vs {x.flat[i]!r}")  # fmt: skip
+    return None
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{1e3 * s:.2f}ms" if s >= 1e-3 else f"{1e6 * s:.1f}us"
+
+
+@dataclass
+class Tuner:
+    """One compile's search: its measuring and checking callables, bounds and counters."""
+
+    measure: Measure
+    target: str
+    evaluate: Evaluate | None = None  # None: candidates are kept unchecked (no runner)
+    budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
+    max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        if self.max_candidates < 1:
+            raise ValueError(f"{flags.SEARCH_CANDIDATES.name} must be at least 1")
+        self._spent = 0.0
+
+    def _count(self, what: str, n: float = 1) -> None:
+        for s in (self.stats, STATS):
+            setattr(s, what, getattr(s, what) + n)
+
+    def _say(self, line: str, level: int = 3) -> None:
+        if flags.debug() >= level:
+            print(f"luminal search: {line}", file=sys.stderr)
+
+    def choose(
+        self,
+        name: str,
+        kind: str,
+        dims: dict[str, int],
+        reference: Lowered,
+        candidates: Sequence[Candidate],
+        default: int = 0,
+    ) -> Candidate:
+        """The candidate to keep for kernel ``name`` (``kind`` names the search in messages).
+        A candidate whose ``sub`` is ``reference`` needs no check."""
+        if not candidates:
+            raise ValueError(f"search for {name}: no candidates")
+        key = cache_key(
+            [CACHE_VERSION, kind, self.target, repr(sorted(dims.items())),
+             sub_fingerprint(reference)]
+            + [f"{c.label}={sub_fingerprint(c.sub)}" for c in candidates]
+        )  # fmt: skip
+        mkey = cache_dir() + "/" + key  # another cache folder is another cache
+        hit = _MEMORY.get(mkey) or self._read(key)
+        if hit is not None and 0 <= hit.get("choice", -1) < len(candidates):
+            _MEMORY[mkey] = hit
+            self._count("cached")
+            chosen = candidates[hit["choice"]]
+            self._say(f"{name} [{kind}]: cached -> {chosen.label}")
+            return chosen
+        if self._spent >= self.budget_s:
+            self._count("over_budget")
+            self._say(f"{name} [{kind}]: search budget ({self.budget_s:g} s) spent -> "
+                      f"{candidates[default].label}")  # fmt: skip
+            return candidates[default]
+        t0 = time.perf_counter()
+        try:
+            record = self._search(name, dims, reference, candidates, default)
+        finally:
+            self._spent += time.perf_counter() - t0
+            self._count("seconds", time.perf_counter() - t0)
+        self._count("searched")
+        _MEMORY[mkey] = record
+        self._write(key, record)
+        chosen = candidates[record["choice"]]
+        rows = []
+        for c, r in zip(candidates, record["candidates"], strict=True):
+            if r["seconds"] is None:
+                rows.append(f"#{r['rank']} {c.label} -")
+            else:
+                v = {None: "", True: " ok", False: " WRONG"}[r["verdict"]]
+                rows.append(f"#{r['rank']} {c.label} {_fmt_time(r['seconds'])}x{r['runs']}{v}")
+        self._say(f"{name} [{kind}]: {len(candidates)} considered: {' | '.join(rows)} "
+                  f"-> {chosen.label}")  # fmt: skip
+        return chosen
+
+    def _search(
+        self,
+        name: str,
+        dims: dict[str, int],
+        reference: Lowered,
+        candidates: Sequence[Candidate],
+        default: int,
+    ) -> dict[str, Any]:
+        order = sorted(range(len(candidates)), key=lambda i: (candidates[i].cost, i != default, i))
+        rank = {i: r + 1 for r, i in enumerate(order)}
+        chosen = [default] + [i for i in order if i != default][: self.max_candidates - 1]
+        timings: dict[int, Timing] = {}
+        start = self._spent
+        t0 = time.perf_counter()
+        for i in sorted(chosen, key=lambda i: rank[i]):
+            if i != default and start + time.perf_counter() - t0 >= self.budget_s:
+                continue
+            t = self.measure(candidates[i].sub, dims)
+            self._count("measurements")
+            timings[i] = t if isinstance(t, Timing) else Timing(float(t))
+        verdicts: dict[int, bool | None] = {}
+        choice = None
+        ref_out: dict[str, np.ndarray] | None = None
+        for i in sorted(timings, key=lambda i: (timings[i].seconds, rank[i])):
+            cand = candidates[i]
+            if cand.sub is reference or self.evaluate is None:
+                verdicts[i] = None  # the reference itself, or nothing to check with
+                choice = i
+                break
+            if ref_out is None:
+                ref_out = next(
+                    (t.outputs for j, t in timings.items()
+                     if candidates[j].sub is reference and t.outputs is not None),
+                    None,
+                ) or self.evaluate(reference, dims)  # fmt: skip
+            got = timings[i].outputs or self.evaluate(cand.sub, dims)
+            self._count("checks")
+            why = mismatch(ref_out, got)
+            verdicts[i] = why is None
+            if why is None:
+                choice = i
+                break
+            self._count("rejected")
+            self._say(f"{name}: candidate {cand.label} does not match the reference and is "
+                      f"dropped ({why})", level=1)  # fmt: skip
+        if choice is None:  # every measured candidate failed: the reference, else the default
+            refs = [i for i, c in enumerate(candidates) if c.sub is reference]
+            choice = refs[0] if refs else default
+        return {
+            "kernel": name,
+            "choice": choice,
+            "candidates": [
+                {"label": c.label, "rank": rank[i], "cost": c.cost,
+                 "seconds": timings[i].seconds if i in timings else None,
+                 "runs": timings[i].runs if i in timings else 0, "verdict": verdicts.get(i)}
+                for i, c in enumerate(candidates)
+            ],
+        }  # fmt: skip
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        try:
+            with open(os.path.join(cache_dir(), key + ".json")) as f:
+                rec = json.load(f)
+            return rec if isinstance(rec, dict) and isinstance(rec.get("choice"), int) else None
+        except (OSError, ValueError):
+            return None
+
+    def _write(self, key: str, record: dict[str, Any]) -> None:
+        path = os.path.join(cache_dir(), key + ".json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+
+    def summary(self) -> None:
+        s = self.stats
+        if s.searched or s.cached or s.over_budget:
+            self._say(f"{s.searched} kernels measured ({s.measurements} runs of candidates, "
+                      f"{s.checks} checked, {s.rejected} rejected), {s.cached} from the cache, "
+                      f"{s.over_budget} over budget, {s.seconds:.2f} s")  # fmt: skip
