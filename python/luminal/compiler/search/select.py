@@ -64,10 +64,42 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
             new_steps.append(replace(s, args=[ids[a] for a in s.args], out=ids[s.out]))
         else:
             row = K.remap_buffers(s.scatter_row, ids) if s.scatter_row is not None else None
-            new_steps.append(
-                replace(s, value=K.remap_buffers(s.value, ids), out=ids[s.out], scatter_row=row)
-            )
+            value = canonical_vars(K.remap_buffers(s.value, ids), [0])
+            new_steps.append(replace(s, value=value, out=ids[s.out], scatter_row=row))
     return Lowered(new_bufs, new_steps, dict(low.dims), {})  # type: ignore[arg-type]
+
+
+def canonical_vars(v: K.Value, count: list[int], memo: dict[int, tuple] | None = None) -> K.Value:
+    """``v`` with its reduction, gather and softmax variables renamed ``_rc0``, ``_rc1``, ... in
+    tree order: lowering names them after graph nodes, which differ between identical layers.
+    (The ``c`` keeps new names apart from the old ones still in the tree.) Shared subtrees
+    stay shared."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit[1]
+    out: K.Value = v
+    rec = lambda x: canonical_vars(x, count, memo)  # noqa: E731
+    if isinstance(v, (K.Reduce, K.Gather, K.SoftmaxSum)):
+        _, lo, hi, extent = v.var.args
+        new = sym.var(f"{'_gc' if isinstance(v, K.Gather) else '_rc'}{count[0]}", lo, hi, extent)
+        count[0] += 1
+        ren: dict[str, sym.sint] = {v.var.name: new}
+        if isinstance(v, K.Reduce):
+            out = K.Reduce(v.op, new, v.extent, rec(K.substitute(v.body, ren)), v.dtype)
+        elif isinstance(v, K.Gather):
+            out = K.Gather(new, rec(v.row), v.rows, rec(K.substitute(v.body, ren)), v.dtype)
+        else:
+            score, weight = rec(K.substitute(v.score, ren)), rec(K.substitute(v.weight, ren))
+            out = K.SoftmaxSum(new, v.extent, score, weight, v.dtype)
+    elif isinstance(v, K.Alu):
+        out = K.Alu(v.op, tuple(rec(x) for x in v.srcs), v.dtype)
+    elif isinstance(v, K.Cast):
+        out = K.Cast(rec(v.src), v.dtype)
+    elif isinstance(v, K.Masked):
+        out = K.Masked(v.valid, rec(v.value), v.dtype)
+    memo[id(v)] = (v, out)  # holding v keeps its id from being reused
+    return out
 
 
 _sub_fp = sub_fingerprint  # cuda.py keys its own decisions with it

@@ -1,0 +1,181 @@
+"""The measured schedule search: alternatives, cost-model ranking, caps, cache, checks."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal.compile import _evaluate_cpu, _measure_cpu, _signature
+from luminal.compiler import kernel_ir as K
+from luminal.compiler import schedule as S
+from luminal.compiler.lower import lower
+from luminal.compiler.search import schedules, select, tuner
+from luminal.compiler.search.tuner import Timing, Tuner, mismatch
+from luminal.graph.ops import Op
+from optest import rand
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    tuner.clear_memory_cache()
+    yield
+    tuner.clear_memory_cache()
+
+
+def _gemv(layers: int = 1, n: int = 512) -> lm.Graph:
+    g = lm.Graph("gemv")
+    x = g.input("x", (1, n))
+    for i in range(layers):
+        w = g.weight(f"w{i}", data=rand(n, n) / np.float32(np.sqrt(n)))
+        x = (x.unsqueeze(1) * w.unsqueeze(0)).sum(-1)  # a GEMV row per output element
+    g.output("y", x)
+    return g
+
+
+def _fake_tuner(prefer: str | None = None, **kw):
+    """A tuner whose 'measurement' is a fixed table (the candidate named ``prefer`` fastest),
+    checking with the real CPU runtime."""
+    log = []
+
+    def measure(sub, dims):
+        k = sub.kernels[0]
+        label = k.schedule.label() if k.schedule is not None else "?"
+        log.append((label, dims))
+        return 1.0 if label == prefer else 2.0 + len(log) * 1e-3
+
+    return Tuner(measure, "test", _evaluate_cpu, **kw), log
+
+
+def test_alternatives_are_explicit_schedules_that_change_the_loops():
+    low = lower(_gemv())
+    (k,) = low.kernels
+    alts = S.alternatives(k)
+    assert alts[0] == K.Schedule()  # the default first
+    assert {s.split for s in alts} == {-1, 0, 8, 16, 32}
+    for g in (8, 16, 32):
+        v = S.apply(k, K.Schedule(split=g)).value
+        assert isinstance(v, K.Reduce) and isinstance(v.body, K.Reduce)
+        assert (v.extent, v.body.extent) == (512 // g, g)
+    # no split: the kernel as lowered; the default leaves a plain sum alone (as before)
+    assert S.apply(k, K.Schedule(split=0)).value is k.value
+    assert S.apply(k).value is k.value
+    # an elementwise kernel has nothing to search
+    g = lm.Graph("ew")
+    g.output("y", g.input("x", (4, 300)).exp())
+    assert S.alternatives(lower(g).kernels[0]) == []
+
+
+def test_schedule_search_measures_checks_and_caches_through_the_runtime(capfd, monkeypatch):
+    monkeypatch.setenv("LUMINAL_DEBUG", "3")
+    monkeypatch.setattr(select, "MIN_GEMM_WORK", 1 << 40)  # keep the kernel, not a gemm call
+    g = _gemv()
+    before = tuner.STATS.measurements
+    cg = lm.compile(g)
+    first = tuner.STATS.measurements - before
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if "[schedule]" in ln]
+    assert len(lines) == 1 and "considered" in lines[0] and "-> split=" in lines[0]
+    assert "kernels measured" in err  # the summary line
+    assert first >= 2  # the default and at least one alternative (split=0 renders as default)
+    a = rand(1, 512)
+    np.testing.assert_allclose(cg.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+    # a second compile, with the in-memory decisions forgotten: answered from disk, nothing
+    # measured, the same kernels chosen
+    tuner.clear_memory_cache()
+    before = tuner.STATS.measurements
+    cg2 = lm.compile(_gemv())
+    assert tuner.STATS.measurements == before
+    assert "cached -> split=" in capfd.readouterr().err
+    assert [bytes(k.code) for k in cg2.plan.kernels] == [bytes(k.code) for k in cg.plan.kernels]
+
+
+def test_identical_layers_share_one_measurement():
+    low = lower(_gemv(layers=3))
+    assert len(low.kernels) == 3
+    t, log = _fake_tuner("split=16")
+    out = schedules.choose_schedules(low, t, _signature)
+    per_kernel = len(log)
+    assert per_kernel >= 2 and t.stats.searched == 1 and t.stats.cached == 2
+    assert all(k.schedule == K.Schedule(16) for k in out.kernels)
+
+
+def test_a_wrong_candidate_is_dropped_by_the_check(capfd, monkeypatch, tmp_path):
+    monkeypatch.setenv("LUMINAL_DEBUG", "1")
+
+    def doubled(k):  # a "schedule" that changes the value: twice the right answer
+        return K.Kernel(k.name, k.shape, k.out, K.Alu(Op.MUL, (k.value, K.Const(2.0, k.dtype)),
+                        k.dtype), k.dtype, schedule=K.Schedule(split=0))  # fmt: skip
+
+    monkeypatch.setattr(schedules, "EXTRA_CANDIDATES", [doubled])
+    low = lower(_gemv())
+    log = []
+
+    def measure(sub, dims):
+        wrong = any(isinstance(x, K.Const) and x.value == 2.0 for x in K.walk(sub.kernels[0].value))
+        log.append(wrong)
+        return 0.5 if wrong else 1.0 + len(log) * 1e-3  # the wrong one is fastest
+
+    t = Tuner(measure, "test", _evaluate_cpu)
+    (k,) = schedules.choose_schedules(low, t, _signature).kernels
+    assert True in log and t.stats.rejected == 1
+    assert not any(isinstance(x, K.Const) and x.value == 2.0 for x in K.walk(k.value))
+    assert "test:doubled does not match the reference" in capfd.readouterr().err
+    # the verdict is cached with the timings
+    (path,) = [p for p in os.listdir(tmp_path / "search") if p.endswith(".json")]
+    rec = json.loads((tmp_path / "search" / path).read_text())
+    verdicts = {c["label"]: c["verdict"] for c in rec["candidates"]}
+    assert verdicts["test:doubled"] is False
+
+
+def test_candidate_cap_and_budget_are_honoured(monkeypatch):
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "2")
+    low = lower(_gemv())
+    t, log = _fake_tuner()
+    schedules.choose_schedules(low, t, _signature)
+    (rec,) = tuner._MEMORY.values()
+    measured = [c["label"] for c in rec["candidates"] if c["seconds"] is not None]
+    assert len(log) == 2 and len(rec["candidates"]) == 4 and len(measured) == 2
+    assert "split=default" in measured  # the default is always measured
+    tuner.clear_memory_cache()
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "4")
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", os.environ["LUMINAL_CACHE_DIR"] + "/other")
+    t, log = _fake_tuner("split=32")
+    (k,) = schedules.choose_schedules(low, t, _signature).kernels
+    assert log == [] and t.stats.over_budget == 1 and k.schedule is None  # the default
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "0")
+    with pytest.raises(ValueError, match="LUMINAL_SEARCH_CANDIDATES"):
+        Tuner(lambda s, d: 1.0, "test")
+
+
+def test_a_slow_first_run_is_the_only_run(monkeypatch):
+    sub = lower(_gemv())
+    monkeypatch.setenv("LUMINAL_SEARCH_MEASURE_MS", "0")
+    t = _measure_cpu(sub, {})
+    assert isinstance(t, Timing) and t.runs == 1 and t.outputs is not None
+    monkeypatch.setenv("LUMINAL_SEARCH_MEASURE_MS", "1e9")
+    assert _measure_cpu(sub, {}, repeats=3).runs == 3
+
+
+def test_choice_is_deterministic_given_the_cache():
+    low = lower(_gemv())
+    t1, _ = _fake_tuner("split=8")
+    (k1,) = schedules.choose_schedules(low, t1, _signature).kernels
+    assert k1.schedule == K.Schedule(8)
+    tuner.clear_memory_cache()
+    t2, log = _fake_tuner("split=32")  # other 'timings' now: the cached choice stands
+    (k2,) = schedules.choose_schedules(low, t2, _signature).kernels
+    assert log == [] and k2.schedule == k1.schedule
+
+
+def test_mismatch_rules():
+    a = np.array([1.0, np.nan, np.inf, 100.0], np.float32)
+    assert mismatch({"y": a}, {"y": a + np.float32(1e-5)}) is None
+    assert "NaNs differ" in mismatch({"y": a}, {"y": np.nan_to_num(a)})
+    assert "values differ" in mismatch({"y": a}, {"y": a * 2})
+    assert "values differ" in mismatch({"y": np.arange(3)}, {"y": np.arange(3) + 1})
+    assert "no output" in mismatch({"y": a}, {"z": a})
