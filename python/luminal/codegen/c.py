@@ -18,11 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..compiler import kernel_ir as K
+from ..compiler.kfold import folded
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
+from .c_vector import VECTOR_HELPERS
 
 # Helpers shared by every C-style backend (C, CUDA): the backend's head defines LM_FN (the
 # function qualifier), the fixed-width integer types, INFINITY/NAN, the f32 bit casts and f16.
@@ -83,7 +85,14 @@ _C_HEAD = r"""
 #define LM_FN static inline
 static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+#if defined(__F16C__)
+#include <immintrin.h>
+/* F16C's conversion writes its whole register; _Float16's (AVX512-FP16 vcvtsh2ss) merges into
+   the old value, a false dependency that chained the iterations of quantized-weight loops */
+static inline float lm_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#else
 static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+#endif
 static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
 /* max(a, b) propagating NaN, without branches (the select of lm_maxf stays a branch): the
    larger order-preserving integer key of the bits, NaN when either is NaN */
@@ -115,7 +124,9 @@ static inline float lm_exp2f(float x) {
 }
 """
 
-PRELUDE = "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE" + _C_HEAD + SHARED_HELPERS + "#endif\n"
+PRELUDE = (
+    "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE" + _C_HEAD + SHARED_HELPERS + VECTOR_HELPERS + "#endif\n"
+)
 
 # (decode, encode) for stored types that compute as f32
 _SMALL = {
@@ -215,6 +226,9 @@ class _Emitter:
         self.scopes: list[dict[K.Value, str]] = [{}]
         self.n = 0
         self.fv_memo: dict[int, frozenset[str]] = {}
+        # values made while rendering (unrolled copies): fv_memo is keyed by id, so they must
+        # outlive the kernel, or a new value could inherit a dead one's id and its entry
+        self.made: list[K.Value] = []
 
     def tmp(self) -> str:
         self.n += 1
@@ -235,6 +249,7 @@ class _Emitter:
 
     simd_reductions = True
     fast_exp2 = True  # the C prelude's vectorizable lm_exp2f
+    vector_sums = True  # split sums as explicit vectors (c_vector.py)
 
     def hoist(self, v: K.Value, inner: frozenset[str], ind: str) -> None:
         """Emit, at the current level, the parts of ``v`` that do not use the loop variables in
@@ -367,7 +382,9 @@ class _Emitter:
         """A reduction over 2-4 values (relu's and clamp's max against a padded constant)
         written out: the padding masks fold away and the enclosing loop stays branch-free."""
         assert isinstance(v.extent, int)
-        xs = [self.emit(K.substitute(v.body, {v.var.name: r}), ind) for r in range(v.extent)]
+        bodies = [K.substitute(v.body, {v.var.name: r}) for r in range(v.extent)]
+        self.made += bodies
+        xs = [self.emit(b, ind) for b in bodies]
         acc = xs[0]
         for x in xs[1:]:
             out = self.tmp()
@@ -414,6 +431,12 @@ class _Emitter:
         """A float sum over blocks of a short inner sum (a split reduction): one vector of
         partial sums across the whole outer loop, folded once at the end, instead of a
         horizontal sum per block."""
+        if self.vector_sums:
+            from .c_vector import blocked_sum
+
+            vec = blocked_sum(self, v, ind)
+            if vec is not None:
+                return vec
         inner = v.body
         assert isinstance(inner, K.Reduce)
         t, g = ctype(v.dtype), inner.extent
@@ -557,6 +580,7 @@ class CKernel:
 
 
 def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024) -> CKernel:
+    k = folded(k)
     reads = sorted({v.buf for v in K.walk(k.value) if isinstance(v, K.Load)}
                    | ({v.buf for v in K.walk(k.scatter_row) if isinstance(v, K.Load)} if k.scatter_row else set()))  # fmt: skip
     reads = [b for b in reads if b != k.out] + ([k.out] if k.out in reads else [])

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .. import flags
 from ..compiler import kernel_ir as K
+from ..compiler.kfold import folded
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.symbolic import sint
@@ -293,6 +294,7 @@ def render_kernel(
     k: K.Kernel, dim_names: Sequence[str], schedule: str | None = None
 ) -> CudaKernel:
     """CUDA C for one kernel, with its launch geometry (expressions over plan dims)."""
+    k = folded(k)
     schedule = schedule or choose_schedule(k)
     args, dtypes = kernel_buffers(k)
     slot = {b: i for i, b in enumerate(args)}

@@ -110,6 +110,15 @@ class _Lowerer:
         roots: dict[int, frozenset[int]] = {}
         inline: set[int] = set()
         costly = self._transcendental_chains()
+        index_only: set[int] = set()
+        for n in self.order:
+            if (
+                n.op in ELEMENTWISE
+                and not costly[n.id][0]
+                and costly[n.id][1] <= 8
+                and all(s.op in (Leaf.CONSTANT, Op.IOTA) or s.id in index_only for s, _ in n.srcs)
+            ):
+                index_only.add(n.id)
         # under[n]: n's value would sit inside some reduction's loop in its final kernel
         under: dict[int, bool] = {}
         for n in reversed(self.order):
@@ -123,6 +132,11 @@ class _Lowerer:
             if n.id in self.absorbed or n.id in self.forced:
                 ok = True
             elif n.op in (Leaf.CONSTANT, Op.IOTA):
+                ok = True
+            elif n.id in index_only and not any(c.op is Leaf.OUTPUT for c in cons):
+                # a few ALU ops on index values and constants (a quantized weight's nibble
+                # scale): recomputing them is free, and once a loop rewrite fixes the
+                # indices they fold to literals
                 ok = True
             elif (
                 n.op is Leaf.INPUT or n.op is Leaf.OUTPUT or any(c.op is Leaf.OUTPUT for c in cons)

@@ -66,13 +66,17 @@ def _bits(q: Tensor, shift: int | Tensor, width: int) -> Tensor:
 def _nibble(g: Graph, q: Tensor, hi_shape: tuple[int, ...]) -> Tensor:
     """``(q >> 4h) & 15`` for a u8 view ``q`` whose nibble index h in {0, 1} runs over the
     axis that ``hi_shape`` (a broadcastable (2, 1, ...) shape) marks. In integers, so a kernel
-    reads each byte once for both nibbles: lo = q % 16 and 16*hi = q - lo, each exact in f32;
-    the tables pick lo (h = 0) or hi (h = 1)."""
+    reads each byte once for both nibbles: lo = q % 16 and 16*hi = q - lo are exact, h (an
+    IOTA) picks one, and a factor 1 - 15h/16 (1 or 1/16, exact) scales it. With h a literal
+    (a loop rewrite fixes it per nibble), all of the selection folds to constants."""
+    h = Tensor(
+        g.add_op(Op.IOTA, [], arg=idx_vars(hi_shape)[0], shape=hi_shape, dtype=dt.i32)
+    )
     qi = q.cast(dt.i32)
     lo = qi.fmod(16)
-    return _f(lo).mul(_table(g, [1.0, 0.0], hi_shape)).add(
-        _f(qi.add(lo.mul(-1))).mul(_table(g, [0.0, 1 / 16], hi_shape))
-    )
+    hi16 = qi.add(lo.mul(-1))
+    nib = lo.add(h.mul(hi16.add(lo.mul(-1))))
+    return _f(nib).mul(_f(h).mul(-15 / 16).add(1.0))
 
 
 _TABLES: weakref.WeakKeyDictionary[Graph, dict[tuple, Tensor]] = weakref.WeakKeyDictionary()

@@ -1,0 +1,266 @@
+"""Explicit 16-lane vectors for the inner loop of a split sum (schedule.py's blocked reductions:
+a GEMV over quantized weights, a long row sum).
+
+GCC sizes a loop's vectors by its narrowest type: an inner loop of 16 that mixes bytes (packed
+weights) with floats becomes 128-bit vectors, four per float value, with the widening done in
+pieces, about 4x the instructions of one 512-bit vector per value. Written with the compiler's
+vector extension (portable C for GCC and Clang; the prelude widens loads with AVX-512 where the
+target has it), every value of the loop body is one 16-lane vector or one scalar.
+
+``blocked_sum`` returns None when the body holds something this form does not cover (gathers,
+masks, comparisons, transcendental ops, loads that are not unit-stride in the inner variable);
+the caller then writes the scalar loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..compiler import kernel_ir as K
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Op
+
+if TYPE_CHECKING:
+    from .c import _Emitter
+
+LANES = 16
+
+# loads the prelude widens to 16 x i32 (integers) or 16 x f32 (floats)
+_INT_LOADS = {dt.u8: "u8", dt.i8: "i8", dt.i32: "i32"}
+_FLOAT_LOADS = {dt.f32: "f32", dt.f16: "f16", dt.bf16: "bf16"}
+
+VECTOR_HELPERS = r"""
+typedef float lm_f32x16 __attribute__((vector_size(64)));
+typedef int32_t lm_i32x16 __attribute__((vector_size(64)));
+typedef uint32_t lm_u32x16 __attribute__((vector_size(64)));
+static inline lm_f32x16 lm_vload_f32(const float *p) { lm_f32x16 v; memcpy(&v, p, 64); return v; }
+static inline lm_i32x16 lm_vload_i32(const int32_t *p) { lm_i32x16 v; memcpy(&v, p, 64); return v; }
+static inline lm_f32x16 lm_vload_bf16(const uint16_t *p) {
+  lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = (int32_t)((uint32_t)p[l] << 16);
+  return (lm_f32x16)v;
+}
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* one widening load each; __builtin_convertvector from a byte vector is extracted byte by byte
+   by GCC 12 */
+static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { return (lm_i32x16)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline lm_i32x16 lm_vload_i8(const int8_t *p) { return (lm_i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { return (lm_i32x16)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
+static inline lm_i32x16 lm_vload_i16(const int16_t *p) { return (lm_i32x16)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
+static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { return (lm_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline float lm_vsum_f32(lm_f32x16 v) { return _mm512_reduce_add_ps((__m512)v); }
+#else
+static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
+static inline lm_i32x16 lm_vload_i8(const int8_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
+static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
+static inline lm_i32x16 lm_vload_i16(const int16_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
+static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { lm_f32x16 v; for (int l = 0; l < 16; ++l) v[l] = lm_f16_to_f32(p[l]); return v; }
+static inline float lm_vsum_f32(lm_f32x16 v) {
+  for (int w = 8; w >= 1; w /= 2) for (int l = 0; l < w; ++l) v[l] += v[l + w];
+  return v[0];
+}
+#endif
+"""
+
+_VT = {"f": "lm_f32x16", "i": "lm_i32x16"}
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _nonneg(v: K.Value) -> bool:
+    """Whether an integer value is provably >= 0 (a byte read and masked, say): its `%` by a
+    constant is then an unsigned one, one AND instead of a signed-remainder fix-up."""
+    if isinstance(v, K.Const):
+        return not v.dtype.is_float and int(v.value) >= 0
+    if isinstance(v, K.Load):
+        return v.dtype is dt.u8
+    if isinstance(v, K.Cast):
+        return not v.src.dtype.is_float and _nonneg(v.src)
+    if isinstance(v, K.Alu) and v.op in (Op.ADD, Op.MUL, Op.MOD):
+        # ADD/MUL of values < 2^31 may wrap in 32 bits; only byte and short sources are safe
+        srcs = v.srcs if v.op is not Op.MOD else v.srcs[:1]
+        return all(_nonneg(s) and _small(s) for s in srcs)
+    return False
+
+
+def _small(v: K.Value) -> bool:
+    """Fits in 16 bits unsigned (so sums and products of two stay below 2^31)."""
+    if isinstance(v, K.Const):
+        return 0 <= int(v.value) < 1 << 15
+    if isinstance(v, K.Load):
+        return v.dtype is dt.u8
+    if isinstance(v, K.Cast):
+        return _small(v.src)
+    if isinstance(v, K.Alu) and v.op is Op.MOD:
+        return _small(v.srcs[0]) or (isinstance(v.srcs[1], K.Const) and _small(v.srcs[1]))
+    return False
+
+
+class _Vec:
+    def __init__(self, em: _Emitter, ri: sym.Expr, ind: str) -> None:
+        self.em, self.ri, self.ind = em, ri, ind
+        self.lines: list[str] = []
+        self.memo: dict[K.Value, tuple[str, str]] = {}
+
+    def scalar(self, v: K.Value) -> str | None:
+        for s in reversed(self.em.scopes):
+            if v in s:
+                return s[v]
+        return None
+
+    def val(self, v: K.Value) -> tuple[str, str]:
+        """(C expression, kind): kind "s" a scalar, "f" 16 x f32, "i" 16 x i32."""
+        s = self.scalar(v)
+        if s is not None:
+            return s, "s"
+        if v in self.memo:
+            return self.memo[v]
+        e, kind = self._val(v)
+        if kind != "s":
+            name = self.em.tmp()
+            self.lines.append(f"{self.ind}const {_VT[kind]} {name} = {e};")
+            e = name
+        self.memo[v] = (e, kind)
+        return e, kind
+
+    def _val(self, v: K.Value) -> tuple[str, str]:
+        from .c import _const, cexpr, ctype, load_expr
+
+        if isinstance(v, K.Const):
+            if v.dtype not in (dt.f32, dt.i32):
+                raise _Unsupported
+            return _const(v.value, v.dtype), "s"
+        if isinstance(v, K.Load):
+            ptr = self.em.ptr_of(v.buf)
+            if v.valid != 1 or v.dtype.packed:
+                raise _Unsupported
+            if not isinstance(v.index, sym.Expr) or self.ri not in v.index.vars():
+                return load_expr(ptr, cexpr(v.index), v.dtype), "s"
+            step = sym.add(sym.substitute(v.index, {self.ri.name: sym.add(self.ri, 1)}),
+                           sym.mul(v.index, -1))  # fmt: skip
+            if step != 1:
+                raise _Unsupported
+            if v.dtype in _INT_LOADS:
+                return f"lm_vload_{_INT_LOADS[v.dtype]}(&{ptr}[{cexpr(v.index)}])", "i"
+            if v.dtype in _FLOAT_LOADS:
+                return f"lm_vload_{_FLOAT_LOADS[v.dtype]}(&{ptr}[{cexpr(v.index)}])", "f"
+            raise _Unsupported
+        if isinstance(v, K.Cast):
+            a, kind = self.val(v.src)
+            if kind == "s":
+                return f"({ctype(v.dtype)})({a})", "s"
+            if v.dtype is dt.f32:
+                return (
+                    (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32x16)", "f")
+                )
+            if v.dtype is dt.i32:
+                # a vector of narrower integers already holds their values as i32
+                if kind == "i":
+                    return a, "i"
+                return f"__builtin_convertvector({a}, lm_i32x16)", "i"  # truncates, as C does
+            raise _Unsupported
+        if isinstance(v, K.Alu):
+            return self._alu(v)
+        raise _Unsupported
+
+    def _alu(self, v: K.Alu) -> tuple[str, str]:
+        d = v.dtype
+        if d not in (dt.f32, dt.i32):
+            raise _Unsupported
+        args = [self.val(s) for s in v.srcs]
+        if all(k == "s" for _, k in args):
+            raise _Unsupported  # not hoisted yet independent of the lanes: leave it scalar
+        kind = "f" if d is dt.f32 else "i"
+        if v.op is Op.RECIP and d is dt.f32:
+            return f"(1.0f / {args[0][0]})", kind
+        if len(args) != 2:
+            raise _Unsupported
+        (a, ka), (b, kb) = args
+        if d is dt.f32:
+            if v.op is Op.ADD:
+                return f"({a} + {b})", kind
+            if v.op is Op.MUL:
+                return f"({a} * {b})", kind
+            raise _Unsupported
+        if v.op is Op.MOD:
+            c = v.srcs[1]
+            if not (isinstance(c, K.Const) and int(c.value) > 0 and ka == "i"):
+                raise _Unsupported
+            if _nonneg(v.srcs[0]):
+                return f"(lm_i32x16)((lm_u32x16)({a}) % {int(c.value)}u)", kind
+            return f"({a} % {int(c.value)})", kind
+        if v.op not in (Op.ADD, Op.MUL):
+            raise _Unsupported
+        # wrap-around arithmetic, as the scalar code does it (signed overflow is undefined)
+        ua = f"(lm_u32x16)({a})" if ka == "i" else f"(uint32_t)({a})"
+        ub = f"(lm_u32x16)({b})" if kb == "i" else f"(uint32_t)({b})"
+        return f"(lm_i32x16)({ua} {'+' if v.op is Op.ADD else '*'} {ub})", kind
+
+
+def _unroll(extent: object) -> int:
+    """Outer steps per loop trip: each its own accumulators, so consecutive FMAs into one
+    accumulator (4 cycles apart) do not bound a loop whose body is a few instructions."""
+    if not isinstance(extent, int):
+        return 1
+    return next(u for u in (4, 2, 1) if extent % u == 0)
+
+
+def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
+    """``v`` (a float sum over blocks of an inner sum of ``LANES``-multiple length) with the
+    inner body as vector code, or None (nothing emitted) when the body is not covered."""
+    inner = v.body
+    assert isinstance(inner, K.Reduce)
+    g = inner.extent
+    if v.dtype is not dt.f32 or not isinstance(g, int) or g % LANES or g > 4 * LANES:
+        return None
+    from .c import _c_name, cexpr
+
+    saved, n_saved, scope = list(em.lines), em.n, dict(em.scopes[-1])
+    accv, acc = em.tmp(), em.tmp()
+    ro, ri = _c_name(v.var), _c_name(inner.var)
+    chunks, unroll = g // LANES, _unroll(v.extent)
+    em.hoist(inner.body, frozenset({v.var.name, inner.var.name}), ind)
+    em.lines.append(f"{ind}lm_f32x16 {accv}[{chunks * unroll}] = {{{{0}}}};")
+    em.lines.append(
+        f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(v.extent)}; {ro} += {unroll}) {{"
+    )
+    ok = True
+
+    def step(u: int) -> None:
+        nonlocal ok
+        body = inner.body if u == 0 else K.substitute(inner.body, {v.var.name: sym.add(v.var, u)})
+        em.made.append(body)
+        em.hoist(body, frozenset({inner.var.name}), ind + "  ")
+        i2 = ind + "    "
+        # the lane variable holds the first index of the current 16: every load's index is
+        # unit-stride in it, so the scalar index expression addresses lane 0
+        em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += {LANES}) {{")
+        vec = _Vec(em, inner.var, i2)
+        try:
+            x, kind = vec.val(body)
+        except _Unsupported:
+            ok = False
+            return
+        if kind != "f":
+            ok = False
+            return
+        em.lines += vec.lines
+        em.lines.append(f"{i2}{accv}[{u * chunks} + {ri} / {LANES}] += {x};")
+        em.lines.append(f"{ind}  }}")
+
+    for u in range(unroll):
+        if ok:
+            em.block(lambda: step(u))  # noqa: B023 (called at once)
+    if not ok:
+        em.lines[:] = saved
+        em.n = n_saved
+        em.scopes[-1].clear()
+        em.scopes[-1].update(scope)
+        return None
+    em.lines.append(f"{ind}}}")
+    total = " + ".join(f"{accv}[{j}]" for j in range(chunks * unroll))
+    em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({total});")
+    return acc

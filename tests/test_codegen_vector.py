@@ -1,0 +1,128 @@
+"""Split sums rendered as explicit 16-lane vectors (codegen/c_vector.py) and the kernel-IR
+constant folding the renderers run first (compiler/kfold.py): quantized GEMVs in every GGUF
+format match the dequantized reference at odd row counts, the vector form is taken where it
+applies and declined (scalar loop, same result) where it does not."""
+
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal.codegen.c import render_kernel
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.kfold import fold
+from luminal.compiler.lower import lower
+from luminal.compiler.passes import run_passes
+from luminal.compiler.schedule import schedule
+from luminal.graph import dtypes as dt
+from luminal.graph import symbolic as sym
+from luminal.graph.ops import Op
+from luminal.loaders import quants
+
+RNG = np.random.default_rng(7)
+_F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+
+
+def _blocks(fmt: str, rows: int, cols: int) -> np.ndarray:
+    f = quants.FORMATS[fmt]
+    nb = rows * cols // f.block
+    raw = RNG.integers(0, 256, size=(nb, f.type_size), dtype=np.uint8)
+    for o in _F16_FIELDS[fmt]:
+        raw[:, o : o + 2] = (
+            RNG.uniform(-0.5, 0.5, size=nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        )
+    return raw.reshape(-1)
+
+
+def _gemv(fmt: str, rows: int, cols: int, seq: int = 1) -> tuple[lm.Graph, np.ndarray]:
+    raw = _blocks(fmt, rows, cols)
+    g = lm.Graph(f"gemv_{fmt}")
+    x = g.input("x", (seq, cols))
+    w = quants.quantized_weight(g, "w", fmt, raw, (rows, cols))
+    g.output("y", x @ w.transpose(0, 1))
+    return g, quants.dequantize(fmt, raw, (rows, cols))
+
+
+def _sources(g: lm.Graph) -> str:
+    low = lower(run_passes(g))
+    kernels = [k for k in schedule(low.kernels) if isinstance(k, K.Kernel)]
+    # the kernels' bodies, without the shared prelude
+    return "\n".join(
+        render_kernel(k, sorted(low.dims)).source.rsplit("#endif\n", 1)[-1] for k in kernels
+    )
+
+
+@pytest.mark.parametrize(
+    "fmt,rows,cols",
+    [("Q4_0", 37, 96), ("Q4_1", 53, 160), ("Q8_0", 29, 224), ("Q4_K", 19, 512), ("Q6_K", 11, 256)],
+)
+def test_quantized_gemv_matches_dequantized_reference(fmt: str, rows: int, cols: int) -> None:
+    g, w = _gemv(fmt, rows, cols)
+    x = RNG.standard_normal((1, cols)).astype(np.float32)
+    y = lm.compile(g).run({"x": x})["y"]
+    ref = (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+def test_quantized_gemv_takes_the_vector_form(fmt: str) -> None:
+    src = _sources(_gemv(fmt, 48, 128)[0])
+    assert "lm_f32x16" in src and "lm_vsum_f32" in src
+    # the nibble selection folded away: no runtime divisor, no table reads
+    assert "lm_imod(" not in src
+
+
+def test_body_with_a_comparison_declines_the_vector_form_and_stays_exact() -> None:
+    # relu inside a split sum: a comparison, which the vector form does not cover
+    cols = 96
+    g = lm.Graph("relu_sum")
+    x = g.input("x", (3, cols))
+    wv = RNG.standard_normal((5, cols)).astype(np.float32)
+    w = g.weight("w", data=wv)
+    g.output("y", x.relu() @ w.transpose(0, 1))
+    xv = RNG.standard_normal((3, cols)).astype(np.float32)
+    y = lm.compile(g, search=False).run({"x": xv})["y"]
+    np.testing.assert_allclose(y, np.maximum(xv, 0) @ wv.T, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- kfold
+
+
+def _ld(d: dt.DType = dt.f32) -> K.Load:
+    return K.Load(0, sym.index_var(0, 8), 1, d)
+
+
+def test_fold_index_values_casts_and_constant_alu() -> None:
+    h = K.IndexVal(1, dt.i32)
+    v = K.Alu(Op.ADD, (K.Cast(h, dt.f32), K.Const(0.5, dt.f32)), dt.f32)
+    out = fold(v)
+    assert isinstance(out, K.Const) and out.value == 1.5
+    recip = fold(K.Alu(Op.RECIP, (K.Const(16.0, dt.f32),), dt.f32))
+    assert isinstance(recip, K.Const) and recip.value == 0.0625
+    # float -> int casts truncate toward zero, as C does
+    out = fold(K.Cast(K.Const(-2.7, dt.f32), dt.i32))
+    assert isinstance(out, K.Const) and out.value == -2
+
+
+def test_fold_integer_identities() -> None:
+    q = K.Cast(_ld(dt.u8), dt.i32)
+    assert fold(K.Alu(Op.MOD, (q, K.Const(1, dt.i32)), dt.i32)) == K.Const(0, dt.i32)
+    assert fold(K.Alu(Op.MUL, (q, K.Const(1, dt.i32)), dt.i32)) is q
+    assert fold(K.Alu(Op.MUL, (K.Const(0, dt.i32), q), dt.i32)) == K.Const(0, dt.i32)
+    assert fold(K.Alu(Op.ADD, (q, K.Const(0, dt.i32)), dt.i32)) is q
+
+
+def test_fold_keeps_float_semantics() -> None:
+    x = _ld()
+    # x * 1 == x for every x; x * 0 is not 0 for inf/NaN and keeps the sign of x
+    assert fold(K.Alu(Op.MUL, (x, K.Const(1.0, dt.f32)), dt.f32)) is x
+    z = K.Alu(Op.MUL, (x, K.Const(0.0, dt.f32)), dt.f32)
+    assert fold(z) == z
+    # x + 0.0 is +0.0 for x = -0.0: only a float converted from an integer drops it
+    plus0 = K.Alu(Op.ADD, (x, K.Const(0.0, dt.f32)), dt.f32)
+    assert fold(plus0) == plus0
+    fi = K.Cast(_ld(dt.i32), dt.f32)
+    assert fold(K.Alu(Op.ADD, (fi, K.Const(0.0, dt.f32)), dt.f32)) is fi
+    assert fold(K.Alu(Op.ADD, (x, K.Const(-0.0, dt.f32)), dt.f32)) is x
+    # bool arithmetic is logical in the renderers: never folded numerically
+    b = K.Alu(Op.ADD, (K.Const(True, dt.bool_), K.Const(True, dt.bool_)), dt.bool_)
+    assert fold(b) == b
