@@ -1,0 +1,152 @@
+"""Weight folding: evaluate the parts of a graph that depend only on weights, once, at
+compile time.
+
+A quantized weight enters a graph as packed bytes with a dequantization expression
+(``loaders/quants.py``); an f16 weight as a cast. Inside a matmul that expression is cheap
+when each weight element is read once (a GEMV, decode) but is recomputed for every row of a
+GEMM (prefill). ``fold_weights`` finds every node whose sources are all weights or plain
+constants (and whose shape and views name no dim), evaluates the outermost such nodes that
+the rest of the graph reads with the reference interpreter, and replaces each by a new weight
+holding the result. The matmuls that read them then see plain f32 weights, which the search
+can hand to a GEMM library call. The cost is memory: a folded Q4_1 weight takes 4 bytes per
+value instead of 0.625, so the caller opts in (the prefill plan of ``models.llama`` does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..graph import symbolic as sym
+from ..graph.graph import Graph, Node
+from ..graph.interp import check_input, eval_node, read
+from ..graph.ops import Leaf, Op
+
+G = TypeVar("G", bound=Graph)
+
+
+def _names_no_dim(n: Node) -> bool:
+    exprs: list[Any] = list(n.shape)
+    for _, v in n.srcs:
+        exprs += [*v.shape, v.index, v.valid]
+    if isinstance(n.arg, sym.Expr):
+        exprs.append(n.arg)
+    return not sym.free_dims(exprs)
+
+
+def foldable_nodes(graph: Graph) -> tuple[set[int], list[Node]]:
+    """(ids of the nodes computable from weights alone, the folding frontier: the non-leaf
+    foldable nodes that some non-foldable node or an output reads, in graph order). Subgraphs
+    of constants and iotas alone are not folded: kernels compute them for free."""
+    order = graph.toposort()
+    fold: set[int] = set()
+    weighted: set[int] = set()  # foldable and reading at least one weight
+    for n in order:
+        if n.op is Leaf.INPUT:
+            if n.arg[1] and n.arg[0] in graph.weights:
+                fold.add(n.id)
+                weighted.add(n.id)
+        elif n.op is Leaf.CONSTANT:
+            if not isinstance(n.arg, sym.Expr):
+                fold.add(n.id)
+        elif n.op is not Leaf.OUTPUT and _names_no_dim(n):
+            if all(s.id in fold for s, _ in n.srcs):
+                fold.add(n.id)
+                if any(s.id in weighted for s, _ in n.srcs):
+                    weighted.add(n.id)
+    frontier: dict[int, Node] = {}
+    for n in order:
+        if n.id in fold:
+            continue
+        for s, _ in n.srcs:
+            if s.id in weighted and isinstance(s.op, Op):
+                frontier.setdefault(s.id, s)
+    return fold, sorted(frontier.values(), key=lambda n: n.id)
+
+
+def _evaluate(graph: Graph, targets: list[Node]) -> dict[int, np.ndarray]:
+    """The values of ``targets`` (weight-only nodes), freeing each intermediate after its last
+    use so peak memory stays near the largest weight's working set."""
+    order = graph.toposort(targets)
+    uses: dict[int, int] = {}
+    for n in order:
+        for s, _ in n.srcs:
+            uses[s.id] = uses.get(s.id, 0) + 1
+    keep = {t.id for t in targets}
+    vals: dict[int, np.ndarray] = {}
+    for n in order:
+        if n.op is Leaf.INPUT:
+            vals[n.id] = check_input(n.arg[0], n, graph.weights[n.arg[0]], {})
+            continue
+        srcs = [read(v, vals[s.id], {}) for s, v in n.srcs]
+        vals[n.id] = np.ascontiguousarray(eval_node(n, srcs, {}))
+        for s, _ in n.srcs:
+            uses[s.id] -= 1
+            if uses[s.id] == 0 and s.id not in keep:
+                del vals[s.id]
+    return {t.id: vals[t.id] for t in targets}
+
+
+def _weight_name(graph: Graph, n: Node, taken: set[str]) -> str:
+    """``<first weight it reads>#folded`` (quantized aliases ``w#u8`` give ``w#folded``)."""
+    base = "folded"
+    for m in graph.toposort([n]):
+        if m.op is Leaf.INPUT:
+            base = m.arg[0].split("#")[0] + "#folded"
+            break
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    taken.add(name)
+    return name
+
+
+def fold_weights(graph: G, progress: Callable[[str], None] | None = None) -> G:
+    """A copy of ``graph`` whose weight-only subgraphs are precomputed weights (f32 for a
+    dequantized weight). Returns ``graph`` itself when there is nothing to fold. Weights must
+    have data (``Tensor.set`` or ``data=``) to be folded."""
+    _, frontier = foldable_nodes(graph)
+    if not frontier:
+        return graph
+    t0 = time.perf_counter()
+    values = _evaluate(graph, frontier)
+    g = type(graph)(graph.name)
+    taken = set(graph.inputs)
+    new: dict[int, Node] = {}
+    for n in frontier:
+        name = _weight_name(graph, n, taken)
+        new[n.id] = g.add_input(name, n.shape, n.dtype, weight=True)
+        g.weights[name] = values[n.id]
+    # what the folded graph still needs: everything reachable without passing a folded node
+    needed = {n.id for n in graph.outputs.values()}
+    for n in reversed(graph.nodes):
+        if n.id in needed and n.id not in new:
+            needed.update(s.id for s, _ in n.srcs)
+    for name, n in graph.inputs.items():  # inputs first, in the caller's order
+        if n.id in needed or not n.arg[1]:
+            new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
+            if name in graph.weights:
+                g.weights[name] = graph.weights[name]
+    for n in graph.nodes:  # sources come before their users
+        if n.id in new or n.id not in needed:
+            continue
+        srcs = [(new[s.id], v) for s, v in n.srcs]
+        if n.op is Leaf.CONSTANT:
+            new[n.id] = g.add_constant(n.arg, n.dtype)
+        elif n.op is Leaf.OUTPUT:
+            new[n.id] = g.add_output(n.arg, srcs[0], updates=graph.state.get(n.arg))
+        elif n.op is Op.IOTA:
+            new[n.id] = g.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
+        else:
+            assert isinstance(n.op, Op), f"input {n} was not registered"
+            new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
+    g.verify()
+    if progress is not None:
+        nbytes = sum(v.nbytes for v in values.values())
+        progress(f"folded {len(frontier)} weight expressions into {nbytes / 2**20:.0f} MiB of "
+                 f"weights in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+    return g

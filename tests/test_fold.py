@@ -1,0 +1,138 @@
+"""compiler/fold.py: weight-only subgraphs become precomputed weights; everything that depends
+on inputs or dims stays, and the folded graph computes the same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal.compiler.fold import fold_weights, foldable_nodes
+from luminal.functional import linear
+from luminal.graph.ops import Leaf, Op
+from luminal.loaders import quants
+
+RNG = np.random.default_rng(0)
+
+
+def _q4_1_blocks(rows: int, cols: int) -> np.ndarray:
+    """Random Q4_1 blocks (f16 scale and minimum kept finite)."""
+    nb = rows * cols // 32
+    raw = RNG.integers(0, 256, size=(nb, 20), dtype=np.uint8)
+    for off in (0, 2):
+        raw[:, off : off + 2] = (
+            RNG.uniform(-1, 1, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        )
+    return raw
+
+
+def _ops(g: lm.Graph) -> set:
+    return {n.op for n in g.toposort()}
+
+
+def test_quantized_matmul_folds_to_an_f32_weight() -> None:
+    raw = _q4_1_blocks(24, 64)
+    g = lm.Graph("q")
+    x = g.input("x", (lm.dim("seq", 1, 16), 64))
+    w = quants.quantized_weight(g, "proj", "Q4_1", raw, (24, 64))
+    g.output("y", linear(x, w).add(1.0))
+    folded = fold_weights(g)
+    assert folded is not g and folded.name == "q"
+    assert "proj#folded" in folded.inputs and folded.inputs["proj#folded"].arg[1]
+    assert not any("#u8" in n or "#f16" in n for n in folded.inputs)  # the packed bytes are gone
+    assert Op.MOD not in _ops(folded) and Op.CAST not in _ops(folded)  # so is the dequant chain
+    np.testing.assert_array_equal(
+        folded.weights["proj#folded"].reshape(24, 64), quants.dequantize("Q4_1", raw, (24, 64))
+    )
+    xs = RNG.standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_allclose(folded.run({"x": xs})["y"], g.run({"x": xs})["y"], rtol=1e-6)
+
+
+def test_f16_cast_folds_and_shared_expressions_fold_once() -> None:
+    g = lm.Graph("h")
+    x = g.input("x", (3, 8))
+    w16 = RNG.standard_normal((8, 8)).astype(np.float16)
+    w = g.weight("w", data=w16).float().mul(0.5)  # one expression, read by two consumers
+    g.output("a", x.matmul(w))
+    g.output("b", x.add(w.slice(0, 0, 3)))
+    folded = fold_weights(g)
+    assert [n for n in folded.inputs if n.endswith("#folded")] == ["w#folded"]
+    np.testing.assert_array_equal(folded.weights["w#folded"], w16.astype(np.float32) * 0.5)
+    assert list(folded.outputs) == ["a", "b"]
+    xs = RNG.standard_normal((3, 8)).astype(np.float32)
+    ref, got = g.run({"x": xs}), folded.run({"x": xs})
+    for k in ("a", "b"):
+        np.testing.assert_array_equal(got[k], ref[k])
+
+
+def test_what_depends_on_inputs_or_dims_is_not_folded() -> None:
+    g = lm.Graph("d")
+    pos = lm.dim("pos", 0, 7)
+    seq = lm.dim("seq", 1, 8)
+    table = g.weight("table", data=RNG.standard_normal((16, 4)).astype(np.float32))
+    scale = g.weight("scale", data=RNG.standard_normal(4).astype(np.float32))
+    x = g.input("x", (seq, 4))
+    rows = table.slice(0, pos, seq).mul(2.0)  # reads the weight through a view that names dims
+    g.output("y", x.add(rows).mul(scale.exp()))  # exp(scale) is weight-only: folded
+    fold, frontier = foldable_nodes(g)
+    assert [n.op for n in frontier] == [Op.EXP2]
+    folded = fold_weights(g)
+    assert set(folded.inputs) == {"table", "scale#folded", "x"}
+    xs = RNG.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(
+        folded.run({"x": xs}, pos=2)["y"], g.run({"x": xs}, pos=2)["y"], rtol=1e-6
+    )
+
+
+def test_nothing_to_fold_returns_the_graph_and_dataless_weights_stay() -> None:
+    g = lm.Graph("n")
+    x = g.input("x", (4,))
+    g.output("y", x.mul(g.weight("w", (4,)).exp()))  # no data yet: cannot be evaluated
+    assert fold_weights(g) is g
+    g2 = lm.Graph("iota")
+    g2.output("y", g2.input("x", (4,)).add(g2.arange(4).float()))  # constants only
+    assert fold_weights(g2) is g2
+
+
+def test_in_place_outputs_and_input_order_survive() -> None:
+    g = lm.Graph("s")
+    cache = g.input("cache", (6, 4))
+    x = g.input("x", (2, 4))
+    w = g.weight("w", data=RNG.standard_normal((4, 4)).astype(np.float16)).float()
+    idx = g.input("idx", (2,), lm.i32)
+    new = lm.Tensor(g.add_op(Op.SCATTER, [cache.edge, idx.edge, x.matmul(w).edge]))
+    g.output("cache_new", new, updates="cache")
+    folded = fold_weights(g)
+    assert folded.state == {"cache_new": "cache"}
+    assert [n for n in folded.inputs if not folded.inputs[n].arg[1]] == ["cache", "x", "idx"]
+    feed = {
+        "cache": np.zeros((6, 4), np.float32),
+        "x": RNG.standard_normal((2, 4)).astype(np.float32),
+        "idx": np.asarray([4, 1], np.int32),
+    }
+    np.testing.assert_allclose(folded.run(feed)["cache_new"], g.run(feed)["cache_new"], rtol=1e-6)
+    assert all(n.op is not Leaf.INPUT or n.arg[0] != "w" for n in folded.toposort())
+
+
+def test_progress_reports_the_folded_size() -> None:
+    g = lm.Graph("p")
+    w = g.weight("w", data=np.ones((256, 256), np.float16)).float()
+    g.output("y", g.input("x", (2, 256)).matmul(w))
+    lines: list[str] = []
+    fold_weights(g, progress=lines.append)
+    assert len(lines) == 1 and "1 weight expressions" in lines[0] and "0 MiB" in lines[0]
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0"])
+def test_folded_values_match_the_interpreted_expression(fmt: str) -> None:
+    f = quants.FORMATS[fmt]
+    raw = RNG.integers(0, 256, size=(4 * 64 // f.block, f.type_size), dtype=np.uint8)
+    raw[:, 0:2] = RNG.uniform(-1, 1, len(raw)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    g = lm.Graph("v")
+    g.output(
+        "y", g.input("x", (2, 64)).matmul(quants.quantized_weight(g, "w", fmt, raw, (4, 64)).T)
+    )
+    folded = fold_weights(g)
+    np.testing.assert_array_equal(
+        folded.weights["w#folded"].reshape(4, 64), quants.dequantize(fmt, raw, (4, 64))
+    )
