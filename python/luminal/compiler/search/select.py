@@ -33,7 +33,13 @@ Measure = Callable[[Lowered, dict[str, int]], "float | Timing"]
 
 
 def representative_dims(low: Lowered) -> dict[str, int]:
-    return {n: min(max(REPRESENTATIVE_DIM, d.lo), d.hi) for n, d in low.dims.items()}
+    """The size every symbolic dim takes while candidates are measured. Dims multiply (batch x
+    seq rows), so they share one budget of ``REPRESENTATIVE_DIM``: one dim gets 256, two get 16
+    each. 256 of each would time a (65536 x k) product for a batch of sentences, seconds per
+    candidate, at a size the model rarely sees."""
+    free = [n for n, d in low.dims.items() if d.hi > d.lo]
+    each = max(1, int(round(REPRESENTATIVE_DIM ** (1 / max(len(free), 1)))))
+    return {n: min(max(each, d.lo), d.hi) for n, d in low.dims.items()}
 
 
 def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] = ()) -> Lowered:
