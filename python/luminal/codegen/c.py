@@ -24,6 +24,7 @@ from ..graph import symbolic as sym
 from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
+from .c_rows import ROW_CAP, ROW_HELPERS, row_caches, stageable, stream_flag
 from .c_vector import VECTOR_HELPERS
 
 # Helpers shared by every C-style backend (C, CUDA): the backend's head defines LM_FN (the
@@ -125,7 +126,12 @@ static inline float lm_exp2f(float x) {
 """
 
 PRELUDE = (
-    "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE" + _C_HEAD + SHARED_HELPERS + VECTOR_HELPERS + "#endif\n"
+    "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE"
+    + _C_HEAD
+    + SHARED_HELPERS
+    + VECTOR_HELPERS
+    + ROW_HELPERS
+    + "#endif\n"
 )
 
 # (decode, encode) for stored types that compute as f32
@@ -229,6 +235,10 @@ class _Emitter:
         # values made while rendering (unrolled copies): fv_memo is keyed by id, so they must
         # outlive the kernel, or a new value could inherit a dead one's id and its entry
         self.made: list[K.Value] = []
+        # row sums whose body values are also written to a row buffer (c_rows.py): reduction
+        # -> buffer name; the ones actually written so are recorded in ``cached``
+        self.row_cache: dict[K.Reduce, str] = {}
+        self.cached: set[K.Reduce] = set()
 
     def tmp(self) -> str:
         self.n += 1
@@ -317,6 +327,9 @@ class _Emitter:
 
             def body() -> None:
                 x = self.emit(v.body, ind + "  ")
+                if v in self.row_cache:
+                    self.lines.append(f"{ind}  {self.row_cache[v]}[{rv}] = {x};")
+                    self.cached.add(v)
                 self.lines.append(f"{ind}  {acc} = {reduce_update(v.op, v.dtype, acc, x)};")
 
             self.block(body)
@@ -616,6 +629,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         row_tasks = _render_softmax_rows(k, em, lines, ext)
         lines.append("}")
         return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, row_tasks, 1)
+    stage = 0  # elements of a task's staged output run (c_rows.py); 0: plain stores
     if n == 0:
         tasks: sint = 1
         lines.append("  for (int64_t t = begin; t < end; ++t) {")
@@ -636,8 +650,20 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         tasks = nchunks
         for sz in shape[:-1]:
             tasks = sym.mul(tasks, sz)
-        lines.append("  for (int64_t t = begin; t < end; ++t) {")
         single = sym.upper_bound(shape[-1]) <= chunk
+        stage = 0 if k.out in reads else stageable(k, chunk, red)
+        inner_ix = sym.index_var(n - 1, shape[-1])
+        caches = {}
+        if single and isinstance(inner_ix, sym.Expr) and sym.upper_bound(shape[-1]) <= ROW_CAP:
+            caches = row_caches(k, inner_ix, em)
+        for j, r in enumerate(caches):
+            em.row_cache[r] = f"lm_rc{j}"
+            lines.append(f"  {ctype(r.dtype)} lm_rc{j}[{sym.upper_bound(shape[-1])}] "
+                         "__attribute__((aligned(64)));")  # fmt: skip
+        if stage:
+            lines.append(f"  {storage_ctype(k.dtype)} lm_st[{stage}] __attribute__((aligned(64)));")
+            lines.append(f"  const int lm_nt = {stream_flag(k)};")
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
         rem = "t" if single else "q"
         if not single:
             lines.append(
@@ -655,13 +681,26 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         em.hoist(k.value, frozenset({inner_var}), "    ")
         lines += em.lines
         iv = f"i{n - 1}"
+        for r, body_v in caches.items():
+            if r in em.cached:  # the sum loop wrote the body's values: read them back
+                em.scopes[-1][body_v] = f"{em.row_cache[r]}[{iv}]"
         if single:
+            lo, hi = "0", ext[n - 1]
             lines.append(f"    for (int64_t {iv} = 0; {iv} < {ext[n - 1]}; ++{iv}) {{")
         else:
+            lo, hi = f"c * {chunk}", "hi"
             lines.append(f"    const int64_t hi = lm_min({ext[n - 1]}, (c + 1) * {chunk});")
             lines.append(f"    for (int64_t {iv} = c * {chunk}; {iv} < hi; ++{iv}) {{")
         body_ind = "      "
         loop_close = ["    }", "  }"]
+        if stage:
+            row0: sint = 0
+            for j, st in enumerate(contiguous_strides(shape)[:-1]):
+                row0 = sym.add(row0, sym.mul(sym.index_var(j, shape[j]), st))
+            loop_close = ["    }",
+                          f"    lm_copy_out(&b0[{cexpr(row0)} + {lo}], lm_st, ({hi} - {lo}) * "
+                          f"(int64_t)sizeof(lm_st[0]), lm_nt);", "  }",
+                          "  lm_stream_fence(lm_nt);"]  # fmt: skip
     for j in range(n):
         lines.append(f"{body_ind}(void){ivars[j]};")
     em.lines = []
@@ -673,7 +712,10 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)
         ):
             flat = sym.add(flat, sym.mul(v, st))
-        body.append(body_ind + store_stmt("b0", cexpr(flat), val, k.dtype))
+        if stage:
+            body.append(f"{body_ind}lm_st[{ivars[-1]} - {lo}] = {val};")
+        else:
+            body.append(body_ind + store_stmt("b0", cexpr(flat), val, k.dtype))
     else:
         em.lines = []
         row = em.emit(k.scatter_row, body_ind)

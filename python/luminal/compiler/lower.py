@@ -119,15 +119,14 @@ class _Lowerer:
                 and all(s.op in (Leaf.CONSTANT, Op.IOTA) or s.id in index_only for s, _ in n.srcs)
             ):
                 index_only.add(n.id)
-        # under[n]: n's value would sit inside some reduction's loop in its final kernel
-        under: dict[int, bool] = {}
+        # looped[n]: n's own axes that vary inside some reduction's loop of its final kernel
+        # (_VARIES: its value sits under a mask that does); empty: codegen can hoist n out of
+        # every such loop, as a softmax's row max out of the row sum
+        looped: dict[int, frozenset[int]] = {}
         for n in reversed(self.order):
             cons = self.consumers[n.id]
             r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
-            under[n.id] = any(
-                (c.op in REDUCE and not _small_reduce(c)) or (c.id in inline and under[c.id])
-                for c in cons
-            )
+            looped[n.id] = self._looped_axes(n, cons, inline, looped)
             ok = False
             if n.id in self.absorbed or n.id in self.forced:
                 ok = True
@@ -156,13 +155,51 @@ class _Lowerer:
             elif n.op in REDUCE and len(cons) <= 2:
                 # never into a kernel that is itself a reduction: there it would sit inside
                 # the outer loop and be recomputed per step (a matmul feeding a matmul)
-                ok = all(self._cheap_read(n, c, len(cons)) for c in cons) and not under[n.id]
+                ok = all(self._cheap_read(n, c, len(cons)) for c in cons) and not looped[n.id]
             if ok:
                 inline.add(n.id)
                 roots[n.id] = r
             else:
                 roots[n.id] = frozenset({n.id})
         return inline
+
+    def _looped_axes(
+        self, n: Node, cons: list[Node], inline: set[int], looped: dict[int, frozenset[int]]
+    ) -> frozenset[int]:
+        """Axes of ``n`` that vary inside a reduction loop of the kernel its consumers land
+        in: a consumer's looped axes (its own reduced axis, for a reduction with a loop, plus
+        those of an inlined consumer) mapped through the view it reads ``n`` by."""
+        out: set[int] = set()
+        for c in cons:
+            if c.op in REDUCE:
+                # the consumer's source index space: its output axes with the reduced one
+                # inserted at c.arg
+                above = looped.get(c.id, frozenset()) if c.id in inline else frozenset()
+                c_loop = {a if a < c.arg else a + 1 for a in above if a != _VARIES}
+                if _VARIES in above:
+                    c_loop.add(_VARIES)
+                if not _small_reduce(c):
+                    c_loop.add(c.arg)
+            elif c.id in inline and c.op in ELEMENTWISE:
+                c_loop = set(looped.get(c.id, frozenset()))
+            else:
+                continue
+            if not c_loop:
+                continue
+            if _VARIES in c_loop:
+                out.add(_VARIES)
+            names = {f"_i{a}" for a in c_loop}
+            for s, v in c.srcs:
+                if s is not n:
+                    continue
+                if isinstance(v.valid, sym.Expr) and {x.name for x in v.valid.vars()} & names:
+                    out.add(_VARIES)  # under a mask that changes within the loop: not hoisted
+                idx = _unflatten(v.index, n.shape) if n.shape else {}
+                for k in range(len(n.shape)):
+                    e = idx.get(f"_i{k}", 0)
+                    if isinstance(e, sym.Expr) and {x.name for x in e.vars()} & names:
+                        out.add(k)
+        return frozenset(out)
 
     def _score_chain(self, m: SoftmaxSumMatch) -> set[int]:
         """The score node and the elementwise nodes (and first reductions, the QK^T sums)
@@ -453,6 +490,8 @@ def _unsafe_in_place(low: Lowered) -> set[str]:
             bad.add(b.name)
     return bad
 
+
+_VARIES = -1  # a looped-axes marker: the value is under a mask that varies in the loop
 
 _TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
 
