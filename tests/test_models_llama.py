@@ -138,6 +138,68 @@ def test_decode_loop_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [int(t) for t in ref[len(prompt) - 1 : -1].argmax(-1)] == toks[len(prompt) :]
 
 
+def test_prefill_graph_matches_decode_graph() -> None:
+    """build_prefill (folded weights, per-head output projection, seq >= min_seq) computes what
+    build() computes, caches included (interpreter)."""
+    hf, model = _tiny(interleaved=True)
+    ids = np.asarray([5, 17, 3, 42, 8, 60, 1], np.int32)
+    pre = model.build_prefill(4)
+    assert pre.dims()["seq"].lo == 4
+    assert list(pre.outputs) == list(model.build().outputs) and pre.state == model.state
+    cache = model.new_cache()
+    a = model.build().run({"tokens": ids[:5], **cache}, pos=0)
+    b = pre.run({"tokens": ids[:5], **cache}, pos=0)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], atol=2e-5, rtol=1e-4)
+    # a second chunk at pos 5 reads the cache the first one wrote
+    cache = {n: b[n + "_new"] for n in model.cache_names()}
+    got = pre.run({"tokens": np.asarray([9, 33, 2, 7], np.int32), **cache}, pos=5)["logits"][-1]
+    ref = _hf_logits(hf, [*ids[:5].tolist(), 9, 33, 2, 7])[-1]
+    np.testing.assert_allclose(got, ref, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="min_seq"):
+        model.build_prefill(0)
+
+
+def test_prefill_min_is_checked() -> None:
+    _, model = _tiny()
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="prefill_min"):
+            LlamaSession(model, "interp", prefill_min=bad)  # type: ignore[arg-type]
+    s = LlamaSession(model, "interp", prefill_min=4)
+    assert not s.has_prefill and not s.compile_prefill()  # the interpreter runs one graph
+
+
+@pytest.mark.skipif(
+    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
+)
+def test_long_prompts_use_the_prefill_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt of prefill_min+ tokens compiles the prefill plan once (on first use) and runs
+    on it; shorter prompts and decode steps run on the decode plan; both share the cache."""
+    hf, model = _tiny(ctx=32)
+    calls = []
+    real = luminal.compile
+
+    def counting(graph, *a, **k):
+        calls.append(graph.name)
+        return real(graph, *a, **k)
+
+    monkeypatch.setattr(luminal, "compile", counting)
+    s = LlamaSession(model, "compiled", prefill_min=5)
+    assert calls == ["llama"] and s.has_prefill and s.prefill_runner is None
+    ids = [5, 17, 3, 42, 8, 60, 1, 9, 33, 2, 7, 11]
+    got = [s.forward(ids[:6])]  # prefill plan
+    got += [s.forward([t]) for t in ids[6:9]]  # decode plan, reading what prefill cached
+    got.append(s.forward(ids[9:]))  # 3 tokens: decode plan
+    assert calls == ["llama", "llama_prefill"]
+    ref = _hf_logits(hf, ids)
+    np.testing.assert_allclose(np.stack(got), ref[[5, 6, 7, 8, 11]], atol=1e-4, rtol=1e-3)
+    s.reset()
+    np.testing.assert_allclose(s.forward(ids[:7]), ref[6], atol=1e-4, rtol=1e-3)
+    assert calls == ["llama", "llama_prefill"]  # compiled once, reused
+    assert s.runner.compiles == 1 and s.prefill_runner is not None
+    assert s.prefill_runner.compiles == 1
+
+
 # ----------------------------------------------------------------------------- SmolLM2 (real)
 def _smollm2():
     pytest.importorskip("gguf")
@@ -234,3 +296,30 @@ def test_tiny_gpt2_matches_transformers() -> None:
     s = LlamaSession(model, "interp")
     got = [s.forward(ids[:3])] + [s.forward([t]) for t in ids[3:]]
     np.testing.assert_allclose(np.stack(got), ref[2:], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
+)
+def test_smollm2_prefill_plan_matches_transformers(smol) -> None:
+    """The packed Q4_1 GGUF through both compiled plans: a 20+-token prompt on the prefill plan
+    (weights folded to f32, GEMMs), then 3 decode steps on the decode plan reading the cache
+    the prefill plan wrote, against transformers (teacher-forced)."""
+    from luminal.models import load_gguf
+
+    _, tok, hf = smol
+    model, _ = load_gguf(_smollm2(), dequant="graph", max_context=128)
+    ids = tok.encode(
+        "Write one sentence about the history of Paris, the capital of France, and its river."
+    )
+    s = LlamaSession(model, "compiled")
+    assert s.prefill_min is not None and len(ids) >= s.prefill_min
+    got = [s.forward(ids)]
+    assert s.prefill_runner is not None  # the prompt ran on the prefill plan
+    gen: list[int] = []
+    for _ in range(3):
+        gen.append(int(np.argmax(got[-1])))
+        got.append(s.forward([gen[-1]]))
+    ref = _hf_logits(hf, ids + gen)[len(ids) - 1 :]
+    assert np.abs(np.stack(got) - ref).max() < SMOL_ATOL
