@@ -93,7 +93,8 @@ def test_schedule_search_measures_checks_and_caches_through_the_runtime(capfd, m
     assert [bytes(k.code) for k in cg2.plan.kernels] == [bytes(k.code) for k in cg.plan.kernels]
 
 
-def test_identical_layers_share_one_measurement():
+def test_identical_layers_share_one_measurement(monkeypatch):
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")  # every candidate measured
     low = lower(_gemv(layers=3))
     assert len(low.kernels) == 3
     t, log = _fake_tuner("split=16")
@@ -138,7 +139,8 @@ def test_candidate_cap_and_budget_are_honoured(monkeypatch):
     schedules.choose_schedules(low, t, _signature)
     (rec,) = tuner._MEMORY.values()
     measured = [c["label"] for c in rec["candidates"] if c["seconds"] is not None]
-    assert len(log) == 2 and len(rec["candidates"]) == 4 and len(measured) == 2
+    # splits x rows-per-task, as many as render differently; only two measured
+    assert len(log) == 2 and len(rec["candidates"]) > 4 and len(measured) == 2
     assert "split=default" in measured  # the default is always measured
     tuner.clear_memory_cache()
     monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "4")
@@ -161,7 +163,8 @@ def test_a_slow_first_run_is_the_only_run(monkeypatch):
     assert _measure_cpu(sub, {}, repeats=3).runs == 3
 
 
-def test_choice_is_deterministic_given_the_cache():
+def test_choice_is_deterministic_given_the_cache(monkeypatch):
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")  # every candidate measured
     low = lower(_gemv())
     t1, _ = _fake_tuner("split=8")
     (k1,) = schedules.choose_schedules(low, t1, _signature).kernels

@@ -645,7 +645,9 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         row_reduce = any(
             isinstance(x, (K.Reduce, K.SoftmaxSum)) for h in hoisted for x in K.walk(h)
         )
-        chunk = 16 if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
+        # rows per task of a per-element reduce (a GEMV): the search's choice, else 16
+        rows = (k.schedule.chunk if k.schedule is not None else 0) or 16
+        chunk = rows if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
         nchunks = sym.ceildiv(shape[-1], chunk)
         tasks = nchunks
         for sz in shape[:-1]:
