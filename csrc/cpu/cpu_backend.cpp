@@ -1,4 +1,5 @@
 // The CPU backend: C kernels compiled by the system compiler, a thread pool, OpenBLAS GEMM.
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -85,24 +86,58 @@ public:
     beta_ = beta;
   }
 
+  // The gemm runs on our pool, OpenBLAS single-threaded inside each part: OpenBLAS's own
+  // threads spin after a call, and on a machine with as many threads as cores they then fight
+  // the next generated kernel's workers (measured: a 256x1536x384 gemm between two kernels
+  // took 100+ ms instead of 1 ms).
   void run(void *const *args) override {
     if (v_[kM] == 0 || v_[kN] == 0) return;
-    pool_.park(); // OpenBLAS brings its own threads; ours should not spin against them
-    int ta = v_[kTransA] ? kTrans : kNoTrans, tb = v_[kTransB] ? kTrans : kNoTrans;
-    for (int64_t i = 0; i < v_[kBatch]; ++i) {
-      int64_t oa = v_[kOffA] + i * v_[kStrideA], ob = v_[kOffB] + i * v_[kStrideB],
-              oc = v_[kOffC] + i * v_[kStrideC];
-      if (f64_)
-        scipy_cblas_dgemm(kRowMajor, ta, tb, int(v_[kM]), int(v_[kN]), int(v_[kK]), alpha_,
-                          static_cast<const double *>(args[0]) + oa, int(v_[kLda]),
-                          static_cast<const double *>(args[1]) + ob, int(v_[kLdb]), beta_,
-                          static_cast<double *>(args[2]) + oc, int(v_[kLdc]));
-      else
-        scipy_cblas_sgemm(kRowMajor, ta, tb, int(v_[kM]), int(v_[kN]), int(v_[kK]), float(alpha_),
-                          static_cast<const float *>(args[0]) + oa, int(v_[kLda]),
-                          static_cast<const float *>(args[1]) + ob, int(v_[kLdb]), float(beta_),
-                          static_cast<float *>(args[2]) + oc, int(v_[kLdc]));
+    // each part a block of C's rows (or columns, when C has few rows), 16-aligned
+    int64_t batch = v_[kBatch], m = v_[kM], n = v_[kN];
+    split_rows_ = m >= n || m >= 64 * pool_.size();
+    int64_t extent = split_rows_ ? m : n;
+    int64_t want = std::min<int64_t>(pool_.size(), (extent + 15) / 16);
+    if (2 * m * n * v_[kK] < (int64_t(1) << 18)) want = 1; // too small to be worth a handoff
+    part_ = (extent + want - 1) / want;
+    part_ = (part_ + 15) / 16 * 16;
+    parts_ = (extent + part_ - 1) / part_;
+    void *targs[4] = {this, args[0], args[1], args[2]};
+    if (batch * parts_ == 1)
+      task(targs, nullptr, 0, 1);
+    else
+      pool_.run(&Gemm::task, targs, nullptr, batch * parts_, 1);
+  }
+
+  static void task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
+    const Gemm &g = *static_cast<const Gemm *>(targs[0]);
+    for (int64_t t = begin; t < end; ++t) g.part(targs + 1, t / g.parts_, t % g.parts_);
+  }
+
+  void part(void *const *args, int64_t i, int64_t p) const {
+    const int64_t *v = v_;
+    int64_t lo = p * part_, m = v[kM], n = v[kN];
+    int64_t oa = v[kOffA] + i * v[kStrideA], ob = v[kOffB] + i * v[kStrideB],
+            oc = v[kOffC] + i * v[kStrideC];
+    if (split_rows_) { // rows lo.. of C and of op(A)
+      m = std::min(part_, v[kM] - lo);
+      oa += v[kTransA] ? lo : lo * v[kLda];
+      oc += lo * v[kLdc];
+    } else { // columns lo.. of C and of op(B)
+      n = std::min(part_, v[kN] - lo);
+      ob += v[kTransB] ? lo * v[kLdb] : lo;
+      oc += lo;
     }
+    int ta = v[kTransA] ? kTrans : kNoTrans, tb = v[kTransB] ? kTrans : kNoTrans;
+    if (f64_)
+      scipy_cblas_dgemm(kRowMajor, ta, tb, int(m), int(n), int(v[kK]), alpha_,
+                        static_cast<const double *>(args[0]) + oa, int(v[kLda]),
+                        static_cast<const double *>(args[1]) + ob, int(v[kLdb]), beta_,
+                        static_cast<double *>(args[2]) + oc, int(v[kLdc]));
+    else
+      scipy_cblas_sgemm(kRowMajor, ta, tb, int(m), int(n), int(v[kK]), float(alpha_),
+                        static_cast<const float *>(args[0]) + oa, int(v[kLda]),
+                        static_cast<const float *>(args[1]) + ob, int(v[kLdb]), float(beta_),
+                        static_cast<float *>(args[2]) + oc, int(v[kLdc]));
   }
 
 private:
@@ -165,6 +200,9 @@ private:
   std::vector<uint32_t> args_;
   int64_t v_[kNum] = {};
   double alpha_ = 1.0, beta_ = 0.0;
+  // the current run's partition (set by run before the parts start)
+  bool split_rows_ = true;
+  int64_t part_ = 1, parts_ = 1;
 };
 
 bool is_identifier(const std::string &s) {
@@ -177,7 +215,8 @@ bool is_identifier(const std::string &s) {
 class CpuBackend final : public Backend {
 public:
   explicit CpuBackend(bool staged) : staged_(staged), pool_(cpu::ThreadPool::global()) {
-    static bool blas_threads = (scipy_openblas_set_num_threads(pool_.size()), true);
+    // parallel gemm comes from our pool (Gemm::run); OpenBLAS's own threads would spin
+    static bool blas_threads = (scipy_openblas_set_num_threads(1), true);
     (void)blas_threads;
   }
   std::string name() const override { return staged_ ? "cpu-staged" : "cpu"; }
