@@ -48,6 +48,20 @@ def test_quantized_matmul_folds_to_an_f32_weight() -> None:
     np.testing.assert_allclose(folded.run({"x": xs})["y"], g.run({"x": xs})["y"], rtol=1e-6)
 
 
+def test_kept_weights_stay_packed() -> None:
+    g = lm.Graph("k")
+    x = g.input("x", (2, 64))
+    a = quants.quantized_weight(g, "a", "Q4_1", _q4_1_blocks(8, 64), (8, 64))
+    b = quants.quantized_weight(g, "b", "Q4_1", _q4_1_blocks(8, 64), (8, 64))
+    g.output("y", linear(x, a).add(linear(x, b)))
+    folded = fold_weights(g, keep=["b"])
+    assert "a#folded" in folded.inputs and "b#folded" not in folded.inputs
+    assert "b#u8" in folded.inputs and "a#u8" not in folded.inputs
+    xs = RNG.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(folded.run({"x": xs})["y"], g.run({"x": xs})["y"], rtol=1e-5)
+    assert fold_weights(g, keep=["a", "b"]) is g
+
+
 def test_f16_cast_folds_and_shared_expressions_fold_once() -> None:
     g = lm.Graph("h")
     x = g.input("x", (3, 8))

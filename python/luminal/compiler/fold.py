@@ -15,7 +15,7 @@ value instead of 0.625, so the caller opts in (the prefill plan of ``models.llam
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import numpy as np
@@ -90,13 +90,17 @@ def _evaluate(graph: Graph, targets: list[Node]) -> dict[int, np.ndarray]:
     return {t.id: vals[t.id] for t in targets}
 
 
+def _source_weights(graph: Graph, n: Node) -> list[str]:
+    """The weights ``n`` reads, largest first, without alias suffixes (``w#u8`` -> ``w``):
+    the first is the tensor it is made from, not a small shared table."""
+    leaves = [m for m in graph.toposort([n]) if m.op is Leaf.INPUT]
+    leaves.sort(key=lambda m: -int(np.asarray(graph.weights[m.arg[0]]).nbytes))
+    return [str(m.arg[0]).split("#")[0] for m in leaves]
+
+
 def _weight_name(graph: Graph, n: Node, taken: set[str]) -> str:
     """``<first weight it reads>#folded`` (quantized aliases ``w#u8`` give ``w#folded``)."""
-    base = "folded"
-    for m in graph.toposort([n]):
-        if m.op is Leaf.INPUT:
-            base = m.arg[0].split("#")[0] + "#folded"
-            break
+    base = (_source_weights(graph, n) or ["weight"])[0] + "#folded"
     name, k = base, 1
     while name in taken:
         k += 1
@@ -105,11 +109,17 @@ def _weight_name(graph: Graph, n: Node, taken: set[str]) -> str:
     return name
 
 
-def fold_weights(graph: G, progress: Callable[[str], None] | None = None) -> G:
+def fold_weights(
+    graph: G, progress: Callable[[str], None] | None = None, keep: Collection[str] = ()
+) -> G:
     """A copy of ``graph`` whose weight-only subgraphs are precomputed weights (f32 for a
-    dequantized weight). Returns ``graph`` itself when there is nothing to fold. Weights must
-    have data (``Tensor.set`` or ``data=``) to be folded."""
+    dequantized weight). Expressions of the weights named in ``keep`` (by the name the graph
+    gives them, without a ``#`` alias suffix) stay as they are: a weight read once per run,
+    such as a language-model head applied to one row, is cheaper to read packed. Returns
+    ``graph`` itself when there is nothing to fold. Weights must have data (``Tensor.set`` or
+    ``data=``) to be folded."""
     _, frontier = foldable_nodes(graph)
+    frontier = [n for n in frontier if not set(_source_weights(graph, n)) & set(keep)]
     if not frontier:
         return graph
     t0 = time.perf_counter()

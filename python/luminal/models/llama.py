@@ -162,12 +162,16 @@ class Llama:
         """The graph of the prefill plan, for steps of at least ``min_seq`` tokens: every
         weight-only expression (dequantization, casts) folded into an f32 weight at build time
         (``compiler.fold``), so the projections are plain GEMMs on f32 weights instead of
-        dequantizing each weight again for every row; the attention output projection per
-        head. Same inputs, outputs and dims as ``build()``, so both plans share one KV cache.
-        Costs 4 bytes per weight value (SmolLM2-135M: about 0.5 GB)."""
+        dequantizing each weight again for every row; the output head, applied to one row,
+        stays packed; the attention output projection is per head. Same inputs, outputs and
+        dims as ``build()``, so both plans share one KV cache. Costs 4 bytes per folded weight
+        value (SmolLM2-135M: about 0.4 GB)."""
         from ..compiler.fold import fold_weights
 
-        return fold_weights(self.build(name=name, min_seq=min_seq, per_head_out=True), progress)
+        graph = self.build(name=name, min_seq=min_seq, per_head_out=True)
+        # the head multiplies one row (the last position's): reading it packed is cheaper
+        head = "token_embd.weight" if self.tied else "output.weight"
+        return fold_weights(graph, progress, keep=[head])
 
     def _freq_factors(self, g: Graph, positions: Tensor) -> tuple[Tensor, Tensor]:
         c = self.config
@@ -261,8 +265,9 @@ class Llama:
 
 
 # Prompts of at least this many tokens run on the prefill plan (``Llama.build_prefill``).
-# Measured on SmolLM2-135M (2 threads): the prefill plan already wins at 8 tokens, and from
-# 16 on it is several times faster per token than the decode plan.
+# SmolLM2-135M on 2 cores: at 16 tokens the prefill plan runs 295 tok/s against the decode
+# plan's 149, at 128 tokens 750 against 160 (docs/models.md); below ~8 tokens its f32 weights,
+# read once per step, cost more than the GEMMs save.
 PREFILL_MIN = 16
 
 
