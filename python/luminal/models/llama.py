@@ -265,8 +265,8 @@ class Llama:
 
 
 # Prompts of at least this many tokens run on the prefill plan (``Llama.build_prefill``).
-# SmolLM2-135M on 2 cores: at 16 tokens the prefill plan runs 295 tok/s against the decode
-# plan's 149, at 128 tokens 750 against 160 (docs/models.md); below ~8 tokens its f32 weights,
+# SmolLM2-135M on 2 cores: at 16 tokens the prefill plan runs 301 tok/s against the decode
+# plan's 155, at 128 tokens 781 against 167 (docs/models.md); below ~8 tokens its f32 weights,
 # read once per step, cost more than the GEMMs save.
 PREFILL_MIN = 16
 
