@@ -266,8 +266,8 @@ class Llama:
 
 # Prompts of at least this many tokens run on the prefill plan (``Llama.build_prefill``).
 # SmolLM2-135M on 2 cores: at 16 tokens the prefill plan runs 301 tok/s against the decode
-# plan's 155, at 128 tokens 781 against 167 (docs/models.md); below ~8 tokens its f32 weights,
-# read once per step, cost more than the GEMMs save.
+# plan's 155, at 128 tokens 781 against 167 (docs/models.md). Shorter steps gain less: the
+# prefill plan reads 4-byte weights once per step whatever its length.
 PREFILL_MIN = 16
 
 
