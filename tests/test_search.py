@@ -114,3 +114,18 @@ def test_batched_matmul_gemm_matches():
     for s in (1, 33):
         ia, ib = rand(3, s, 16), rand(3, 16, 24)
         np.testing.assert_allclose(ex.run({"a": ia, "b": ib})["y"], ia @ ib, rtol=1e-4, atol=1e-4)
+
+
+def test_sum_of_batched_products_is_not_a_gemm_over_an_outer_loop():
+    """sum over heads of per-head products: the e-graph may put the head sum around the inner
+    one in a single kernel; a gemm call cannot take the outer loop's variable as an offset."""
+    rng = np.random.default_rng(3)
+    g = lm.Graph("heads")
+    seq = lm.dim("seq", 1, 64)
+    o = g.input("o", (3, seq, 64))
+    w = g.input("w", (3, 64, 40))
+    g.output("y", o.matmul(w).sum_reduce([0]))
+    ov = rng.standard_normal((3, 33, 64)).astype(np.float32)
+    wv = rng.standard_normal((3, 64, 40)).astype(np.float32)
+    y = lm.compile(g).run({"o": ov, "w": wv})["y"]
+    np.testing.assert_allclose(y, np.einsum("hsk,hkn->sn", ov, wv), rtol=1e-4, atol=1e-3)

@@ -53,6 +53,11 @@ def _affine(e: sint, names: list[str]) -> tuple[sint, dict[str, sint]] | None:
     loop_vars = {vars_in_e[v] for v in names if v in vars_in_e}
     if any(isinstance(c, sym.Expr) and c.vars() & loop_vars for c in coef.values()):
         return None
+    # the offset and coefficients may hold dims only: an index variable of an enclosing loop
+    # (an outer reduction around this sum) has no value when the gemm call runs
+    for x in (off, *coef.values()):
+        if isinstance(x, sym.Expr) and any(u.name.startswith("_") for u in x.vars()):
+            return None
     return off, coef
 
 
