@@ -94,7 +94,7 @@ public:
     if (v_[kM] == 0 || v_[kN] == 0) return;
     // each part a block of C's rows (or columns, when C has few rows), 16-aligned
     int64_t batch = v_[kBatch], m = v_[kM], n = v_[kN];
-    split_rows_ = m >= n || m >= 64 * pool_.size();
+    split_rows_ = m > n; // each part packs all of the other operand: duplicate the smaller
     int64_t extent = split_rows_ ? m : n;
     int64_t want = std::min<int64_t>(pool_.size(), (extent + 15) / 16);
     if (2 * m * n * v_[kK] < (int64_t(1) << 18)) want = 1; // too small to be worth a handoff

@@ -108,6 +108,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
             f"the context limit is {model.ctx} (--ctx)"
         )
         return 2
+    pmin = session.prefill_min
+    if compiled and session.has_prefill and pmin is not None and len(ids) >= pmin:
+        # compiled here, not inside the timed prefill (a first compile takes a while)
+        with _stage(f"compiling the prefill plan (prompts of {pmin}+ tokens)"):
+            session.compile_prefill()
     budget = min(a.max_tokens, model.ctx - len(ids))
     sampler = Sampler(a.temperature, a.top_k, a.top_p, a.seed)
     stream = tok.streamer()
