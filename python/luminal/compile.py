@@ -231,7 +231,7 @@ def compile(  # noqa: A001
     if level >= 4:
         for k in plan.kernels:
             if k.format in (KernelFormat.c_source, KernelFormat.cuda_source):
-                print(bytes(k.code).decode().split("#endif\n", 1)[-1], file=sys.stderr)
+                print(bytes(k.code).decode().rsplit("#endif\n", 1)[-1], file=sys.stderr)
     if level >= 5:
         print(plan.describe(), file=sys.stderr)
     return cg
