@@ -38,7 +38,8 @@ from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import Lowered
 
-CACHE_VERSION = "tuner-v1"
+# bumped when what a decision measured changes (v2: the CPU gemm runs on our thread pool)
+CACHE_VERSION = "tuner-v2"
 
 
 @dataclass
