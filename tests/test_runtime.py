@@ -459,19 +459,23 @@ def test_concurrent_runs_share_one_executor() -> None:
     assert not errors
 
 
+@pytest.mark.parametrize("shared_b", [False, True])
 @pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
-def test_gemm_split_across_threads(trans_a: int, trans_b: int) -> None:
+def test_gemm_split_across_threads(trans_a: int, trans_b: int, shared_b: bool) -> None:
     """Sizes that the CPU backend splits over its threads, by rows of C (many rows) or by
-    columns (few rows), with transposes, a batch and alpha: every part lands in its place."""
+    columns (few rows), with transposes, a batch and alpha: every part lands in its place.
+    ``shared_b``: one B for the whole batch (a linear layer over batch x seq rows), which the
+    backend runs as one gemm of batch*m rows when A's rows are contiguous."""
     n_, k_ = 300, 70
+    nb = 1 if shared_b else 2
     p = Plan()
     p.add_dim("m", 1, 2000)
     m = Sym.dim("m")
     a = p.add_buffer("a", "f32", Role.input, (2, k_, m) if trans_a else (2, m, k_))
-    b = p.add_buffer("b", "f32", Role.input, (2, n_, k_) if trans_b else (2, k_, n_))
+    b = p.add_buffer("b", "f32", Role.input, (nb, n_, k_) if trans_b else (nb, k_, n_))
     c = p.add_buffer("c", "f32", Role.output, (2, m, n_))
     fields = {"m": m, "n": n_, "k": k_, "trans_a": trans_a, "trans_b": trans_b, "batch": 2,
-              "stride_a": m * k_, "stride_b": n_ * k_, "stride_c": m * n_,
+              "stride_a": m * k_, "stride_b": 0 if shared_b else n_ * k_, "stride_c": m * n_,
               "alpha": 0.5}  # fmt: skip
     if trans_a:
         fields["lda"] = m
@@ -479,7 +483,7 @@ def test_gemm_split_across_threads(trans_a: int, trans_b: int) -> None:
     ex = runtime.load(p)
     for rows in (5, 33, 300, 1001):
         av = rand(*((2, k_, rows) if trans_a else (2, rows, k_)), seed=rows)
-        bv = rand(*((2, n_, k_) if trans_b else (2, k_, n_)), seed=rows + 1)
+        bv = rand(*((nb, n_, k_) if trans_b else (nb, k_, n_)), seed=rows + 1)
         opa = av.transpose(0, 2, 1) if trans_a else av
         opb = bv.transpose(0, 2, 1) if trans_b else bv
         out = ex.run({"a": av, "b": bv}, m=rows)["c"]

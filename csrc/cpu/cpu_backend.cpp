@@ -81,6 +81,14 @@ public:
     check(v, v[kTransB] ? n : k, v[kTransB] ? k : n, v[kLdb], v[kStrideB], v[kOffB],
           buf_bytes[args_[1]] / elem, "B");
     check(v, m, n, v[kLdc], v[kStrideC], v[kOffC], buf_bytes[args_[2]] / elem, "C");
+    // One weight shared by a batch whose A and C rows continue from matrix to matrix (a
+    // linear layer over batch x seq rows): one gemm of batch*m rows packs the weight once
+    // instead of once per matrix.
+    if (v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] && v[kStrideA] == v[kM] * v[kLda] &&
+        v[kStrideC] == v[kM] * v[kLdc] && v[kBatch] * v[kM] <= INT32_MAX) {
+      v[kM] *= v[kBatch];
+      v[kBatch] = 1;
+    }
     std::memcpy(v_, v, sizeof v);
     alpha_ = alpha;
     beta_ = beta;
