@@ -17,24 +17,13 @@ from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
 from luminal.graph.ops import Op
 from luminal.loaders import quants
+from test_loaders import _random_blocks
 
 RNG = np.random.default_rng(7)
-_F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
-
-
-def _blocks(fmt: str, rows: int, cols: int) -> np.ndarray:
-    f = quants.FORMATS[fmt]
-    nb = rows * cols // f.block
-    raw = RNG.integers(0, 256, size=(nb, f.type_size), dtype=np.uint8)
-    for o in _F16_FIELDS[fmt]:
-        raw[:, o : o + 2] = (
-            RNG.uniform(-0.5, 0.5, size=nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
-        )
-    return raw.reshape(-1)
 
 
 def _gemv(fmt: str, rows: int, cols: int, seq: int = 1) -> tuple[lm.Graph, np.ndarray]:
-    raw = _blocks(fmt, rows, cols)
+    raw = _random_blocks(fmt, rows, cols).reshape(-1)
     g = lm.Graph(f"gemv_{fmt}")
     x = g.input("x", (seq, cols))
     w = quants.quantized_weight(g, "w", fmt, raw, (rows, cols))

@@ -108,7 +108,7 @@ def canonical_vars(v: K.Value, count: list[int], memo: dict[int, tuple] | None =
     return out
 
 
-_sub_fp = sub_fingerprint  # cuda.py keys its own decisions with it
+_sub_fp = sub_fingerprint  # device backends key their own decisions with it
 
 
 def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "") -> Lowered:
