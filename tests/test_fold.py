@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import luminal as lm
-from luminal.compiler.fold import fold_weights, foldable_nodes
+from luminal.compiler.fold import FOLD_SCALE_RATIO, fold_scales, fold_weights, foldable_nodes
 from luminal.functional import linear
 from luminal.graph.ops import Leaf, Op
 from luminal.loaders import quants
+from test_loaders import _random_blocks
 
 RNG = np.random.default_rng(0)
 
@@ -150,3 +151,58 @@ def test_folded_values_match_the_interpreted_expression(fmt: str) -> None:
     np.testing.assert_array_equal(
         folded.weights["w#folded"].reshape(4, 64), quants.dequantize(fmt, raw, (4, 64))
     )
+
+
+# --------------------------------------------------------------------------- fold_scales
+def _gemv_graph(fmt: str, raw: np.ndarray, rows: int, cols: int) -> lm.Graph:
+    g = lm.Graph("s")
+    x = g.input("x", (lm.dim("seq", 1, 8), cols))
+    g.output("y", x.matmul(quants.quantized_weight(g, "w", fmt, raw, (rows, cols)).T))
+    return g
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rows", "cols", "shapes"),
+    [
+        ("Q4_0", 12, 96, [(36,)]),
+        ("Q4_1", 12, 96, [(36,), (36, 2)]),  # the minimum; the scale times each nibble's 1/16^h
+        ("Q8_0", 12, 96, [(36,)]),
+        ("Q4_K", 3, 512, [(6, 4, 2), (6, 4, 2)]),
+        ("Q6_K", 3, 512, [(6, 2, 2, 2, 2)]),
+    ],
+)
+def test_block_scales_fold_compactly_and_compute_the_same(fmt, rows, cols, shapes) -> None:
+    raw = _random_blocks(fmt, rows, cols)
+    g = _gemv_graph(fmt, raw, rows, cols)
+    folded = fold_scales(g)
+    scales = sorted(
+        (np.asarray(v).shape for k, v in folded.weights.items() if "#scale" in k), key=len
+    )
+    assert scales == sorted(shapes, key=len)
+    assert all(folded.weights[k].dtype == np.float32 for k in folded.weights if "#scale" in k)
+    # the packed bytes stay: each fold adds a fraction of them, never the dequantized weight
+    assert all(
+        v.nbytes <= FOLD_SCALE_RATIO * raw.nbytes
+        for k, v in folded.weights.items()
+        if "#scale" in k
+    )
+    xs = RNG.standard_normal((5, cols)).astype(np.float32)
+    ref = xs @ quants.dequantize(fmt, raw, (rows, cols)).T
+    np.testing.assert_allclose(folded.run({"x": xs})["y"], g.run({"x": xs})["y"], rtol=1e-6)
+    got = lm.compile(g).run({"x": xs})["y"]  # compile folds them itself
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+
+
+def test_full_casts_and_dataless_weights_do_not_fold_as_scales() -> None:
+    g = lm.Graph("f")
+    w = g.weight("w", data=RNG.standard_normal((8, 8)).astype(np.float16)).float()
+    s = g.weight("s", (8,)).float().reshape(1, 8).expand(8, 8)  # no data
+    g.output("y", g.input("x", (2, 8)).matmul(w.mul(s)))
+    assert fold_scales(g) is g  # a full f16 -> f32 cast would double the weight
+
+
+def test_scale_fold_reports_progress() -> None:
+    g = _gemv_graph("Q8_0", _random_blocks("Q8_0", 4, 64), 4, 64)
+    lines: list[str] = []
+    fold_scales(g, progress=lines.append)
+    assert len(lines) == 1 and "folded 1 block scales" in lines[0]

@@ -20,6 +20,7 @@ import numpy as np
 from . import flags
 from .codegen.c import render_kernel
 from .compiler import kernel_ir as K
+from .compiler.fold import fold_scales
 from .compiler.lower import Lowered, lower
 from .compiler.memory import plan_memory
 from .compiler.passes import run_passes
@@ -202,6 +203,7 @@ def compile(  # noqa: A001
     say = progress or PROGRESS.get() or (lambda msg: None)
     say(f"lowering {len(graph.nodes)} nodes")
     t0 = time.perf_counter()
+    graph = fold_scales(graph, say)  # block scales of quantized weights: stored as f32
     low = lower(run_passes(graph))  # compiler/passes.py: the e-graph rewrites
     if backend == "cpu" and search:
         tuner = Tuner(_measure_cpu, _cpu_target(), _evaluate_cpu)

@@ -208,6 +208,25 @@ def _unroll(extent: object) -> int:
     return next(u for u in (4, 2, 1) if extent % u == 0)
 
 
+def _terms(body: K.Value, limit: int = 4) -> list[K.Value]:
+    """The addends of a float sum body (a pair-jammed block adds its halves), each given its
+    own accumulator: ``acc += x * y`` contracts to one FMA, where ``acc += a + b`` costs a
+    multiply, an add and an FMA. The split sum reorders the additions anyway."""
+    terms = [body]
+    while len(terms) < limit:
+        i = next(
+            (j for j, t in enumerate(terms)
+             if isinstance(t, K.Alu) and t.op is Op.ADD and t.dtype is dt.f32),
+            None,
+        )  # fmt: skip
+        if i is None:
+            break
+        t = terms.pop(i)
+        assert isinstance(t, K.Alu)
+        terms[i:i] = list(t.srcs)
+    return terms
+
+
 def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
     """``v`` (a float sum over blocks of an inner sum of ``LANES``-multiple length) with the
     inner body as vector code, or None (nothing emitted) when the body is not covered."""
@@ -222,8 +241,9 @@ def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
     accv, acc = em.tmp(), em.tmp()
     ro, ri = _c_name(v.var), _c_name(inner.var)
     chunks, unroll = g // LANES, _unroll(v.extent)
+    n_terms = len(_terms(inner.body))
     em.hoist(inner.body, frozenset({v.var.name, inner.var.name}), ind)
-    em.lines.append(f"{ind}lm_f32x16 {accv}[{chunks * unroll}] = {{{{0}}}};")
+    em.lines.append(f"{ind}lm_f32x16 {accv}[{chunks * unroll * n_terms}] = {{{{0}}}};")
     em.lines.append(
         f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(v.extent)}; {ro} += {unroll}) {{"
     )
@@ -239,16 +259,26 @@ def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
         # unit-stride in it, so the scalar index expression addresses lane 0
         em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += {LANES}) {{")
         vec = _Vec(em, inner.var, i2)
+        terms = _terms(body)
+        assert len(terms) == n_terms
         try:
-            x, kind = vec.val(body)
+            xs = [vec.val(t) for t in terms]
         except _Unsupported:
             ok = False
             return
-        if kind != "f":
-            ok = False
-            return
+        if any(kind != "f" for _, kind in xs):
+            try:  # a scalar addend (a bias, say): the whole body into one accumulator
+                xs = [vec.val(body)]
+            except _Unsupported:
+                ok = False
+                return
+            if xs[0][1] != "f":
+                ok = False
+                return
         em.lines += vec.lines
-        em.lines.append(f"{i2}{accv}[{u * chunks} + {ri} / {LANES}] += {x};")
+        for t, (x, _) in enumerate(xs):
+            slot = (u * n_terms + t) * chunks
+            em.lines.append(f"{i2}{accv}[{slot} + {ri} / {LANES}] += {x};")
         em.lines.append(f"{ind}  }}")
 
     for u in range(unroll):
@@ -261,6 +291,6 @@ def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
         em.scopes[-1].update(scope)
         return None
     em.lines.append(f"{ind}}}")
-    total = " + ".join(f"{accv}[{j}]" for j in range(chunks * unroll))
+    total = " + ".join(f"{accv}[{j}]" for j in range(chunks * unroll * n_terms))
     em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({total});")
     return acc

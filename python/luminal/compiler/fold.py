@@ -24,6 +24,7 @@ from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.interp import check_input, eval_node, read
 from ..graph.ops import Leaf, Op
+from ..graph.view import View, contiguous_strides, idx_vars
 
 G = TypeVar("G", bound=Graph)
 
@@ -160,3 +161,148 @@ def fold_weights(
         progress(f"folded {len(frontier)} weight expressions into {nbytes / 2**20:.0f} MiB of "
                  f"weights in {time.perf_counter() - t0:.1f} s")  # fmt: skip
     return g
+
+
+# --------------------------------------------------------------------------- compact folds
+# A weight-only value that is constant along some axes (a block scale broadcast over the
+# block's values) is stored once per distinct element. Folding it costs little memory and
+# takes its arithmetic out of every kernel that reads it: an f16 block scale is a broadcast
+# load of an f32 instead of a conversion per block, the difference for a quantized GEMV whose
+# loop is a few instructions per block.
+FOLD_SCALE_RATIO = 0.5  # folded bytes at most this fraction of the weights the value reads
+
+
+def _axis_vars(shape: tuple[Any, ...]) -> dict[str, int]:
+    return {f"_i{k}": k for k in range(len(shape))}
+
+
+def _names(x: Any) -> set[str]:
+    return {v.name for v in x.vars()} if isinstance(x, sym.Expr) else set()
+
+
+def _dependence(graph: Graph, fold: set[int]) -> dict[int, frozenset[int]]:
+    """For each foldable elementwise node, the axes its value varies along (an over-estimate:
+    an axis is kept whenever a read's index names it after simplification)."""
+    dep: dict[int, frozenset[int]] = {}
+    for n in graph.toposort():
+        if n.id not in fold or not isinstance(n.op, Op):
+            continue
+        axes = _axis_vars(n.shape)
+        names: set[str] = _names(n.arg) if n.op is Op.IOTA else set()
+        ok = True
+        for s, v in n.srcs:
+            if tuple(v.shape) != tuple(n.shape):
+                ok = False  # a reduction or a reshaping op: left whole
+                break
+            names |= _names(v.valid)
+            if not isinstance(s.op, Op):  # a weight or constant: the index names its axes
+                names |= _names(v.index)
+                continue
+            strides = contiguous_strides(s.shape)
+            for k in dep.get(s.id, frozenset(range(len(s.shape)))):
+                coord = sym.mod(sym.floordiv(v.index, strides[k]), s.shape[k])
+                names |= _names(coord)
+        if ok:
+            dep[n.id] = frozenset(axes[x] for x in names if x in axes)
+    return dep
+
+
+def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
+    """A copy of ``graph`` in which each weight-only elementwise value that varies along few of
+    its axes (a quantized block's scale or offset, one value per block) is a new weight holding
+    its distinct values (``<weight>#scale``), read back through a broadcasting view. Folded only
+    when that takes at most ``FOLD_SCALE_RATIO`` of the bytes of the weight it comes from, so a
+    plan grows by a fraction of its packed weights; the values are the same floats the graph
+    computes. Returns ``graph`` itself when nothing qualifies."""
+    fold, _ = foldable_nodes(graph)
+    dep = _dependence(graph, fold)
+    by_id = {n.id: n for n in graph.nodes}
+
+    def cheap(i: int) -> bool:
+        n = by_id[i]
+        if i not in dep or n.op is Op.IOTA or not _reads_weight(graph, n):
+            return False
+        elems = 1
+        for k in dep[i]:
+            e = sym.as_int(n.shape[k])
+            if e is None:
+                return False
+            elems *= e
+        src = max(int(np.asarray(graph.weights[w]).nbytes) for w in _weights_read(graph, n))
+        return elems * n.dtype.itemsize <= FOLD_SCALE_RATIO * src
+
+    ok = {i for i in dep if cheap(i)}
+    users: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        for s, _ in n.srcs:
+            users.setdefault(s.id, []).append(n)
+    targets = [by_id[i] for i in sorted(ok) if any(u.id not in ok for u in users.get(i, []))]
+    if not targets:
+        return graph
+    t0 = time.perf_counter()
+    g = type(graph)(graph.name)
+    new: dict[int, Node] = {}
+    taken = set(graph.inputs)
+    compact: dict[int, tuple[Node, View]] = {}
+    nbytes = 0
+    for n in targets:
+        full = _evaluate(graph, [n])[n.id]
+        keep = sorted(dep[n.id])
+        value = np.ascontiguousarray(
+            full[tuple(slice(None) if k in keep else slice(0, 1) for k in range(full.ndim))]
+        ).reshape([full.shape[k] for k in keep])
+        nbytes += value.nbytes
+        base = (_source_weights(graph, n) or ["weight"])[0] + "#scale"
+        name, j = base, 1
+        while name in taken:
+            j += 1
+            name = f"{base}{j}"
+        taken.add(name)
+        leaf = g.add_input(name, value.shape, n.dtype, weight=True)
+        g.weights[name] = value
+        strides = contiguous_strides(value.shape)
+        iv = idx_vars(n.shape)
+        index: Any = 0
+        for k, st in zip(keep, strides):
+            index = sym.add(index, sym.mul(iv[k], st))
+        compact[n.id] = (leaf, View(tuple(n.shape), index))
+    needed = {n.id for n in graph.outputs.values()}
+    for n in reversed(graph.nodes):
+        if n.id in needed and n.id not in compact:
+            needed.update(s.id for s, _ in n.srcs)
+    for name, n in graph.inputs.items():
+        if n.id in needed or not n.arg[1]:
+            new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
+            if name in graph.weights:
+                g.weights[name] = graph.weights[name]
+    for n in graph.nodes:
+        if n.id in new or (n.id not in needed and n.id not in compact):
+            continue
+        if n.id in compact:
+            leaf, view = compact[n.id]
+            # an identity cast: a node of the old shape whose reads broadcast the compact values
+            new[n.id] = g.add_op(Op.CAST, [(leaf, view)], arg=n.dtype)
+            continue
+        srcs = [(new[s.id], v) for s, v in n.srcs]
+        if n.op is Leaf.CONSTANT:
+            new[n.id] = g.add_constant(n.arg, n.dtype)
+        elif n.op is Leaf.OUTPUT:
+            new[n.id] = g.add_output(n.arg, srcs[0], updates=graph.state.get(n.arg))
+        elif n.op is Op.IOTA:
+            new[n.id] = g.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
+        else:
+            assert isinstance(n.op, Op), f"input {n} was not registered"
+            new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
+    g.verify()
+    if progress is not None:
+        progress(f"folded {len(targets)} block scales into {nbytes / 2**20:.1f} MiB in "
+                 f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    return g
+
+
+def _weights_read(graph: Graph, n: Node) -> list[str]:
+    return [m.arg[0] for m in graph.toposort([n]) if m.op is Leaf.INPUT]
+
+
+def _reads_weight(graph: Graph, n: Node) -> bool:
+    return bool(_weights_read(graph, n))

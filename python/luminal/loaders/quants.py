@@ -63,20 +63,27 @@ def _bits(q: Tensor, shift: int | Tensor, width: int) -> Tensor:
     return _floor(y) if shift else y
 
 
-def _nibble(g: Graph, q: Tensor, hi_shape: tuple[int, ...]) -> Tensor:
-    """``(q >> 4h) & 15`` for a u8 view ``q`` whose nibble index h in {0, 1} runs over the
-    axis that ``hi_shape`` (a broadcastable (2, 1, ...) shape) marks. In integers, so a kernel
-    reads each byte once for both nibbles: lo = q % 16 and 16*hi = q - lo are exact, h (an
-    IOTA) picks one, and a factor 1 - 15h/16 (1 or 1/16, exact) scales it. With h a literal
-    (a loop rewrite fixes it per nibble), all of the selection folds to constants."""
-    h = Tensor(
-        g.add_op(Op.IOTA, [], arg=idx_vars(hi_shape)[0], shape=hi_shape, dtype=dt.i32)
-    )
+def _nibble16(g: Graph, q: Tensor, hi_shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """``(n, f)`` with ``n * f == (q >> 4h) & 15`` for a u8 view ``q`` whose nibble index h in
+    {0, 1} runs over the axis that ``hi_shape`` (a broadcastable (2, 1, ...) shape) marks. In
+    integers, so a kernel reads each byte once for both nibbles: lo = q % 16 and 16*hi = q - lo
+    are exact, h (an IOTA) picks one (``n``), and ``f`` = 1 - 15h/16 (1 or 1/16) scales it.
+    With h a literal (a loop rewrite fixes it per nibble), all of the selection folds to
+    constants. A caller multiplying by a block scale s can write ``n * (s * f)``: s * 2^-4 is
+    exact (s is a normal f32 from f16 scales) and so is n * 2^-4, so the product is the same
+    float, and ``s * f`` depends on the block alone — computed once per block, not per value."""
+    h = Tensor(g.add_op(Op.IOTA, [], arg=idx_vars(hi_shape)[0], shape=hi_shape, dtype=dt.i32))
     qi = q.cast(dt.i32)
     lo = qi.fmod(16)
     hi16 = qi.add(lo.mul(-1))
     nib = lo.add(h.mul(hi16.add(lo.mul(-1))))
-    return _f(nib).mul(_f(h).mul(-15 / 16).add(1.0))
+    return _f(nib), _f(h).mul(-15 / 16).add(1.0)
+
+
+def _nibble(g: Graph, q: Tensor, hi_shape: tuple[int, ...]) -> Tensor:
+    """``(q >> 4h) & 15`` as an exact f32 (see ``_nibble16``)."""
+    n, f = _nibble16(g, q, hi_shape)
+    return n.mul(f)
 
 
 _TABLES: weakref.WeakKeyDictionary[Graph, dict[tuple, Tensor]] = weakref.WeakKeyDictionary()
@@ -117,8 +124,8 @@ def _q4_1(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     q = _read(w["u8"], shape, lambda b, h, e: _b(b, 20, sym.add(4, e)))
     d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 10)))
     m = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 10, 1)))
-    v = _nibble(g, q, (2, 1))
-    return v.mul(d).add(m).reshape(nb, 32)
+    n, f = _nibble16(g, q, (2, 1))
+    return n.mul(d.mul(f)).add(m).reshape(nb, 32)
 
 
 def _q8_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
@@ -147,8 +154,8 @@ def _q4_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     scale = sc.mul(d).reshape(nb, 4, 2, 1).expand(shape)
     offset = mn.mul(dmin).reshape(nb, 4, 2, 1).expand(shape)
     q = _read(u8, shape, lambda b, j, h, e: _b(b, 144, sym.add(16, sym.add(sym.mul(j, 32), e))))
-    v = _nibble(g, q, (2, 1))
-    return v.mul(scale).add(offset.mul(-1.0)).reshape(nb, 256)
+    n, f = _nibble16(g, q, (2, 1))
+    return n.mul(scale.mul(f)).add(offset.mul(-1.0)).reshape(nb, 256)
 
 
 def _q6_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
