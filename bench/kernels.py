@@ -17,7 +17,11 @@ Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed for every contender
 re-executes itself without them: OpenBLAS reads them when it loads) and every contender runs
 with --threads threads (default 2: torch.set_num_threads, LUMINAL_NUM_THREADS,
 OMP/OPENBLAS/MKL_NUM_THREADS). Timing: per contender, one warm-up call, then up to --repeats
-calls within --budget seconds; the median is reported. The limits are measured at the start
+calls within --budget seconds; the median is reported. What is timed is the call writing its
+result: luminal writes preallocated outputs (``run(..., out=)``), and so does PyTorch eager
+where ATen has an out= overload (softmax, layer norm, the GELU chain with one preallocated
+temporary); numpy, torch.compile and the other torch rows allocate their outputs per call,
+page faults included. The limits are measured at the start
 and at the end (BLAS rates seen in the GEMM rows count too); the best is kept.
 
 luminal compiles and checks each kernel in a child process with a hard time limit, so a slow
@@ -163,6 +167,8 @@ class Case:
     numpy_fn: Callable[..., np.ndarray]  # the reference, and the numpy contender
     torch_fn: Callable[..., Any]
     torch_compile_fn: Callable[..., Any] | None = None  # what torch.compile gets (default torch_fn)
+    # torch inputs -> a call writing preallocated outputs (aten out= overloads), when torch has one
+    torch_out: Callable[..., Callable[[], Any]] | None = None
     dims: dict[str, int] = field(default_factory=dict)
     tol: float = 2e-3
     note: str = ""
@@ -211,6 +217,34 @@ class _TorchF:
 TF = _TorchF()
 
 
+def _torch_softmax_out(x: Any) -> Callable[[], Any]:
+    import torch
+
+    y = torch.empty_like(x)
+    return lambda: torch.ops.aten._softmax.out(x, -1, False, out=y)
+
+
+def _torch_layer_norm_out(x: Any, w: Any, b: Any) -> Callable[[], Any]:
+    import torch
+
+    y, m, r = torch.empty_like(x), x.new_empty(x.shape[0], 1), x.new_empty(x.shape[0], 1)
+    n = [x.shape[-1]]
+    return lambda: torch.ops.aten.native_layer_norm.out(x, n, w, b, 1e-5, out0=y, out1=m, out2=r)
+
+
+def _torch_gelu_chain_out(x: Any, a: Any, b: Any, c: Any) -> Callable[[], Any]:
+    import torch
+
+    t, y = torch.empty_like(x), torch.empty_like(x)
+
+    def call() -> Any:
+        torch.mul(x, a, out=t).add_(b)
+        torch._C._nn.gelu(t, approximate="tanh", out=y)
+        return y.mul_(c)
+
+    return call
+
+
 def make_cases(quick: bool) -> list[Case]:
     rows, cols = (512, 1024) if quick else (4096, 4096)
     gemm_sizes = (128, 256) if quick else (512, 1024, 2048, 4096)
@@ -240,14 +274,14 @@ def make_cases(quick: bool) -> list[Case]:
     cases.append(Case(
         "softmax", "softmax", mat, "mem", 2 * 4 * n_el, {"x": (rows, cols)},
         lm_graph("softmax", lambda x: F().softmax(x, -1), {"x": (rows, cols)}),
-        _np_softmax, lambda x: x.softmax(-1),
+        _np_softmax, lambda x: x.softmax(-1), torch_out=_torch_softmax_out,
     ))  # fmt: skip
     cases.append(Case(
         "layer_norm", "layer_norm", mat, "mem", 2 * 4 * n_el + 8 * cols, vec,
         lm_graph("layer_norm", lambda x, w, b: F().layer_norm(x, (cols,), w, b, 1e-5), vec),
         lambda x, w, b: (x - x.mean(-1, keepdims=True))
         / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w + b,
-        lambda x, w, b: TF.layer_norm(x, (cols,), w, b, 1e-5),
+        lambda x, w, b: TF.layer_norm(x, (cols,), w, b, 1e-5), torch_out=_torch_layer_norm_out,
     ))  # fmt: skip
     rv = {"x": (rows, cols), "w": (cols,)}
     cases.append(Case(
@@ -255,6 +289,7 @@ def make_cases(quick: bool) -> list[Case]:
         lm_graph("rms_norm", lambda x, w: F().rms_norm(x, (cols,), w, 1e-6), rv),
         lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
         lambda x, w: TF.rms_norm(x, (cols,), w, 1e-6),
+        note="torch eager allocates (no out= overload)",
     ))  # fmt: skip
     gv = {"x": (rows, cols), "a": (cols,), "b": (cols,), "c": (cols,)}
     cases.append(Case(
@@ -263,6 +298,7 @@ def make_cases(quick: bool) -> list[Case]:
                  lambda x, a, b, c: F().gelu(x * a + b, approximate="tanh") * c, gv),
         lambda x, a, b, c: _np_gelu_tanh(x * a + b) * c,
         lambda x, a, b, c: TF.gelu(x * a + b, approximate="tanh") * c,
+        torch_out=_torch_gelu_chain_out,
         note="gelu(x*a+b)*c, tanh GELU (numpy has no erf)",
     ))  # fmt: skip
     mv = {"x": (1, gemv_n), "w": (gemv_n, gemv_n)}
@@ -531,9 +567,14 @@ def run_case(case: Case, a: argparse.Namespace, tmp: str) -> dict[str, Any]:
         err["luminal"] = lum["error"]
     else:
         ex = luminal.load(plan_path)
-        fns["luminal"] = lambda: ex.run(inputs, **case.dims)
+        # outputs allocated once, as a caller running a plan repeatedly would: a fresh 64 MiB
+        # output per call costs its page faults, as much time as the kernel itself
+        shapes = ex.shapes(case.dims)
+        outs = {k: np.empty(shapes[k], d) for k, d in ex.outputs.items()}
+        fns["luminal"] = lambda: ex.run(inputs, case.dims, out=outs)
     fns["numpy"] = lambda: case.numpy_fn(**inputs)
-    fns["torch_eager"] = lambda: case.torch_fn(**tin)
+    fns["torch_eager"] = case.torch_out(**tin) if case.torch_out else lambda: case.torch_fn(**tin)
+    r["torch_eager_out"] = case.torch_out is not None
     with torch.inference_mode():
         if a.skip_torch_compile:
             err["torch_compile"] = "skipped (--skip-torch-compile)"
@@ -714,7 +755,9 @@ def main() -> None:
           f"peak {limits['peak_gflops']:.0f} GFLOP/s ({limits['peak_source']}); limits measured "
           f"at the start and the end of the run, best kept")  # fmt: skip
     print(f"times: median of up to {a.repeats} calls after a warm-up, {a.budget:g} s cap per "
-          f"contender; 'vs best' = best other time / luminal "
+          f"contender; luminal writes preallocated outputs (run(out=)), torch eager too where "
+          f"ATen has out= (softmax, layer_norm, gelu_chain), the rest allocate per call; "
+          f"'vs best' = best other time / luminal "
           f"time (> 1: luminal faster); "
           f"memory-bound fraction = minimum bytes / time / bandwidth; attention fraction = "
           f"matmul flops / peak (causal: half)\n")  # fmt: skip

@@ -130,11 +130,11 @@ def _time_plan(plan: Any, low: Lowered, dims: dict[str, int], repeats: int = 7) 
     _pass_cublaslt_path()
     ex = runtime.Executor(plan, "cuda")
     inputs = _random_inputs(low, dims)
-    ex.run(inputs, **dims)  # warm-up: loads modules, binds, captures the CUDA graph
+    ex.run(inputs, dims)  # warm-up: loads modules, binds, captures the CUDA graph
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        ex.run(inputs, **dims)
+        ex.run(inputs, dims)
         times.append(time.perf_counter() - t)
     return float(np.median(times))
 

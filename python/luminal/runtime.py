@@ -4,8 +4,9 @@
     out = ex.run({"x": x}, seq=7)                  # dict of output arrays
 
 Inputs that are C-contiguous with the right dtype are used in place; outputs are new arrays
-written directly by the kernels. Dims not given are taken from inputs whose shape entry is a
-bare dim. The GIL is released while the plan runs.
+written directly by the kernels, or the caller's own (``ex.run(inputs, out={"y": y})``). Dims
+not given are taken from inputs whose shape entry is a bare dim. The GIL is released while the
+plan runs.
 
 An output that updates an input in place (``Graph.output(name, t, updates=input)``, a KV
 cache) is not a new array: the kernels write the caller's input array, which must be a
@@ -211,14 +212,28 @@ class Executor:
     # -- running -----------------------------------------------------------------------------
 
     def run(
-        self, inputs: Mapping[str, Any], dims: Mapping[str, int] | None = None, /, **more: int
+        self,
+        inputs: Mapping[str, Any],
+        dims: Mapping[str, int] | None = None,
+        /,
+        *,
+        out: Mapping[str, np.ndarray] | None = None,
+        **more: int,
     ) -> dict[str, np.ndarray]:
         """Runs the plan. ``dims`` (a dict, keywords or both) may leave out dims that an
-        input's shape gives. Raises ValueError/TypeError naming the input or dim at fault."""
+        input's shape gives. Raises ValueError/TypeError naming the input or dim at fault.
+
+        ``out`` maps output names to arrays the kernels write instead of new ones (C-contiguous,
+        writable, of the output's dtype and shape, sharing no memory with the inputs): a caller
+        running a plan repeatedly saves allocating and first-touching every output each call,
+        which for a large output costs as much as the kernel. (A dim named ``out`` goes in
+        ``dims``.)"""
         if len(inputs) != len(self._inputs) or not self._input_names.issuperset(inputs):
             self._check_names(inputs)
         vals = self._dim_values(inputs, dims, more)
         shapes = self._shapes(vals)
+        if out:
+            self._check_out(out, shapes, inputs)
         arrays: list[np.ndarray] = []
         outputs: list[tuple[_IO, np.ndarray, tuple[int, ...]]] = []
         passed: dict[str, np.ndarray] = {}  # in-place inputs as passed to the runtime
@@ -235,14 +250,18 @@ class Executor:
                 late.append((len(arrays), io.updates))
                 arrays.append(inputs[io.updates])
                 outputs.append((io, inputs[io.updates], shape))
+            elif out and io.name in out:
+                given = out[io.name]
+                arrays.append(given.reshape(-1).view(np.uint8) if io.raw else given)
+                outputs.append((io, given, shape))
             elif io.packed:
                 raw = np.empty(io.dtype.nbytes(_prod(shape)), np.uint8)
                 arrays.append(raw)
                 outputs.append((io, raw, shape))
             else:
-                out = np.empty(shape, io.np_dtype)
-                arrays.append(out.reshape(-1).view(np.uint8) if io.raw else out)
-                outputs.append((io, out, shape))
+                new = np.empty(shape, io.np_dtype)
+                arrays.append(new.reshape(-1).view(np.uint8) if io.raw else new)
+                outputs.append((io, new, shape))
         for k, name in late:
             arrays[k] = passed[name]
         self._ex.run(vals, arrays)
@@ -291,6 +310,37 @@ class Executor:
                 f"input {io.name!r} is updated in place (output {out!r}) but its array is "
                 "read-only: pass a writable copy (np.array(a))"
             )
+
+    def _check_out(
+        self, out: Mapping[str, Any], shapes: list[tuple[int, ...]], inputs: Mapping[str, Any]
+    ) -> None:
+        """Each ``out`` array must be one the kernels can write as is, and alias nothing they
+        read (kernel arguments are ``restrict``)."""
+        ios = {io.name: (io, s) for io, s in zip(self._io, shapes, strict=True)
+               if io.role == Role.output}  # fmt: skip
+        seen: list[np.ndarray] = []
+        for name, a in out.items():
+            if name not in ios:
+                raise ValueError(f"out: unknown output {name!r}; the plan has {sorted(ios)}")
+            io, shape = ios[name]
+            if io.updates is not None:
+                raise ValueError(f"out: output {name!r} updates input {io.updates!r} in place; "
+                                 "its array is that input")  # fmt: skip
+            if io.packed:
+                raise ValueError(f"out: a {io.dtype.name} output ({name!r}) is unpacked from "
+                                 "the plan's bytes and cannot be written in place")  # fmt: skip
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"out[{name!r}] must be a numpy array, not {type(a).__name__}")
+            if a.dtype != io.np_dtype or a.shape != shape:
+                raise ValueError(f"out[{name!r}] is {a.dtype} {a.shape}, expected "
+                                 f"{io.np_dtype} {shape}")  # fmt: skip
+            if not (a.flags.c_contiguous and a.flags.writeable):
+                raise ValueError(f"out[{name!r}] must be a writable, C-contiguous array")
+            for other in (*seen, *inputs.values()):
+                if isinstance(other, np.ndarray) and np.may_share_memory(a, other):
+                    raise ValueError(f"out[{name!r}] shares memory with an input or another "
+                                     "output")  # fmt: skip
+            seen.append(a)
 
     def _check_names(self, inputs: Mapping[str, Any]) -> None:
         missing = sorted(self._input_names - set(inputs))

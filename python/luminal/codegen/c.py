@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..compiler import kernel_ir as K
 from ..compiler.kfold import folded
 from ..graph import dtypes as dt
@@ -95,33 +97,36 @@ static inline float lm_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 #endif
 static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
-/* max(a, b) propagating NaN, without branches (the select of lm_maxf stays a branch): the
-   larger order-preserving integer key of the bits, NaN when either is NaN */
+/* max(a, b) propagating NaN, without branches (the select of lm_maxf stays a branch): b when
+   it is larger, NaN, or +0 against a's -0, as the larger order-preserving integer key of the
+   bits would pick. A select on a compare mask: GCC makes it a compare and a blend per vector. */
 static inline float lm_max2f(float a, float b) {
-  uint32_t ua = lm_f32_bits(a), ub = lm_f32_bits(b);
-  int32_t ka = (int32_t)(ua ^ ((uint32_t)((int32_t)ua >> 31) >> 1));
-  int32_t kb = (int32_t)(ub ^ ((uint32_t)((int32_t)ub >> 31) >> 1));
-  int32_t k = ka > kb ? ka : kb;
-  uint32_t nan = -(uint32_t)((a != a) | (b != b));
-  return lm_bits_f32((((uint32_t)k ^ ((uint32_t)(k >> 31) >> 1)) & ~nan) | (0x7fc00000u & nan));
+  uint32_t m = -(uint32_t)((b > a) | (b != b) | ((b == a) & (int)(lm_f32_bits(a) >> 31)));
+  return lm_bits_f32((lm_f32_bits(b) & m) | (lm_f32_bits(a) & ~m));
+}
+/* the same when c is a constant, neither NaN nor -0 (>=: +0 beats -0); a NaN a stays */
+static inline float lm_maxcf(float a, float c) {
+  uint32_t m = -(uint32_t)(c >= a);
+  return lm_bits_f32((lm_f32_bits(c) & m) | (lm_f32_bits(a) & ~m));
 }
 /* 2^x without branches, so loops calling it vectorize (libm's exp2f is a scalar call, 7x
-   slower): clamp through bit masks; 2^x = 2^n * p(x - n), n = rint(x), p the degree-7 Taylor
-   polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n applied as two factors so
-   results down to the subnormals round once; inf, -inf and NaN behave as in exp2f. */
+   slower). x is clamped to [-151, 129] through bit masks (NaN passes); n = rint(x) by the
+   1.5 * 2^23 trick, whose low bits also give n << 23; 2^x = p(x - n) * 2^n, p a degree-6
+   minimax polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n is applied as two
+   normal factors so results down to the subnormals round once; inf, -inf and NaN behave as
+   in exp2f. About 20 vector instructions. */
 static inline float lm_exp2f(float x) {
   uint32_t lo = -(uint32_t)(x < -151.0f), hi = -(uint32_t)(x > 129.0f);
   float c = lm_bits_f32((lm_f32_bits(x) & ~(lo | hi)) | (0xc3170000u & lo) | (0x43010000u & hi));
-  float n = rintf(c), f = c - n, p = 1.5252733804059840e-05f;
-  p = p * f + 1.5403530393381606e-04f;
-  p = p * f + 1.3333558146428443e-03f;
-  p = p * f + 9.6181291076284772e-03f;
-  p = p * f + 5.5504108664821580e-02f;
-  p = p * f + 2.4022650695910072e-01f;
-  p = p * f + 6.9314718055994531e-01f;
+  float t = c + 12582912.0f, n = t - 12582912.0f, f = c - n, p = 1.5353361959569156e-04f;
+  p = p * f + 1.3398875016719103e-03f;
+  p = p * f + 9.6184369176626200e-03f;
+  p = p * f + 5.5503323674201965e-02f;
+  p = p * f + 2.4022647738456726e-01f;
+  p = p * f + 6.9314718246459961e-01f;
   p = p * f + 1.0f;
-  int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
-  return p * lm_bits_f32((uint32_t)(n1 + 127) << 23) * lm_bits_f32((uint32_t)(n2 + 127) << 23);
+  uint32_t k = lm_f32_bits(t) << 23, k1 = (uint32_t)((int32_t)k >> 1) & 0xff800000u;
+  return p * lm_bits_f32(k1 + 0x3f800000u) * lm_bits_f32(k - k1 + 0x3f800000u);
 }
 """
 
@@ -398,11 +403,19 @@ class _Emitter:
         bodies = [K.substitute(v.body, {v.var.name: r}) for r in range(v.extent)]
         self.made += bodies
         xs = [self.emit(b, ind) for b in bodies]
-        acc = xs[0]
-        for x in xs[1:]:
+        consts = [_const_f32(b) for b in bodies]
+        acc, acc_c = xs[0], consts[0]
+        for x, x_c in zip(xs[1:], consts[1:], strict=True):
             out = self.tmp()
             if v.op is Op.MAX_REDUCE and v.dtype is dt.f32:
-                e = f"lm_max2f({acc}, {x})"
+                # against a constant (relu, clamp) a compare and a blend suffice
+                if _plain_const(x_c):
+                    e = f"lm_maxcf({acc}, {x})"
+                elif _plain_const(acc_c):
+                    e = f"lm_maxcf({x}, {acc})"
+                else:
+                    e = f"lm_max2f({acc}, {x})"
+                acc_c = None
             else:
                 e = reduce_update(v.op, v.dtype, acc, x)
             self.lines.append(f"{ind}const {ctype(v.dtype)} {out} = {e};")
@@ -521,6 +534,28 @@ class _Emitter:
         return f"({t})(int64_t)(({u})(int64_t){a} {sign} ({u})(int64_t){b})"
 
 
+def _const_f32(v: K.Value) -> float | None:
+    """The value of an f32 tree of constants, sums and products (a padded clamp bound comes as
+    ``0 + c``), evaluated as C would in f32; None for anything else."""
+    if v.dtype is not dt.f32:
+        return None
+    if isinstance(v, K.Const):
+        return float(np.float32(v.value))
+    if isinstance(v, K.Alu) and v.op in (Op.ADD, Op.MUL):
+        a, b = (_const_f32(x) for x in v.srcs)
+        if a is None or b is None:
+            return None
+        with np.errstate(all="ignore"):
+            r = np.float32(a) + np.float32(b) if v.op is Op.ADD else np.float32(a) * np.float32(b)
+        return float(r)
+    return None
+
+
+def _plain_const(c: float | None) -> bool:
+    """A constant lm_maxcf takes: not NaN and not -0 (its ties go to the constant)."""
+    return c is not None and not math.isnan(c) and not (c == 0 and math.copysign(1.0, c) < 0)
+
+
 def _blocked_sum(v: K.Reduce) -> bool:
     """A float sum whose body is a short straight-line float sum (schedule.py's split)."""
     b = v.body
@@ -565,6 +600,7 @@ def _max_init(d: dt.DType) -> str:
 def _per_element_reduce(v: K.Value, inner: str) -> bool:
     """Whether computing one element runs a reduction loop (one that cannot be hoisted out of
     the innermost loop, as a row max can)."""
+
     def loop(x: K.Value) -> bool:  # reductions over 2-4 values are written out, no loop
         if isinstance(x, K.Reduce):
             return not (isinstance(x.extent, int) and x.extent <= 4)
