@@ -162,16 +162,17 @@ def _gemv_graph(fmt: str, raw: np.ndarray, rows: int, cols: int) -> lm.Graph:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "rows", "cols", "shapes"),
+    ("fmt", "rows", "cols", "shapes", "packed"),
     [
-        ("Q4_0", 12, 96, [(36,)]),
-        ("Q4_1", 12, 96, [(36,), (36, 2)]),  # the minimum; the scale times each nibble's 1/16^h
-        ("Q8_0", 12, 96, [(36,)]),
-        ("Q4_K", 3, 512, [(6, 4, 2), (6, 4, 2)]),
-        ("Q6_K", 3, 512, [(6, 2, 2, 2, 2)]),
+        ("Q4_0", 12, 96, [(36,)], [(36, 16)]),
+        # the minimum; the scale times each nibble's 1/16^h
+        ("Q4_1", 12, 96, [(36,), (36, 2)], [(36, 16)]),
+        ("Q8_0", 12, 96, [(36,)], []),  # its quants are 32 of 34 bytes: read in place
+        ("Q4_K", 3, 512, [(6, 4, 2), (6, 4, 2)], [(6, 4, 32)]),
+        ("Q6_K", 3, 512, [(6, 2, 2, 2, 2)], [(6, 2, 2, 2, 16), (6, 2, 2, 16)]),
     ],
 )
-def test_block_scales_fold_compactly_and_compute_the_same(fmt, rows, cols, shapes) -> None:
+def test_block_scales_fold_compactly_and_compute_the_same(fmt, rows, cols, shapes, packed) -> None:
     raw = _random_blocks(fmt, rows, cols)
     g = _gemv_graph(fmt, raw, rows, cols)
     folded = fold_scales(g)
@@ -179,6 +180,12 @@ def test_block_scales_fold_compactly_and_compute_the_same(fmt, rows, cols, shape
         (np.asarray(v).shape for k, v in folded.weights.items() if "#scale" in k), key=len
     )
     assert scales == sorted(shapes, key=len)
+    # a block's quants, read without its scales, are stored contiguously; once every field is
+    # folded or repacked the packed original is not part of the plan
+    reads = sorted((v.shape for k, v in folded.weights.items() if "#packed" in k), key=len)
+    assert reads == sorted(packed, key=len)
+    assert all(folded.weights[k].dtype == np.uint8 for k in folded.weights if "#packed" in k)
+    assert (f"w#{'i8' if fmt == 'Q8_0' else 'u8'}" in folded.weights) == (not packed)
     assert all(folded.weights[k].dtype == np.float32 for k in folded.weights if "#scale" in k)
     # the packed bytes stay: each fold adds a fraction of them, never the dequantized weight
     assert all(
@@ -205,4 +212,4 @@ def test_scale_fold_reports_progress() -> None:
     g = _gemv_graph("Q8_0", _random_blocks("Q8_0", 4, 64), 4, 64)
     lines: list[str] = []
     fold_scales(g, progress=lines.append)
-    assert len(lines) == 1 and "folded 1 block scales" in lines[0]
+    assert len(lines) == 1 and "folded 1 block scales and repacked 0" in lines[0]

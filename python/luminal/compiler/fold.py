@@ -239,11 +239,14 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     targets = [by_id[i] for i in sorted(ok) if any(u.id not in ok for u in users.get(i, []))]
     if not targets:
         return graph
+    folded_ids = {n.id for n in targets}
+    reads = _sparse_reads(graph, folded_ids, ok)
     t0 = time.perf_counter()
     g = type(graph)(graph.name)
     new: dict[int, Node] = {}
     taken = set(graph.inputs)
     compact: dict[int, tuple[Node, View]] = {}
+    packed: dict[tuple[Any, ...], tuple[np.ndarray, Node]] = {}
     nbytes = 0
     for n in targets:
         full = _evaluate(graph, [n])[n.id]
@@ -266,10 +269,11 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
         for k, st in zip(keep, strides):
             index = sym.add(index, sym.mul(iv[k], st))
         compact[n.id] = (leaf, View(tuple(n.shape), index))
+    # what the new graph still reads: a weight whose fields are all folded or repacked is gone
     needed = {n.id for n in graph.outputs.values()}
     for n in reversed(graph.nodes):
         if n.id in needed and n.id not in compact:
-            needed.update(s.id for s, _ in n.srcs)
+            needed.update(s.id for j, (s, _) in enumerate(n.srcs) if (n.id, j) not in reads)
     for name, n in graph.inputs.items():
         if n.id in needed or not n.arg[1]:
             new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
@@ -283,7 +287,12 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
             # an identity cast: a node of the old shape whose reads broadcast the compact values
             new[n.id] = g.add_op(Op.CAST, [(leaf, view)], arg=n.dtype)
             continue
-        srcs = [(new[s.id], v) for s, v in n.srcs]
+        srcs = []
+        for j, (s, v) in enumerate(n.srcs):
+            if (n.id, j) in reads:
+                srcs.append(_repacked(graph, g, s, v, taken, packed))
+            else:
+                srcs.append((new[s.id], v))
         if n.op is Leaf.CONSTANT:
             new[n.id] = g.add_constant(n.arg, n.dtype)
         elif n.op is Leaf.OUTPUT:
@@ -295,9 +304,80 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
             new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
     g.verify()
     if progress is not None:
-        progress(f"folded {len(targets)} block scales into {nbytes / 2**20:.1f} MiB in "
-                 f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+        nbytes += sum(a.nbytes for a, _ in packed.values())
+        progress(f"folded {len(targets)} block scales and repacked {len(packed)} strided reads "
+                 f"into {nbytes / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s")  # fmt: skip
     return g
+
+
+REPACK_RATIO = 0.9  # a strided read is repacked when it covers at most this much of its weight
+
+
+def _sparse_reads(graph: Graph, folded: set[int], ok: set[int]) -> set[tuple[int, int]]:
+    """(node id, source position) of the elementwise reads of a weight that touch a strict part
+    of it (a quantized block's quants, not its scales): stored contiguously they are a plain
+    unit-stride stream, and once every field of a block is folded or repacked the packed
+    original is not kept. Reads inside folded values are not needed any more."""
+    out: set[tuple[int, int]] = set()
+    for n in graph.nodes:
+        if not isinstance(n.op, Op) or n.id in ok or n.op in (Op.GATHER, Op.SCATTER):
+            continue
+        for j, (s, v) in enumerate(n.srcs):
+            if s.op is not Leaf.INPUT or not s.arg[1] or s.arg[0] not in graph.weights:
+                continue
+            if tuple(v.shape) != tuple(n.shape) or v.valid != 1:
+                continue
+            sizes = [sym.as_int(x) for x in v.shape]
+            axes = _axis_vars(tuple(v.shape))
+            used = [axes[x] for x in sorted(_names(v.index)) if x in axes]
+            # only reads indexed by the view's own axes, all of fixed size (a dim or an outer
+            # loop's variable has no value at compile time)
+            if not used or _names(v.index) - set(axes) or any(sizes[k] is None for k in used):
+                continue
+            elems = 1
+            for k in used:
+                elems *= sizes[k] or 0
+            total = int(np.asarray(graph.weights[s.arg[0]]).size)
+            if elems <= REPACK_RATIO * total:
+                out.add((n.id, j))
+    return out
+
+
+def _repacked(
+    graph: Graph,
+    g: Graph,
+    s: Node,
+    v: View,
+    taken: set[str],
+    packed: dict[tuple[Any, ...], tuple[np.ndarray, Node]],
+) -> tuple[Node, View]:
+    """The elements ``v`` reads from weight ``s``, as a new contiguous weight of ``s``'s dtype
+    (shared by reads with the same index), and the view that reads it back."""
+    axes = _axis_vars(tuple(v.shape))
+    used = sorted(axes[x] for x in _names(v.index) if x in axes)
+    sizes = [sym.as_int(v.shape[k]) or 0 for k in used]
+    key = (s.id, v.index, tuple(v.shape[k] for k in used))
+    if key not in packed:
+        grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in sizes], indexing="ij")
+        env = {f"_i{k}": a for k, a in zip(used, grid)}
+        flat = np.asarray(sym.evaluate(v.index, env), dtype=np.int64)
+        src = np.asarray(graph.weights[s.arg[0]]).reshape(-1)
+        values = np.ascontiguousarray(np.broadcast_to(src[flat], sizes))
+        base = str(s.arg[0]).split("#")[0] + "#packed"
+        name, j = base, 1
+        while name in taken:
+            j += 1
+            name = f"{base}{j}"
+        taken.add(name)
+        leaf = g.add_input(name, values.shape, s.dtype, weight=True)
+        g.weights[name] = values
+        packed[key] = (values, leaf)
+    leaf = packed[key][1]
+    iv = idx_vars(v.shape)
+    index: Any = 0
+    for k, st in zip(used, contiguous_strides(tuple(sizes))):
+        index = sym.add(index, sym.mul(iv[k], st))
+    return leaf, View(tuple(v.shape), index)
 
 
 def _weights_read(graph: Graph, n: Node) -> list[str]:
