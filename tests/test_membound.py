@@ -123,9 +123,10 @@ def test_gelu_chain_matches_torch(cols: int) -> None:
     tt = {k: torch.from_numpy(v) for k, v in {"x": x, "a": a, "b": b, "c": c}.items()}
     ref_y = torch.nn.functional.gelu(tt["x"] * tt["a"] + tt["b"], approximate="tanh") * tt["c"]
     ref_e = torch.nn.functional.gelu(tt["x"], approximate="tanh")
-    for k, r in (("y", ref_y.numpy()), ("e", ref_e.numpy())):
+    # tanh's rational form is within 2.4e-7 of 1 near saturation; the chain scales that by c
+    for k, r, atol in (("y", ref_y.numpy(), 3e-6), ("e", ref_e.numpy(), 1e-6)):
         np.testing.assert_array_equal(np.isnan(got[k]), np.isnan(r), err_msg=k)
-        np.testing.assert_allclose(got[k], r, rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(got[k], r, rtol=1e-5, atol=atol, err_msg=k)
 
 
 @pytest.mark.parametrize("cols", [3, 67, 1029])

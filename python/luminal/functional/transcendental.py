@@ -113,9 +113,30 @@ def sigmoid(input: Tensor) -> Tensor:  # noqa: A002
     return _in_f32(_sigmoid)(input)
 
 
+# tanh(x) = x * P(x^2) / Q(x^2): the rational minimax of Eigen's ptanh_float, max relative
+# error ~4e-7 (near 0 too: no cancellation). About a third of the operations of
+# expm1(2x) / (expm1(2x) + 2), which computed both of expm1's branches: tanh-GELU was
+# compute-bound on a CPU with that form. The argument is clamped to +-9.5, where the quotient
+# is just above 1, and the result to +-1: tanh(+-inf) and large arguments give exactly +-1.
+_TANH_CLAMP = 9.5
+_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+           4.89352455891786e-03)  # fmt: skip
+_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+           4.89352518554385e-03)  # fmt: skip
+
+
+def _horner(x2: Tensor, cs: tuple[float, ...]) -> Tensor:
+    acc = x2.mul(cs[0]).add(cs[1])
+    for c in cs[2:]:
+        acc = acc.mul(x2).add(c)
+    return acc
+
+
 def _tanh(x: Tensor) -> Tensor:
-    e = _expm1(clamp(x, -9.0, 9.0).mul(2.0))  # tanh(9) rounds to 1 in f32
-    return e.mul(e.add(2.0).reciprocal())
+    xc = clamp(x, -_TANH_CLAMP, _TANH_CLAMP)  # NaN stays NaN
+    x2 = xc.mul(xc)
+    return clamp(xc.mul(_horner(x2, _TANH_P)).mul(_horner(x2, _TANH_Q).reciprocal()), -1.0, 1.0)
 
 
 def tanh(input: Tensor) -> Tensor:  # noqa: A002
@@ -153,13 +174,7 @@ def _erf(x: Tensor) -> Tensor:
     xc = clamp(x, -4.0, 4.0)
     x2 = xc.mul(xc)
 
-    def horner(cs: tuple[float, ...]) -> Tensor:
-        acc = x2.mul(cs[0]).add(cs[1])
-        for c in cs[2:]:
-            acc = acc.mul(x2).add(c)
-        return acc
-
-    return xc.mul(horner(_ERF_P)).mul(horner(_ERF_Q).reciprocal())
+    return xc.mul(_horner(x2, _ERF_P)).mul(_horner(x2, _ERF_Q).reciprocal())
 
 
 def erf(input: Tensor) -> Tensor:  # noqa: A002
