@@ -8,11 +8,18 @@ leading dimensions provably large enough, batch dims that flatten to one stride,
 output written contiguously. When they hold, the kernel splits into a ``gemm`` library call
 and, if the kernel did more than the product (a fused bias or activation), an epilogue kernel
 that reads the product back. Which one runs is decided by measurement (compile.py).
+
+When an operand fails only the layout premises (it is read through a view with no unit-stride
+axis, e.g. the head-major attention output read as (seq, heads * head_dim)), but is a plain
+f32 load whose index uses only the product's own loop variables, ``match_gemm_copy`` puts a
+small generated copy kernel first: it writes the operand contiguously into a scratch buffer,
+which the gemm call then reads. The copy reads exactly the addresses the kernel reads, so
+the rewrite is exact; the measured search keeps it only if it is faster.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
@@ -31,6 +38,9 @@ class GemmAlternative:
     n: sint
     k: sint
     batch: sint
+    # run before the call: each writes an operand contiguously into scratch buffer ``out`` of
+    # its ``shape`` (ids from ``new_buffer_id`` on; the product buffer, if any, comes after)
+    copies: tuple[K.Kernel, ...] = ()
 
 
 def _affine(e: sint, names: list[str]) -> tuple[sint, dict[str, sint]] | None:
@@ -173,3 +183,85 @@ def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative |
         value = _replace(kern.value, r, K.Load(out, flat, 1, dt.f32))
         epilogue = K.Kernel(f"{kern.name}_epi", shape, kern.out, value, kern.dtype)
     return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size, k_size, batch)
+
+
+def _loop_vars(e: sint) -> set[str]:
+    return {x.name for x in e.vars() if x.extent is not None} if isinstance(e, sym.Expr) else set()
+
+
+def match_gemm_copy(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
+    """A gemm alternative that first copies the operand(s) failing the layout premises into
+    contiguous scratch buffers, or None. For kernels ``match_gemm`` refuses: it copies the
+    left operand, else the right, else both, whichever is the first to satisfy every other
+    premise."""
+    if kern.scatter_row is not None or kern.dtype is not dt.f32 or not kern.shape:
+        return None
+    for r in _find_reduces(kern.value):
+        for roles in ((0,), (1,), (0, 1)):
+            alt = _match_copied(kern, r, roles, new_buffer_id)
+            if alt is not None:
+                return alt
+    return None
+
+
+def _match_copied(
+    kern: K.Kernel, r: K.Reduce, roles: tuple[int, ...], new_buffer_id: int
+) -> GemmAlternative | None:
+    """``_match`` on ``kern`` with operand A (role 0) and/or B (role 1) read from a copy."""
+    if r.dtype is not dt.f32 or not isinstance(r.body, K.Alu):
+        return None
+    loads = r.body.srcs
+    if not all(isinstance(x, K.Load) and x.valid == 1 and x.dtype is dt.f32 for x in loads):
+        return None
+    if any(x.buf == kern.out for x in loads):  # type: ignore[union-attr]
+        return None  # the call would overwrite what it reads
+    shape, kv = kern.shape, r.var
+    rank = len(shape)
+    nb = max(rank - 2, 0)
+    ivar = [sym.index_var(j, shape[j]) for j in range(rank)]
+    n_name = f"_i{rank - 1}"
+    m_name = f"_i{rank - 2}" if rank >= 2 else None
+    m_var, n_var = (ivar[-2] if rank >= 2 else 0), ivar[-1]
+    m_size, n_size = (shape[-2] if rank >= 2 else 1), shape[-1]
+    batch_names = [f"_i{j}" for j in range(nb)]
+    names = {*batch_names, n_name, kv.name} | ({m_name} if m_name else set())
+    used = [_loop_vars(x.index) for x in loads]  # type: ignore[union-attr]
+    # a variable of an enclosing loop has no value when the copy runs
+    if any(u - names for u in used):
+        return None
+    # A does not move with n, B does not move with m (as in _match)
+    if n_name not in used[0] and m_name not in used[1]:
+        order = (0, 1)
+    elif n_name not in used[1] and m_name not in used[0]:
+        order = (1, 0)
+    else:
+        return None
+    srcs = list(loads)
+    copies: list[K.Kernel] = []
+    for role in roles:
+        i = order[role]
+        load = loads[i]
+        assert isinstance(load, K.Load)
+        # batch dims are copied only when the operand moves with them (else it is shared)
+        own_batch = list(range(nb)) if set(batch_names) & used[i] else []
+        inner = [(m_name, m_var, m_size), (kv.name, kv, r.extent)] if role == 0 else [
+            (kv.name, kv, r.extent), (n_name, n_var, n_size)]  # fmt: skip
+        axes = [(f"_i{j}", ivar[j], shape[j]) for j in own_batch] + inner
+        cshape = tuple(size for _, _, size in axes)
+        mapping = {nm: sym.index_var(j, size) for j, (nm, _, size) in enumerate(axes) if nm}
+        buf = new_buffer_id + len(copies)
+        value = K.substitute(load, mapping)
+        copies.append(K.Kernel(f"{kern.name}_copy{'ab'[role]}", cshape, buf, value, dt.f32))
+        flat: sint = 0
+        for (_, v, _), st in zip(axes, contiguous_strides(cshape), strict=True):
+            flat = sym.add(flat, sym.mul(v, st))
+        srcs[i] = K.Load(buf, flat, 1, dt.f32)
+    new_r = K.Reduce(r.op, kv, r.extent, K.Alu(r.body.op, tuple(srcs), r.body.dtype), r.dtype)
+    value = _replace(kern.value, r, new_r)
+    if not any(x is new_r for x in K.walk(value)):
+        return None  # r sits where _replace does not reach: the epilogue could not read it
+    alt = _match(replace(kern, value=value), new_r, new_buffer_id + len(copies))
+    if alt is None:
+        return None
+    alt.copies = tuple(copies)
+    return alt

@@ -1,6 +1,7 @@
 """Choose between a generated kernel and a library call by measurement.
 
-For every kernel that ``gemm.match_gemm`` can express as a GEMM, both programs are timed on
+For every kernel that ``gemm.match_gemm`` can express as a GEMM (or ``match_gemm_copy`` as a
+copy of an operand into a contiguous scratch buffer and a GEMM), both programs are timed on
 the target through the same runtime path that runs plans (the tuner's ``measure``, given by
 the caller, so this module names no backend). Sizes use each dim at a representative value.
 The tuner (tuner.py) ranks, measures, checks the kept program against the generated kernel
@@ -20,7 +21,7 @@ from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import BufferInfo, Lowered, Role
 from .cost import estimate
-from .gemm import match_gemm
+from .gemm import match_gemm, match_gemm_copy
 from .tuner import Candidate, Timing, Tuner, sub_fingerprint
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
@@ -119,7 +120,9 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     steps: list[Step] = []
     buffers = list(low.buffers)
     for kern in low.kernels:
-        alt = match_gemm(kern, len(buffers)) if isinstance(kern, K.Kernel) else None
+        alt = None
+        if isinstance(kern, K.Kernel):
+            alt = match_gemm(kern, len(buffers)) or match_gemm_copy(kern, len(buffers))
         if alt is None:
             steps.append(kern)
             continue
@@ -130,18 +133,21 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                 print(f"luminal search: {kern.name}: gemm work {work} < {MIN_GEMM_WORK}, "
                       "keeping the generated kernel", file=sys.stderr)  # fmt: skip
             continue
-        extra = []
+        # new buffers in id order: the operand copies, then the product
+        extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
         if alt.scratch_shape is not None:
-            extra = [
+            extra.append(
                 BufferInfo(
-                    len(buffers), f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch"
+                    alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch"
                 )
-            ]
-        lib_steps: list[Step] = [alt.call] + ([alt.epilogue] if alt.epilogue else [])
+            )
+        lib_steps: list[Step] = [*alt.copies, alt.call]
+        if alt.epilogue:
+            lib_steps.append(alt.epilogue)
         # cut out, buffers renumbered, so identical layers share one decision
         sub_gen = subprogram(low, [kern])
         sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
-        lib = "gemm+epilogue" if alt.epilogue else "gemm"
+        lib = ("copy+" if alt.copies else "") + ("gemm+epilogue" if alt.epilogue else "gemm")
         chosen = tuner.choose(
             kern.name, "gemm", dims, sub_gen,
             [Candidate("generated", sub_gen, estimate(sub_gen, dims)),

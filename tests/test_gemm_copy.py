@@ -1,0 +1,165 @@
+"""Copy + GEMM: an operand read through a view with no unit-stride axis (the head-major
+attention output read as (seq, heads * head_dim)) is copied into a contiguous scratch buffer
+by a generated kernel, then multiplied by a gemm call. Checked against numpy at odd sizes,
+with the search forced to the library alternative (a fake measure), and through compile."""
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import luminal as lm
+import luminal.functional as F
+from luminal.compile import build_plan
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.lower import lower
+from luminal.compiler.search import select
+from luminal.compiler.search.gemm import match_gemm, match_gemm_copy
+from optest import rand
+
+SEQ = lm.dim("seq", 1, 64)
+H, HD, N = 3, 20, 37  # heads, head dim, output features
+
+
+def _prefer_library(sub, dims):
+    return 1.0 if any(isinstance(s, K.LibCall) for s in sub.kernels) else 2.0
+
+
+def _forced(g: lm.Graph, tmp_path, monkeypatch) -> tuple[list, Any]:
+    """The program the search keeps when the library alternative measures faster."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    low = select.choose_library_calls(lower(g), _prefer_library, "test")
+    for s in low.kernels:
+        s.verify()  # the copy and epilogue kernels are well formed
+    return low.kernels, lm.load(build_plan(low, g.name).to_bytes())
+
+
+def _kinds(steps: list) -> list[str]:
+    return ["call" if isinstance(s, K.LibCall) else "kernel" for s in steps]
+
+
+def _head_major_proj(residual: bool) -> lm.Graph:
+    g = lm.Graph("proj")
+    o = g.input("o", (H, SEQ, HD))  # attention output, head-major
+    w = g.input("w", (N, H * HD))
+    y = F.linear(o.permute(1, 0, 2).reshape(SEQ, H * HD), w)
+    if residual:
+        y = y + g.input("x", (SEQ, N))
+    g.output("y", y)
+    return g
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_head_major_left_operand_is_copied_then_gemm(residual, tmp_path, monkeypatch):
+    g = _head_major_proj(residual)
+    low = lower(g)
+    kern = low.kernels[0]
+    assert match_gemm(kern, len(low.buffers)) is None  # no unit-stride axis as read
+    alt = match_gemm_copy(kern, len(low.buffers))
+    assert alt is not None and [c.shape for c in alt.copies] == [(SEQ, H * HD)]
+    assert alt.call.args[0] == alt.copies[0].out and alt.call.fields["trans_a"] == 0
+    steps, ex = _forced(g, tmp_path, monkeypatch)
+    assert _kinds(steps) == ["kernel", "call"] + (["kernel"] if residual else [])
+    wv = rand(N, H * HD)
+    for s in (1, 7, 33):
+        ov = rand(H, s, HD)
+        inputs = {"o": ov, "w": wv}
+        ref = ov.transpose(1, 0, 2).reshape(s, H * HD) @ wv.T
+        if residual:
+            inputs["x"] = rand(s, N)
+            ref = ref + inputs["x"]
+        np.testing.assert_allclose(ex.run(inputs)["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_head_major_right_operand_is_copied_then_gemm(tmp_path, monkeypatch):
+    g = lm.Graph("right")
+    a = g.input("a", (SEQ, H * HD))
+    b = g.input("b", (H, N, HD))  # read as (H * HD, N): k splits across two strides
+    g.output("y", a @ b.permute(0, 2, 1).reshape(H * HD, N))
+    low = lower(g)
+    assert match_gemm(low.kernels[0], len(low.buffers)) is None
+    alt = match_gemm_copy(low.kernels[0], len(low.buffers))
+    assert alt is not None and [c.shape for c in alt.copies] == [(H * HD, N)]
+    assert alt.call.args[1] == alt.copies[0].out
+    steps, ex = _forced(g, tmp_path, monkeypatch)
+    assert _kinds(steps) == ["kernel", "call"]
+    bv = rand(H, N, HD)
+    for s in (1, 19):
+        av = rand(s, H * HD)
+        ref = av @ bv.transpose(0, 2, 1).reshape(H * HD, N)
+        np.testing.assert_allclose(ex.run({"a": av, "b": bv})["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_both_operands_copied_in_a_batch(tmp_path, monkeypatch):
+    """Batched (as in BERT: sentences x seq), both operands head-major views: two copies, the
+    batch dims copied along for the operand that moves with them."""
+    g = lm.Graph("both")
+    o = g.input("o", (2, H, SEQ, HD))
+    b = g.input("b", (2, H, N, HD))
+    left = o.permute(0, 2, 1, 3).reshape(2, SEQ, H * HD)
+    right = b.permute(0, 1, 3, 2).reshape(2, H * HD, N)
+    g.output("y", left @ right)
+    low = lower(g)
+    assert match_gemm(low.kernels[0], len(low.buffers)) is None
+    alt = match_gemm_copy(low.kernels[0], len(low.buffers))
+    assert alt is not None
+    assert [c.shape for c in alt.copies] == [(2, SEQ, H * HD), (2, H * HD, N)]
+    steps, ex = _forced(g, tmp_path, monkeypatch)
+    assert _kinds(steps) == ["kernel", "kernel", "call"]
+    bv = rand(2, H, N, HD)
+    for s in (1, 13):
+        ov = rand(2, H, s, HD)
+        ref = ov.transpose(0, 2, 1, 3).reshape(2, s, H * HD) @ bv.transpose(0, 1, 3, 2).reshape(
+            2, H * HD, N
+        )
+        np.testing.assert_allclose(ex.run({"o": ov, "b": bv})["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_head_major_with_shared_weight(tmp_path, monkeypatch):
+    """BERT's output projection: (batch, heads, seq, hd) read as (batch, seq, hidden) times one
+    weight shared by the batch."""
+    g = lm.Graph("bert_out")
+    o = g.input("o", (3, H, SEQ, HD))
+    w = g.input("w", (N, H * HD))
+    g.output("y", F.linear(o.permute(0, 2, 1, 3).reshape(3, SEQ, H * HD), w))
+    low = lower(g)
+    alt = match_gemm_copy(low.kernels[0], len(low.buffers))
+    assert alt is not None and [c.shape for c in alt.copies] == [(3, SEQ, H * HD)]
+    assert alt.call.fields["stride_b"] == 0
+    _, ex = _forced(g, tmp_path, monkeypatch)
+    wv = rand(N, H * HD)
+    ov = rand(3, H, 11, HD)
+    ref = ov.transpose(0, 2, 1, 3).reshape(3, 11, H * HD) @ wv.T
+    np.testing.assert_allclose(ex.run({"o": ov, "w": wv})["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_keeps_the_result_whatever_it_picks():
+    g = _head_major_proj(residual=True)
+    cg = lm.compile(g)
+    ov, wv, xv = rand(H, 21, HD), rand(N, H * HD), rand(21, N)
+    ref = ov.transpose(1, 0, 2).reshape(21, H * HD) @ wv.T + xv
+    np.testing.assert_allclose(cg.run({"o": ov, "w": wv, "x": xv})["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def _refused_graphs() -> list[lm.Graph]:
+    ints = lm.Graph("ints")  # integer operands: BLAS multiplies floats
+    x = ints.input("x", (5, 8), lm.i32)
+    w = ints.input("w", (3, 8), lm.i32)
+    ints.output("y", (x.unsqueeze(1) * w.unsqueeze(0)).sum(-1))
+    padded = lm.Graph("padded")  # reads of padding give 0: not a plain load
+    x2 = padded.input("x", (5, 8))
+    w2 = F.pad(padded.input("w", (3, 6)), (1, 1))
+    padded.output("y", (x2.unsqueeze(1) * w2.unsqueeze(0)).sum(-1))
+    heads = lm.Graph("heads")  # the inner product's loads use the outer head sum's variable
+    o = heads.input("o", (3, SEQ, 64))
+    wh = heads.input("w", (3, 64, 40))
+    heads.output("y", o.matmul(wh).sum_reduce([0]))
+    return [ints, padded, heads]
+
+
+@pytest.mark.parametrize("g", _refused_graphs(), ids=lambda g: g.name)
+def test_refusals_stay_refused(g):
+    low = lower(g)
+    for kern in low.kernels:
+        assert match_gemm(kern, len(low.buffers)) is None
+        assert match_gemm_copy(kern, len(low.buffers)) is None
