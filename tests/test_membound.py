@@ -161,3 +161,34 @@ def test_exp_of_infinities_and_nan() -> None:
         r = r.numpy()
         np.testing.assert_array_equal(np.isnan(got[k]), np.isnan(r), err_msg=k)
         np.testing.assert_allclose(got[k], r, rtol=3e-6, atol=1e-30, err_msg=k)
+
+
+# ----------------------------------------------------------------------------- next-row prefetch
+def _kernel_sources(g: lm.Graph) -> list[str]:
+    from luminal.codegen.c import render_kernel
+    from luminal.compiler.lower import lower
+    from luminal.compiler.passes import run_passes
+
+    low = lower(run_passes(g))
+    return [render_kernel(k, list(low.dims)).source for k in low.kernels]
+
+
+@pytest.mark.parametrize("name, carries", [("softmax", True), ("layer_norm", True),
+                                           ("rms_norm", False)])  # fmt: skip
+def test_second_row_pass_prefetches_the_next_row(name: str, carries: bool) -> None:
+    """The pass after the one that streams a row in prefetches the next row a strip at a time;
+    RMS norm has no second pass (its element loop is too light to carry it)."""
+    cols = 1000
+    g = lm.Graph(name)
+    x, w, b = g.input("x", (7, cols)), g.input("w", (cols,)), g.input("b", (cols,))
+    if name == "softmax":
+        g.output("y", F.softmax(x, -1))
+    elif name == "layer_norm":
+        g.output("y", F.layer_norm(x, (cols,), w, b, 1e-5))
+    else:
+        g.output("y", F.rms_norm(x, (cols,), w, 1e-6))
+    (src,) = _kernel_sources(g)
+    body = src[src.index("void k") :]
+    assert (body.count("__builtin_prefetch(") == 1) == carries
+    if carries:
+        assert "lm_nx0 = (const char *)&b1[(1000*i0 + 1000)]" in body

@@ -26,7 +26,15 @@ from ..graph import symbolic as sym
 from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
-from .c_rows import ROW_CAP, ROW_HELPERS, row_caches, stageable, stream_flag
+from .c_rows import (
+    ROW_CAP,
+    ROW_HELPERS,
+    RowPrefetch,
+    row_caches,
+    row_prefetch,
+    stageable,
+    stream_flag,
+)
 from .c_vector import VECTOR_HELPERS
 
 # Helpers shared by every C-style backend (C, CUDA): the backend's head defines LM_FN (the
@@ -244,6 +252,8 @@ class _Emitter:
         # -> buffer name; the ones actually written so are recorded in ``cached``
         self.row_cache: dict[K.Reduce, str] = {}
         self.cached: set[K.Reduce] = set()
+        # a row kernel's prefetch of the next row, placed in one of its loops (c_rows.py)
+        self.prefetch: RowPrefetch | None = None
 
     def tmp(self) -> str:
         self.n += 1
@@ -325,25 +335,36 @@ class _Emitter:
             t = ctype(v.dtype)
             self.lines.append(f"{ind}{t} {acc} = {reduce_init(v.op, v.dtype)};")
             rv = _c_name(v.var)
+            strip = self.prefetch is not None and self.prefetch.take(ind)
+            bi = ind  # the loop's own indent: inside the strip loop when prefetching
+            if strip:
+                assert self.prefetch is not None
+                opened, header = self.prefetch.strip(rv, cexpr(v.extent), ind, self.index_type)
+                self.lines += opened
+                bi = ind + "  "
+            else:
+                header = (
+                    f"{ind}for ({self.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
+                )
             head = len(self.lines)
-            self.lines.append(
-                f"{ind}for ({self.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
-            )
+            self.lines.append(header)
 
             def body() -> None:
-                x = self.emit(v.body, ind + "  ")
+                x = self.emit(v.body, bi + "  ")
                 if v in self.row_cache:
-                    self.lines.append(f"{ind}  {self.row_cache[v]}[{rv}] = {x};")
+                    self.lines.append(f"{bi}  {self.row_cache[v]}[{rv}] = {x};")
                     self.cached.add(v)
-                self.lines.append(f"{ind}  {acc} = {reduce_update(v.op, v.dtype, acc, x)};")
+                self.lines.append(f"{bi}  {acc} = {reduce_update(v.op, v.dtype, acc, x)};")
 
             self.block(body)
-            self.lines.append(f"{ind}}}")
+            self.lines.append(f"{bi}}}")
             if self.simd_reductions and v.op is Op.SUM_REDUCE and v.dtype.is_float:
                 loop_body = self.lines[head + 1 : -1]
                 if not any("{" in ln or "}" in ln for ln in loop_body):
                     # straight-line body: let the compiler reassociate this one sum
-                    self.lines.insert(head, f"{ind}#pragma omp simd reduction(+:{acc})")
+                    self.lines.insert(head, f"{bi}#pragma omp simd reduction(+:{acc})")
+            if strip:
+                self.lines.append(f"{ind}}}")
             return acc
         if isinstance(v, K.SoftmaxSum):
             return self._softmax_sum(v, ind)
@@ -427,6 +448,8 @@ class _Emitter:
         floats' magnitude bits flipped) plus a NaN flag: an idiom the compiler vectorizes,
         where lm_maxf's NaN-propagating select stays a scalar branch (8x slower)."""
         self.hoist(v.body, frozenset({v.var.name}), ind)
+        if self.prefetch is not None:
+            self.prefetch.note(ind)
         key, nan, acc = self.tmp(), self.tmp(), self.tmp()
         rv = _c_name(v.var)
         # the key of -INFINITY: an empty max stays -inf
@@ -457,6 +480,8 @@ class _Emitter:
         """A float sum over blocks of a short inner sum (a split reduction): one vector of
         partial sums across the whole outer loop, folded once at the end, instead of a
         horizontal sum per block."""
+        if self.prefetch is not None:
+            self.prefetch.note(ind)
         if self.vector_sums:
             from .c_vector import blocked_sum
 
@@ -716,6 +741,10 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 rem = f"q{j}"
         # per-row values (a row's max or sum feeding every element) are computed once per row
         em.lines = []
+        if single and row_reduce and n >= 2:
+            em.prefetch = row_prefetch(k, em, "    ")
+            if em.prefetch is not None:
+                em.lines += em.prefetch.lines
         em.hoist(k.value, frozenset({inner_var}), "    ")
         lines += em.lines
         iv = f"i{n - 1}"

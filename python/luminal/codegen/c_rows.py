@@ -9,6 +9,12 @@ Two rewrites, both chosen from the shape of the kernel IR (no op is special-case
   (exp2, log2, sin, sqrt, recip) the sum loop also writes each body value to a row buffer on
   the stack (L1-resident for rows up to ``ROW_CAP`` elements), and the inner loop reads it
   back instead of recomputing it.
+- **Next-row prefetch.** A row kernel's first pass streams its row in from memory while the
+  core mostly waits; the later passes (softmax's exp, layer norm's squares) compute from L1
+  while memory idles. The first later pass over the row is cut into strips of ``STRIP``
+  elements, each preceded by prefetches of the same strip of the next task's row, so the next
+  first pass finds its row in cache (softmax 4096x4096, 1 thread: 14 -> 11 ms). A prefetch
+  never faults, so a row past the end costs nothing but a wasted request.
 - **Staged streaming stores.** A task computes its run into a stack buffer, then copies it
   out. When the whole output is large (``STREAM_BYTES``), the copy uses non-temporal stores:
   the output is written without first being read into the cache (a normal store's
@@ -19,6 +25,7 @@ Two rewrites, both chosen from the shape of the kernel IR (no op is special-case
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..compiler import kernel_ir as K
@@ -37,6 +44,9 @@ ROW_CAP = 8192
 STREAM_BYTES = 32 << 20
 
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
+
+# elements per strip of the pass that prefetches the next row: 1 KiB of f32, 16 cache lines
+STRIP = 256
 
 # the CPU prelude's copy-out; the fence makes streamed stores visible before the kernel returns
 ROW_HELPERS = r"""
@@ -118,3 +128,89 @@ def row_caches(k: K.Kernel, inner: sym.Expr, em: _Emitter) -> dict[K.Reduce, K.V
                 em.made.append(body)
                 out[x] = body
     return out
+
+
+@dataclass
+class RowPrefetch:
+    """Prefetch of the next task's row, carried by the second row loop of a task (the first
+    streams the row in)."""
+
+    indent: str  # indent of the task-level loops (the row passes)
+    targets: list[tuple[str, int]]  # C address of the next row's first element, its bytes
+    seen: int = 0  # row loops emitted so far in this task
+    done: bool = False
+    lines: list[str] = field(default_factory=list)  # per-task setup, before the first pass
+
+    def note(self, ind: str) -> None:
+        """A row loop that cannot carry the prefetch (a max, a blocked sum) is emitted."""
+        if ind == self.indent:
+            self.seen += 1
+
+    def take(self, ind: str) -> bool:
+        """Whether the row loop about to be emitted at ``ind`` carries the prefetch."""
+        if self.done or ind != self.indent:
+            return False
+        self.seen += 1
+        if self.seen < 2:
+            return False
+        self.done = True
+        return True
+
+    def strip(self, var: str, extent: str, ind: str, index_type: str) -> tuple[list[str], str]:
+        """Lines opening the strip loop (the prefetches included) and the header of the loop
+        over ``var`` inside it; the caller closes both."""
+        sb = f"{var}_s"
+        lines = [f"{ind}for ({index_type} {sb} = 0; {sb} < {extent}; {sb} += {STRIP}) {{"]
+        hi = f"lm_min({extent}, {sb} + {STRIP})"
+        for j, (_, size) in enumerate(self.targets):
+            lines.append(f"{ind}  if (lm_pf) for (int64_t lm_k = {sb} * {size}; lm_k < {hi} * {size}; "
+                         f"lm_k += 64) __builtin_prefetch(lm_nx{j} + lm_k, 0, 3);")  # fmt: skip
+        return lines, f"{ind}  for ({index_type} {var} = {sb}; {var} < {hi}; ++{var}) {{"
+
+
+def row_prefetch(k: K.Kernel, em: _Emitter, indent: str) -> RowPrefetch | None:
+    """The next row's addresses for a kernel with one task per row: each unit-stride load of
+    a row reduction hoisted to the task, with the reduction's index at 0 and the last outer
+    index one further (the next task's row; where that wraps, a harmless wrong address)."""
+    from .c import cexpr
+
+    n = len(k.shape)
+    if n < 2:
+        return None
+    inner = sym.index_var(n - 1, k.shape[-1])
+    row = sym.index_var(n - 2, k.shape[-2])
+    if not isinstance(inner, sym.Expr) or not isinstance(row, sym.Expr):
+        return None
+    hoisted = K.invariant_parts(k.value, frozenset({inner.name}), em.fv_memo)
+    targets: dict[str, int] = {}
+    for h in hoisted:
+        for x in K.walk(h):
+            if not isinstance(x, K.Reduce):
+                continue
+            for ld in K.walk(x.body):
+                if not isinstance(ld, K.Load) or ld.dtype.packed or ld.dtype.bits < 8:
+                    continue
+                idx = ld.index
+                if not isinstance(idx, sym.Expr) or x.var not in idx.vars():
+                    continue
+                step = sym.add(
+                    sym.substitute(idx, {x.var.name: sym.add(x.var, 1)}), sym.mul(idx, -1)
+                )
+                if step != 1 or row not in idx.vars():
+                    continue
+                # the row's first element: every reduction index at 0 (a split sum has two)
+                at0: dict[str, sint] = {w.name: 0 for w in idx.vars() if w.name.startswith("_r")}
+                nxt = sym.substitute(idx, {**at0, row.name: sym.add(row, 1)})
+                if isinstance(nxt, sym.Expr) and any(
+                    not w.name.startswith("_i") for w in nxt.vars() if w.name.startswith("_")
+                ):
+                    continue  # a gather's index: no address before the row runs
+                ptr = f"(const char *)&{em.ptr_of(ld.buf)}[{cexpr(nxt)}]"
+                targets.setdefault(ptr, ld.dtype.bits // 8)
+    if not targets:
+        return None
+    pf = RowPrefetch(indent, list(targets.items()))
+    pf.lines = [f"{indent}const int lm_pf = t + 1 < end; (void)lm_pf;"]
+    pf.lines += [f"{indent}const char *lm_nx{j} = {p}; (void)lm_nx{j};"
+                 for j, p in enumerate(targets)]  # fmt: skip
+    return pf
