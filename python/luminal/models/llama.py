@@ -123,13 +123,10 @@ class Llama:
         logits: str = "last",
         name: str = "llama",
         min_seq: int = 1,
-        per_head_out: bool = False,
     ) -> Graph:
         """The forward graph. Inputs: ``tokens`` i32 (seq,) and the caches; dims ``seq`` (from
         the tokens, ``min_seq`` .. ctx) and ``pos``. Outputs: ``logits`` (1, vocab) for the
-        last position (``logits='all'``: (seq, vocab)) and the updated caches.
-        ``per_head_out`` writes the attention output projection as a batched product per
-        head (a GEMM when many rows run at once; see ``build_prefill``)."""
+        last position (``logits='all'``: (seq, vocab)) and the updated caches."""
         if logits not in ("last", "all"):
             raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
         if not 1 <= min_seq <= self.ctx:
@@ -148,7 +145,7 @@ class Llama:
         if w.has("rope_freqs.weight"):
             cos, sin = self._freq_factors(g, positions)
         for i in range(c.n_layers):
-            x = self._block(g, i, x, seq, pos, cos, sin, per_head_out)
+            x = self._block(g, i, x, seq, pos, cos, sin)
         x = rms_norm(x, c.hidden_size, w.get(g, "output_norm.weight"), c.rms_eps)
         if logits == "last":
             x = x.slice(0, sym.add(seq, -1), 1)
@@ -163,12 +160,11 @@ class Llama:
         weight-only expression (dequantization, casts) folded into an f32 weight at build time
         (``compiler.fold``), so the projections are plain GEMMs on f32 weights instead of
         dequantizing each weight again for every row; the output head, applied to one row,
-        stays packed; the attention output projection is per head. Same inputs, outputs and
-        dims as ``build()``, so both plans share one KV cache. Costs 4 bytes per folded weight
-        value (SmolLM2-135M: about 0.4 GB)."""
+        stays packed. Same inputs, outputs and dims as ``build()``, so both plans share one KV
+        cache. Costs 4 bytes per folded weight value (SmolLM2-135M: about 0.4 GB)."""
         from ..compiler.fold import fold_weights
 
-        graph = self.build(name=name, min_seq=min_seq, per_head_out=True)
+        graph = self.build(name=name, min_seq=min_seq)
         # the head multiplies one row (the last position's): reading it packed is cheaper
         head = "token_embd.weight" if self.tied else "output.weight"
         return fold_weights(graph, progress, keep=[head])
@@ -209,7 +205,6 @@ class Llama:
         pos: Any,
         cos: Tensor,
         sin: Tensor,
-        per_head_out: bool = False,
     ) -> Tensor:
         c, w, p = self.config, self.weights, f"blk.{i}."
         hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
@@ -227,30 +222,13 @@ class Llama:
         vh = vs.reshape(total, nkv, hd).permute(1, 0, 2)
         mask = causal_mask(g, seq, total, pos)
         o = sdpa(q.permute(1, 0, 2), kh, vh, attn_mask=mask, enable_gqa=True)  # (heads, seq, hd)
-        if per_head_out:
-            x = x.add(self._out_per_head(g, o, seq, p + "attn_output"))
-        else:
-            x = x.add(self._proj(g, o.permute(1, 0, 2).reshape(seq, nh * hd), p + "attn_output"))
+        # o is head-major: read as (seq, heads * hd) it is no gemm operand, so the search may
+        # copy it contiguously first (compiler/search/gemm.py, match_gemm_copy)
+        x = x.add(self._proj(g, o.permute(1, 0, 2).reshape(seq, nh * hd), p + "attn_output"))
         h = rms_norm(x, c.hidden_size, w.get(g, p + "ffn_norm.weight"), c.rms_eps)
         gate = self._proj(g, h, p + "ffn_gate")
         up = self._proj(g, h, p + "ffn_up")
         return x.add(self._proj(g, silu(gate).mul(up), p + "ffn_down"))
-
-    def _out_per_head(self, g: Graph, o: Tensor, seq: Any, name: str) -> Tensor:
-        """The attention output projection as one product per head, then their sum. Attention
-        writes ``o`` head-major, (kv heads, group, seq, hd), so the per-head products are one
-        batched GEMM; read as (seq, heads * hd), ``o`` is no GEMM operand at all. The heads
-        are summed as explicit adds, not a reduction, so the products stay one kernel of their
-        own instead of fusing into a triple loop."""
-        c, w = self.config, self.weights
-        grp = c.n_heads // c.n_kv_heads
-        oh = o.reshape(c.n_kv_heads, grp, seq, c.head_dim)
-        wo = w.get(g, name + ".weight").reshape(c.hidden_size, c.n_kv_heads, grp, c.head_dim)
-        per_head = oh.matmul(wo.permute(1, 2, 3, 0))  # (kv heads, group, seq, hidden)
-        out = per_head[0, 0]
-        for h in range(1, c.n_heads):
-            out = out.add(per_head[h // grp, h % grp])
-        return out.add(w.get(g, name + ".bias")) if w.has(name + ".bias") else out
 
     def _cache(self, g: Graph, name: str, new: Tensor, seq: Any, pos: Any, total: Any) -> Tensor:
         """Write ``new`` (seq, width) into rows pos.. of the persistent cache; return a view of
