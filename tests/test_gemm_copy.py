@@ -56,7 +56,8 @@ def test_head_major_left_operand_is_copied_then_gemm(residual, tmp_path, monkeyp
     kern = low.kernels[0]
     assert match_gemm(kern, len(low.buffers)) is None  # no unit-stride axis as read
     alt = match_gemm_copy(kern, len(low.buffers))
-    assert alt is not None and [c.shape for c in alt.copies] == [(SEQ, H * HD)]
+    # the copy loops over (seq, head, d): the view's own split of k, so its reads are affine
+    assert alt is not None and [c.shape for c in alt.copies] == [(SEQ, H, HD)]
     assert alt.call.args[0] == alt.copies[0].out and alt.call.fields["trans_a"] == 0
     steps, ex = _forced(g, tmp_path, monkeypatch)
     assert _kinds(steps) == ["kernel", "call"] + (["kernel"] if residual else [])
@@ -71,6 +72,21 @@ def test_head_major_left_operand_is_copied_then_gemm(residual, tmp_path, monkeyp
         np.testing.assert_allclose(ex.run(inputs)["y"], ref, rtol=1e-4, atol=1e-4)
 
 
+def test_axis_split_by_a_chain_of_divisors(tmp_path, monkeypatch):
+    """k = (g, a, d) read from an input laid out (a, g, seq, d): the copy loops over all three."""
+    g = lm.Graph("chain")
+    o = g.input("o", (2, 3, SEQ, 8))
+    w = g.input("w", (N, 48))
+    g.output("y", F.linear(o.permute(2, 1, 0, 3).reshape(SEQ, 48), w))
+    low = lower(g)
+    alt = match_gemm_copy(low.kernels[0], len(low.buffers))
+    assert alt is not None and [c.shape for c in alt.copies] == [(SEQ, 3, 2, 8)]
+    _, ex = _forced(g, tmp_path, monkeypatch)
+    ov, wv = rand(2, 3, 9, 8), rand(N, 48)
+    ref = ov.transpose(2, 1, 0, 3).reshape(9, 48) @ wv.T
+    np.testing.assert_allclose(ex.run({"o": ov, "w": wv})["y"], ref, rtol=1e-4, atol=1e-4)
+
+
 def test_head_major_right_operand_is_copied_then_gemm(tmp_path, monkeypatch):
     g = lm.Graph("right")
     a = g.input("a", (SEQ, H * HD))
@@ -79,7 +95,7 @@ def test_head_major_right_operand_is_copied_then_gemm(tmp_path, monkeypatch):
     low = lower(g)
     assert match_gemm(low.kernels[0], len(low.buffers)) is None
     alt = match_gemm_copy(low.kernels[0], len(low.buffers))
-    assert alt is not None and [c.shape for c in alt.copies] == [(H * HD, N)]
+    assert alt is not None and [c.shape for c in alt.copies] == [(H, HD, N)]
     assert alt.call.args[1] == alt.copies[0].out
     steps, ex = _forced(g, tmp_path, monkeypatch)
     assert _kinds(steps) == ["kernel", "call"]
@@ -103,7 +119,7 @@ def test_both_operands_copied_in_a_batch(tmp_path, monkeypatch):
     assert match_gemm(low.kernels[0], len(low.buffers)) is None
     alt = match_gemm_copy(low.kernels[0], len(low.buffers))
     assert alt is not None
-    assert [c.shape for c in alt.copies] == [(2, SEQ, H * HD), (2, H * HD, N)]
+    assert [c.shape for c in alt.copies] == [(2, SEQ, H, HD), (2, H, HD, N)]
     steps, ex = _forced(g, tmp_path, monkeypatch)
     assert _kinds(steps) == ["kernel", "kernel", "call"]
     bv = rand(2, H, N, HD)
@@ -124,7 +140,7 @@ def test_batched_head_major_with_shared_weight(tmp_path, monkeypatch):
     g.output("y", F.linear(o.permute(0, 2, 1, 3).reshape(3, SEQ, H * HD), w))
     low = lower(g)
     alt = match_gemm_copy(low.kernels[0], len(low.buffers))
-    assert alt is not None and [c.shape for c in alt.copies] == [(3, SEQ, H * HD)]
+    assert alt is not None and [c.shape for c in alt.copies] == [(3, SEQ, H, HD)]
     assert alt.call.fields["stride_b"] == 0
     _, ex = _forced(g, tmp_path, monkeypatch)
     wv = rand(N, H * HD)

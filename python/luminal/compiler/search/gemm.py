@@ -189,6 +189,39 @@ def _loop_vars(e: sint) -> set[str]:
     return {x.name for x in e.vars() if x.extent is not None} if isinstance(e, sym.Expr) else set()
 
 
+def _is_var(e: sint, name: str) -> bool:
+    return isinstance(e, sym.Expr) and e.kind == sym.VAR and e.args[0] == name
+
+
+def _divisors(e: sint, name: str, out: set[int]) -> None:
+    """Constant divisors of the floor divisions and mods in ``e`` whose dividend is variable
+    ``name`` plus other terms."""
+    if not isinstance(e, sym.Expr) or e.kind == sym.VAR:
+        return
+    a, d = e.args[0], e.args[-1]
+    if e.kind in (sym.DIV, sym.MOD) and isinstance(d, int) and isinstance(a, sym.Expr):
+        if _is_var(a, name) or a.kind == sym.ADD and any(_is_var(t, name) for t, _ in a.args[0]):
+            out.add(d)
+    subs = [t for t, _ in e.args[0]] if e.kind == sym.ADD else e.args
+    for x in subs:
+        _divisors(x, name, out)
+
+
+def _split_axis(index: sint, name: str | None, size: sint) -> list[tuple[sint, int]]:
+    """(extent, multiplier) of the loops that walk axis ``name`` of ``size``, outermost first:
+    one loop, or several where ``index`` divides the axis variable by a chain of constants."""
+    if name is None or not isinstance(size, int):
+        return [(size, 1)]
+    found: set[int] = set()
+    _divisors(index, name, found)
+    chain: list[int] = []
+    for d in sorted(found):
+        if 1 < d < size and size % d == 0 and (not chain or d % chain[-1] == 0):
+            chain.append(d)
+    bounds = [size, *reversed(chain), 1]
+    return [(bounds[j] // bounds[j + 1], bounds[j + 1]) for j in range(len(bounds) - 1)]
+
+
 def match_gemm_copy(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
     """A gemm alternative that first copies the operand(s) failing the layout premises into
     contiguous scratch buffers, or None. For kernels ``match_gemm`` refuses: it copies the
@@ -247,13 +280,24 @@ def _match_copied(
         inner = [(m_name, m_var, m_size), (kv.name, kv, r.extent)] if role == 0 else [
             (kv.name, kv, r.extent), (n_name, n_var, n_size)]  # fmt: skip
         axes = [(f"_i{j}", ivar[j], shape[j]) for j in own_batch] + inner
-        cshape = tuple(size for _, _, size in axes)
-        mapping = {nm: sym.index_var(j, size) for j, (nm, _, size) in enumerate(axes) if nm}
+        # the copy loops over the axes split where the view splits them (k as (head, d)), so
+        # that its reads are affine; the layout written is the unsplit one
+        cshape: list[sint] = []
+        mapping: dict[str, sint] = {}
+        for nm, _, size in axes:
+            at: sint = 0
+            for part, mult in _split_axis(load.index, nm, size):
+                at = sym.add(at, sym.mul(sym.index_var(len(cshape), part), mult))
+                cshape.append(part)
+            if nm:
+                mapping[nm] = at
         buf = new_buffer_id + len(copies)
         value = K.substitute(load, mapping)
-        copies.append(K.Kernel(f"{kern.name}_copy{'ab'[role]}", cshape, buf, value, dt.f32))
+        name = f"{kern.name}_copy{'ab'[role]}"
+        copies.append(K.Kernel(name, tuple(cshape), buf, value, dt.f32))
+        sizes = tuple(size for _, _, size in axes)
         flat: sint = 0
-        for (_, v, _), st in zip(axes, contiguous_strides(cshape), strict=True):
+        for (_, v, _), st in zip(axes, contiguous_strides(sizes), strict=True):
             flat = sym.add(flat, sym.mul(v, st))
         srcs[i] = K.Load(buf, flat, 1, dt.f32)
     new_r = K.Reduce(r.op, kv, r.extent, K.Alu(r.body.op, tuple(srcs), r.body.dtype), r.dtype)
