@@ -192,3 +192,22 @@ def test_second_row_pass_prefetches_the_next_row(name: str, carries: bool) -> No
     assert (body.count("__builtin_prefetch(") == 1) == carries
     if carries:
         assert "lm_nx0 = (const char *)&b1[(1000*i0 + 1000)]" in body
+
+
+def test_softmax_stages_its_output_in_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staged row whose values come from the row cache is normalized in place there and
+    copied out from it: no second row buffer. Checked against PyTorch with the copy-out on."""
+    from luminal.codegen import c_rows
+
+    monkeypatch.setattr(c_rows, "STREAM_BYTES", 0)  # stage every output
+    g = lm.Graph("sm_stage")
+    g.output("y", F.softmax(g.input("x", (6, 301)), -1))
+    (src,) = _kernel_sources(g)
+    body = src[src.index("void k") :]
+    assert "lm_st[" not in body and "lm_copy_out(&b0[(301*i0) + 0], lm_rc0," in body
+    x = _rand(6, 301, scale=5.0)
+    x[1, 3] = np.inf
+    y = _compile(g).run({"x": x})["y"]
+    ref = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
