@@ -1,6 +1,8 @@
 #include "common.hpp"
 
 #include <array>
+#include <cstdlib>
+#include <sys/mman.h>
 
 namespace luminal {
 
@@ -25,6 +27,18 @@ struct CrcTables {
 };
 const CrcTables kCrc;
 } // namespace
+
+void *host_alloc(size_t bytes, size_t align) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  const bool huge = bytes >= 2 * kHuge;
+  if (huge && align < kHuge) align = kHuge;
+  const size_t n = (bytes + align - 1) / align * align + align;
+  void *p = std::aligned_alloc(align, n);
+#ifdef MADV_HUGEPAGE
+  if (p && huge) ::madvise(p, n, MADV_HUGEPAGE); // advice only: ignored where unsupported
+#endif
+  return p;
+}
 
 int dtype_bits(DType t) {
   return kBits[static_cast<int>(t)];

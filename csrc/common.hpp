@@ -50,6 +50,12 @@ const char *dtype_name(DType t);
 // Bytes needed for `count` elements of `t` (4-bit types round up).
 int64_t dtype_nbytes(DType t, int64_t count);
 
+// Host memory aligned to `align` (a power of two >= 64). Blocks of 4 MiB or more are 2 MiB
+// aligned and advised to use transparent huge pages: kernels that stream weights or large
+// activations take a TLB miss (a page walk, costly under virtualization) every 4 KiB
+// otherwise. Free with std::free; nullptr when out of memory.
+void *host_alloc(size_t bytes, size_t align = 64);
+
 // CRC-32 (zlib polynomial) so Python's zlib.crc32 computes the same value.
 uint32_t crc32(const void *data, size_t n, uint32_t crc = 0);
 

@@ -49,6 +49,10 @@ Mapping map_file(const std::string &path, const std::string &what) {
   void *p = size ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
   ::close(fd);
   if (p == MAP_FAILED) throw Error(what + ": cannot map '" + path + "': " + std::strerror(errno));
+#ifdef MADV_HUGEPAGE
+  // read-only file huge pages where the kernel supports them (see host_alloc)
+  if (p && size >= (size_t(4) << 20)) ::madvise(p, size, MADV_HUGEPAGE);
+#endif
   return {std::shared_ptr<void>(p,
                                 [size](void *q) {
                                   if (q) ::munmap(q, size);

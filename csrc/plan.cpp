@@ -312,6 +312,10 @@ std::shared_ptr<const Plan> Plan::load(const std::string &path) {
   void *map = size ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
   ::close(fd);
   if (map == MAP_FAILED) throw PlanError("cannot map plan '" + path + "': " + std::strerror(errno));
+#ifdef MADV_HUGEPAGE
+  // read-only file huge pages where the kernel supports them (see host_alloc)
+  if (map && size >= (size_t(4) << 20)) ::madvise(map, size, MADV_HUGEPAGE);
+#endif
   // The mapping stays alive as long as the plan: inline weights are used in place.
   std::shared_ptr<const void> keep(map, [size](const void *p) {
     if (p) ::munmap(const_cast<void *>(p), size);
@@ -326,8 +330,8 @@ std::shared_ptr<const Plan> Plan::load(const std::string &path) {
 
 std::shared_ptr<const Plan> Plan::from_bytes(const void *data, size_t n,
                                              const std::string &base_dir) {
-  // Copy into 64-byte aligned memory so inline weights keep their alignment.
-  void *mem = std::aligned_alloc(kAlign, (n + kAlign - 1) / kAlign * kAlign + kAlign);
+  // Copy into aligned memory so inline weights keep their alignment (huge pages when large).
+  void *mem = host_alloc(n, kAlign);
   if (!mem) throw Error("out of memory copying plan bytes");
   if (n) std::memcpy(mem, data, n);
   std::shared_ptr<const void> keep(mem, [](const void *p) { std::free(const_cast<void *>(p)); });

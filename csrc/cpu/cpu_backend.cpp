@@ -231,7 +231,7 @@ public:
   bool host_visible() const override { return !staged_; }
 
   void *alloc(size_t bytes) override {
-    void *p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign + kAlign);
+    void *p = host_alloc(bytes, kAlign);
     if (!p) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes");
     return p;
   }

@@ -218,18 +218,24 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     dep = _dependence(graph, fold)
     by_id = {n.id: n for n in graph.nodes}
 
+    def elems(i: int) -> int | None:
+        out = 1
+        for k in dep[i]:
+            e = sym.as_int(by_id[i].shape[k])
+            if e is None:
+                return None
+            out *= e
+        return out
+
     def cheap(i: int) -> bool:
         n = by_id[i]
         if i not in dep or n.op is Op.IOTA or not _reads_weight(graph, n):
             return False
-        elems = 1
-        for k in dep[i]:
-            e = sym.as_int(n.shape[k])
-            if e is None:
-                return False
-            elems *= e
+        size = elems(i)
+        if size is None:
+            return False
         src = max(int(np.asarray(graph.weights[w]).nbytes) for w in _weights_read(graph, n))
-        return elems * n.dtype.itemsize <= FOLD_SCALE_RATIO * src
+        return size * n.dtype.itemsize <= FOLD_SCALE_RATIO * src
 
     ok = {i for i in dep if cheap(i)}
     users: dict[int, list[Node]] = {}
