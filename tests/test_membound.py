@@ -68,6 +68,20 @@ def test_out_must_not_alias_an_input_or_be_read_only() -> None:
         ex.run({"x": x}, out={"y": ro})
 
 
+def test_out_array_of_a_raw_dtype() -> None:
+    """bf16 crosses the boundary as raw bytes: the caller's bf16 array is written in place."""
+    import ml_dtypes
+
+    g = lm.Graph("bf16_out")
+    x = g.input("x", (3, 5))
+    g.output("y", (x * 2.0).cast(lm.bf16))
+    ex = _compile(g)
+    xv = _rand(3, 5)
+    y = np.empty((3, 5), ml_dtypes.bfloat16)
+    assert ex.run({"x": xv}, out={"y": y})["y"] is y
+    np.testing.assert_array_equal(y, ex.run({"x": xv})["y"])
+
+
 # ----------------------------------------------------------------------------- max forms
 def test_elementwise_max_edges_match_the_reference() -> None:
     """maximum of two variables (lm_max2f) and against constants (lm_maxcf): NaN from either
