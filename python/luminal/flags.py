@@ -46,6 +46,11 @@ EGRAPH = Flag(
     "0 skips the e-graph rewrites before lowering (compiler/search/rules, docs/rules.md)",
 )  # fmt: skip
 
+STAGE = Flag(
+    "LUMINAL_STAGE", "1",
+    "0 skips copying div/mod-strided operands of sums contiguously first (compiler/stage.py)",
+)  # fmt: skip
+
 CUBLASLT = Flag(
     "LUMINAL_CUBLASLT", "",
     "libcublasLt to load for gemm calls on CUDA (default: what cuda-pathfinder finds, else "
@@ -71,7 +76,7 @@ SEARCH_SCHEDULES = Flag(
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, CUBLASLT, SEARCH_BUDGET,
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, STAGE, CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_SCHEDULES)  # fmt: skip
 
 

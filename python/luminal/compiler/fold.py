@@ -251,7 +251,7 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     g = type(graph)(graph.name)
     new: dict[int, Node] = {}
     taken = set(graph.inputs)
-    compact: dict[int, tuple[Node, View]] = {}
+    compact: dict[int, tuple[Node, list[int]]] = {}  # folded node -> (weight, axes kept)
     packed: dict[tuple[Any, ...], tuple[np.ndarray, Node]] = {}
     nbytes = 0
     for n in targets:
@@ -269,12 +269,7 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
         taken.add(name)
         leaf = g.add_input(name, value.shape, n.dtype, weight=True)
         g.weights[name] = value
-        strides = contiguous_strides(value.shape)
-        iv = idx_vars(n.shape)
-        index: Any = 0
-        for k, st in zip(keep, strides):
-            index = sym.add(index, sym.mul(iv[k], st))
-        compact[n.id] = (leaf, View(tuple(n.shape), index))
+        compact[n.id] = (leaf, keep)
     # what the new graph still reads: a weight whose fields are all folded or repacked is gone
     needed = {n.id for n in graph.outputs.values()}
     for n in reversed(graph.nodes):
@@ -289,14 +284,13 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
         if n.id in new or (n.id not in needed and n.id not in compact):
             continue
         if n.id in compact:
-            leaf, view = compact[n.id]
-            # an identity cast: a node of the old shape whose reads broadcast the compact values
-            new[n.id] = g.add_op(Op.CAST, [(leaf, view)], arg=n.dtype)
-            continue
+            continue  # its readers read the folded weight (below)
         srcs = []
         for j, (s, v) in enumerate(n.srcs):
             if (n.id, j) in reads:
                 srcs.append(_repacked(graph, g, s, v, taken, packed))
+            elif s.id in compact:
+                srcs.append(_through(v, s, *compact[s.id]))
             else:
                 srcs.append((new[s.id], v))
         if n.op is Leaf.CONSTANT:
@@ -314,6 +308,18 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
         progress(f"folded {len(targets)} block scales and repacked {len(packed)} strided reads "
                  f"into {nbytes / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s")  # fmt: skip
     return g
+
+
+def _through(v: View, n: Node, leaf: Node, keep: list[int]) -> tuple[Node, View]:
+    """A read of ``n`` through ``v`` as a read of its compact values ``leaf`` (``n``'s axes
+    ``keep``, contiguous): each kept coordinate of the flat index ``v`` gives, re-strided."""
+    strides = contiguous_strides(n.shape)
+    cstrides = contiguous_strides(tuple(n.shape[k] for k in keep))
+    index: Any = 0
+    for k, st in zip(keep, cstrides):
+        coord = sym.mod(sym.floordiv(v.index, strides[k]), n.shape[k])
+        index = sym.add(index, sym.mul(coord, st))
+    return leaf, View(tuple(v.shape), index, v.valid)
 
 
 REPACK_RATIO = 0.9  # a strided read is repacked when it covers at most this much of its weight

@@ -141,6 +141,8 @@ class _Lowerer:
                 n.op is Leaf.INPUT or n.op is Leaf.OUTPUT or any(c.op is Leaf.OUTPUT for c in cons)
             ):
                 ok = False
+            elif _is_copy(n):
+                ok = False  # an explicit copy (compiler/stage.py) exists to be stored
             elif n.op in ELEMENTWISE or _small_reduce(n):
                 # (a reduction over 2-4 values, relu's max against 0, is elementwise work)
                 # one kernel, and one view: then every use is the same shared subtree (reads
@@ -257,6 +259,8 @@ class _Lowerer:
     def materialized(self, n: Node) -> bool:
         if n.id in self.inline:
             return False
+        if _is_copy(n):
+            return True
         if n.op is Leaf.INPUT or any(c.op is Leaf.OUTPUT for c in self.consumers[n.id]):
             return True
         if (n.op in ELEMENTWISE or _small_reduce(n)) and len(self.consumers[n.id]) <= 3:
@@ -494,6 +498,11 @@ def _unsafe_in_place(low: Lowered) -> set[str]:
 _VARIES = -1  # a looped-axes marker: the value is under a mask that varies in the loop
 
 _TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
+
+
+def _is_copy(n: Node) -> bool:
+    """A same-dtype CAST: never made by the front end, only as an explicit copy."""
+    return n.op is Op.CAST and n.srcs[0][0].dtype is n.dtype
 
 
 def _small_reduce(n: Node) -> bool:

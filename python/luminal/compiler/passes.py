@@ -13,6 +13,7 @@ from collections.abc import Callable
 from .. import flags
 from ..graph.graph import Graph
 from .search.egraph import simplify
+from .stage import stage_strided_reads
 
 
 def egraph_pass(graph: Graph) -> Graph:
@@ -22,6 +23,7 @@ def egraph_pass(graph: Graph) -> Graph:
 
 PASSES: list[tuple[str, Callable[[Graph], Graph], flags.Flag]] = [
     ("egraph", egraph_pass, flags.EGRAPH),
+    ("stage", stage_strided_reads, flags.STAGE),
 ]
 
 

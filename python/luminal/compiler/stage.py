@@ -1,0 +1,131 @@
+"""Staging strided operands of sums: a graph pass run before lowering.
+
+A product summed over k (a matmul: broadcast multiply, then SUM_REDUCE) reads an operand that
+does not depend on an output axis (the activation of a GEMV, shared by every weight row) once
+per value of that axis. When the view it is read through splits k with div/mod (an attention
+output stored head-major and read as (seq, heads * head_dim)), every one of those reads
+recomputes the split: scalar index arithmetic per vector load in the generated kernel, and no
+unit stride for a library call. Copying the operand once into a contiguous buffer (a few
+hundred values for a GEMV) and reading that instead costs one small kernel.
+
+The copy is an explicit same-dtype CAST: lowering never fuses one into its consumer (the
+graph front end never makes an identity cast, so the node exists only to be materialized).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from ..graph import symbolic as sym
+from ..graph.graph import Graph, Node
+from ..graph.ops import ELEMENTWISE, Leaf, Op
+from ..graph.view import View, contiguous_strides, idx_vars
+
+G = TypeVar("G", bound=Graph)
+
+MIN_REUSE = 16  # stage an operand read at least this many times per element
+
+
+def _names(x: Any) -> set[str]:
+    return {v.name for v in x.vars()} if isinstance(x, sym.Expr) else set()
+
+
+def _divmod_on(e: Any, name: str) -> bool:
+    """Whether ``e`` holds a div or mod of a term that names variable ``name``."""
+    seen: set[int] = set()
+    stack = [e] if isinstance(e, sym.Expr) else []
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.kind in (sym.DIV, sym.MOD) and name in _names(x):
+            return True
+        if x.kind == sym.ADD:
+            stack += [t for t, _ in x.args[0]]
+        elif x.kind != sym.VAR:
+            stack += [a for a in x.args if isinstance(a, sym.Expr)]
+    return False
+
+
+def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
+    """(elementwise node id, source position) -> the node's axes that read names: the
+    operands of a summed product read through a div/mod split of the summed axis and shared
+    across at least ``MIN_REUSE`` values of the other axes."""
+    users: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        for s, _ in n.srcs:
+            users.setdefault(s.id, []).append(n)
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in graph.nodes:
+        if r.op is not Op.SUM_REDUCE:
+            continue
+        c, vr = r.srcs[0]
+        if c.op not in ELEMENTWISE or len(users.get(c.id, [])) != 1:
+            continue
+        if vr != View.contiguous(c.shape):
+            continue
+        k = f"_i{r.arg}"
+        for j, (s, v) in enumerate(c.srcs):
+            if s.op in (Leaf.CONSTANT, Op.IOTA) or (s.op is Leaf.INPUT and s.arg[1]):
+                continue  # constants fold; weights are repacked when the plan is built
+            if not _divmod_on(v.index, k):
+                continue
+            used = _names(v.index) | _names(v.valid)
+            reuse = 1
+            for a, ext in enumerate(v.shape):
+                if f"_i{a}" not in used:
+                    reuse *= max(sym.lower_bound(ext), 1)
+            if reuse >= MIN_REUSE:
+                out[(c.id, j)] = [a for a in range(len(v.shape)) if f"_i{a}" in used]
+    return out
+
+
+def stage_strided_reads(graph: G) -> G:
+    """A copy of ``graph`` in which each operand found by ``strided_sum_operands`` is first
+    copied contiguously (the values its view reads, in the order of the reading node's axes),
+    then read from the copy. Returns ``graph`` when there is none."""
+    found = strided_sum_operands(graph)
+    if not found:
+        return graph
+    g = type(graph)(graph.name)
+    new: dict[int, Node] = {}
+    for name, n in graph.inputs.items():
+        new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
+        if name in graph.weights:
+            g.weights[name] = graph.weights[name]
+    for n in graph.toposort():
+        if n.id in new:
+            continue
+        srcs = []
+        for j, (s, v) in enumerate(n.srcs):
+            if (n.id, j) in found:
+                srcs.append(_staged(g, new[s.id], v, found[(n.id, j)]))
+            else:
+                srcs.append((new[s.id], v))
+        if n.op is Leaf.CONSTANT:
+            new[n.id] = g.add_constant(n.arg, n.dtype)
+        elif n.op is Leaf.OUTPUT:
+            new[n.id] = g.add_output(n.arg, srcs[0], updates=graph.state.get(n.arg))
+        elif n.op is Op.IOTA:
+            new[n.id] = g.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
+        else:
+            assert isinstance(n.op, Op), f"input {n} was not registered"
+            new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
+    g.verify()
+    return g
+
+
+def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
+    """A contiguous copy of what ``v`` reads from ``s`` (shape: ``v``'s ``axes``), and the
+    view through which the reader reads the copy instead."""
+    shape = tuple(v.shape[a] for a in axes)
+    inner = idx_vars(shape)
+    rename = {f"_i{a}": inner[p] for p, a in enumerate(axes)}
+    read = View(shape, sym.substitute(v.index, rename), sym.substitute(v.valid, rename))
+    copy = g.add_op(Op.CAST, [(s, read)], arg=s.dtype)
+    outer = idx_vars(v.shape)
+    index: Any = 0
+    for a, st in zip(axes, contiguous_strides(shape)):
+        index = sym.add(index, sym.mul(outer[a], st))
+    return copy, View(tuple(v.shape), index)
