@@ -225,3 +225,14 @@ def test_softmax_stages_its_output_in_the_row_cache(monkeypatch: pytest.MonkeyPa
     ref = torch.softmax(torch.from_numpy(x), -1).numpy()
     np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
+
+
+def test_compiled_graph_run_passes_out() -> None:
+    g = lm.Graph("cg_out")
+    n = lm.dim("n", 1, 64)
+    g.output("y", F.softmax(g.input("x", (n, 9)), -1))
+    cg = lm.compile(g)
+    x = _rand(5, 9)
+    y = np.empty((5, 9), np.float32)
+    assert cg.run({"x": x}, out={"y": y}, n=5)["y"] is y
+    np.testing.assert_array_equal(y, cg.run({"x": x})["y"])

@@ -121,8 +121,15 @@ class CompiledGraph:
             self._executor = runtime.Executor(self.plan, self.backend)
         return self._executor
 
-    def run(self, inputs: Mapping[str, Any] | None = None, **dims: int) -> dict[str, np.ndarray]:
-        return self.executor.run(dict(inputs or {}), **dims)
+    def run(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        out: Mapping[str, np.ndarray] | None = None,
+        **dims: int,
+    ) -> dict[str, np.ndarray]:
+        """Runs the plan; ``out`` names caller-owned output arrays (see ``Executor.run``)."""
+        return self.executor.run(dict(inputs or {}), dims, out=out)
 
     __call__ = run
 
