@@ -20,6 +20,7 @@ from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.ops import ELEMENTWISE, Leaf, Op
 from ..graph.view import View, contiguous_strides, idx_vars
+from .search.gemm import _split_axis
 
 G = TypeVar("G", bound=Graph)
 
@@ -117,15 +118,25 @@ def stage_strided_reads(graph: G) -> G:
 
 
 def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
-    """A contiguous copy of what ``v`` reads from ``s`` (shape: ``v``'s ``axes``), and the
-    view through which the reader reads the copy instead."""
-    shape = tuple(v.shape[a] for a in axes)
+    """A contiguous copy of what ``v`` reads from ``s`` (``v``'s ``axes``, in order), and the
+    view through which the reader reads the copy instead. An axis that ``v`` splits by a
+    chain of constant divisors (k as (head, d)) is a loop per part in the copy, so the copy's
+    reads are affine; its memory layout is that of the unsplit axes."""
+    parts = [_split_axis(v.index, f"_i{a}", v.shape[a]) for a in axes]
+    shape = tuple(ext for ps in parts for ext, _ in ps)
     inner = idx_vars(shape)
-    rename = {f"_i{a}": inner[p] for p, a in enumerate(axes)}
+    rename: dict[str, Any] = {}
+    j = 0
+    for a, ps in zip(axes, parts):
+        e: Any = 0
+        for _, mult in ps:
+            e = sym.add(e, sym.mul(inner[j], mult))
+            j += 1
+        rename[f"_i{a}"] = e
     read = View(shape, sym.substitute(v.index, rename), sym.substitute(v.valid, rename))
     copy = g.add_op(Op.CAST, [(s, read)], arg=s.dtype)
     outer = idx_vars(v.shape)
     index: Any = 0
-    for a, st in zip(axes, contiguous_strides(shape)):
+    for a, st in zip(axes, contiguous_strides(tuple(v.shape[a] for a in axes))):
         index = sym.add(index, sym.mul(outer[a], st))
     return copy, View(tuple(v.shape), index)
