@@ -237,8 +237,10 @@ class _CudaEmitter(_Emitter):
         rv, ix = _c_name(v.var), self.index_type
         L = self.lines.append
         L(f"{ind}{t} {acc} = {init};")
-        L(f"{ind}for ({ix} {rv} = threadIdx.x; {rv} < {cexpr(v.extent)}; "
-          f"{rv} += {REDUCE_BLOCK}) {{")
+        L(
+            f"{ind}for ({ix} {rv} = threadIdx.x; {rv} < {cexpr(v.extent)}; "
+            f"{rv} += {REDUCE_BLOCK}) {{"
+        )
 
         def body() -> None:
             x = self.emit(v.body, ind + "  ")
@@ -290,9 +292,7 @@ def _flat_store_index(shape: Sequence[sint], first: int = 0) -> sint:
     return flat
 
 
-def render_kernel(
-    k: K.Kernel, dim_names: Sequence[str], schedule: str | None = None
-) -> CudaKernel:
+def render_kernel(k: K.Kernel, dim_names: Sequence[str], schedule: str | None = None) -> CudaKernel:
     """CUDA C for one kernel, with its launch geometry (expressions over plan dims)."""
     k = folded(k)
     schedule = schedule or choose_schedule(k)
@@ -329,8 +329,9 @@ def render_kernel(
         per = 2 if k.dtype.packed else 1
         grid = sym.ceildiv(numel, BLOCK * per)
         lines.append(f"  const {ix} t0 = ({ix})blockIdx.x * {BLOCK} + ({ix})threadIdx.x;")
-        lines.append(f"  for ({ix} t = t0 * {per}; t < t0 * {per} + {per} && t < {cexpr(numel)}; "
-                     "++t) {")
+        lines.append(
+            f"  for ({ix} t = t0 * {per}; t < t0 * {per} + {per} && t < {cexpr(numel)}; ++t) {{"
+        )
         lines += _unflatten_lines("t", shape, 0, ix, "    ", "")
         em.lines = []
         em.block(lambda: em.lines.append(store(em.emit(k.value, "    "), "    ")))
@@ -342,8 +343,10 @@ def render_kernel(
         em.lines = []
         em.hoist(k.value, frozenset({f"_i{n - 1}"}), ind)
         last = f"i{n - 1}"
-        em.lines.append(f"  for ({ix} {last} = threadIdx.x; {last} < {cexpr(shape[-1])}; "
-                        f"{last} += {threads}) {{")
+        em.lines.append(
+            f"  for ({ix} {last} = threadIdx.x; {last} < {cexpr(shape[-1])}; "
+            f"{last} += {threads}) {{"
+        )
         em.block(lambda: em.lines.append(store(em.emit(k.value, "    "), "    ")))
         lines += em.lines + ["  }"]
     elif schedule == "element":

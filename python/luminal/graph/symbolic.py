@@ -404,9 +404,7 @@ def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
     return _from_lin(q, qc), _from_lin(r, rc)
 
 
-def _split_poly(
-    terms: dict[Expr, int], const: int, dterms: dict[Expr, int]
-) -> tuple[sint, sint]:
+def _split_poly(terms: dict[Expr, int], const: int, dterms: dict[Expr, int]) -> tuple[sint, sint]:
     """a == d*q + r for a divisor with several terms (a merged symbolic extent such as
     pos + seq): whole multiples u*d whose every term appears in ``a`` with exactly the
     right coefficient move into q. 3*i*s*(p + s) + j over (p + s) gives q = 3*i*s."""

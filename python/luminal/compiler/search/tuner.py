@@ -77,7 +77,6 @@ class Stats:
     seconds: float = 0.0  # spent measuring and checking
 
 
-
 STATS = Stats()  # process-wide totals (tests count measurements with them)
 _MEMORY: dict[str, dict[str, Any]] = {}  # cache key -> decision, for identical kernels
 
