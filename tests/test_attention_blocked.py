@@ -137,3 +137,26 @@ def test_scores_without_a_dot_product_keep_the_row_form():
     }
     xs = {name: a.astype(np.float32) for name, a in xs.items()}
     np.testing.assert_allclose(lm.compile(g).run(xs)["o"], g.run(xs)["o"], atol=2e-5, rtol=1e-4)
+
+
+def test_decode_rows_read_a_computed_query_once_and_match_sdpa():
+    """1-3 query rows against many keys (a decode step): the row form with the score's dot
+    product, its query operand (here an expression, as RoPE is) computed once per row."""
+    Q, L = sym.dim("Q", 1, 3), sym.dim("L", 1, 300)
+    g = lm.Graph("attention_decode")
+    shapes = {"q": (2, 3, Q, 24), "k": (2, 3, L, 24), "v": (2, 3, L, 20)}
+    q, k, v = (g.input(n, s) for n, s in shapes.items())
+    g.output("o", F.scaled_dot_product_attention(q.mul(0.5).add(0.25), k, v))
+    low = lower(g)
+    srcs = [
+        render_kernel(kk, list(low.dims)).source
+        for kk in low.kernels
+        if any(isinstance(x, K.SoftmaxSum) for x in K.walk(kk.value))
+    ]
+    assert srcs and all("qrow[" in s for s in srcs)
+    cg = lm.compile(g)
+    for qv, lv in ((1, 1), (1, 133), (2, 37), (3, 300)):
+        xs = _inputs(shapes, {"Q": qv, "L": lv}, qv * 1000 + lv)
+        ref = {**xs, "q": xs["q"] * 0.5 + 0.25}
+        out = cg.run(xs, Q=qv, L=lv)["o"]
+        np.testing.assert_allclose(out, _sdpa(ref), atol=3e-5, rtol=1e-4)

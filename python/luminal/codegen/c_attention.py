@@ -167,17 +167,18 @@ def _render_softmax_rows(k: K.Kernel, em: _Emitter, lines: list[str], ext: list[
         "      for (int64_t ri = 0; ri < rows; ++ri) {",
         f"        const int64_t i{n - 2} = ib + ri;",
     ]
-    em.block(lambda: lines.extend(_row(k, em, "        ")))
+    em.block(lambda: lines.extend(_row(k, em, "        ", dot)))
     lines += ["      }", "      continue;", "    }"]
     em.block(lambda: lines.extend(_blocked(k, em, dot)))
     lines.append("  }")
     return tasks
 
 
-def _row(k: K.Kernel, em: _Emitter, ind: str) -> list[str]:
+def _row(k: K.Kernel, em: _Emitter, ind: str, dot: _ScoreDot | None = None) -> list[str]:
     """The row form for the row the index variables i0..i{n-2} name: per tile of keys, the
     scores, the tile max, rescale of the running sums, exp of the tile, then the weighted
-    columns accumulate as a vector."""
+    columns accumulate as a vector. With the score's dot product known (``dot``), the row's
+    query operand is computed once (RoPE included), not once per key."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n, cols = len(k.shape), k.shape[-1]
@@ -190,6 +191,11 @@ def _row(k: K.Kernel, em: _Emitter, ind: str) -> list[str]:
     out += em.lines
     ext_s = cexpr(v.extent)
     i2, i3, i4 = ind + "  ", ind + "    ", ind + "      "
+    if dot is not None:
+        rv, d = _c_name(dot.red.var), dot.red.extent
+        out += [f"{ind}float qrow[{d}];", f"{ind}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{"]
+        em.block(lambda: out.extend(_emit_into(em, dot.q, i2, "qrow[" + rv + "] = {};")))
+        out.append(f"{ind}}}")
     out += [
         f"{ind}{t} acc[{cols}] = {{0}}, m = -INFINITY, l = 0;",
         f"{ind}for (int64_t j0 = 0; j0 < {ext_s}; j0 += {T}) {{",
@@ -198,7 +204,22 @@ def _row(k: K.Kernel, em: _Emitter, ind: str) -> list[str]:
         f"{i2}for (int64_t jj = 0; jj < jn; ++jj) {{",
         f"{i3}const int64_t {jv} = j0 + jj;",
     ]
-    em.block(lambda: out.extend(_emit_into(em, v.score, i3, "sc[jj] = {};")))
+    if dot is None:
+        em.block(lambda: out.extend(_emit_into(em, v.score, i3, "sc[jj] = {};")))
+    else:
+        out += [
+            f"{i3}float dsum = 0;",
+            f"{i3}#pragma omp simd reduction(+:dsum)",
+            f"{i3}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+        ]
+        em.block(lambda: out.extend(_emit_into(em, dot.k, i4, "dsum += qrow[" + rv + "] * {};")))
+        out.append(f"{i3}}}")
+
+        def score() -> None:
+            em.scopes[-1][dot.red] = "dsum"
+            out.extend(_emit_into(em, v.score, i3, "sc[jj] = {};"))
+
+        em.block(score)
     out += [
         f"{i2}}}",
         f"{i2}{t} tm = -INFINITY;",
