@@ -139,7 +139,7 @@ def test_decode_loop_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_prefill_graph_matches_decode_graph() -> None:
-    """build_prefill (folded weights, per-head output projection, seq >= min_seq) computes what
+    """build_prefill (folded weights, seq >= min_seq) computes what
     build() computes, caches included (interpreter)."""
     hf, model = _tiny(interleaved=True)
     ids = np.asarray([5, 17, 3, 42, 8, 60, 1], np.int32)
