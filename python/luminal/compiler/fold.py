@@ -99,15 +99,19 @@ def _source_weights(graph: Graph, n: Node) -> list[str]:
     return [str(m.arg[0]).split("#")[0] for m in leaves]
 
 
-def _weight_name(graph: Graph, n: Node, taken: set[str]) -> str:
-    """``<first weight it reads>#folded`` (quantized aliases ``w#u8`` give ``w#folded``)."""
-    base = (_source_weights(graph, n) or ["weight"])[0] + "#folded"
+def _fresh(base: str, taken: set[str]) -> str:
+    """``base``, or ``base2``, ``base3``... if taken; the name is then taken."""
     name, k = base, 1
     while name in taken:
         k += 1
         name = f"{base}{k}"
     taken.add(name)
     return name
+
+
+def _weight_name(graph: Graph, n: Node, taken: set[str]) -> str:
+    """``<first weight it reads>#folded`` (quantized aliases ``w#u8`` give ``w#folded``)."""
+    return _fresh((_source_weights(graph, n) or ["weight"])[0] + "#folded", taken)
 
 
 def fold_weights(
@@ -146,15 +150,8 @@ def fold_weights(
         if n.id in new or n.id not in needed:
             continue
         srcs = [(new[s.id], v) for s, v in n.srcs]
-        if n.op is Leaf.CONSTANT:
-            new[n.id] = g.add_constant(n.arg, n.dtype)
-        elif n.op is Leaf.OUTPUT:
-            new[n.id] = g.add_output(n.arg, srcs[0], updates=graph.state.get(n.arg))
-        elif n.op is Op.IOTA:
-            new[n.id] = g.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
-        else:
-            assert isinstance(n.op, Op), f"input {n} was not registered"
-            new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
+        up = graph.state.get(n.arg) if n.op is Leaf.OUTPUT else None
+        new[n.id] = g.add_like(n, srcs, updates=up)
     g.verify()
     if progress is not None:
         nbytes = sum(v.nbytes for v in values.values())
@@ -261,12 +258,7 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
             full[tuple(slice(None) if k in keep else slice(0, 1) for k in range(full.ndim))]
         ).reshape([full.shape[k] for k in keep])
         nbytes += value.nbytes
-        base = (_source_weights(graph, n) or ["weight"])[0] + "#scale"
-        name, j = base, 1
-        while name in taken:
-            j += 1
-            name = f"{base}{j}"
-        taken.add(name)
+        name = _fresh((_source_weights(graph, n) or ["weight"])[0] + "#scale", taken)
         leaf = g.add_input(name, value.shape, n.dtype, weight=True)
         g.weights[name] = value
         compact[n.id] = (leaf, keep)
@@ -293,15 +285,8 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
                 srcs.append(_through(v, s, *compact[s.id]))
             else:
                 srcs.append((new[s.id], v))
-        if n.op is Leaf.CONSTANT:
-            new[n.id] = g.add_constant(n.arg, n.dtype)
-        elif n.op is Leaf.OUTPUT:
-            new[n.id] = g.add_output(n.arg, srcs[0], updates=graph.state.get(n.arg))
-        elif n.op is Op.IOTA:
-            new[n.id] = g.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
-        else:
-            assert isinstance(n.op, Op), f"input {n} was not registered"
-            new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
+        up = graph.state.get(n.arg) if n.op is Leaf.OUTPUT else None
+        new[n.id] = g.add_like(n, srcs, updates=up)
     g.verify()
     if progress is not None:
         nbytes += sum(a.nbytes for a, _ in packed.values())
@@ -375,12 +360,7 @@ def _repacked(
         flat = np.asarray(sym.evaluate(v.index, env), dtype=np.int64)
         src = np.asarray(graph.weights[s.arg[0]]).reshape(-1)
         values = np.ascontiguousarray(np.broadcast_to(src[flat], sizes))
-        base = str(s.arg[0]).split("#")[0] + "#packed"
-        name, j = base, 1
-        while name in taken:
-            j += 1
-            name = f"{base}{j}"
-        taken.add(name)
+        name = _fresh(str(s.arg[0]).split("#")[0] + "#packed", taken)
         leaf = g.add_input(name, values.shape, s.dtype, weight=True)
         g.weights[name] = values
         packed[key] = (values, leaf)

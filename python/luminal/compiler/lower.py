@@ -514,20 +514,7 @@ def _small_reduce(n: Node) -> bool:
 
 
 def _has_divmod(idx: dict[str, sint]) -> bool:
-    seen: set[int] = set()
-    stack = [e for e in idx.values() if isinstance(e, sym.Expr)]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if e.kind in (sym.DIV, sym.MOD):
-            return True
-        if e.kind == sym.ADD:
-            stack += [t for t, _ in e.args[0]]
-        elif e.kind != sym.VAR:
-            stack += [a for a in e.args if isinstance(a, sym.Expr)]
-    return False
+    return any(sym.has_divmod(e) for e in idx.values())
 
 
 def _masked(valid: sint, v: K.Value) -> K.Value:

@@ -31,24 +31,6 @@ def _names(x: Any) -> set[str]:
     return {v.name for v in x.vars()} if isinstance(x, sym.Expr) else set()
 
 
-def _divmod_on(e: Any, name: str) -> bool:
-    """Whether ``e`` holds a div or mod of a term that names variable ``name``."""
-    seen: set[int] = set()
-    stack = [e] if isinstance(e, sym.Expr) else []
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if x.kind in (sym.DIV, sym.MOD) and name in _names(x):
-            return True
-        if x.kind == sym.ADD:
-            stack += [t for t, _ in x.args[0]]
-        elif x.kind != sym.VAR:
-            stack += [a for a in x.args if isinstance(a, sym.Expr)]
-    return False
-
-
 def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
     """(elementwise node id, source position) -> the node's axes that read names: the
     operands of a summed product read through a div/mod split of the summed axis and shared
@@ -70,7 +52,7 @@ def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
         for j, (s, v) in enumerate(c.srcs):
             if s.op in (Leaf.CONSTANT, Op.IOTA) or (s.op is Leaf.INPUT and s.arg[1]):
                 continue  # constants fold; weights are repacked when the plan is built
-            if not _divmod_on(v.index, k):
+            if not sym.has_divmod(v.index, k):
                 continue
             used = _names(v.index) | _names(v.valid)
             reuse = 1
@@ -104,15 +86,8 @@ def stage_strided_reads(graph: G) -> G:
                 srcs.append(_staged(g, new[s.id], v, found[(n.id, j)]))
             else:
                 srcs.append((new[s.id], v))
-        if n.op is Leaf.CONSTANT:
-            new[n.id] = g.add_constant(n.arg, n.dtype)
-        elif n.op is Leaf.OUTPUT:
-            new[n.id] = g.add_output(n.arg, srcs[0], updates=graph.state.get(n.arg))
-        elif n.op is Op.IOTA:
-            new[n.id] = g.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
-        else:
-            assert isinstance(n.op, Op), f"input {n} was not registered"
-            new[n.id] = g.add_op(n.op, srcs, arg=n.arg)
+        up = graph.state.get(n.arg) if n.op is Leaf.OUTPUT else None
+        new[n.id] = g.add_like(n, srcs, updates=up)
     g.verify()
     return g
 

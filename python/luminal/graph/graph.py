@@ -180,6 +180,18 @@ class Graph:
         self.inputs[name] = node
         return node
 
+    def add_like(self, n: Node, srcs: Sequence[Src], updates: str | None = None) -> Node:
+        """A node like ``n`` of another graph (a constant, an output, an op; not an input),
+        reading ``srcs``: graph rewrites that rebuild a graph copy nodes with this."""
+        if n.op is Leaf.CONSTANT:
+            return self.add_constant(n.arg, n.dtype)
+        if n.op is Leaf.OUTPUT:
+            return self.add_output(n.arg, srcs[0], updates=updates)
+        if n.op is Op.IOTA:
+            return self.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
+        assert isinstance(n.op, Op), f"input {n} was not registered"
+        return self.add_op(n.op, list(srcs), arg=n.arg)
+
     def add_constant(self, value: Any, dtype: Any) -> Node:
         d = dt.to_dtype(dtype)
         if isinstance(value, sym.Expr):

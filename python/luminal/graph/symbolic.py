@@ -740,6 +740,25 @@ def _np_or(fn: Callable, np_name: str, a: Any, b: Any, as_int: bool = False) -> 
     return r.astype(np.int64) if as_int else r
 
 
+def has_divmod(e: sint, name: str | None = None) -> bool:
+    """Whether ``e`` holds a floor division or modulo (of a term naming variable ``name``,
+    when given)."""
+    seen: set[int] = set()
+    stack = [e] if isinstance(e, Expr) else []
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.kind in (DIV, MOD) and (name is None or name in {v.name for v in x.vars()}):
+            return True
+        if x.kind == ADD:
+            stack += [t for t, _ in x.args[0]]
+        elif x.kind != VAR:
+            stack += [a for a in x.args if isinstance(a, Expr)]
+    return False
+
+
 def free_dims(xs: Iterable[sint]) -> set[Expr]:
     """Named (non-index) variables used by the expressions."""
     out: set[Expr] = set()
