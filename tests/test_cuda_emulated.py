@@ -23,6 +23,7 @@ import luminal as lm
 import luminal.functional as F
 from luminal.codegen import c as cgen
 from luminal.codegen import cuda
+from luminal.codegen.c_prelude import SHARED_HELPERS
 from luminal.compiler.lower import lower
 from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
@@ -103,7 +104,7 @@ template <typename F> static void lm_run(F kernel, int64_t grid, int64_t block) 
 
 
 def _build(rendered: Sequence[cuda.CudaKernel], dtypes: dict[int, dt.DType], n_dims: int):  # type: ignore[no-untyped-def]
-    parts = [EMU_HEAD, cgen.SHARED_HELPERS, EMU_TAIL]
+    parts = [EMU_HEAD, SHARED_HELPERS, EMU_TAIL]
     for ck in rendered:
         parts.append(ck.source.split("#endif\n", 1)[1].replace('extern "C" ', ""))
         call_args = []

@@ -25,6 +25,7 @@ import luminal as lm
 import luminal.functional as F
 from luminal.codegen import c as cgen
 from luminal.codegen import cuda, cuda_gemm, nvrtc
+from luminal.codegen.c_prelude import SHARED_HELPERS
 from luminal.compiler import kernel_ir as K
 from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
@@ -126,7 +127,7 @@ def _emulate(gk: cuda_gemm.GemmKernel, bufs: dict[int, np.ndarray], dims: dict[s
                  for i, b in enumerate(gk.args)]  # fmt: skip
     call_args += [f"dims[{j}]" for j in range(len(dim_names))]
     src = "\n".join([
-        EMU_HEAD, cgen.SHARED_HELPERS, EMU_TAIL, EMU_MMA, body,
+        EMU_HEAD, SHARED_HELPERS, EMU_TAIL, EMU_MMA, body,
         f'extern "C" void launch(void **args, const int64_t *dims, const int64_t *grid, '
         f"int64_t block) {{ lm_run3([&] {{ {gk.name}({', '.join(call_args)}); }}, grid, block); }}",
     ])  # fmt: skip

@@ -36,7 +36,6 @@ from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
 from . import nvrtc
 from .c import (
-    SHARED_HELPERS,
     _c_name,
     _Emitter,
     cexpr,
@@ -46,6 +45,7 @@ from .c import (
     storage_ctype,
     store_stmt,
 )
+from .c_prelude import SHARED_HELPERS
 from .cuda_gemm import GemmKernel, render_gemm
 
 PRELUDE = (
