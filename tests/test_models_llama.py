@@ -111,13 +111,9 @@ def _compiled_available() -> bool:
     return hasattr(luminal, "compile")
 
 
-@pytest.mark.skipif(
-    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
-)
-def test_decode_loop_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """256 decode steps through one compiled plan: compile is called exactly once."""
-    hf, model = _tiny(ctx=300)
-    calls = []
+def _count_compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the graphs luminal.compile is called on from now on (in order)."""
+    calls: list[str] = []
     real = luminal.compile
 
     def counting(graph, *a, **k):
@@ -125,6 +121,16 @@ def test_decode_loop_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(graph, *a, **k)
 
     monkeypatch.setattr(luminal, "compile", counting)
+    return calls
+
+
+@pytest.mark.skipif(
+    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
+)
+def test_decode_loop_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 decode steps through one compiled plan: compile is called exactly once."""
+    hf, model = _tiny(ctx=300)
+    calls = _count_compiles(monkeypatch)
     s = LlamaSession(model, "compiled")
     prompt = [5, 17, 3, 42]
     lg = s.forward(prompt)
@@ -176,14 +182,7 @@ def test_long_prompts_use_the_prefill_plan(monkeypatch: pytest.MonkeyPatch) -> N
     """A prompt of prefill_min+ tokens compiles the prefill plan once (on first use) and runs
     on it; shorter prompts and decode steps run on the decode plan; both share the cache."""
     hf, model = _tiny(ctx=32)
-    calls = []
-    real = luminal.compile
-
-    def counting(graph, *a, **k):
-        calls.append(graph.name)
-        return real(graph, *a, **k)
-
-    monkeypatch.setattr(luminal, "compile", counting)
+    calls = _count_compiles(monkeypatch)
     s = LlamaSession(model, "compiled", prefill_min=5)
     assert calls == ["llama"] and s.has_prefill and s.prefill_runner is None
     ids = [5, 17, 3, 42, 8, 60, 1, 9, 33, 2, 7, 11]
@@ -230,17 +229,23 @@ SMOL_ATOL = 5e-4
 
 
 @pytest.mark.slow
+def _greedy(s: LlamaSession, ids: list[int], steps: int) -> tuple[list[np.ndarray], list[int]]:
+    """The prompt's last logits and ``steps`` greedy decode steps' logits, and the tokens."""
+    got = [s.forward(ids)]
+    gen: list[int] = []
+    for _ in range(steps):
+        gen.append(int(np.argmax(got[-1])))
+        got.append(s.forward([gen[-1]]))
+    return got, gen
+
+
 def test_smollm2_logits_match_transformers(smol) -> None:
     """Interpreter, weights dequantized by gguf at load: last prompt position + 3 decode steps
     against transformers on the same dequantized weights (teacher-forced)."""
     model, tok, hf = smol
     ids = tok.encode("The capital of France is")
     s = LlamaSession(model, "interp")
-    got = [s.forward(ids)]
-    gen: list[int] = []
-    for _ in range(3):
-        gen.append(int(np.argmax(got[-1])))
-        got.append(s.forward([gen[-1]]))
+    got, gen = _greedy(s, ids, 3)
     ref = _hf_logits(hf, ids + gen)[len(ids) - 1 :]
     assert np.abs(np.stack(got) - ref).max() < SMOL_ATOL
     assert tok.decode(gen).startswith(" Paris")
@@ -315,11 +320,7 @@ def test_smollm2_prefill_plan_matches_transformers(smol) -> None:
     )
     s = LlamaSession(model, "compiled")
     assert s.prefill_min is not None and len(ids) >= s.prefill_min
-    got = [s.forward(ids)]
+    got, gen = _greedy(s, ids, 3)
     assert s.prefill_runner is not None  # the prompt ran on the prefill plan
-    gen: list[int] = []
-    for _ in range(3):
-        gen.append(int(np.argmax(got[-1])))
-        got.append(s.forward([gen[-1]]))
     ref = _hf_logits(hf, ids + gen)[len(ids) - 1 :]
     assert np.abs(np.stack(got) - ref).max() < SMOL_ATOL
