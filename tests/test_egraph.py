@@ -298,7 +298,7 @@ def test_ill_typed_rule_is_an_error_naming_it() -> None:
 
 
 def test_pass_list_flag_and_debug_output(monkeypatch, capsys) -> None:
-    assert [name for name, _, _ in passes.PASSES] == ["egraph", "stage"]
+    assert [name for name, _, _ in passes.PASSES] == ["siblings", "egraph", "stage"]
     g = CASES["log2-exp2"][0]
     graph = _graph(g, [(9,)], F)
     monkeypatch.setenv(flags.EGRAPH.name, "0")

@@ -51,6 +51,11 @@ STAGE = Flag(
     "0 skips copying div/mod-strided operands of sums contiguously first (compiler/stage.py)",
 )  # fmt: skip
 
+SIBLINGS = Flag(
+    "LUMINAL_SIBLINGS", "1",
+    "0 skips merging products of one operand by several weights into one (compiler/siblings.py)",
+)  # fmt: skip
+
 CUBLASLT = Flag(
     "LUMINAL_CUBLASLT", "",
     "libcublasLt to load for gemm calls on CUDA (default: what cuda-pathfinder finds, else "
@@ -76,7 +81,8 @@ SEARCH_SCHEDULES = Flag(
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, STAGE, CUBLASLT, SEARCH_BUDGET,
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, STAGE, SIBLINGS,
+       CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_SCHEDULES)  # fmt: skip
 
 

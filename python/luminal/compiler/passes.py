@@ -13,6 +13,7 @@ from collections.abc import Callable
 from .. import flags
 from ..graph.graph import Graph
 from .search.egraph import simplify
+from .siblings import merge_sibling_products
 from .stage import stage_strided_reads
 
 
@@ -22,6 +23,7 @@ def egraph_pass(graph: Graph) -> Graph:
 
 
 PASSES: list[tuple[str, Callable[[Graph], Graph], flags.Flag]] = [
+    ("siblings", merge_sibling_products, flags.SIBLINGS),
     ("egraph", egraph_pass, flags.EGRAPH),
     ("stage", stage_strided_reads, flags.STAGE),
 ]

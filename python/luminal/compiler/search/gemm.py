@@ -10,11 +10,13 @@ and, if the kernel did more than the product (a fused bias or activation), an ep
 that reads the product back. Which one runs is decided by measurement (compile.py).
 
 When an operand fails only the layout premises (it is read through a view with no unit-stride
-axis, e.g. the head-major attention output read as (seq, heads * head_dim)), but is a plain
-f32 load whose index uses only the product's own loop variables, ``match_gemm_copy`` puts a
-small generated copy kernel first: it writes the operand contiguously into a scratch buffer,
-which the gemm call then reads. The copy reads exactly the addresses the kernel reads, so
-the rewrite is exact; the measured search keeps it only if it is faster.
+axis, e.g. the head-major attention output read as (seq, heads * head_dim)), or is not a
+load at all but an elementwise expression lowering fused into the product (silu(gate) * up
+read from two slices of one merged gate/up product), and uses only the product's own loop
+variables, ``match_gemm_copy`` puts a small generated kernel first: it writes the operand's
+values contiguously into a scratch buffer, which the gemm call then reads. The copy computes
+exactly what the kernel computes per operand element, so the rewrite is exact; the measured
+search keeps it only if it is faster.
 """
 
 from __future__ import annotations
@@ -185,8 +187,16 @@ def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative |
     return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size, k_size, batch)
 
 
-def _loop_vars(e: sint) -> set[str]:
-    return {x.name for x in e.vars() if x.extent is not None} if isinstance(e, sym.Expr) else set()
+def _plain_load(v: K.Value) -> bool:
+    return isinstance(v, K.Load) and v.valid == 1 and v.dtype is dt.f32
+
+
+def _elementwise(v: K.Value) -> bool:
+    """An f32 value computed pointwise from loads (an activation fused into the product's
+    operand, such as silu(gate) * up): no reduction or gather inside."""
+    return v.dtype is dt.f32 and not any(
+        isinstance(x, K.Reduce | K.Gather | K.SoftmaxSum) for x in K.walk(v)
+    )
 
 
 def _is_var(e: sint, name: str) -> bool:
@@ -207,13 +217,15 @@ def _divisors(e: sint, name: str, out: set[int]) -> None:
         _divisors(x, name, out)
 
 
-def _split_axis(index: sint, name: str | None, size: sint) -> list[tuple[sint, int]]:
+def _split_axis(index: sint | list[sint], name: str | None, size: sint) -> list[tuple[sint, int]]:
     """(extent, multiplier) of the loops that walk axis ``name`` of ``size``, outermost first:
-    one loop, or several where ``index`` divides the axis variable by a chain of constants."""
+    one loop, or several where ``index`` (or any of a list of indices) divides the axis
+    variable by a chain of constants."""
     if name is None or not isinstance(size, int):
         return [(size, 1)]
     found: set[int] = set()
-    _divisors(index, name, found)
+    for e in index if isinstance(index, list) else [index]:
+        _divisors(e, name, found)
     chain: list[int] = []
     for d in sorted(found):
         if 1 < d < size and size % d == 0 and (not chain or d % chain[-1] == 0):
@@ -241,12 +253,12 @@ def _match_copied(
     kern: K.Kernel, r: K.Reduce, roles: tuple[int, ...], new_buffer_id: int
 ) -> GemmAlternative | None:
     """``_match`` on ``kern`` with operand A (role 0) and/or B (role 1) read from a copy."""
-    if r.dtype is not dt.f32 or not isinstance(r.body, K.Alu):
+    if r.dtype is not dt.f32 or not isinstance(r.body, K.Alu) or len(r.body.srcs) != 2:
         return None
     loads = r.body.srcs
-    if not all(isinstance(x, K.Load) and x.valid == 1 and x.dtype is dt.f32 for x in loads):
+    if not all(_plain_load(x) or _elementwise(x) for x in loads):
         return None
-    if any(x.buf == kern.out for x in loads):  # type: ignore[union-attr]
+    if any(isinstance(x, K.Load) and x.buf == kern.out for v in loads for x in K.walk(v)):
         return None  # the call would overwrite what it reads
     shape, kv = kern.shape, r.var
     rank = len(shape)
@@ -258,7 +270,8 @@ def _match_copied(
     m_size, n_size = (shape[-2] if rank >= 2 else 1), shape[-1]
     batch_names = [f"_i{j}" for j in range(nb)]
     names = {*batch_names, n_name, kv.name} | ({m_name} if m_name else set())
-    used = [_loop_vars(x.index) for x in loads]  # type: ignore[union-attr]
+    memo: dict[int, frozenset[str]] = {}
+    used = [set(K.free_vars(x, memo)) for x in loads]
     # a variable of an enclosing loop has no value when the copy runs
     if any(u - names for u in used):
         return None
@@ -269,12 +282,14 @@ def _match_copied(
         order = (1, 0)
     else:
         return None
+    if any(not _plain_load(loads[order[role]]) for role in (0, 1) if role not in roles):
+        return None  # an operand computed on the fly must be one of the copies
     srcs = list(loads)
     copies: list[K.Kernel] = []
     for role in roles:
         i = order[role]
         load = loads[i]
-        assert isinstance(load, K.Load)
+        indices = [x.index for x in K.walk(load) if isinstance(x, K.Load)]
         # batch dims are copied only when the operand moves with them (else it is shared)
         own_batch = list(range(nb)) if set(batch_names) & used[i] else []
         inner = [(m_name, m_var, m_size), (kv.name, kv, r.extent)] if role == 0 else [
@@ -286,7 +301,7 @@ def _match_copied(
         mapping: dict[str, sint] = {}
         for nm, _, size in axes:
             at: sint = 0
-            for part, mult in _split_axis(load.index, nm, size):
+            for part, mult in _split_axis(indices, nm, size):
                 at = sym.add(at, sym.mul(sym.index_var(len(cshape), part), mult))
                 cshape.append(part)
             if nm:
