@@ -330,10 +330,22 @@ std::shared_ptr<const Plan> Plan::load(const std::string &path) {
 
 std::shared_ptr<const Plan> Plan::from_bytes(const void *data, size_t n,
                                              const std::string &base_dir) {
+  return from_parts({{data, n}}, base_dir);
+}
+
+std::shared_ptr<const Plan>
+Plan::from_parts(const std::vector<std::pair<const void *, size_t>> &parts,
+                 const std::string &base_dir) {
+  size_t n = 0;
+  for (const auto &p : parts) n += p.second;
   // Copy into aligned memory so inline weights keep their alignment (huge pages when large).
   void *mem = host_alloc(n, kAlign);
   if (!mem) throw Error("out of memory copying plan bytes");
-  if (n) std::memcpy(mem, data, n);
+  size_t at = 0;
+  for (const auto &p : parts) {
+    if (p.second) std::memcpy(static_cast<uint8_t *>(mem) + at, p.first, p.second);
+    at += p.second;
+  }
   std::shared_ptr<const void> keep(mem, [](const void *p) { std::free(const_cast<void *>(p)); });
   return parse(static_cast<const uint8_t *>(mem), n, keep, base_dir);
 }

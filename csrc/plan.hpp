@@ -108,6 +108,11 @@ struct Plan {
   static std::shared_ptr<const Plan> load(const std::string &path);
   static std::shared_ptr<const Plan> from_bytes(const void *data, size_t n,
                                                 const std::string &base_dir);
+  // The same for plan bytes given in pieces (header, body, each weight): copied once, straight
+  // into the plan's own aligned memory.
+  static std::shared_ptr<const Plan>
+  from_parts(const std::vector<std::pair<const void *, size_t>> &parts,
+             const std::string &base_dir);
 
   // Names the places that use expression `id`, for error messages.
   std::string expr_users(uint32_t id) const;

@@ -233,6 +233,27 @@ def test_weights_inline_and_external_file(tmp_path) -> None:
         runtime.load(plan_path)
 
 
+def test_a_plan_object_shares_its_inline_weights_with_the_runtime(tmp_path) -> None:
+    """Loading a Plan object copies its bytes once into the runtime; the plan's inline weights
+    then view that copy (held once), and the plan still serializes to the same bytes."""
+    write_weights(tmp_path / "w.bin")
+    p = weight_plan(str(tmp_path / "w.bin"))
+    before = p.to_bytes()
+    assert b"".join(p.parts()) == before
+    ex = runtime.Executor(p)
+    shared = p.weights[0]
+    assert isinstance(shared, InlineWeight) and isinstance(shared.data, np.ndarray)
+    assert not shared.data.flags.writeable and shared.data.dtype == np.uint8
+    np.testing.assert_array_equal(shared.data.view(np.float32), np.arange(6, dtype=np.float32))
+    assert isinstance(p.weights[1], FileWeight)  # file weights stay where they are
+    assert p.to_bytes() == before
+    x = rand(6)
+    got = ex.run({"x": x})["y"]
+    del ex  # the view keeps the runtime's bytes alive
+    np.testing.assert_array_equal(shared.data.view(np.float32), np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(runtime.Executor(p).run({"x": x})["y"], got)
+
+
 FRESH = textwrap.dedent(
     """
     import sys, numpy as np

@@ -1,5 +1,6 @@
 // Plan loading and the facts runtime.py needs about inputs and outputs.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -22,6 +23,51 @@ void init_plan(nb::module_ &m) {
           },
           nb::arg("data"), nb::arg("base_dir") = ".",
           "Validates plan bytes; external weight paths resolve against base_dir.")
+      .def_static(
+          "from_parts",
+          [](nb::list parts, const std::string &base_dir) {
+            // buffers held for the copy only; Plan::from_parts copies each once
+            struct View {
+              Py_buffer b{};
+              bool held = false;
+              ~View() {
+                if (held) PyBuffer_Release(&b);
+              }
+            };
+            std::vector<View> views(parts.size());
+            std::vector<std::pair<const void *, size_t>> spans;
+            for (size_t i = 0; i < parts.size(); ++i) {
+              if (PyObject_GetBuffer(parts[i].ptr(), &views[i].b, PyBUF_C_CONTIGUOUS) != 0)
+                throw nb::python_error();
+              views[i].held = true;
+              spans.emplace_back(views[i].b.buf, size_t(views[i].b.len));
+            }
+            return Plan::from_parts(spans, base_dir);
+          },
+          nb::arg("parts"), nb::arg("base_dir") = ".",
+          "from_bytes for plan bytes given as a list of buffers (concatenated once, in C++).")
+      .def(
+          "weight_view",
+          [](std::shared_ptr<const Plan> p, size_t i) -> nb::object {
+            if (i >= p->weights.size())
+              throw nb::index_error(
+                  ("weight " + std::to_string(i) + " of " + std::to_string(p->weights.size()))
+                      .c_str());
+            const luminal::WeightSource &w = p->weights[i];
+            if (w.external) return nb::none();
+            // the array keeps the plan (and so its bytes) alive
+            auto *hold = new std::shared_ptr<const Plan>(p);
+            nb::capsule owner(hold, [](void *q) noexcept {
+              delete static_cast<std::shared_ptr<const Plan> *>(q);
+            });
+            size_t shape[1] = {size_t(w.nbytes)};
+            nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>> arr(p->blob + w.offset, 1, shape,
+                                                                   owner);
+            return nb::cast(arr);
+          },
+          nb::arg("i"),
+          "Inline weight i's bytes in the plan's memory, as a read-only uint8 array (None for "
+          "a weight kept in an external file).")
       .def_ro("backend", &Plan::backend)
       .def_ro("arch", &Plan::arch)
       .def_ro("metadata", &Plan::metadata)

@@ -305,12 +305,14 @@ class Plan:
     # -- bytes -----------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        out = bytearray()
+        return b"".join(self.parts())
+
+    def parts(self) -> list[bytes | memoryview]:
+        """The plan's bytes in pieces (header, body, then each inline weight as a view of its
+        data, not a copy): ``b"".join(parts)`` is ``to_bytes()``."""
         from .plan_io import _serialize
 
-        for chunk in _serialize(self):
-            out += chunk
-        return bytes(out)
+        return list(_serialize(self))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the plan, streaming the weight blob (nothing is copied twice)."""

@@ -28,7 +28,7 @@ import numpy as np
 import scipy_openblas32  # noqa: F401  (loads OpenBLAS with RTLD_GLOBAL before _rt needs it)
 
 from luminal import _rt, flags
-from luminal.plan import DType, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
+from luminal.plan import DType, InlineWeight, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
 
 __all__ = ["Executor", "PlanError", "backends", "load", "luminal_run_path", "numpy_dtype"]
 
@@ -99,10 +99,23 @@ class _IO:
         self.raw = self.np_dtype.kind == "V"
 
 
+def _share_inline_weights(plan: Plan, loaded: Any) -> None:
+    """Point ``plan``'s inline weights at the bytes ``loaded`` (the runtime's parsed copy)
+    holds, dropping the plan's own arrays (the runtime copies a plan's bytes when it loads
+    it; without this a compiled model would hold every weight twice)."""
+    for i, wt in enumerate(plan.weights):
+        if isinstance(wt, InlineWeight):
+            view = loaded.weight_view(i)
+            if view is not None:
+                wt.data = view
+
+
 class Executor:
     """A plan loaded on a backend, ready to run many times with different dims.
 
-    ``plan`` is a path to a ``.lmp`` file, plan bytes, or a :class:`luminal.plan.Plan`.
+    ``plan`` is a path to a ``.lmp`` file, plan bytes, or a :class:`luminal.plan.Plan`. A Plan
+    object's inline weights become read-only views of the runtime's copy of them (the same
+    bytes), so a compiled model holds its weights once.
     External weight files resolve against the plan file's folder, or ``base_dir`` for bytes
     and Plan objects. Raises :class:`luminal.plan.PlanError` for a bad plan and RuntimeError
     when kernels cannot be built (the message holds the compiler's log).
@@ -116,8 +129,9 @@ class Executor:
         base_dir: str | os.PathLike[str] = ".",
     ) -> None:
         if isinstance(plan, Plan):
-            plan = plan.to_bytes()
-        if isinstance(plan, (bytes, bytearray, memoryview)):
+            self._plan = _rt.Plan.from_parts(plan.parts(), os.fspath(base_dir))
+            _share_inline_weights(plan, self._plan)
+        elif isinstance(plan, (bytes, bytearray, memoryview)):
             self._plan = _rt.Plan.from_bytes(bytes(plan), os.fspath(base_dir))
         elif isinstance(plan, (str, os.PathLike)):
             self._plan = _rt.Plan.load(os.fspath(plan))

@@ -67,12 +67,14 @@ class Runner:
     """Runs one graph many times with different dims. ``backend='compiled'`` compiles it once
     with ``luminal.compile`` (a CPU plan run by the C++ runtime); ``'interp'`` uses the
     reference interpreter; ``'auto'`` compiles when the compiler and runtime are available and
-    falls back to the interpreter otherwise. ``backend`` says which one runs."""
+    falls back to the interpreter otherwise. ``backend`` says which one runs. A compiled
+    runner lets go of its graph (``graph`` is None): the plan holds all it needs, and a graph
+    with weights folded at build time would otherwise keep a second copy of them."""
 
     def __init__(self, graph: Graph, backend: str = "auto", quiet: bool = True) -> None:
         if backend not in ("auto", "compiled", "interp"):
             raise ValueError(f"unknown backend {backend!r} (auto, compiled, interp)")
-        self.graph = graph
+        self.graph: Graph | None = graph
         self.compiles = 0
         self.backend = "interp"
         self._plan: Any = None
@@ -90,10 +92,12 @@ class Runner:
             else:
                 self.compiles += 1
                 self.backend = "compiled"
+                self.graph = None
 
     def __call__(self, inputs: Mapping[str, Any], **dims: int) -> dict[str, np.ndarray]:
         if self._plan is not None:
             return dict(self._plan.run(dict(inputs), **dims))
+        assert self.graph is not None
         return self.graph.run(inputs, **dims)
 
 
