@@ -81,7 +81,7 @@ SEARCH_SCHEDULES = Flag(
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, EGRAPH, STAGE, SIBLINGS,
+ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_SCHEDULES)  # fmt: skip
 
