@@ -160,3 +160,53 @@ def test_decode_rows_read_a_computed_query_once_and_match_sdpa():
         ref = {**xs, "q": xs["q"] * 0.5 + 0.25}
         out = cg.run(xs, Q=qv, L=lv)["o"]
         np.testing.assert_allclose(out, _sdpa(ref), atol=3e-5, rtol=1e-4)
+
+
+def _skips(g) -> bool:
+    low = lower(g)
+    srcs = [
+        render_kernel(kk, list(low.dims)).source
+        for kk in low.kernels
+        if any(isinstance(x, K.SoftmaxSum) for x in K.walk(kk.value))
+    ]
+    return any("if (dead) continue;" in s for s in srcs)
+
+
+def test_tiles_masked_for_a_whole_block_are_skipped_and_results_stay():
+    # a score monotone in its dot product (scale, additive mask) gets the tile skip: causal
+    # blocks skip the keys past their last row; a block whose rows are all masked skips
+    # every tile and gives NaN like the naive graph
+    n, d = 200, 24
+    g = lm.Graph("attention_skip")
+    q, k, v = g.input("q", (n, d)), g.input("k", (n, d)), g.input("v", (n, 9))
+    m = g.input("m", (n, n))
+    g.output("o", F.softmax(q.matmul(k.transpose(-1, -2)).mul(0.2).add(m), -1).matmul(v))
+    assert _forms(g) == {"blocked"} and _skips(g)
+    rng = np.random.default_rng(11)
+    xs = {name: rng.standard_normal(s).astype(np.float32) for name, s in
+          (("q", (n, d)), ("k", (n, d)), ("v", (n, 9)))}  # fmt: skip
+    causal = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+    xs["m"] = causal.copy()
+    xs["m"][64:128, :] = -np.inf  # the second block of 64 rows: nothing left
+    out = lm.compile(g).run(xs)["o"]
+    ref = g.run(xs)["o"]
+    assert np.isnan(out[64:128]).all() and np.isnan(ref[64:128]).all()
+    keep = np.r_[0:64, 128:n]
+    np.testing.assert_allclose(out[keep], ref[keep], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(
+        out[keep], _sdpa({**xs, "m": causal}, scale=0.2)[keep], atol=3e-5, rtol=1e-4
+    )
+
+
+def test_scores_not_monotone_in_the_dot_product_keep_every_tile():
+    # a score that squares its dot product is not monotone in it: no skip
+    g = lm.Graph("attention_square")
+    q, k, v = g.input("q", (70, 16)), g.input("k", (70, 16)), g.input("v", (70, 8))
+    qk = q.matmul(k.transpose(-1, -2))
+    s = qk.mul(qk).mul(0.01)
+    g.output("o", F.softmax(s, -1).matmul(v))
+    assert _forms(g) == {"blocked"} and not _skips(g)
+    rng = np.random.default_rng(4)
+    xs = {name: rng.standard_normal(sh).astype(np.float32) for name, sh in
+          (("q", (70, 16)), ("k", (70, 16)), ("v", (70, 8)))}  # fmt: skip
+    np.testing.assert_allclose(lm.compile(g).run(xs)["o"], g.run(xs)["o"], atol=2e-5, rtol=1e-4)

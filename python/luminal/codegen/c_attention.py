@@ -44,6 +44,7 @@ _SM_PRELUDE = r"""
 #define LM_VL 4
 #endif
 #define LM_SM_T (4 * LM_VL)
+#define LM_FLT_MAX 3.40282347e+38f
 typedef float lm_vf __attribute__((vector_size(LM_VL * 4)));
 static inline lm_vf lm_vld(const float *p) { lm_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void lm_vst(float *p, lm_vf v) { memcpy(p, &v, sizeof v); }
@@ -108,6 +109,21 @@ def _score_dot(k: K.Kernel) -> _ScoreDot | None:
         if key not in K.free_vars(q, memo) and row not in K.free_vars(kk, memo):
             return _ScoreDot(red, q, kk)
     return None
+
+
+def _monotone_in(v: K.Value, red: K.Reduce) -> bool:
+    """Whether ``v`` reaches ``red`` once, through additions and multiplications by values that
+    do not hold it: then, for fixed indices, ``v`` is monotone in ``red``'s value (IEEE
+    rounding keeps monotonicity), and its extremes over every finite dot product are at
+    -FLT_MAX and FLT_MAX."""
+    if v is red:
+        return True
+    if not isinstance(v, K.Alu) or v.op not in (Op.ADD, Op.MUL) or len(v.srcs) != 2:
+        return False
+    has = [any(x is red for x in K.walk(s)) for s in v.srcs]
+    if has[0] == has[1]:
+        return False
+    return _monotone_in(v.srcs[0] if has[0] else v.srcs[1], red)
 
 
 def _decode_task(lines: list[str], ext: list[str], dims: int, rem: str) -> None:
@@ -248,6 +264,44 @@ def _row(k: K.Kernel, em: _Emitter, ind: str, dot: _ScoreDot | None = None) -> l
     return out
 
 
+def _masked_tile_skip(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
+    """C that skips a tile of keys no row of the block gives weight: every score is -inf
+    for both extreme finite dot products, so (the score being monotone in its dot) for every
+    finite one; the tile would add exp2(-inf) = 0 to every sum (a causal mask's keys past the
+    block's last row). The check is a vector loop per row and stops after the first row
+    with a live score, so an unmasked tile pays for one row of it. Dot products that overflow to inf are not covered: like attention that skips
+    causally masked keys, their masked scores then do not turn the row into NaN."""
+    v = k.value
+    assert isinstance(v, K.SoftmaxSum)
+    n = len(k.shape)
+    row, jv = f"i{n - 2}", _c_name(v.var)
+    out = [
+        "      { /* a tile every score of the block leaves at -inf adds nothing: skip it */",
+        "        int dead = 1;",
+        "        for (int64_t ri = 0; ri < rows && dead; ++ri) {",
+        f"          const int64_t {row} = ib + ri;",
+        "          #pragma omp simd reduction(&:dead)",
+        "          for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"            const int64_t {jv} = j0 + jj;",
+        "            float hi, lo;",
+    ]
+    for bound, var in (("LM_FLT_MAX", "hi"), ("-LM_FLT_MAX", "lo")):
+
+        def score(bound: str = bound, var: str = var) -> None:
+            em.scopes[-1][dot.red] = bound
+            out.extend(_emit_into(em, v.score, "            ", var + " = {};"))
+
+        em.block(score)
+    out += [
+        "            dead &= (hi == -INFINITY) & (lo == -INFINITY); /* NaN: live */",
+        "          }",
+        "        }",
+        "        if (dead) continue;",
+        "      }",
+    ]
+    return out
+
+
 def _blocked(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
     """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB)."""
     v = k.value
@@ -276,6 +330,10 @@ def _blocked(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
         "    }",
         f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += LM_SM_T) {{",
         f"      const int64_t jn = lm_min(LM_SM_T, {ext_s} - j0);",
+    ]
+    if _monotone_in(v.score, dot.red):
+        out += _masked_tile_skip(k, em, dot)
+    out += [
         "      /* the tile's key operands transposed (keys along vectors) and its value rows;",
         "         keys past the end are zero (their scores are -inf below) */",
         "      for (int64_t jj = jn; jj < LM_SM_T; ++jj) {",
