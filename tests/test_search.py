@@ -50,7 +50,7 @@ def _mm_graph(bias: bool) -> lm.Graph:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("prefer", ["gemm", "generated"])
+@pytest.mark.parametrize("prefer", ["gemm", "generated", "order=1"])
 def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
     g = _mm_graph(bias)
@@ -61,13 +61,20 @@ def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp
     def measure(sub, dims):
         has_lib = any(isinstance(s, K.LibCall) for s in sub.kernels)
         calls.append(has_lib)
-        return 1.0 if has_lib == (prefer == "gemm") else 2.0
+        if has_lib:
+            return 1.0 if prefer == "gemm" else 3.0
+        order = sub.kernels[0].schedule.order if sub.kernels[0].schedule else 0
+        return 1.0 if prefer == ("order=1" if order else "generated") else 2.0
 
     chosen = select.choose_library_calls(low, measure, "test")
-    # both measured, in the cost model's order (the library call ranks first)
-    assert calls == [True, False]
+    # all measured, in the cost model's order: the library call ranks first, then the
+    # generated kernel in its two task orders
+    assert calls == [True, False, False]
     libs = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
     assert len(libs) == (1 if prefer == "gemm" else 0)
+    if prefer != "gemm":
+        (k,) = chosen.kernels
+        assert (k.schedule.order if k.schedule else 0) == (prefer == "order=1")
     if prefer == "gemm":
         assert libs[0].func == "gemm" and libs[0].fields["trans_b"] == 1
     plan = build_plan(chosen, "mm")

@@ -2,16 +2,18 @@
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import luminal as lm
+import luminal.functional as F
 import luminal.runtime
-from luminal.compile import _evaluate_cpu, _measure_cpu, _signature
+from luminal.compile import _evaluate_cpu, _measure_cpu, _signature, build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler import schedule as S
-from luminal.compiler.lower import lower
+from luminal.compiler.lower import Lowered, lower
 from luminal.compiler.search import schedules, select, tuner
 from luminal.compiler.search.tuner import Timing, Tuner, mismatch
 from luminal.graph.ops import Op
@@ -109,6 +111,7 @@ def test_identical_layers_share_one_measurement(monkeypatch):
 
 def test_a_wrong_candidate_is_dropped_by_the_check(capfd, monkeypatch, tmp_path):
     monkeypatch.setenv("LUMINAL_DEBUG", "1")
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")  # every candidate is measured
 
     def doubled(k):  # a "schedule" that changes the value: twice the right answer
         return K.Kernel(k.name, k.shape, k.out, K.Alu(Op.MUL, (k.value, K.Const(2.0, k.dtype)),
@@ -185,3 +188,28 @@ def test_mismatch_rules():
     assert "values differ" in mismatch({"y": a}, {"y": a * 2})
     assert "values differ" in mismatch({"y": np.arange(3)}, {"y": np.arange(3) + 1})
     assert "no output" in mismatch({"y": a}, {"z": a})
+
+
+def test_task_order_alternative_and_its_cost():
+    # few rows by a weight larger than a core's cache: the default order re-reads the weight
+    # once per row, order 1 once; the cost model ranks order 1 first, and both compute the same
+    from luminal.compiler.search.cost import estimate
+
+    g = lm.Graph("few_rows")
+    x = g.input("x", (5, 384))
+    g.output("y", F.linear(x, g.weight("w", data=np.ones((1152, 384), np.float32))))
+    low = lower(g)
+    (kern,) = low.kernels
+    scheds = S.alternatives(kern)
+    assert any(s.order == 1 for s in scheds) and any(s.order == 0 for s in scheds)
+    cost = {
+        o: estimate(select.subprogram(low, [replace(kern, schedule=K.Schedule(order=o))]), {})
+        for o in (0, 1)
+    }
+    assert cost[1] < cost[0]
+    xv = np.random.default_rng(0).standard_normal((5, 384)).astype(np.float32)
+    for o in (0, 1):
+        k = replace(kern, schedule=K.Schedule(order=o))
+        plan = build_plan(Lowered(low.buffers, [k], low.dims, low.weights), "few_rows")
+        got = lm.load(plan.to_bytes()).run({"x": xv})["y"]
+        np.testing.assert_allclose(got, xv @ np.ones((384, 1152), np.float32), rtol=1e-5)

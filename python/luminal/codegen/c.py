@@ -626,7 +626,17 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             lines.append(f"  const int lm_nt = {stream_flag(k)};")
         lines.append("  for (int64_t t = begin; t < end; ++t) {")
         rem = "t" if single else "q"
-        if not single:
+        order = k.schedule.order if k.schedule is not None else 0
+        if not single and order == 1 and n >= 2:
+            # the outer indices vary fastest: consecutive tasks (one thread's share) read the
+            # same chunk of columns, whose operands (a weight's rows) stay in cache
+            outer: sint = 1
+            for sz in shape[:-1]:
+                outer = sym.mul(outer, sz)
+            lines.append(
+                f"    const int64_t c = t / {cexpr(outer)}, q = t % {cexpr(outer)}; (void)q;"
+            )
+        elif not single:
             lines.append(
                 f"    const int64_t c = t % {cexpr(nchunks)}, q = t / {cexpr(nchunks)}; (void)q;"
             )

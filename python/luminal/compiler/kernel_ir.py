@@ -140,14 +140,21 @@ class Schedule:
     ``split``: the inner extent reductions are split by (``r = split*ro + ri``); 0 splits
     nothing; -1 is the default rule (blocked reductions only, largest power of two up to 16).
     ``chunk``: elements of the innermost output dim per task; 0 is the code generator's
-    default."""
+    default.
+    ``order``: the order tasks walk the output. 0: the chunks of the innermost dim vary
+    fastest (one thread's tasks share the outer indices: a row's operands stay in cache);
+    1: the outer indices vary fastest (one thread's tasks share a chunk of the innermost dim:
+    the operands of those columns, a weight's rows, stay in cache across every outer index,
+    which suits a product of few rows by a large weight)."""
 
     split: int = -1
     chunk: int = 0
+    order: int = 0
 
     def label(self) -> str:
         split = "default" if self.split < 0 else str(self.split)
-        return f"split={split}" + (f",chunk={self.chunk}" if self.chunk else "")
+        return (f"split={split}" + (f",chunk={self.chunk}" if self.chunk else "")
+                + (f",order={self.order}" if self.order else ""))  # fmt: skip
 
 
 @dataclass
@@ -450,4 +457,6 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
             )
             if s.schedule is not None:  # absent by default, so older digests stay valid
                 parts[-1] += f":{s.schedule.split},{s.schedule.chunk}"
+                if s.schedule.order:
+                    parts[-1] += f",o{s.schedule.order}"
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

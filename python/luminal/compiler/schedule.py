@@ -208,7 +208,20 @@ def alternatives(k: Step) -> list[K.Schedule]:
     if not any(isinstance(r.extent, int) and r.extent >= 2 * min(SPLITS) for r in reduces):
         return []
     splits = (-1, 0, *SPLITS)
-    return [K.Schedule(s, c) for c in (0, *CHUNKS) for s in splits]
+    out = [K.Schedule(s, c) for c in (0, *CHUNKS) for s in splits]
+    if len(k.shape) >= 2 and _reduces_per_element(k):
+        # the other task order: worth it when an operand shared by every outer index (a
+        # weight) is larger than a cache and the outer extent is small (a product of few rows)
+        out += [K.Schedule(s, c, 1) for c in (0, *CHUNKS) for s in (-1, *SPLITS)]
+    return out
+
+
+def _reduces_per_element(k: K.Kernel) -> bool:
+    """Whether each output element runs a reduction of its own (a dot product per element):
+    the kernels whose tasks are chunks of a few elements, where the task order matters."""
+    inner = f"_i{len(k.shape) - 1}"
+    memo: dict[int, frozenset[str]] = {}
+    return any(isinstance(x, K.Reduce) and inner in K.free_vars(x, memo) for x in K.walk(k.value))
 
 
 def schedule(kernels: Sequence[Step]) -> list[Step]:

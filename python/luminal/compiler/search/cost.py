@@ -17,6 +17,8 @@ LIBRARY_SPEEDUP = 8.0  # a tuned library GEMM against generated loops, per flop
 LAUNCH = 5e-6  # seconds per step
 DIVMOD = 4.0  # an integer division or modulus in an index, in simple operations
 BLOCK = 4.0  # per pass of an outer loop of a split reduction (hoisted loads, loop control)
+CACHE_BYTES = 1 << 20  # an operand up to this size is re-read from a core's own cache
+CACHE_BANDWIDTH = 4 * BANDWIDTH  # re-reads of a larger one come from the shared cache
 
 
 def _num(e: sym.sint, dims: dict[str, int]) -> float:
@@ -83,4 +85,40 @@ def estimate(sub: Lowered, dims: dict[str, int]) -> float:
         for s in k.shape:
             points *= _num(s, dims)
         total += points * _ops(k.value, dims, {}) / OPS
+        total += _reread_bytes(k, sub, dims) / CACHE_BANDWIDTH
+    return total
+
+
+def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int]) -> float:
+    """Bytes a kernel whose elements each run a reduction reads again because of its task
+    order (``K.Schedule.order``): in the default order a thread sweeps every column for each
+    outer index, re-reading an operand that only the columns index (a weight) once per outer
+    index; in order 1 it sweeps every outer index for each chunk of columns, re-reading an
+    operand only the outer indices index (the activations) once per chunk. Operands that fit
+    a core's cache are re-read for free."""
+    n = len(k.shape)
+    if n < 2 or not any(isinstance(x, K.Reduce) for x in K.walk(k.value)):
+        return 0.0
+    inner = f"_i{n - 1}"
+    outer_vars = {f"_i{j}" for j in range(n - 1)}
+    outer = 1.0
+    for s in k.shape[:-1]:
+        outer *= _num(s, dims)
+    sched = k.schedule or K.Schedule()
+    chunk = sched.chunk or 16
+    chunks = -(-_num(k.shape[-1], dims) // chunk)
+    uses: dict[int, set[str]] = {}
+    for x in K.walk(k.value):
+        if isinstance(x, K.Load):
+            names = {v.name for v in x.index.vars()} if isinstance(x.index, sym.Expr) else set()
+            uses.setdefault(x.buf, set()).update(names)
+    total = 0.0
+    for buf, names in uses.items():
+        size = _num(sub.buffers[buf].nbytes(), dims)
+        if size <= CACHE_BYTES:
+            continue
+        if sched.order == 0 and inner in names and not names & outer_vars:
+            total += (outer - 1) * size
+        elif sched.order == 1 and inner not in names and names & outer_vars:
+            total += (chunks - 1) * size
     return total

@@ -20,6 +20,7 @@ from ... import flags
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import BufferInfo, Lowered, Role
+from ..schedule import alternatives
 from .cost import estimate
 from .gemm import match_gemm, match_gemm_copy
 from .tuner import Candidate, Timing, Tuner, sub_fingerprint
@@ -148,14 +149,19 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
         sub_gen = subprogram(low, [kern])
         sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
         lib = ("copy+" if alt.copies else "") + ("gemm+epilogue" if alt.epilogue else "gemm")
-        chosen = tuner.choose(
-            kern.name, "gemm", dims, sub_gen,
-            [Candidate("generated", sub_gen, estimate(sub_gen, dims)),
-             Candidate(lib, sub_lib, estimate(sub_lib, dims))],
-        )  # fmt: skip
+        cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims), kern),
+                 Candidate(lib, sub_lib, estimate(sub_lib, dims))]  # fmt: skip
+        # the generated kernel in the other task order too: few rows by a large weight (a
+        # short sequence's projections) read the weight once instead of once per row
+        if any(s.order == 1 for s in alternatives(kern)):
+            kern_o = replace(kern, schedule=K.Schedule(order=1))
+            sub_o = subprogram(low, [kern_o])
+            cands.append(Candidate("generated,order=1", sub_o, estimate(sub_o, dims), kern_o))
+        chosen = tuner.choose(kern.name, "gemm", dims, sub_gen, cands)
         if chosen.sub is sub_lib:
             buffers += extra
             steps += lib_steps
         else:
-            steps.append(kern)
+            assert isinstance(chosen.payload, K.Kernel)
+            steps.append(chosen.payload)
     return Lowered(buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]
