@@ -179,13 +179,14 @@ def test_refusals_stay_refused(g):
 
 def test_split_axis_follows_the_divisors_of_an_index():
     from luminal.graph import symbolic as S
+    from luminal.graph.view import split_axis
 
     i = S.index_var(1, 192)
     head_major = S.add(S.mul(S.floordiv(i, 64), 1000), S.mod(i, 64))
-    assert S.split_axis(head_major, "_i1", 192) == [(3, 64), (64, 1)]
-    assert S.split_axis(S.mul(i, 2), "_i1", 192) == [(192, 1)]  # no division: one loop
+    assert split_axis(head_major, "_i1", 192) == [(3, 64), (64, 1)]
+    assert split_axis(S.mul(i, 2), "_i1", 192) == [(192, 1)]  # no division: one loop
     # divisors from any of several indices, kept only while they divide each other
     pair = S.floordiv(i, 2)
-    assert S.split_axis([head_major, pair], "_i1", 192) == [(3, 64), (32, 2), (2, 1)]
+    assert split_axis([head_major, pair], "_i1", 192) == [(3, 64), (32, 2), (2, 1)]
     seq = S.dim("seq", 1, 64)
-    assert S.split_axis(head_major, "_i1", seq) == [(seq, 1)]  # a symbolic extent: one loop
+    assert split_axis(head_major, "_i1", seq) == [(seq, 1)]  # a symbolic extent: one loop

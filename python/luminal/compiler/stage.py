@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.ops import ELEMENTWISE, Leaf, Op
-from ..graph.view import View, contiguous_strides, idx_vars
+from ..graph.view import View, contiguous_strides, idx_vars, split_axis
 
 G = TypeVar("G", bound=Graph)
 
@@ -96,7 +96,7 @@ def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
     view through which the reader reads the copy instead. An axis that ``v`` splits by a
     chain of constant divisors (k as (head, d)) is a loop per part in the copy, so the copy's
     reads are affine; its memory layout is that of the unsplit axes."""
-    parts = [sym.split_axis(v.index, f"_i{a}", v.shape[a]) for a in axes]
+    parts = [split_axis(v.index, f"_i{a}", v.shape[a]) for a in axes]
     shape = tuple(ext for ps in parts for ext, _ in ps)
     inner = idx_vars(shape)
     rename: dict[str, Any] = {}

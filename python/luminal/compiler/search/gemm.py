@@ -27,7 +27,7 @@ from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import Op
 from ...graph.symbolic import sint
-from ...graph.view import contiguous_strides
+from ...graph.view import contiguous_strides, split_axis
 from .. import kernel_ir as K
 
 
@@ -266,7 +266,7 @@ def _match_copied(
         mapping: dict[str, sint] = {}
         for nm, _, size in axes:
             at: sint = 0
-            for part, mult in sym.split_axis(indices, nm, size):
+            for part, mult in split_axis(indices, nm, size):
                 at = sym.add(at, sym.mul(sym.index_var(len(cshape), part), mult))
                 cshape.append(part)
             if nm:
