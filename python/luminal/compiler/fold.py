@@ -173,10 +173,6 @@ def _axis_vars(shape: tuple[Any, ...]) -> dict[str, int]:
     return {f"_i{k}": k for k in range(len(shape))}
 
 
-def _names(x: Any) -> set[str]:
-    return {v.name for v in x.vars()} if isinstance(x, sym.Expr) else set()
-
-
 def _dependence(graph: Graph, fold: set[int]) -> dict[int, frozenset[int]]:
     """For each foldable elementwise node, the axes its value varies along (an over-estimate:
     an axis is kept whenever a read's index names it after simplification)."""
@@ -185,20 +181,20 @@ def _dependence(graph: Graph, fold: set[int]) -> dict[int, frozenset[int]]:
         if n.id not in fold or not isinstance(n.op, Op):
             continue
         axes = _axis_vars(n.shape)
-        names: set[str] = _names(n.arg) if n.op is Op.IOTA else set()
+        names: set[str] = sym.var_names(n.arg) if n.op is Op.IOTA else set()
         ok = True
         for s, v in n.srcs:
             if tuple(v.shape) != tuple(n.shape):
                 ok = False  # a reduction or a reshaping op: left whole
                 break
-            names |= _names(v.valid)
+            names |= sym.var_names(v.valid)
             if not isinstance(s.op, Op):  # a weight or constant: the index names its axes
-                names |= _names(v.index)
+                names |= sym.var_names(v.index)
                 continue
             strides = contiguous_strides(s.shape)
             for k in dep.get(s.id, frozenset(range(len(s.shape)))):
                 coord = sym.mod(sym.floordiv(v.index, strides[k]), s.shape[k])
-                names |= _names(coord)
+                names |= sym.var_names(coord)
         if ok:
             dep[n.id] = frozenset(axes[x] for x in names if x in axes)
     return dep
@@ -326,10 +322,14 @@ def _sparse_reads(graph: Graph, folded: set[int], ok: set[int]) -> set[tuple[int
                 continue
             sizes = [sym.as_int(x) for x in v.shape]
             axes = _axis_vars(tuple(v.shape))
-            used = [axes[x] for x in sorted(_names(v.index)) if x in axes]
+            used = [axes[x] for x in sorted(sym.var_names(v.index)) if x in axes]
             # only reads indexed by the view's own axes, all of fixed size (a dim or an outer
             # loop's variable has no value at compile time)
-            if not used or _names(v.index) - set(axes) or any(sizes[k] is None for k in used):
+            if (
+                not used
+                or sym.var_names(v.index) - set(axes)
+                or any(sizes[k] is None for k in used)
+            ):
                 continue
             elems = 1
             for k in used:
@@ -351,7 +351,7 @@ def _repacked(
     """The elements ``v`` reads from weight ``s``, as a new contiguous weight of ``s``'s dtype
     (shared by reads with the same index), and the view that reads it back."""
     axes = _axis_vars(tuple(v.shape))
-    used = sorted(axes[x] for x in _names(v.index) if x in axes)
+    used = sorted(axes[x] for x in sym.var_names(v.index) if x in axes)
     sizes = [sym.as_int(v.shape[k]) or 0 for k in used]
     key = (s.id, v.index, tuple(v.shape[k] for k in used))
     if key not in packed:

@@ -32,10 +32,6 @@ from ..graph.view import View, contiguous_strides, idx_vars
 G = TypeVar("G", bound=Graph)
 
 
-def _names(x: Any) -> set[str]:
-    return {v.name for v in x.vars()} if isinstance(x, sym.Expr) else set()
-
-
 def _match(graph: Graph, r: Node, users: dict[int, list[Node]]) -> tuple[Any, int] | None:
     """(group key, index of the weight source in the multiply) for a sum that qualifies."""
     if r.op is not Op.SUM_REDUCE:
@@ -62,7 +58,7 @@ def _match(graph: Graph, r: Node, users: dict[int, list[Node]]) -> tuple[Any, in
             continue  # read row-major as (n, k) whatever shape it was given
         if vw.index != sym.add(sym.mul(idx_vars(m.shape)[p], k_ext), idx_vars(m.shape)[a]):
             continue
-        if f"_i{p}" in _names(vx.index) | _names(vx.valid):
+        if f"_i{p}" in sym.var_names(vx.index) | sym.var_names(vx.valid):
             continue  # the shared operand must not vary along the weight's rows
         rest = tuple(s for j, s in enumerate(m.shape) if j != p)
         return (x.id, vx.index, vx.valid, rest, p, a, w_pos), w_pos
@@ -148,9 +144,9 @@ def _merge(
     mul = g.add_op(Op.MUL, srcs)
     merged = g.add_op(Op.SUM_REDUCE, [(mul, View.contiguous(mul.shape))], arg=a)
     off = 0
-    for r, w in zip(rs, ws):
+    for r, part in zip(rs, rows, strict=True):
         stacked_of[r.id] = (merged, off)
-        off += int(np.asarray(graph.weights[w.arg[0]]).size) // int(data.shape[1])
+        off += part.shape[0]
 
 
 def _read(

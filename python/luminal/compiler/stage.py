@@ -26,10 +26,6 @@ G = TypeVar("G", bound=Graph)
 MIN_REUSE = 16  # stage an operand read at least this many times per element
 
 
-def _names(x: Any) -> set[str]:
-    return {v.name for v in x.vars()} if isinstance(x, sym.Expr) else set()
-
-
 def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
     """(elementwise node id, source position) -> the node's axes that read names: the
     operands of a summed product read through a div/mod split of the summed axis and shared
@@ -53,7 +49,7 @@ def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
                 continue  # constants fold; weights are repacked when the plan is built
             if not sym.has_divmod(v.index, k):
                 continue
-            used = _names(v.index) | _names(v.valid)
+            used = sym.var_names(v.index) | sym.var_names(v.valid)
             reuse = 1
             for a, ext in enumerate(v.shape):
                 if f"_i{a}" not in used:

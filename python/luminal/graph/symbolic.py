@@ -740,6 +740,11 @@ def _np_or(fn: Callable, np_name: str, a: Any, b: Any, as_int: bool = False) -> 
     return r.astype(np.int64) if as_int else r
 
 
+def var_names(e: object) -> set[str]:
+    """Names of the variables ``e`` uses (none for a constant or a non-expression)."""
+    return {v.name for v in e.vars()} if isinstance(e, Expr) else set()
+
+
 def has_divmod(e: sint, name: str | None = None) -> bool:
     """Whether ``e`` holds a floor division or modulo (of a term naming variable ``name``,
     when given)."""

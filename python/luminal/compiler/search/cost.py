@@ -110,8 +110,7 @@ def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int]) -> float:
     uses: dict[int, set[str]] = {}
     for x in K.walk(k.value):
         if isinstance(x, K.Load):
-            names = {v.name for v in x.index.vars()} if isinstance(x.index, sym.Expr) else set()
-            uses.setdefault(x.buf, set()).update(names)
+            uses.setdefault(x.buf, set()).update(sym.var_names(x.index))
     total = 0.0
     for buf, names in uses.items():
         size = _num(sub.buffers[buf].nbytes(), dims)
