@@ -89,13 +89,13 @@ class Parameter:
         self._data = np.ascontiguousarray(arr if same else dt.np_cast(arr, self.dtype))
 
     def bind(self, graph: Graph) -> Tensor:
-        """This parameter as a named weight of ``graph`` (created on first use)."""
+        """This parameter as a named weight of ``graph`` (created on first use), or the
+        plain input of its name that ``Module.parameter_inputs`` made for training."""
         node = graph.inputs.get(self.name)
         if node is None:
             return graph.weight(self.name, self.shape, self.dtype, data=self.data)
         if (
             node.op is not Leaf.INPUT
-            or not node.arg[1]
             or node.shape != self.shape
             or node.dtype is not self.dtype
         ):
@@ -205,6 +205,19 @@ class Module:
 
     def named_buffers(self) -> Iterator[tuple[str, Parameter]]:
         return self._slots("buffers")
+
+    def parameter_inputs(self, graph: Graph) -> dict[str, Tensor]:
+        """Every parameter as a plain (non-weight) input of ``graph``, by its name: a graph
+        traced after this reads parameters fed at run time (a training step that updates
+        them in place) instead of baking them in as weights. Buffers stay weights."""
+        out: dict[str, Tensor] = {}
+        for p in self.parameters():
+            if p.name in graph.inputs:
+                raise ValueError(
+                    f"parameter_inputs: graph {graph.name!r} already has an input {p.name!r}"
+                )
+            out[p.name] = graph.input(p.name, p.shape, p.dtype)
+        return out
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.parameters())
