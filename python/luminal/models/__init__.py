@@ -13,11 +13,17 @@ import os
 
 from .bert import Bert, BertConfig, Embedder
 from .gpt2 import GPT2, GPT2Config
+from .decoder import Decoder, DecoderConfig
 from .llama import Llama, LlamaConfig, LlamaSession, config_from_gguf, load_gguf
+from .zoo import Encoder, LMSession, load
 
 __all__ = [
     "Bert",
     "BertConfig",
+    "Decoder",
+    "DecoderConfig",
+    "Encoder",
+    "LMSession",
     "Embedder",
     "GPT2",
     "GPT2Config",
@@ -25,6 +31,7 @@ __all__ = [
     "LlamaConfig",
     "LlamaSession",
     "config_from_gguf",
+    "load",
     "load_gguf",
     "minilm_dir",
     "smollm2_path",

@@ -1,0 +1,580 @@
+"""Decoder-only language models beyond plain Llama, as one parameterized graph: Qwen2/Qwen3
+(q/k norm), Mistral (sliding window), Gemma 2/3 (soft-capping, (1 + w) norms, sandwich
+norms, scaled tied embeddings, local/global layers), Phi-3 (fused qkv and gate-up), GPT-NeoX
+(LayerNorm, partial rotary, parallel residual) and mixture-of-experts MLPs (Mixtral,
+Qwen2-MoE with a shared expert, Qwen3-MoE).
+
+Weights are read by GGUF tensor names (``blk.0.attn_q.weight``) from a ``WeightSource``; the
+transformers mapping is in ``hf_weights``. The KV cache, the symbolic ``seq``/``pos`` dims and
+the prefill graph work as in ``llama.py``, so ``LlamaSession`` drives these models too.
+
+Mixture of experts: the router's top-k is k rounds of argmax over the expert probabilities,
+and each routed expert's weights are GATHERed by expert id (one row of an (experts, rows *
+cols) view per token and slot), so a decode step reads only the weights of the experts it
+routes to, not all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..functional import (
+    apply_rotary_emb,
+    argmax,
+    embedding,
+    eq,
+    gelu,
+    layer_norm,
+    linear,
+    matmul,
+    rms_norm,
+    rope_cos_sin,
+    rope_positions,
+    sigmoid,
+    silu,
+    softmax,
+    tanh,
+    where,
+)
+from ..functional import scaled_dot_product_attention as sdpa
+from ..functional._base import iota
+from ..functional._nnbase import bool_to_bias
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Op
+from ..graph.view import idx_vars
+from ..tensor import Graph, Tensor
+from .base import WeightSource
+
+_ACTS = ("silu", "gelu", "gelu_tanh")
+
+
+@dataclass
+class DecoderConfig:
+    """Hyper-parameters; every architecture difference is a field (see ``hf_config``)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_length: int = 2048
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    rope_dims: int | None = None  # rotated dims per head (partial rotary); None: all
+    rope_interleaved: bool = False
+    rope_theta_local: float | None = None  # sliding layers' RoPE base (Gemma 3)
+    norm: str = "rms"  # or "layer" (with biases)
+    norm_eps: float = 1e-6
+    norm_offset: float = 0.0  # Gemma scales by (offset + w)
+    qk_norm: bool = False
+    act: str = "silu"
+    gated: bool = True  # down(act(gate) * up) vs down(act(up))
+    sandwich_norms: bool = False  # Gemma 2/3: norms after attention and after the MLP too
+    parallel_residual: bool = False  # GPT-NeoX: x + attn(ln1 x) + mlp(ln2 x)
+    sliding_window: int | None = None
+    layer_types: list[str] = field(default_factory=list)  # "full" / "sliding" per layer
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    embed_scale: float | None = None
+    n_experts: int = 0
+    top_k: int = 0
+    norm_topk: bool = True
+    moe_intermediate_size: int = 0
+    shared_expert_size: int = 0
+    dense_layers: list[int] = field(default_factory=list)  # MLP-only layers of an MoE model
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{self.arch}: {self.n_heads} query heads are not a multiple of "
+                f"{self.n_kv_heads} kv heads"
+            )
+        if self.act not in _ACTS:
+            raise ValueError(f"{self.arch}: activation {self.act!r} (supported: {_ACTS})")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"{self.arch}: norm must be 'rms' or 'layer', got {self.norm!r}")
+        if not self.layer_types:
+            self.layer_types = ["full"] * self.n_layers
+        if len(self.layer_types) != self.n_layers:
+            raise ValueError(
+                f"{self.arch}: {len(self.layer_types)} layer types for {self.n_layers} layers"
+            )
+        if "sliding" in self.layer_types and not self.sliding_window:
+            raise ValueError(f"{self.arch}: sliding layers need a sliding_window")
+
+    def is_moe(self, layer: int) -> bool:
+        return self.n_experts > 0 and layer not in self.dense_layers
+
+
+class Decoder:
+    """A decoder over a ``WeightSource`` with GGUF tensor names."""
+
+    def __init__(
+        self, config: DecoderConfig, weights: WeightSource, max_context: int | None = None
+    ) -> None:
+        self.config = config
+        self.weights = weights
+        self.ctx = min(max_context or config.context_length, config.context_length)
+        self.tied = not weights.has("output.weight")
+
+    @property
+    def kv_width(self) -> int:
+        return self.config.n_kv_heads * self.config.head_dim
+
+    def cache_names(self) -> list[str]:
+        return [f"{kv}_cache_{i}" for i in range(self.config.n_layers) for kv in ("k", "v")]
+
+    @property
+    def state(self) -> dict[str, str]:
+        """Output name -> the input it updates (the KV caches)."""
+        return {n + "_new": n for n in self.cache_names()}
+
+    def new_cache(self) -> dict[str, np.ndarray]:
+        return {n: np.zeros((self.ctx, self.kv_width), np.float32) for n in self.cache_names()}
+
+    # ------------------------------------------------------------------ graph
+    def build(self, logits: str = "last", name: str | None = None, min_seq: int = 1) -> Graph:
+        """Inputs ``tokens`` i32 (seq,) and the caches; dims ``seq`` (``min_seq`` .. ctx) and
+        ``pos``; outputs ``logits`` ((1 or seq), vocab) and ``<cache>_new``."""
+        if logits not in ("last", "all"):
+            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+        if not 1 <= min_seq <= self.ctx:
+            raise ValueError(f"min_seq must be in [1, {self.ctx}] (the context), got {min_seq}")
+        c, w = self.config, self.weights
+        g = Graph(name or c.arch)
+        seq = sym.dim("seq", min_seq, self.ctx)
+        pos = sym.dim("pos", 0, self.ctx - 1)
+        tokens = g.input("tokens", (seq,), dt.i32)
+        x = w.rows(g, "token_embd.weight", tokens)
+        if c.embed_scale is not None:
+            x = x.mul(c.embed_scale)
+        positions = rope_positions(g, seq, pos)
+        rd = c.rope_dims or c.head_dim
+        tables = {  # Gemma 3's local layers have their own base and no scaling
+            kind: rope_cos_sin(positions, rd, theta, c.rope_interleaved,
+                               c.rope_scaling if kind == "full" else None)  # fmt: skip
+            for kind, theta in self._rope_bases().items()
+        }
+        total = sym.add(pos, seq)
+        masks = {kind: self._mask(g, kind, seq, pos, total) for kind in set(c.layer_types)}
+        for i in range(c.n_layers):
+            kind = c.layer_types[i]
+            cos, sin = tables[kind if kind in tables else "full"]
+            x = self._block(g, i, x, seq, pos, total, cos, sin, masks[kind])
+        x = self._norm(g, x, "output_norm", c.hidden_size)
+        if logits == "last":
+            x = x.slice(0, sym.add(seq, -1), 1)
+        out = linear(x, w.get(g, "token_embd.weight" if self.tied else "output.weight"))
+        if c.final_softcap:
+            out = tanh(out.mul(1.0 / c.final_softcap)).mul(c.final_softcap)
+        g.output("logits", out)
+        return g
+
+    def build_prefill(
+        self, min_seq: int, name: str | None = None, progress: Any = None
+    ) -> Graph:
+        """The prefill graph (``Llama.build_prefill``): weight-only expressions folded to f32
+        weights at build time; the output head stays as it is (read for one row)."""
+        from ..compiler.fold import fold_weights
+
+        graph = self.build(name=name or f"{self.config.arch}_prefill", min_seq=min_seq)
+        return fold_weights(graph, progress, keep=["token_embd.weight" if self.tied else "output.weight"])
+
+    def _rope_bases(self) -> dict[str, float]:
+        c = self.config
+        bases = {"full": c.rope_theta}
+        if c.rope_theta_local is not None:
+            bases["sliding"] = c.rope_theta_local
+        return bases
+
+    def _mask(self, g: Graph, kind: str, seq: Any, pos: Any, total: Any) -> Tensor:
+        """Query i (absolute position pos + i) sees key j when j <= pos + i and, in a sliding
+        layer, pos + i - j < window."""
+        i, j = sym.index_var(0, seq), sym.index_var(1, total)
+        at = sym.add(pos, i)
+        expr = sym.lt(j, sym.add(at, 1))
+        if kind == "sliding":
+            assert self.config.sliding_window is not None
+            expr = sym.logical_and(expr, sym.lt(sym.add(at, -self.config.sliding_window), j))
+        return iota(g, (seq, total), expr).cast(dt.bool_)
+
+    def _norm(self, g: Graph, x: Tensor, name: str, dim: int) -> Tensor:
+        c, w = self.config, self.weights
+        wt = w.get(g, name + ".weight")
+        if c.norm_offset:
+            wt = wt.add(c.norm_offset)
+        if c.norm == "layer":
+            bias = w.get(g, name + ".bias") if w.has(name + ".bias") else None
+            return layer_norm(x, dim, wt, bias, c.norm_eps)
+        return rms_norm(x, dim, wt, c.norm_eps)
+
+    def _proj(self, g: Graph, x: Tensor, name: str) -> Tensor:
+        w = self.weights
+        bias = w.get(g, name + ".bias") if w.has(name + ".bias") else None
+        return linear(x, w.get(g, name + ".weight"), bias)
+
+    def _act(self, x: Tensor) -> Tensor:
+        a = self.config.act
+        return silu(x) if a == "silu" else gelu(x, "tanh" if a == "gelu_tanh" else "none")
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """RoPE on the first ``rope_dims`` of each head of x (seq, heads, hd)."""
+        c = self.config
+        hd, rd = c.head_dim, c.rope_dims or c.head_dim
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        if rd == hd:
+            return apply_rotary_emb(x, cos, sin, c.rope_interleaved)
+        rot = apply_rotary_emb(x.slice(-1, 0, rd), cos, sin, c.rope_interleaved)
+        return rot.pad_dim(-1, 0, hd - rd).add(x.slice(-1, rd, hd - rd).pad_dim(-1, rd, 0))
+
+    def _qkv(self, g: Graph, h: Tensor, p: str) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        q_w, kv_w = c.n_heads * c.head_dim, self.kv_width
+        if self.weights.has(p + "attn_qkv.weight"):  # Phi-3 (and GGUF files) fuse q, k and v
+            qkv = self._proj(g, h, p + "attn_qkv")
+            return qkv.slice(1, 0, q_w), qkv.slice(1, q_w, kv_w), qkv.slice(1, q_w + kv_w, kv_w)
+        return (self._proj(g, h, p + "attn_q"), self._proj(g, h, p + "attn_k"),
+                self._proj(g, h, p + "attn_v"))  # fmt: skip
+
+    def _block(
+        self, g: Graph, i: int, x: Tensor, seq: Any, pos: Any, total: Any,
+        cos: Tensor, sin: Tensor, mask: Tensor,
+    ) -> Tensor:  # fmt: skip
+        c, p = self.config, f"blk.{i}."
+        hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
+        h = self._norm(g, x, p + "attn_norm", c.hidden_size)
+        q, k, v = self._qkv(g, h, p)
+        q, k = q.reshape(seq, nh, hd), k.reshape(seq, nkv, hd)
+        if c.qk_norm:
+            q = self._norm(g, q, p + "attn_q_norm", hd)
+            k = self._norm(g, k, p + "attn_k_norm", hd)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        ks = self._cache(g, f"k_cache_{i}", k.reshape(seq, nkv * hd), seq, pos, total)
+        vs = self._cache(g, f"v_cache_{i}", v, seq, pos, total)
+        kh = ks.reshape(total, nkv, hd).permute(1, 0, 2)
+        vh = vs.reshape(total, nkv, hd).permute(1, 0, 2)
+        qh = q.permute(1, 0, 2)
+        scale = c.attn_scale if c.attn_scale is not None else hd**-0.5
+        if c.attn_softcap:
+            o = _softcap_attention(qh, kh, vh, mask, scale, c.attn_softcap)
+        else:
+            o = sdpa(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
+        a = self._proj(g, o.permute(1, 0, 2).reshape(seq, nh * hd), p + "attn_output")
+        if c.sandwich_norms:
+            a = self._norm(g, a, p + "post_attention_norm", c.hidden_size)
+        if c.parallel_residual:
+            return x.add(a).add(self._mlp(g, i, self._norm(g, x, p + "ffn_norm", c.hidden_size)))
+        x = x.add(a)
+        m = self._mlp(g, i, self._norm(g, x, p + "ffn_norm", c.hidden_size))
+        if c.sandwich_norms:
+            m = self._norm(g, m, p + "post_ffw_norm", c.hidden_size)
+        return x.add(m)
+
+    def _mlp(self, g: Graph, i: int, h: Tensor) -> Tensor:
+        p = f"blk.{i}."
+        if self.config.is_moe(i):
+            return self._moe(g, p, h)
+        return self._dense_mlp(g, h, p, "")
+
+    def _dense_mlp(self, g: Graph, h: Tensor, p: str, suffix: str) -> Tensor:
+        c, w = self.config, self.weights
+        up = self._proj(g, h, p + "ffn_up" + suffix)
+        if not c.gated:
+            return self._proj(g, self._act(up), p + "ffn_down" + suffix)
+        if w.has(p + "ffn_gate" + suffix + ".weight"):
+            gate = self._proj(g, h, p + "ffn_gate" + suffix)
+        else:  # fused gate-up (Phi-3): the gate is the first half
+            n = up.shape[-1] // 2
+            gate, up = up.slice(-1, 0, n), up.slice(-1, n, n)
+        return self._proj(g, self._act(gate).mul(up), p + "ffn_down" + suffix)
+
+    def _moe(self, g: Graph, p: str, h: Tensor) -> Tensor:
+        c, w = self.config, self.weights
+        seq = h.shape[0]
+        probs = softmax(linear(h, w.get(g, p + "ffn_gate_inp.weight")), -1)  # (seq, experts)
+        weights, experts = _topk(probs, c.top_k)
+        if c.norm_topk:
+            tot = weights[0]
+            for t in weights[1:]:
+                tot = tot.add(t)
+            weights = [t.mul(tot.reciprocal()) for t in weights]
+        hc = h.unsqueeze(-1)  # (seq, hidden, 1)
+        out: Tensor | None = None
+        fused = w.has(p + "ffn_gate_up_exps.weight")  # transformers 5 stacks gate and up
+        for wt, e in zip(weights, experts, strict=True):
+            if fused:
+                gu = matmul(self._expert(g, p + "ffn_gate_up_exps.weight", e), hc)
+                n = gu.shape[1] // 2
+                gate, up = gu.slice(1, 0, n), gu.slice(1, n, n)
+            else:
+                gate = matmul(self._expert(g, p + "ffn_gate_exps.weight", e), hc)
+                up = matmul(self._expert(g, p + "ffn_up_exps.weight", e), hc)
+            act = self._act(gate).mul(up)  # (seq, inter, 1)
+            y = matmul(self._expert(g, p + "ffn_down_exps.weight", e), act).reshape(
+                seq, c.hidden_size
+            )
+            y = y.mul(wt.unsqueeze(-1))
+            out = y if out is None else out.add(y)
+        assert out is not None
+        if w.has(p + "ffn_up_shexp.weight"):
+            shared = self._dense_mlp(g, h, p, "_shexp")
+            if w.has(p + "ffn_gate_inp_shexp.weight"):
+                shared = shared.mul(sigmoid(self._proj(g, h, p + "ffn_gate_inp_shexp")))
+            out = out.add(shared)
+        return out
+
+    def _expert(self, g: Graph, name: str, e: Tensor) -> Tensor:
+        """The (seq, rows, cols) weights of expert ``e[t]`` for each token t: a GATHER of one
+        row of the (experts, rows * cols) view, so only routed experts are read."""
+        n, rows, cols = self.weights.shape(name)
+        flat = self.weights.get(g, name).reshape(n, rows * cols)
+        return embedding(e, flat).reshape(e.shape[0], rows, cols)
+
+    def _cache(self, g: Graph, name: str, new: Tensor, seq: Any, pos: Any, total: Any) -> Tensor:
+        """Write ``new`` (seq, width) at rows pos.. of the cache; rows 0 .. pos+seq-1 after."""
+        cache = g.input(name, (self.ctx, self.kv_width), dt.f32)
+        rows = Tensor(
+            g.add_op(Op.IOTA, [], arg=sym.add(pos, idx_vars((seq,))[0]), shape=(seq,), dtype=dt.i32)
+        )
+        updated = Tensor(g.add_op(Op.SCATTER, [cache.edge, rows.edge, new.edge]))
+        g.output(name + "_new", updated, updates=name)
+        return updated.slice(0, 0, total)
+
+
+def _topk(probs: Tensor, k: int) -> tuple[list[Tensor], list[Tensor]]:
+    """The k largest values along the last dim, largest first, and their indices (i32): k
+    rounds of argmax, each masking the winner (probabilities are >= 0, so -1 is below all)."""
+    ids = iota(probs.graph, probs.shape, idx_vars(probs.shape)[-1])
+    vals, idxs = [], []
+    cur = probs
+    for _ in range(k):
+        best = argmax(cur, -1).cast(dt.i32)
+        hit = eq(ids, best.unsqueeze(-1).expand(probs.shape))
+        vals.append(cur.max_reduce(-1))
+        idxs.append(best)
+        cur = where(hit, -1.0, cur)
+    return vals, idxs
+
+
+def _softcap_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float
+) -> Tensor:
+    """Attention with Gemma 2's score soft-capping: cap * tanh(q k^T * scale / cap), then the
+    mask and softmax. q (Hq, L, E), k/v (Hk, S, E); query heads grouped over kv heads."""
+    hq, lq, e = q.shape
+    hk = k.shape[0]
+    assert isinstance(hq, int) and isinstance(hk, int)
+    grp = hq // hk
+    qg = q.reshape(hk, grp, lq, e)
+    scores = matmul(qg, k.unsqueeze(1).permute(0, 1, 3, 2)).mul(scale)
+    scores = tanh(scores.mul(1.0 / cap)).mul(cap).add(bool_to_bias(mask, scores.dtype))
+    out = matmul(softmax(scores, -1), v.unsqueeze(1))  # (Hk, G, L, E)
+    return out.reshape(hq, lq, v.shape[-1])
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+def _rope_params(c: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None, float]:
+    """(theta, scaling, local theta, partial rotary factor) from a transformers config: flat
+    (``rope_theta``, ``rope_scaling``) or nested ``rope_parameters`` (transformers 5; Gemma 3
+    nests one set per layer type)."""
+    rp = c.get("rope_parameters") or {}
+    local = None
+    if "full_attention" in rp:
+        local = rp.get("sliding_attention", {}).get("rope_theta")
+        rp = rp["full_attention"]
+    rp = dict(rp)
+    theta = float(rp.pop("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", 10000.0))))
+    partial = float(rp.pop("partial_rotary_factor", c.get("partial_rotary_factor",
+                                                            c.get("rotary_pct", 1.0))))  # fmt: skip
+    scaling = c.get("rope_scaling") or (rp if rp.get("rope_type", "default") != "default" else None)
+    if local is None and c.get("rope_local_base_freq") is not None:
+        local = float(c["rope_local_base_freq"])
+    return theta, scaling, (float(local) if local is not None else None), partial
+
+
+def _layer_types(c: dict[str, Any], n: int) -> list[str]:
+    types = c.get("layer_types")
+    if types:
+        return ["sliding" if t == "sliding_attention" else "full" for t in types]
+    if c.get("sliding_window") and c.get("use_sliding_window", True):
+        return ["sliding"] * n
+    return ["full"] * n
+
+
+HF_ARCHS = ("qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox",
+            "mixtral", "qwen2_moe", "qwen3_moe")  # fmt: skip
+
+
+def hf_config(c: dict[str, Any]) -> DecoderConfig:
+    """A ``DecoderConfig`` from a transformers ``config.json`` dict."""
+    mt = c.get("model_type", "?")
+    if mt == "gemma3" and "text_config" in c:  # the multimodal wrapper: its language model
+        c = {**c["text_config"], "model_type": "gemma3_text"}
+        mt = "gemma3_text"
+    if mt not in HF_ARCHS:
+        raise NotImplementedError(f"transformers model_type {mt!r} is not a supported decoder")
+    heads = c["num_attention_heads"]
+    n = c["num_hidden_layers"]
+    hidden = c["hidden_size"]
+    head_dim = c.get("head_dim") or hidden // heads
+    theta, scaling, local, partial = _rope_params(c)
+    gemma = mt.startswith("gemma")
+    act = c.get("hidden_activation") or c.get("hidden_act", "silu")
+    act = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}.get(
+        act, act
+    )
+    types = _layer_types(c, n)
+    if mt == "qwen2" or mt == "qwen2_moe":  # Qwen2 slides only past max_window_layers
+        if not c.get("use_sliding_window", False):
+            types = ["full"] * n
+    cfg = DecoderConfig(
+        arch=mt,
+        vocab_size=c["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=c.get("intermediate_size", 4 * hidden),
+        n_layers=n,
+        n_heads=heads,
+        n_kv_heads=heads if mt == "gpt_neox" else (c.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        context_length=c.get("max_position_embeddings", 2048),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_dims=int(head_dim * partial) if partial != 1.0 else None,
+        rope_theta_local=local if mt == "gemma3_text" else None,
+        norm="layer" if mt == "gpt_neox" else "rms",
+        norm_eps=float(c.get("rms_norm_eps", c.get("layer_norm_eps", 1e-6))),
+        norm_offset=1.0 if gemma else 0.0,
+        qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text"),
+        act=act,
+        gated=mt != "gpt_neox",
+        sandwich_norms=mt in ("gemma2", "gemma3_text"),
+        parallel_residual=mt == "gpt_neox" and bool(c.get("use_parallel_residual", True)),
+        sliding_window=c.get("sliding_window") if "sliding" in types else None,
+        layer_types=types,
+        attn_scale=(float(c["query_pre_attn_scalar"]) ** -0.5
+                    if c.get("query_pre_attn_scalar") else None),  # fmt: skip
+        attn_softcap=c.get("attn_logit_softcapping"),
+        final_softcap=c.get("final_logit_softcapping"),
+        embed_scale=math.sqrt(hidden) if gemma else None,
+    )
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        step = int(c.get("decoder_sparse_step", 1) or 1)
+        dense = [i for i in range(n) if i in (c.get("mlp_only_layers") or []) or (i + 1) % step]
+        cfg = replace(
+            cfg,
+            n_experts=int(c.get("num_local_experts") or c.get("num_experts")),
+            top_k=int(c["num_experts_per_tok"]),
+            norm_topk=bool(c.get("norm_topk_prob", mt == "mixtral")),
+            moe_intermediate_size=int(c.get("moe_intermediate_size") or c["intermediate_size"]),
+            shared_expert_size=int(c.get("shared_expert_intermediate_size") or 0),
+            dense_layers=dense,
+        )
+    return cfg
+
+
+_HF_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.gate_up_proj": "ffn_up",  # Phi-3: fused, gate first
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    # GPT-NeoX
+    "attention.query_key_value": "attn_qkv",
+    "attention.dense": "attn_output",
+    "mlp.dense_h_to_4h": "ffn_up",
+    "mlp.dense_4h_to_h": "ffn_down",
+}
+_HF_TOP = {
+    "embed_tokens.weight": "token_embd.weight",
+    "embed_in.weight": "token_embd.weight",
+    "norm.weight": "output_norm.weight",
+    "final_layer_norm.weight": "output_norm.weight",
+    "final_layer_norm.bias": "output_norm.bias",
+}
+# per-expert weights as save_pretrained writes them, stacked into (experts, rows, cols)
+_EXPERT_LEAF = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
+                "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                "down_proj": "ffn_down_exps"}  # fmt: skip
+_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "gpt_neox.")
+
+
+def hf_weights(
+    cfg: DecoderConfig, arrays: dict[str, np.ndarray], tied: bool
+) -> dict[str, np.ndarray]:
+    """transformers parameter names -> the GGUF names ``Decoder`` reads. Arrays stay views
+    (of the mapped file) where a split is a slice; names no layer uses are dropped."""
+    out: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, a in arrays.items():
+        if name in ("lm_head.weight", "embed_out.weight"):
+            if not tied:
+                out["output.weight"] = a
+            continue
+        rest = next((name[len(p) :] for p in _PREFIXES if name.startswith(p)), None)
+        if rest is None:
+            continue
+        if rest in _HF_TOP:
+            out[_HF_TOP[rest]] = a
+            continue
+        parts = rest.split(".")
+        if parts[0] != "layers" or len(parts) < 3:
+            continue
+        blk, body = f"blk.{parts[1]}.", ".".join(parts[2:])
+        mod, leaf = body.rsplit(".", 1)
+        if body in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+            mod, leaf = body, "weight"
+        ex = mod.split(".")
+        if len(ex) == 4 and ex[1] == "experts" and ex[3] in _EXPERT_LEAF and leaf == "weight":
+            experts.setdefault(f"{blk}{_EXPERT_LEAF[ex[3]]}.weight", {})[int(ex[2])] = a
+            continue
+        if cfg.sandwich_norms and mod == "post_attention_layernorm":
+            out[blk + "post_attention_norm." + leaf] = a
+            continue
+        if mod not in _HF_LAYER:
+            continue
+        gg = _HF_LAYER[mod]
+        if cfg.arch == "gpt_neox" and gg == "attn_qkv":  # per head [q | k | v]: split
+            per = a.reshape(cfg.n_heads, 3, cfg.head_dim, *a.shape[1:])
+            for j, kind in enumerate(("attn_q", "attn_k", "attn_v")):
+                out[f"{blk}{kind}.{leaf}"] = per[:, j].reshape(-1, *a.shape[1:])
+            continue
+        out[f"{blk}{gg}.{leaf}"] = a
+    for name, per in experts.items():
+        if sorted(per) != list(range(cfg.n_experts)):
+            raise ValueError(f"{name}: experts {sorted(per)} of {cfg.n_experts} in the files")
+        out[name] = np.stack([per[e] for e in range(cfg.n_experts)])
+    return out
+
+
+def gguf_config(f: Any) -> DecoderConfig:
+    """A ``DecoderConfig`` from GGUF metadata (llama.cpp's keys, ``<arch>.block_count`` ...)."""
+    raise NotImplementedError(f"{f.path}: GGUF architecture {f.architecture!r}")

@@ -1,0 +1,211 @@
+"""``luminal.models.load(path)``: a GGUF file or a transformers folder, ready to run.
+
+The architecture comes from the file's metadata (GGUF ``general.architecture``, the folder's
+``config.json`` ``model_type``). Language models come back as an ``LMSession``
+(``forward(tokens) -> logits``, ``generate(...)``, ``tokenizer``), encoders as an ``Encoder``
+(``embed(texts)``), image models as an ``ImageModel`` (``forward(pixels)``). An architecture
+luminal has no definition for is a ``NotImplementedError`` naming it and the supported ones.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import DictWeights
+from .bert import Embedder
+from .decoder import HF_ARCHS, Decoder, hf_config
+from .llama import LlamaSession
+
+# GGUF general.architecture -> what reads it
+_GGUF_LLAMA = ("llama", "qwen2", "smollm")
+_GGUF_DECODER = ("qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "mistral")
+
+
+class LMSession(LlamaSession):
+    """A language model with its KV cache and tokenizer (``LlamaSession`` plus
+    ``generate``)."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, backend: str = "auto",
+                 quiet: bool = True, **kw: Any) -> None:  # fmt: skip
+        super().__init__(model, backend, quiet, **kw)
+        self.tokenizer = tokenizer
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 32,
+        sampler: Callable[[np.ndarray], int] | None = None,
+        stop: Sequence[int] | None = None,
+    ) -> Iterator[int]:
+        """New token ids after ``prompt`` (text needs a tokenizer), greedy unless a
+        ``sampler`` is given, up to ``max_new_tokens`` or a stop id (default: the tokenizer's
+        EOS ids; the stop id is not yielded). Continues from the cache: ``reset()`` first for
+        a fresh conversation."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        stops = set(stop if stop is not None else getattr(self.tokenizer, "eos_ids", []))
+        pick = sampler or (lambda lg: int(np.argmax(lg)))
+        budget = min(max_new_tokens, self.model.ctx - self.pos - len(ids) + 1)
+        if max_new_tokens and budget < 1:
+            raise ValueError(
+                f"context full: {self.pos} cached + {len(ids)} prompt tokens leave no room in "
+                f"the context of {self.model.ctx} tokens"
+            )
+        if not max_new_tokens:
+            return
+        logits = self.forward(ids)
+        for n in range(budget):
+            nxt = pick(logits)
+            if nxt in stops:
+                return
+            yield nxt
+            if n + 1 < budget:
+                logits = self.forward([nxt])
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 32,
+        sampler: Callable[[np.ndarray], int] | None = None,
+        stop: Sequence[int] | None = None,
+    ) -> list[int]:
+        """``list(stream(...))``: the generated ids (decode them with ``tokenizer.decode``)."""
+        return list(self.stream(prompt, max_new_tokens, sampler, stop))
+
+
+class Encoder(Embedder):
+    """A sentence encoder: ``embed(texts)`` -> L2-normalized embeddings (batch, hidden)."""
+
+    def embed(self, texts: str | list[str]) -> np.ndarray:
+        return self(texts)
+
+
+def _tokenizer_of_dir(path: str) -> Any:
+    from ..tokenizer import Tokenizer
+
+    tj = os.path.join(path, "tokenizer.json")
+    return Tokenizer.from_file(tj) if os.path.exists(tj) else None
+
+
+def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """config.json and every tensor of the folder's safetensors files (mapped, not copied)."""
+    from ..loaders.safetensors import SafetensorsFile
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"{path}: no config.json (not a transformers model folder)")
+    with open(cfg_path) as fh:
+        config = json.load(fh)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{path}: no .safetensors files (only safetensors weights load)")
+    arrays: dict[str, np.ndarray] = {}
+    for fn in files:
+        st = SafetensorsFile(fn)
+        arrays.update({k: st[k] for k in st.keys()})
+    return config, arrays
+
+
+SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit")
+
+
+def load(
+    path: str | os.PathLike[str],
+    backend: str = "auto",
+    max_context: int | None = None,
+    quiet: bool = True,
+    dequant: str = "graph",
+) -> Any:
+    """The model at ``path`` (a ``.gguf`` file or a transformers folder), ready to run.
+    ``backend``: 'auto', 'compiled' or 'interp' (see ``Runner``); ``max_context`` caps a
+    language model's KV cache; ``dequant`` is how GGUF block formats enter the graph."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return _load_hf(path, backend, max_context, quiet)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    return _load_gguf(path, backend, max_context, quiet, dequant)
+
+
+def _load_gguf(path: str, backend: str, max_context: int | None, quiet: bool,
+               dequant: str) -> LMSession:  # fmt: skip
+    from ..loaders.gguf import GGUFFile, GGUFWeights
+    from ..tokenizer import Tokenizer
+    from .decoder import gguf_config
+    from .llama import Llama, config_from_gguf
+
+    f = GGUFFile(path)
+    arch = f.architecture
+    weights = GGUFWeights(f, dequant)
+    model: Any
+    if arch in _GGUF_LLAMA:
+        model = Llama(config_from_gguf(f), weights, max_context)
+    elif arch in _GGUF_DECODER:
+        model = Decoder(gguf_config(f), weights, max_context)
+    else:
+        raise NotImplementedError(
+            f"{path}: GGUF architecture {arch!r} is not supported "
+            f"(supported: {', '.join(_GGUF_LLAMA + _GGUF_DECODER)})"
+        )
+    return LMSession(model, Tokenizer.from_gguf(f), backend, quiet)
+
+
+def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> Any:
+    config, arrays = read_hf_dir(path)
+    mt = config.get("model_type")
+    if mt == "bert":
+        from .bert import Bert, BertConfig
+
+        tok = _tokenizer_of_dir(path)
+        if tok is None:
+            raise FileNotFoundError(f"{path}: an encoder needs its tokenizer.json")
+        ws = DictWeights({k.removeprefix("bert."): v for k, v in arrays.items()})
+        return Encoder(Bert(BertConfig.from_hf(config), ws), tok, backend, quiet)
+    if mt in ("resnet", "vit"):
+        from .vision import ImageModel, vision_from_hf
+
+        return ImageModel(vision_from_hf(config, arrays), backend, quiet)
+    model: Any
+    if mt == "llama":
+        from .llama import from_hf as llama_from_hf
+
+        model = llama_from_hf(config, arrays, max_context)
+    elif mt == "gpt2":
+        from .gpt2 import from_hf as gpt2_from_hf
+
+        model = gpt2_from_hf(config, arrays, max_context)
+    elif mt in HF_ARCHS or mt == "gemma3":
+        model = decoder_from_hf(config, arrays, max_context)
+    else:
+        raise NotImplementedError(
+            f"{path}: transformers model_type {mt!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_HF)})"
+        )
+    return LMSession(model, _tokenizer_of_dir(path), backend, quiet)
+
+
+def decoder_from_hf(
+    config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None
+) -> Decoder:
+    """A ``Decoder`` from a transformers config dict and its arrays."""
+    from .decoder import hf_weights
+
+    cfg = hf_config(config)
+    tied = bool(config.get("tie_word_embeddings", config.get("model_type", "").startswith("gemma")))
+    return Decoder(cfg, DictWeights(hf_weights(cfg, arrays, tied)), max_context)
