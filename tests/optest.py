@@ -5,6 +5,11 @@ every registered backend (the reference interpreter always; compiled plans where
 is built) and compares with ``ref`` run by PyTorch on the same inputs. Inputs may be given
 symbolic shapes so one graph is checked at several bindings. Every checked name is recorded in
 ``COVERED`` (the suite writes the list at the end of the run).
+
+Gradient mode (``LUMINAL_TEST_GRAD=1``, or ``check_grad`` directly): every ``check_op`` also
+checks the gradients of its float inputs, from ``luminal.compiler.autograd``, against
+``torch.autograd`` (a random cotangent per float output), on the reference interpreter; the
+value checks then run on the interpreter only.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 
 import luminal as lm
 from luminal.codegen import nvrtc
+from luminal.compiler import autograd
 from luminal.graph import dtypes as dt
 from luminal.graph import interp
 
@@ -32,6 +38,8 @@ BACKENDS: dict[
 }
 
 RNG = np.random.default_rng(0)
+GRAD_MODE = os.environ.get("LUMINAL_TEST_GRAD", "0") == "1"
+GRAD_COVERED: set[str] = set()
 
 # Plans compiled by the "cpu" backend are saved here with their inputs and the interpreter's
 # outputs; tests/test_zz_fresh_process.py reloads every one in a new process.
@@ -128,6 +136,8 @@ def check_op(
     """Check ``fn`` against ``ref``; ``shapes`` (optional, per input) may hold dims, and
     ``more`` gives further input lists run through the same graph."""
     COVERED.add(name)
+    if GRAD_MODE:
+        backends = ["interp"]
     g = lm.Graph(name)
     tensors = []
     for i, a in enumerate(inputs):
@@ -148,7 +158,71 @@ def check_op(
             got = BACKENDS[bname](g, feed, {})
             for k, w in enumerate(want):
                 compare(f"{name}[{bname}] out{k}", got[f"out{k}"], w, atol, rtol, check_dtype)
+    if GRAD_MODE:
+        for arrays in [inputs, *more]:
+            check_grad(name, fn, ref, arrays, shapes=shapes, atol=atol, rtol=rtol)
     return g
+
+
+def check_grad(
+    name: str,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    inputs: Sequence[np.ndarray],
+    *,
+    shapes: Sequence[Sequence[Any] | None] | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    compiled: bool = False,
+) -> bool:
+    """Gradients of sum(out_k * cotangent_k) over the float outputs w.r.t. the float inputs,
+    luminal's against torch.autograd's. Returns False (nothing to check) where torch has no
+    gradient: no float input, or no output that depends on one differentiably."""
+    floats = [i for i, a in enumerate(inputs) if a.dtype.kind == "f"]
+    # inf / nan inputs are value tests: derivatives there are conventions, not calculus
+    if not floats or not all(np.isfinite(inputs[i]).all() for i in floats):
+        return False
+    ts = [_to_torch(a).requires_grad_(a.dtype.kind == "f") for a in inputs]
+    outs = [o for o in _as_tuple(ref(*ts)) if isinstance(o, torch.Tensor)]
+    pairs = [(k, o) for k, o in enumerate(outs) if o.grad_fn is not None and o.is_floating_point()]
+    if not pairs:
+        return False
+    cts = [RNG.uniform(-1, 1, tuple(o.shape)).astype(np.float64) for _, o in pairs]
+    total = sum((o.double() * torch.from_numpy(c)).sum() for (_, o), c in zip(pairs, cts))
+    try:
+        tgrads = torch.autograd.grad(total, [ts[i] for i in floats], allow_unused=True)
+    except RuntimeError:
+        return False  # torch has no derivative here (floor_divide; scatter with a larger src)
+    g = lm.Graph(f"{name}_grad")
+    tensors = []
+    for i, a in enumerate(inputs):
+        shp = shapes[i] if shapes is not None and shapes[i] is not None else a.shape
+        tensors.append(g.input(f"x{i}", shp, dt.to_dtype(a.dtype)))
+    louts = _as_tuple(fn(*tensors))
+    loss = None
+    for j, (k, _) in enumerate(pairs):
+        lo = louts[k]
+        ct = g.input(f"ct{j}", lo.shape, lo.dtype)
+        term = (lo * ct).sum()
+        loss = term if loss is None else loss + term.cast(loss.dtype)
+    assert loss is not None
+    grads = autograd.gradients(g, loss.edge, [tensors[i].node for i in floats])
+    for i, ge in zip(floats, grads):
+        gt = lm.Tensor(*ge) if ge is not None else tensors[i] * 0.0
+        g.output(f"grad{i}", gt)
+    g.verify()
+    feed = {f"x{i}": a for i, a in enumerate(inputs)}
+    for j, ((k, _), c) in enumerate(zip(pairs, cts)):
+        feed[f"ct{j}"] = c.astype(louts[k].dtype.np_type)
+    got = lm.compile(g).run(feed) if compiled else g.run(feed)
+    GRAD_COVERED.add(name)
+    for i, tg in zip(floats, tgrads):
+        want = np.zeros(inputs[i].shape) if tg is None else tg.detach().double().numpy()
+        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+        # derivatives of approximations (erf, tanh fits) and long sums need looser bounds
+        compare(f"{name} grad x{i}", got[f"grad{i}"].astype(np.float64), want,
+                max(10 * atol, 1e-5) * scale, max(10 * rtol, 1e-3), False)  # fmt: skip
+    return True
 
 
 def compare(
