@@ -17,6 +17,12 @@ from luminal.models import LlamaSession  # noqa: E402
 from luminal.models.llama import from_hf  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _own_plan_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test compiles what it counts: plans cached by other runs would hide compiles."""
+    monkeypatch.setenv("LUMINAL_PLAN_CACHE_DIR", str(tmp_path / "plans"))
+
+
 def _gguf_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """What llama.cpp's converter does to q/k rows (adjacent-pair RoPE layout)."""
     return (
@@ -164,6 +170,33 @@ def test_prefill_graph_matches_decode_graph() -> None:
     np.testing.assert_allclose(got, ref, atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="min_seq"):
         model.build_prefill(0)
+
+
+def test_session_plans_come_from_the_cache() -> None:
+    """A second session of the same model builds no graph and compiles nothing: both plans
+    are loaded from the plan cache, and they compute what the compiled ones did."""
+    _, model = _tiny(ctx=32)
+    ids = [5, 17, 3, 42, 8, 60, 1, 9]
+    s1 = LlamaSession(model, "compiled", prefill_min=5)
+    ref = [s1.forward(ids), s1.forward([11]), s1.forward([2, 3])]
+    builds: list[str] = []
+    real_build, real_prefill = model.build, model.build_prefill
+    model.build = lambda *a, **k: builds.append("decode") or real_build(*a, **k)  # type: ignore[method-assign]
+    model.build_prefill = lambda *a, **k: builds.append("prefill") or real_prefill(*a, **k)  # type: ignore[method-assign]
+    s2 = LlamaSession(model, "compiled", prefill_min=5)
+    got = [s2.forward(ids), s2.forward([11]), s2.forward([2, 3])]
+    assert builds == [] and s2.runner.cached and s2.runner.compiles == 0
+    assert s2.prefill_runner is not None and s2.prefill_runner.cached
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    from luminal.models.base import DictWeights
+    from luminal.models.llama import Llama
+
+    ws = dict(model.weights.arrays)  # type: ignore[attr-defined]
+    ws["output_norm.weight"] = ws["output_norm.weight"] * 1.5
+    s3 = LlamaSession(Llama(model.config, DictWeights(ws), 32), "compiled", prefill_min=None)
+    assert s3.runner.compiles == 1 and not s3.runner.cached  # other weights: compiled again
+    assert not np.allclose(s3.forward(ids), ref[0])
 
 
 def test_prefill_min_is_checked() -> None:

@@ -1,12 +1,14 @@
 """The ``luminal`` command line: ``generate`` (text with a Llama-family GGUF, default
 SmolLM2-135M-Instruct), ``embed`` (sentence embeddings, default all-MiniLM-L6-v2),
-``compile`` (a model or a Python-built graph to a plan file) and ``run`` (a plan on .npy files).
+``compile`` (a model or a Python-built graph to a plan file), ``run`` (a plan on .npy files)
+and ``cache`` (list or clear the plan cache).
 
     luminal generate "Write a haiku about compilers"
     luminal embed "first sentence" "second sentence"
     luminal compile --kind embed -o minilm.lmp
     luminal compile --graph my_graph.py:build -o g.lmp
     luminal run g.lmp -i x=x.npy -d seq=7 -o out/
+    luminal cache list
 
 Results go to stdout (and files); progress and speed go to stderr.
 """
@@ -336,6 +338,30 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- cache
+def cmd_cache(a: argparse.Namespace) -> int:
+    from .plan_cache import PlanCache, enabled
+
+    cache = PlanCache()
+    if a.action == "clear":
+        n = cache.clear()
+        print(f"removed {n} cached plan{'s' if n != 1 else ''} from {cache.root}")
+        return 0
+    entries = cache.entries()
+    state = "" if enabled() else " (off: LUMINAL_PLAN_CACHE=0)"
+    total = sum(e.size for e in entries)
+    print(f"plan cache {cache.root}{state}: {len(entries)} plans, {total / 2**20:.1f} MiB "
+          f"of {cache.limit_bytes / 2**20:.0f} MiB")  # fmt: skip
+    for e in entries:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
+        what = e.meta.get("key", {}).get("what", {}) if isinstance(e.meta, dict) else {}
+        desc = e.name
+        if isinstance(what, dict) and what.get("model"):
+            desc = f"{e.name} ({what.get('model')} {what.get('graph', '')})".replace(" )", ")")
+        print(f"  {e.digest}  {e.size / 2**20:8.1f} MiB  used {used}  {desc}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -422,6 +448,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--backend", default="cpu", help="runtime backend (default: cpu)")
     r.set_defaults(fn=cmd_run)
+    k = sub.add_parser(
+        "cache",
+        help="list or clear the plan cache (compiled plans reused across runs)",
+        description="The plan cache holds compiled plans keyed by what determines them; "
+        "see docs/plan-cache.md. LUMINAL_PLAN_CACHE_DIR moves it, LUMINAL_PLAN_CACHE=0 "
+        "turns it off.",
+    )
+    k.add_argument("action", choices=["list", "clear"], nargs="?", default="list")
+    k.set_defaults(fn=cmd_cache)
     return p
 
 

@@ -36,6 +36,17 @@ DEBUG = Flag(
     "alternatives), 4 generated kernels, 5 the plan",
 )  # fmt: skip
 CACHE_DIR = Flag("LUMINAL_CACHE_DIR", "", "kernel/search cache folder (default ~/.cache/luminal)")
+PLAN_CACHE = Flag(
+    "LUMINAL_PLAN_CACHE", "1",
+    "0 turns the plan cache off: every entry point compiles (docs/plan-cache.md)",
+)  # fmt: skip
+PLAN_CACHE_DIR = Flag(
+    "LUMINAL_PLAN_CACHE_DIR", "", "plan cache folder (default $LUMINAL_CACHE_DIR/plans)"
+)
+PLAN_CACHE_MB = Flag(
+    "LUMINAL_PLAN_CACHE_MB", "4096",
+    "plan cache size limit in MiB; least recently used plans are evicted past it",
+)  # fmt: skip
 NUM_THREADS = Flag("LUMINAL_NUM_THREADS", "", "CPU worker threads (default: all cores)")
 CC = Flag("CC", "cc", "C compiler for CPU kernels")
 CUDA_ARCH = Flag(
@@ -81,7 +92,8 @@ SEARCH_SCHEDULES = Flag(
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, NUM_THREADS, CC, CUDA_ARCH, SIBLINGS, EGRAPH, STAGE,
+ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
+       NUM_THREADS, CC, CUDA_ARCH, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_SCHEDULES)  # fmt: skip
 

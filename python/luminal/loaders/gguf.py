@@ -18,7 +18,7 @@ import numpy as np
 
 from ..functional import embedding
 from ..tensor import Graph, Tensor
-from . import quants
+from . import mapped, quants
 
 
 class GGUFError(ValueError):
@@ -51,6 +51,7 @@ class GGUFFile:
             raise GGUFError(
                 f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})"
             ) from None
+        mapped.register(self.reader.data, self.path)  # plans refer to its tensors by offset
         self.metadata: dict[str, Any] = {
             k: _field_value(f) for k, f in self.reader.fields.items() if not k.startswith("GGUF.")
         }
@@ -152,6 +153,12 @@ class GGUFWeights:
 
     def has(self, name: str) -> bool:
         return name in self.file.tensors
+
+    def identity(self) -> str:
+        """The file's identity (path, size, mtime, inode) and the dequantization mode: what
+        the plan cache keys these weights by (no reading)."""
+        fid = mapped.file_id(self.file.path)
+        return f"gguf:{fid.path}:{fid.size}:{fid.mtime_ns}:{fid.inode}:{self.dequant}"
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.file.shape(name)

@@ -17,6 +17,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import mapped
+
 _DTYPES: dict[str, Any] = {
     "F64": np.float64,
     "F32": np.float32,
@@ -61,6 +63,9 @@ class SafetensorsFile:
                 )
             raw = fh.read(n)
             self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        # arrays are views of this one array, which keeps the mapping registered while any lives
+        self._bytes: np.ndarray | None = np.frombuffer(self._mm, np.uint8)
+        mapped.register(self._bytes, self.path)
         try:
             header = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -135,12 +140,14 @@ class SafetensorsFile:
 
     def __getitem__(self, name: str) -> np.ndarray:
         dtype, shape, begin, end = self._entry(name)
-        count = (end - begin) // np.dtype(dtype).itemsize
-        arr = np.frombuffer(self._mm, dtype=dtype, count=count, offset=self._start + begin)
-        return arr.reshape(shape)
+        if self._bytes is None:
+            raise ValueError(f"{self.path}: the file is closed")
+        raw = self._bytes[self._start + begin : self._start + end]
+        return raw.view(dtype).reshape(shape)
 
     def close(self) -> None:
         # arrays still viewing the map keep it alive; closing then would fail, so let GC do it
+        self._bytes = None
         try:
             self._mm.close()
         except BufferError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,10 @@ class Bert:
         st = SafetensorsFile(os.path.join(path, "model.safetensors"))
         arrays = {k.removeprefix("bert."): st[k] for k in st.keys()}
         return Bert(cfg, DictWeights(arrays))
+
+    def cache_key(self) -> dict[str, Any]:
+        """What determines the plan of ``build()`` without building it (plan cache key)."""
+        return {"model": "bert", "config": asdict(self.config), "weights": self.weights.identity()}
 
     def _w(self, g: Graph, name: str) -> Tensor:
         return self.weights.get(g, name)
@@ -144,8 +148,9 @@ class Embedder:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.graph = model.build()
-        self.runner = Runner(self.graph, backend, quiet)
+        # a cached plan needs no graph: it is built only to compile or interpret it
+        self.runner = Runner(model.build, backend, quiet, key=model.cache_key(), name="bert")
+        self.graph = self.runner.graph
         self.max_length = min(max_length, model.config.max_position)
         tokenizer.tk.enable_truncation(self.max_length)  # keeps [SEP], like sentence-transformers
         tokenizer.tk.no_padding()  # we pad a batch to its longest text ourselves

@@ -19,7 +19,7 @@ update the same cache arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,16 @@ class Llama:
 
     def new_cache(self) -> dict[str, np.ndarray]:
         return {n: np.zeros((self.ctx, self.kv_width), np.float32) for n in self.cache_names()}
+
+    def cache_key(self, graph: str, **options: Any) -> dict[str, Any] | None:
+        """What determines the plan of ``build()`` (``graph='decode'``) or ``build_prefill``
+        (``'prefill'``, with its ``min_seq``) without building it: the config, the context,
+        the options and the weights' identity (None when the weight source has none)."""
+        identity = getattr(self.weights, "identity", None)
+        if identity is None:
+            return None
+        return {"model": "llama", "config": asdict(self.config), "ctx": self.ctx,
+                "graph": graph, "options": options, "weights": identity()}  # fmt: skip
 
     def build(
         self,
@@ -275,8 +285,9 @@ class LlamaSession:
             raise ValueError(f"prefill_min must be a positive int or None, got {prefill_min!r}")
         self.model = model
         self.quiet = quiet
-        self.graph = model.build()
-        self.runner = Runner(self.graph, backend, quiet)
+        # a cached plan needs no graph: it is built only to compile or interpret it
+        self.runner = Runner(model.build, backend, quiet, key=self._key("decode"), name="llama")
+        self.graph = self.runner.graph
         self.prefill_min = prefill_min
         self.prefill_runner: Runner | None = None
         self.cache = model.new_cache()
@@ -303,11 +314,22 @@ class LlamaSession:
         if not self.has_prefill:
             return False
         if self.prefill_runner is None:
-            progress(f"prompts of {self.prefill_min}+ tokens: building a prefill plan", self.quiet)
-            say = None if self.quiet else (lambda msg: progress(msg))
-            graph = self.model.build_prefill(self.prefill_min, progress=say)
-            self.prefill_runner = Runner(graph, "compiled", self.quiet)
+            pmin = self.prefill_min
+            assert pmin is not None
+
+            def build() -> Graph:
+                progress(f"prompts of {pmin}+ tokens: building a prefill plan", self.quiet)
+                say = None if self.quiet else (lambda msg: progress(msg))
+                return self.model.build_prefill(pmin, progress=say)
+
+            key = self._key("prefill", min_seq=pmin)
+            self.prefill_runner = Runner(build, "compiled", self.quiet, key=key,
+                                         name="llama_prefill")  # fmt: skip
         return True
+
+    def _key(self, graph: str, **options: Any) -> dict[str, Any] | None:
+        fn = getattr(self.model, "cache_key", None)
+        return fn(graph, **options) if fn is not None else None
 
     def _runner_for(self, n_tokens: int) -> Runner:
         long = self.prefill_min is not None and n_tokens >= self.prefill_min

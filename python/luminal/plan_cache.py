@@ -1,0 +1,512 @@
+"""Compiled plans cached on disk: compile once, load the plan every time after.
+
+An entry is keyed by everything that determines the plan: what was compiled (a graph's
+fingerprint, or a model's definition: config and build options), the identity of the weight
+files it reads (real path, size, mtime, inode) or a content hash of in-memory weights, the
+compile options, the target (backend, CPU model and features), luminal's version and a digest
+of its installed code, and the flags that steer the compiler. Any change misses.
+
+Layout, under ``$LUMINAL_PLAN_CACHE_DIR`` (default ``$LUMINAL_CACHE_DIR/plans``, itself
+defaulting to ``~/.cache/luminal``)::
+
+    <digest>.lmp    the plan; weights that are bytes of a mapped GGUF/safetensors file are
+                    references to it (file + offset), weights the compiler made are inline
+    <digest>.json   the key parts, the plan's size and CRC-32, the weight files' identities
+    <digest>.lock   held while one process compiles that key (others wait, then load)
+
+Writes go to a temporary name and are renamed into place, the metadata last, so a reader
+sees a whole entry or none. A plan whose size or checksum disagrees with its metadata, or
+whose weight files changed, is removed and rebuilt, never run. A size limit
+(``LUMINAL_PLAN_CACHE_MB``) evicts the least recently used entries; ``luminal cache list``
+and ``luminal cache clear`` show and empty it; ``LUMINAL_PLAN_CACHE=0`` turns it off.
+See docs/plan-cache.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import flags
+from .loaders import mapped
+
+__all__ = [
+    "CacheEntry",
+    "Key",
+    "PlanCache",
+    "code_id",
+    "cpu_id",
+    "default_cache",
+    "enabled",
+    "graph_fingerprint",
+    "make_key",
+    "weight_identity",
+]
+
+ENTRY_FORMAT = 1  # of the .json metadata; another value is another cache
+# flags that never change what the compiler produces
+_NEUTRAL_FLAGS = {"LUMINAL_DEBUG", "LUMINAL_CACHE_DIR", "LUMINAL_PLAN_CACHE",
+                  "LUMINAL_PLAN_CACHE_DIR", "LUMINAL_PLAN_CACHE_MB"}  # fmt: skip
+
+
+def enabled() -> bool:
+    v = flags.PLAN_CACHE.get().strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return False
+    if v in ("1", "on", "true", "yes", ""):
+        return True
+    raise ValueError(f"LUMINAL_PLAN_CACHE must be 1 or 0, got {v!r}")
+
+
+def cache_root() -> Path:
+    d = flags.PLAN_CACHE_DIR.get()
+    if d:
+        return Path(d)
+    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    return Path(base) / "plans"
+
+
+# ---------------------------------------------------------------------------- key parts
+_CODE_ID: str | None = None
+
+
+def code_id() -> str:
+    """A digest of luminal's installed code: its version and the size and mtime of every
+    file of the package (the Python sources and the native module). A changed compiler is
+    another compiler, so its plans are other plans. Stats only: ~1 ms, no reading."""
+    global _CODE_ID
+    if _CODE_ID is None:
+        import importlib.util
+
+        import luminal
+
+        h = hashlib.sha1(luminal.__version__.encode())
+        roots = list(luminal.__path__)
+        spec = importlib.util.find_spec("luminal._rt")
+        native = [spec.origin] if spec is not None and spec.origin else []
+        for root in roots:
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                for fn in sorted(filenames):
+                    if fn.endswith((".py", ".so", ".pyd", ".dylib", ".egg", ".json")):
+                        st = os.stat(os.path.join(dirpath, fn))
+                        rel = os.path.relpath(os.path.join(dirpath, fn), root)
+                        h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns};".encode())
+        for path in native:
+            st = os.stat(path)
+            h.update(f"native:{st.st_size}:{st.st_mtime_ns};".encode())
+        _CODE_ID = h.hexdigest()[:20]
+    return _CODE_ID
+
+
+_CPU_ID: str | None = None
+
+
+def cpu_id() -> str:
+    """The CPU model, its feature flags and the core count (generated kernels use
+    ``-march=native``; the search measured on these cores)."""
+    global _CPU_ID
+    if _CPU_ID is None:
+        parts = [platform.machine(), platform.system(), str(os.cpu_count())]
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if not line.strip():
+                        break  # the first processor says it for all
+                    k, _, v = line.partition(":")
+                    if k.strip() in ("model name", "flags", "Features", "CPU part"):
+                        parts.append(v.strip())
+        except OSError:
+            parts.append(platform.processor())
+        _CPU_ID = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+    return _CPU_ID
+
+
+def _compiler_flags() -> dict[str, str]:
+    return {f.name: f.get() for f in flags.ALL if f.name not in _NEUTRAL_FLAGS}
+
+
+def weight_identity(arr: Any) -> list[Any]:
+    """How a key names one weight: its file and byte offset when it is a view of a mapped
+    GGUF/safetensors file (no reading), else a hash of its bytes; with dtype and shape."""
+    a = np.asarray(arr)
+    head = [str(a.dtype), list(a.shape)]
+    where = mapped.locate(a)
+    if where is not None:
+        fid, off = where
+        return [*head, "file", fid.path, fid.size, fid.mtime_ns, fid.inode, off]
+    data = np.ascontiguousarray(a)
+    return [*head, "sha1", hashlib.sha1(data.reshape(-1).view(np.uint8).data).hexdigest()]
+
+
+def graph_fingerprint(graph: Any) -> dict[str, Any]:
+    """A graph's structure (every node: op, dtype, shape, arg, sources with their views),
+    its dims with bounds, outputs and in-place updates, and each weight's identity."""
+    h = hashlib.sha1()
+    for n in graph.nodes:
+        srcs = ",".join(f"{m.id}:{v!r}" for m, v in n.srcs)
+        h.update(f"{n.id}|{n.op.name}|{n.dtype.name}|{list(n.shape)}|{n.arg!r}|{srcs}\n".encode())
+    dims = {name: [d.lo, d.hi] for name, d in sorted(graph.dims().items())}
+    weights = {name: weight_identity(a) for name, a in sorted(graph.weights.items())}
+    wh = hashlib.sha1(json.dumps(weights, sort_keys=True).encode()).hexdigest()
+    files = sorted({w[4] for w in weights.values() if w[2] == "file"})
+    return {"graph": graph.name, "nodes": h.hexdigest(), "dims": dims,
+            "outputs": list(graph.outputs), "state": dict(sorted(graph.state.items())),
+            "weights": wh, "weight_files": files}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Key:
+    """The parts of a cache key (JSON values) and their digest, the entry's file name."""
+
+    parts: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        text = json.dumps(self.parts, sort_keys=True, default=str)
+        return hashlib.sha1(text.encode()).hexdigest()[:32]
+
+
+def make_key(what: dict[str, Any], backend: str, options: dict[str, Any] | None = None) -> Key:
+    """The key of compiling ``what`` (a graph fingerprint or a model description) for
+    ``backend`` with compile ``options``, on this machine with this luminal."""
+    import luminal
+
+    from .plan import FORMAT_VERSION
+
+    return Key({
+        "entry_format": ENTRY_FORMAT,
+        "what": what,
+        "backend": backend,
+        "options": dict(sorted((options or {}).items())),
+        "luminal": luminal.__version__,
+        "code": code_id(),
+        "cpu": cpu_id(),
+        "flags": _compiler_flags(),
+        "plan_format": FORMAT_VERSION,
+    })  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the store
+@dataclass
+class CacheEntry:
+    digest: str
+    path: Path  # the .lmp file
+    size: int  # bytes of the plan file
+    last_used: float  # seconds since the epoch
+    name: str  # what was compiled (graph name)
+    meta: dict[str, Any]
+
+
+def _crc32_file(path: Path, size: int) -> int:
+    """CRC-32 of a file read in chunks (into one reused buffer: no resident copy of it)."""
+    crc = 0
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        left = size
+        while left:
+            n = f.readinto(view[: min(len(buf), left)])
+            if not n:
+                break
+            crc = zlib.crc32(view[:n], crc)
+            left -= n
+    return crc
+
+
+@contextlib.contextmanager
+def _flock(path: Path, exclusive: bool = True) -> Iterator[None]:
+    """An advisory lock on ``path`` (created if missing), released on exit."""
+    try:
+        import fcntl
+    except ImportError:  # no fcntl (Windows): atomic renames still keep entries whole
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _write_atomic(path: Path, chunks: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                f.write(c)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class PlanCache:
+    """A folder of cached plans (see the module docstring). ``limit_bytes`` defaults to
+    ``LUMINAL_PLAN_CACHE_MB``."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None,
+                 limit_bytes: int | None = None) -> None:  # fmt: skip
+        self.root = Path(root) if root is not None else cache_root()
+        if limit_bytes is None:
+            limit_bytes = int(flags.PLAN_CACHE_MB.as_float() * 2**20)
+        if limit_bytes < 0:
+            raise ValueError(f"plan cache size limit must be >= 0 bytes, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+
+    def _paths(self, digest: str) -> tuple[Path, Path]:
+        return self.root / f"{digest}.lmp", self.root / f"{digest}.json"
+
+    def _ensure_root(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- reading -----------------------------------------------------------------------------
+    def lookup(self, key: Key) -> Path | None:
+        """The plan file of ``key`` when a whole, unchanged entry exists (its last use is
+        updated); None otherwise. A damaged entry is removed."""
+        plan, meta_path = self._paths(key.digest)
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self._remove(key.digest, "unreadable metadata")
+            return None
+        problem = self._check(meta, key, plan)
+        if problem is not None:
+            self._remove(key.digest, problem)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(meta_path)  # last use, for eviction
+        return plan
+
+    def _check(self, meta: Any, key: Key, plan: Path) -> str | None:
+        if not isinstance(meta, dict) or meta.get("entry_format") != ENTRY_FORMAT:
+            return "metadata of another format"
+        if meta.get("key") != json.loads(json.dumps(key.parts, sort_keys=True, default=str)):
+            return "metadata of another key"  # a digest collision, or tampering
+        try:
+            size = plan.stat().st_size
+        except OSError:
+            return "plan file missing"
+        if size != meta.get("size"):
+            return f"plan file is {size} bytes, expected {meta.get('size')} (truncated?)"
+        for f in meta.get("files", []):
+            fid = mapped.FileId(f["path"], f["size"], f["mtime_ns"], f["inode"])
+            if not fid.current():
+                return f"weight file {fid.path} changed or is missing"
+        if _crc32_file(plan, size) != meta.get("crc32"):
+            return "plan file checksum mismatch (corrupt)"
+        return None
+
+    def _remove(self, digest: str, why: str) -> None:
+        if flags.debug() >= 1:
+            import sys
+
+            print(f"luminal: plan cache: dropping {digest}: {why}", file=sys.stderr)
+        for p in self._paths(digest):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+    # -- writing -----------------------------------------------------------------------------
+    def store(
+        self, key: Key, plan: Any, sources: Mapping[str, np.ndarray] | None = None
+    ) -> Path:
+        """Writes ``plan`` (a ``luminal.plan.Plan``) under ``key`` and returns its file. Weights
+        that are bytes of a mapped file are stored as references to it (``externalize``)."""
+        self._ensure_root()
+        plan, files = externalize(plan, sources)
+        path, meta_path = self._paths(key.digest)
+        crc, size = 0, 0
+
+        def chunks() -> Iterator[bytes | memoryview]:
+            nonlocal crc, size
+            for part in plan.parts():
+                b = part if isinstance(part, bytes) else memoryview(part).cast("B")
+                crc = zlib.crc32(b, crc)
+                size += len(b)
+                yield b
+
+        _write_atomic(path, chunks())
+        meta = {
+            "entry_format": ENTRY_FORMAT,
+            "key": key.parts,
+            "size": size,
+            "crc32": crc,
+            "name": plan.metadata.get("graph", ""),
+            "kernels": len(plan.kernels),
+            "created": time.time(),
+            "files": [f.__dict__ for f in files],
+        }
+        text = json.dumps(meta, sort_keys=True, default=str).encode()
+        _write_atomic(meta_path, [text])
+        self.evict(keep=key.digest)
+        return path
+
+    def get_or_build(self, key: Key, build: Callable[[], Any]) -> tuple[Path, Any]:
+        """``(plan file, None)`` on a hit; on a miss ``build()`` runs and returns a Plan, or a
+        (Plan, the graph's weights by name) pair (see ``externalize``); the plan is stored, and
+        ``(plan file, what build returned)`` comes back. One process builds a key at a time;
+        the others wait for it and then load its entry."""
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit, None
+        self._ensure_root()
+        with _flock(self.root / f"{key.digest}.lock"):
+            hit = self.lookup(key)  # built by another process while we waited
+            if hit is not None:
+                return hit, None
+            built = build()
+            plan, sources = built if isinstance(built, tuple) else (built, None)
+            return self.store(key, plan, sources), built
+
+    # -- listing and eviction ----------------------------------------------------------------
+    def entries(self) -> list[CacheEntry]:
+        """Whole entries, most recently used first."""
+        out: list[CacheEntry] = []
+        if not self.root.is_dir():
+            return out
+        for meta_path in self.root.glob("*.json"):
+            digest = meta_path.stem
+            plan = self.root / f"{digest}.lmp"
+            try:
+                with open(meta_path) as f:
+                    meta = json.load(f)
+                used = meta_path.stat().st_mtime
+                size = plan.stat().st_size
+            except (OSError, ValueError):
+                continue
+            name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
+            out.append(CacheEntry(digest, plan, size, used, name, meta))
+        return sorted(out, key=lambda e: -e.last_used)
+
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries())
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Removes least recently used entries until the total fits the limit (never
+        ``keep``), and leftovers of interrupted writes; returns the removed digests."""
+        if not self.root.is_dir():
+            return []
+        removed: list[str] = []
+        with _flock(self.root / ".lock"):
+            entries = self.entries()
+            total = sum(e.size for e in entries)
+            for e in reversed(entries):  # oldest first
+                if total <= self.limit_bytes:
+                    break
+                if e.digest == keep:
+                    continue
+                self._remove(e.digest, "evicted (size limit)")
+                total -= e.size
+                removed.append(e.digest)
+            self._sweep()
+        return removed
+
+    def _sweep(self, older_than_s: float = 3600.0) -> None:
+        """Deletes temporary files of writes that died, and plans without metadata."""
+        now = time.time()
+        for p in self.root.iterdir():
+            try:
+                age = now - p.stat().st_mtime
+            except OSError:
+                continue
+            orphan = p.suffix == ".lmp" and not p.with_suffix(".json").exists()
+            if (p.suffix == ".tmp" or orphan) and age > older_than_s:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    def clear(self) -> int:
+        """Removes every entry; returns how many there were."""
+        if not self.root.is_dir():
+            return 0
+        n = 0
+        with _flock(self.root / ".lock"):
+            for p in self.root.iterdir():
+                if p.suffix in (".lmp", ".json", ".tmp", ".lock") and p.name != ".lock":
+                    n += p.suffix == ".json"
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+        return n
+
+
+def default_cache() -> PlanCache | None:
+    """The cache the entry points use, or None when ``LUMINAL_PLAN_CACHE=0`` or its folder
+    cannot be created (then everything compiles, as without a cache)."""
+    if not enabled():
+        return None
+    cache = PlanCache()
+    try:
+        cache._ensure_root()
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOSPC):
+            raise
+        return None
+    return cache
+
+
+def externalize(
+    plan: Any, sources: Mapping[str, np.ndarray] | None = None
+) -> tuple[Any, list[mapped.FileId]]:
+    """``plan`` with each inline weight that is exactly the bytes of a mapped weight file
+    replaced by a reference to that file (absolute path, offset), and the files referred to.
+    The runtime maps those files: the page cache holds one copy for every process. A weight is
+    found in a file when its data is a view of the mapping, or when ``sources`` (the graph's
+    weights by name) has a mapped array of that name with the same bytes."""
+    from .plan import FileWeight, InlineWeight, Plan
+
+    files: dict[str, mapped.FileId] = {}
+    weights: list[Any] = []
+    for w in plan.weights:
+        buf = plan.buffers[w.buffer]
+        ref = _file_bytes(w, buf, sources) if isinstance(w, InlineWeight) else None
+        if ref is not None:
+            fid, off, n = ref
+            files[fid.path] = fid
+            weights.append(FileWeight(w.buffer, fid.path, off, n))
+        else:
+            weights.append(w)
+    if not files:
+        return plan, []
+    out = Plan(backend=plan.backend, arch=plan.arch, dims=plan.dims, buffers=plan.buffers,
+               kernels=plan.kernels, steps=plan.steps, weights=weights,
+               metadata=plan.metadata)  # fmt: skip
+    return out, list(files.values())
+
+
+def _file_bytes(
+    w: Any, buf: Any, sources: Mapping[str, np.ndarray] | None
+) -> tuple[mapped.FileId, int, int] | None:
+    # 4-bit types are packed in a plan but one value per byte in numpy: never a plain view
+    if buf.dtype.bits < 8 or not isinstance(w.data, (np.ndarray, memoryview)):
+        return None
+    data = np.asarray(w.data)
+    where = mapped.locate(data)
+    if where is not None:
+        return where[0], where[1], data.nbytes
+    src = sources.get(buf.name) if sources is not None else None
+    where = mapped.locate(src) if isinstance(src, np.ndarray) else None
+    if where is None or src is None or src.nbytes != data.nbytes:
+        return None
+    # the plan's copy of a graph weight of the same name: the same bytes, or transformed
+    if not np.array_equal(src.reshape(-1).view(np.uint8), data.reshape(-1).view(np.uint8)):
+        return None
+    return where[0], where[1], data.nbytes
