@@ -13,7 +13,7 @@ import luminal.functional as F
 from luminal.codegen import c_rows
 from luminal.codegen.c import render_kernel
 from luminal.compiler.lower import lower
-from luminal.compiler.passes import run_passes
+from luminal.compiler.pipeline import graph_passes
 
 
 def _graph(name: str, rows: int, cols: int):
@@ -48,14 +48,14 @@ def _inputs(rows: int, cols: int, specials: bool) -> dict[str, np.ndarray]:
 
 
 def _sources(g: lm.Graph) -> list[str]:
-    low = lower(run_passes(g))
+    low = lower(graph_passes(g))
     return [render_kernel(k, list(low.dims)).source for k in low.kernels]
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
 def test_row_reductions_fuse_into_one_kernel(name):
     # the row max (mean) is hoisted out of the row sum's loop: no pass of its own over memory
-    assert len(lower(run_passes(_graph(name, 6, 50))).kernels) == 1
+    assert len(lower(graph_passes(_graph(name, 6, 50))).kernels) == 1
 
 
 def test_softmax_exponentials_computed_once():

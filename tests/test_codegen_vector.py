@@ -11,7 +11,7 @@ from luminal.codegen.c import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.kfold import fold
 from luminal.compiler.lower import lower
-from luminal.compiler.passes import run_passes
+from luminal.compiler.pipeline import graph_passes
 from luminal.compiler.schedule import schedule
 from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
@@ -32,7 +32,7 @@ def _gemv(fmt: str, rows: int, cols: int, seq: int = 1) -> tuple[lm.Graph, np.nd
 
 
 def _sources(g: lm.Graph) -> str:
-    low = lower(run_passes(g))
+    low = lower(graph_passes(g))
     kernels = [k for k in schedule(low.kernels) if isinstance(k, K.Kernel)]
     # the kernels' bodies, without the shared prelude
     return "\n".join(

@@ -338,13 +338,15 @@ def test_cuda_plan_can_keep_gemm_for_cublaslt(tmp_path: Path) -> None:
     from luminal.compile import build_plan
     from luminal.compiler.lower import lower
     from luminal.compiler.search.select import choose_library_calls
-    from luminal.cuda import search_measure
+    from luminal.compiler.search.tuner import Tuner
     from luminal.plan import LibCall, Plan
+    from luminal.targets.cuda import CudaTarget
 
     g = lm.Graph("mm_lt")
     a, w = g.input("a", (300, 256)), g.input("w", (256, 320))
     g.output("y", F.matmul(a, w))
-    low = choose_library_calls(lower(g), *search_measure())
+    t = CudaTarget()
+    low = choose_library_calls(lower(g), Tuner(t.measure, t.cache_id(), cost=t.cost))
     assert any(isinstance(k, K.LibCall) for k in low.kernels)
     plan = build_plan(low, "mm_lt", "cuda", gemm_impl="cublaslt")
     lcs = [s for s in plan.steps if isinstance(s, LibCall)]

@@ -181,9 +181,9 @@ def test_exp_of_infinities_and_nan() -> None:
 def _kernel_sources(g: lm.Graph) -> list[str]:
     from luminal.codegen.c import render_kernel
     from luminal.compiler.lower import lower
-    from luminal.compiler.passes import run_passes
+    from luminal.compiler.pipeline import graph_passes
 
-    low = lower(run_passes(g))
+    low = lower(graph_passes(g))
     return [render_kernel(k, list(low.dims)).source for k in low.kernels]
 
 

@@ -10,14 +10,18 @@ import pytest
 import luminal as lm
 import luminal.functional as F
 import luminal.runtime
-from luminal.compile import _evaluate_cpu, _measure_cpu, _signature, build_plan
+from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler import schedule as S
 from luminal.compiler.lower import Lowered, lower
 from luminal.compiler.search import schedules, select, tuner
 from luminal.compiler.search.tuner import Timing, Tuner, mismatch
 from luminal.graph.ops import Op
+from luminal.targets.cpu import CpuTarget
 from optest import rand
+
+_CPU = CpuTarget()
+_evaluate_cpu, _measure_cpu, _signature = _CPU.evaluate, _CPU.measure, _CPU.signature
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +170,7 @@ def test_a_slow_first_run_is_the_only_run(monkeypatch):
     t = _measure_cpu(sub, {})
     assert isinstance(t, Timing) and t.runs == 1 and t.outputs is not None
     monkeypatch.setenv("LUMINAL_SEARCH_MEASURE_MS", "1e9")
-    assert _measure_cpu(sub, {}, repeats=3).runs == 3
+    assert CpuTarget(repeats=3).measure(sub, {}).runs == 3
 
 
 def test_choice_is_deterministic_given_the_cache(monkeypatch):

@@ -62,6 +62,12 @@ STAGE = Flag(
     "0 skips copying div/mod-strided operands of sums contiguously first (compiler/stage.py)",
 )  # fmt: skip
 
+FOLD_SCALES = Flag(
+    "LUMINAL_FOLD_SCALES", "1",
+    "0 skips storing quantized block scales once as f32 and repacking strided weight reads "
+    "(compiler/fold.py)",
+)  # fmt: skip
+
 SIBLINGS = Flag(
     "LUMINAL_SIBLINGS", "1",
     "0 skips merging products of one operand by several weights into one (compiler/siblings.py)",
@@ -87,15 +93,20 @@ SEARCH_MEASURE_MS = Flag(
     "a candidate whose first run takes longer is not run again (that run is its time)",
 )  # fmt: skip
 SEARCH_SEED = Flag("LUMINAL_SEARCH_SEED", "0", "seed of the search's random inputs")
+SEARCH_LIBRARY = Flag(
+    "LUMINAL_SEARCH_LIBRARY", "1",
+    "0 keeps every generated kernel (no measured library-call alternatives such as GEMM)",
+)  # fmt: skip
 SEARCH_SCHEDULES = Flag(
     "LUMINAL_SEARCH_SCHEDULES", "1",
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
 )  # fmt: skip
 
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
-       NUM_THREADS, CC, CUDA_ARCH, SIBLINGS, EGRAPH, STAGE,
+       NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
-       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_SCHEDULES)  # fmt: skip
+       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY,
+       SEARCH_SCHEDULES)  # fmt: skip
 
 
 def debug() -> int:

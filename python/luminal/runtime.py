@@ -27,8 +27,8 @@ import ml_dtypes
 import numpy as np
 import scipy_openblas32  # noqa: F401  (loads OpenBLAS with RTLD_GLOBAL before _rt needs it)
 
-from luminal import _rt, flags
-from luminal.plan import DType, InlineWeight, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
+from . import _rt, flags
+from .plan import DType, InlineWeight, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
 
 __all__ = ["Executor", "PlanError", "backends", "load", "luminal_run_path", "numpy_dtype"]
 

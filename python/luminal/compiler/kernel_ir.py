@@ -361,8 +361,9 @@ def invariant_parts(
 
 @dataclass
 class LibCall:
-    """A named library routine (e.g. ``gemm``) with a descriptor of named fields; backends map
-    it to BLAS / cuBLASLt. ``args`` are buffer ids in the routine's order; ``out`` is written."""
+    """A named library routine (e.g. ``gemm``) with a descriptor of named fields; each target
+    maps it to a library of its own. ``args`` are buffer ids in the routine's order; ``out``
+    is written."""
 
     name: str
     func: str

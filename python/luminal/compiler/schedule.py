@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from ..graph import symbolic as sym
 from ..graph.ops import Op
 from . import kernel_ir as K
+from .target import ScheduleSpace
 
 Step = K.Kernel | K.LibCall
 
@@ -78,12 +79,16 @@ def _split_by(r: K.Reduce, g: int) -> K.Reduce | None:
     return K.Reduce(r.op, outer, r.extent // g, K.Reduce(r.op, inner, g, body, r.dtype), r.dtype)
 
 
+# The default split's largest inner extent. Set by measurement: Q8_0 rows split by 32 ran
+# 1.6x slower than by 16 (the compiler failed to vectorize their int8 -> f32 loops of 32).
+DEFAULT_SPLIT_MAX = 16
+
+
 def _default_split(r: K.Reduce) -> K.Reduce:
-    """The largest split (inner extent a power of two up to 16) after which no index divides
-    or takes a modulus of the inner variable; ``r`` itself when none helps. 16 floats are one
-    AVX-512 register; GCC 12 fails to vectorize int8 -> f32 loops of 32 (Q8_0 rows ran 1.6x
-    slower split by 32)."""
-    for g in (16, 8, 4, 2):
+    """The largest split (inner extent a power of two up to ``DEFAULT_SPLIT_MAX``) after
+    which no index divides or takes a modulus of the inner variable; ``r`` itself when none
+    helps."""
+    for g in (g for g in (64, 32, 16, 8, 4, 2) if g <= DEFAULT_SPLIT_MAX):
         out = _split_by(r, g)
         if out is not None:
             return out
@@ -192,27 +197,23 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
                     k.row_dims, k.reads, sched)  # fmt: skip
 
 
-# Splits and chunks the search tries (compiler/search/schedules.py): 16 floats are one
-# AVX-512 register, 8 one AVX2 register, 32 two registers of independent partial sums.
-SPLITS = (8, 16, 32)
-CHUNKS = (8, 32)  # output elements per task besides the code generator's default
-
-
-def alternatives(k: Step) -> list[K.Schedule]:
-    """Schedules worth comparing for ``k``, the default first; [] when ``k`` has no
-    reduction a schedule changes (the search then leaves it alone). Schedules that give the
-    same loops are removed by the caller (it compares generated code)."""
-    if not isinstance(k, K.Kernel) or k.scatter_row is not None:
+def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule]:
+    """Schedules of the target's ``space`` worth comparing for ``k``, the default first; []
+    when ``k`` has no reduction a schedule changes (the search then leaves it alone).
+    Schedules that give the same loops are removed by the caller (it compares generated
+    code)."""
+    space = space or ScheduleSpace()
+    if not isinstance(k, K.Kernel) or k.scatter_row is not None or not space.splits:
         return []
     reduces = [x for x in K.walk(k.value) if isinstance(x, K.Reduce)]
-    if not any(isinstance(r.extent, int) and r.extent >= 2 * min(SPLITS) for r in reduces):
+    if not any(isinstance(r.extent, int) and r.extent >= 2 * min(space.splits) for r in reduces):
         return []
-    splits = (-1, 0, *SPLITS)
-    out = [K.Schedule(s, c) for c in (0, *CHUNKS) for s in splits]
-    if len(k.shape) >= 2 and _reduces_per_element(k):
+    splits = (-1, 0, *space.splits)
+    out = [K.Schedule(s, c) for c in (0, *space.chunks) for s in splits]
+    if 1 in space.orders and len(k.shape) >= 2 and _reduces_per_element(k):
         # the other task order: worth it when an operand shared by every outer index (a
         # weight) is larger than a cache and the outer extent is small (a product of few rows)
-        out += [K.Schedule(s, c, 1) for c in (0, *CHUNKS) for s in (-1, *SPLITS)]
+        out += [K.Schedule(s, c, 1) for c in (0, *space.chunks) for s in (-1, *space.splits)]
     return out
 
 

@@ -1,5 +1,5 @@
-"""Plan bytes: the writer, the validating reader and the readable dump (see plan.py for the
-data model and docs/plan-format.md for the layout)."""
+"""Plan bytes: the writer, the validating reader and the readable dump (``model.py`` holds
+the data model, ``docs/plan-format.md`` the layout)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
-from .plan import (
+from .model import (
     ALIGN,
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -29,7 +29,7 @@ from .plan import (
     KernelFormat,
     Launch,
     LibCall,
-    Plan,
+    PlanData,
     PlanError,
     Postfix,
     Program,
@@ -41,6 +41,8 @@ from .plan import (
     check_program,
     program_of,
 )
+
+P = TypeVar("P", bound=PlanData)
 
 # ---- writing -------------------------------------------------------------------------------
 
@@ -73,7 +75,7 @@ class _Writer:
 class _Exprs:
     """Interns programs: equal programs share one id."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: PlanData) -> None:
         self.dim_index = {d.name: i for i, d in enumerate(plan.dims)}
         self.ids: dict[Program, int] = {}
 
@@ -87,7 +89,7 @@ class _Exprs:
         return self.add_program(program_of(e, self.dim_index), what)
 
 
-def _serialize(plan: Plan) -> Iterator[bytes | memoryview]:
+def _serialize(plan: PlanData) -> Iterator[bytes | memoryview]:
     """Yields the header, the body, padding, then each inline weight (with padding)."""
     body, blob = _body(plan)
     blob_offset = _align(HEADER_SIZE + len(body))
@@ -105,7 +107,7 @@ def _serialize(plan: Plan) -> Iterator[bytes | memoryview]:
     yield from chunks
 
 
-def _write(plan: Plan, f: BinaryIO) -> None:
+def _write(plan: PlanData, f: BinaryIO) -> None:
     for chunk in _serialize(plan):
         f.write(chunk)
 
@@ -114,7 +116,7 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _body(plan: Plan) -> tuple[bytes, list[tuple[int, memoryview]]]:
+def _body(plan: PlanData) -> tuple[bytes, list[tuple[int, memoryview]]]:
     ex = _Exprs(plan)
     w = _Writer()
     n_buf, n_ker = len(plan.buffers), len(plan.kernels)
@@ -335,7 +337,8 @@ class _Reader:
         return v
 
 
-def _parse(d: memoryview) -> Plan:
+def _parse(d: memoryview, plan: P) -> P:
+    """Fills the empty ``plan`` from bytes ``d``."""
     n = len(d)
     if n < HEADER_SIZE:
         raise PlanError(f"not a luminal plan: {n} bytes is shorter than the header (truncated?)")
@@ -355,7 +358,6 @@ def _parse(d: memoryview) -> Plan:
         raise PlanError("plan checksum mismatch: the file is corrupt")
 
     r = _Reader(d, blob_offset)
-    plan = Plan()
     r.section = "target"
     plan.backend, plan.arch = r.text(), r.text()
     r.section = "dims"
@@ -439,7 +441,7 @@ def _parse(d: memoryview) -> Plan:
 # ---- describe ------------------------------------------------------------------------------
 
 
-def _describe(plan: Plan) -> str:
+def _describe(plan: PlanData) -> str:
     names = [d.name for d in plan.dims]
 
     def e(x: Expr | float | None) -> str:

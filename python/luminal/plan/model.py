@@ -1,23 +1,15 @@
-"""Plans: what the compiler produces and the C++ runtime runs (``.lmp`` files).
+"""A plan's data model: dims with bounds, postfix integer expressions, buffers, kernels,
+ordered steps and weights (the bytes are ``io.py``'s; the layout is ``docs/plan-format.md``).
 
-A plan holds dims with bounds, a table of postfix integer expressions, buffers, kernels,
-ordered steps and weights. The byte layout is documented in ``docs/plan-format.md``; this
-module writes and reads it. Wherever the format holds an expression, the dataclasses accept
-an ``int`` or any object with ``to_postfix(dim_index) -> list[tuple[int, int]]`` (the
-symbolic-shape module's expressions); programs are interned into one table on save.
-
-    python -m luminal.plan show model.lmp
-
-This module imports neither torch nor the graph package.
+Wherever the format holds an expression, the dataclasses accept an ``int`` or any object with
+``to_postfix(dim_index) -> list[tuple[int, int]]`` (the symbolic-shape module's expressions);
+programs are interned into one table on save. This module imports neither torch nor the graph
+package.
 """
 
 from __future__ import annotations
 
 import enum
-import mmap
-import os
-import struct
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
@@ -40,7 +32,7 @@ __all__ = [
     "Launch",
     "LibCall",
     "Op",
-    "Plan",
+    "PlanData",
     "PlanError",
     "Postfix",
     "Role",
@@ -270,7 +262,9 @@ Weight = InlineWeight | FileWeight
 
 
 @dataclass
-class Plan:
+class PlanData:
+    """A plan's contents; ``luminal.plan.Plan`` adds reading and writing its bytes."""
+
     backend: str = "cpu"
     arch: str = ""
     dims: list[Dim] = field(default_factory=list)
@@ -301,54 +295,6 @@ class Plan:
             if b.name == name:
                 return i
         raise KeyError(name)
-
-    # -- bytes -----------------------------------------------------------------------------
-
-    def to_bytes(self) -> bytes:
-        return b"".join(self.parts())
-
-    def parts(self) -> list[bytes | memoryview]:
-        """The plan's bytes in pieces (header, body, then each inline weight as a view of its
-        data, not a copy): ``b"".join(parts)`` is ``to_bytes()``."""
-        from .plan_io import _serialize
-
-        return list(_serialize(self))
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the plan, streaming the weight blob (nothing is copied twice)."""
-        from .plan_io import _write
-
-        with open(path, "wb") as f:
-            _write(self, f)
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview | mmap.mmap) -> Plan:
-        from .plan_io import _parse
-
-        try:
-            return _parse(memoryview(data).cast("B"))
-        except PlanError:
-            raise
-        except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
-            raise PlanError(f"corrupt plan: {e}") from None
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Plan:
-        """Reads a plan; inline weights are views of a read-only mapping of the file."""
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise PlanError(f"{os.fspath(path)!r}: empty file, not a luminal plan")
-            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            return cls.from_bytes(m)
-        except PlanError as e:
-            raise PlanError(f"{os.fspath(path)!r}: {e}") from None
-
-    def describe(self) -> str:
-        from .plan_io import _describe
-
-        return _describe(self)
 
 
 # ---- expressions ---------------------------------------------------------------------------
@@ -506,20 +452,3 @@ def _weight_bytes(w: InlineWeight, buf: Buffer) -> memoryview:
             d = pack_nibbles(d)
         d = np.ascontiguousarray(d).reshape(-1).view(np.uint8)
     return memoryview(cast(bytes, d)).cast("B")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0] != "show":
-        print("usage: python -m luminal.plan show FILE.lmp", file=sys.stderr)
-        return 2
-    try:
-        print(Plan.load(args[1]).describe())
-    except (OSError, PlanError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

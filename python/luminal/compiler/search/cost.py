@@ -1,7 +1,7 @@
 """The search's cost model: a run-time estimate of a cut-out program from the bytes it moves,
 the arithmetic it does and the steps it launches. It only ranks candidates (which few are
-measured); measurement decides. The constants are round numbers for one CPU core class, not
-fitted: what matters is the order they give.
+measured); measurement decides. The constants are the target's (``target.CostModel``): round
+numbers, not fitted; what matters is the order they give.
 """
 
 from __future__ import annotations
@@ -10,15 +10,9 @@ from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import Lowered
 from ..schedule import apply
+from ..target import CostModel
 
-BANDWIDTH = 10e9  # bytes per second
-OPS = 10e9  # simple vectorized operations per second in generated loops
-LIBRARY_SPEEDUP = 8.0  # a tuned library GEMM against generated loops, per flop
-LAUNCH = 5e-6  # seconds per step
-DIVMOD = 4.0  # an integer division or modulus in an index, in simple operations
-BLOCK = 4.0  # per pass of an outer loop of a split reduction (hoisted loads, loop control)
-CACHE_BYTES = 1 << 20  # an operand up to this size is re-read from a core's own cache
-CACHE_BANDWIDTH = 4 * BANDWIDTH  # re-reads of a larger one come from the shared cache
+DEFAULT = CostModel()
 
 
 def _num(e: sym.sint, dims: dict[str, int]) -> float:
@@ -36,60 +30,60 @@ def _divmods(e: sym.sint) -> int:
     return n + sum(_divmods(a) for a in e.args)
 
 
-def _ops(v: K.Value, dims: dict[str, int], memo: dict[int, float]) -> float:
+def _ops(v: K.Value, dims: dict[str, int], memo: dict[int, float], m: CostModel) -> float:
     """Simple operations to compute ``v`` once (shared subtrees counted where they occur)."""
     hit = memo.get(id(v))
     if hit is not None:
         return hit
     out: float
     if isinstance(v, K.Load):
-        out = 1 + DIVMOD * (_divmods(v.index) + _divmods(v.valid))
+        out = 1 + m.divmod * (_divmods(v.index) + _divmods(v.valid))
     elif isinstance(v, (K.Const, K.IndexVal)):
         out = 0.0
     elif isinstance(v, K.Alu):
-        out = 1 + sum(_ops(s, dims, memo) for s in v.srcs)
+        out = 1 + sum(_ops(s, dims, memo, m) for s in v.srcs)
     elif isinstance(v, K.Cast):
-        out = 1 + _ops(v.src, dims, memo)
+        out = 1 + _ops(v.src, dims, memo, m)
     elif isinstance(v, K.Masked):
-        out = 1 + _ops(v.value, dims, memo)
+        out = 1 + _ops(v.value, dims, memo, m)
     elif isinstance(v, K.Reduce):
         n = _num(v.extent, dims)
-        body = _ops(v.body, dims, memo)
+        body = _ops(v.body, dims, memo, m)
         # an outer loop over split blocks pays a little per pass; the inner loop is the work
-        out = n * (body + (BLOCK if isinstance(v.body, K.Reduce) else 1))
+        out = n * (body + (m.block if isinstance(v.body, K.Reduce) else 1))
     elif isinstance(v, K.Gather):
-        out = 2 + _ops(v.row, dims, memo) + _ops(v.body, dims, memo)
+        out = 2 + _ops(v.row, dims, memo, m) + _ops(v.body, dims, memo, m)
     else:
         n = _num(v.extent, dims)
-        out = n * (4 + _ops(v.score, dims, memo) + _ops(v.weight, dims, memo))
+        out = n * (4 + _ops(v.score, dims, memo, m) + _ops(v.weight, dims, memo, m))
     memo[id(v)] = out
     return out
 
 
-def estimate(sub: Lowered, dims: dict[str, int]) -> float:
+def estimate(sub: Lowered, dims: dict[str, int], m: CostModel = DEFAULT) -> float:
     """Estimated seconds for one run of ``sub`` at ``dims`` (kernels with their schedule)."""
     nbytes = sum(_num(b.nbytes(), dims) for b in sub.buffers)
-    total = nbytes / BANDWIDTH
+    total = nbytes / m.bandwidth
     for step in sub.kernels:
-        total += LAUNCH
+        total += m.launch
         if isinstance(step, K.LibCall):
             f = step.fields
             flops = 2.0
             for name in ("m", "n", "k", "batch"):
                 flops *= _num(f.get(name, 1), dims)  # type: ignore[arg-type]
-            total += flops / (OPS * LIBRARY_SPEEDUP)
+            total += flops / (m.ops * m.library_speedup)
             continue
         k = apply(step)
         assert isinstance(k, K.Kernel)
         points = 1.0
         for s in k.shape:
             points *= _num(s, dims)
-        total += points * _ops(k.value, dims, {}) / OPS
-        total += _reread_bytes(k, sub, dims) / CACHE_BANDWIDTH
+        total += points * _ops(k.value, dims, {}, m) / m.ops
+        total += _reread_bytes(k, sub, dims, m) / m.cache_bandwidth
     return total
 
 
-def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int]) -> float:
+def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int], m: CostModel) -> float:
     """Bytes a kernel whose elements each run a reduction reads again because of its task
     order (``K.Schedule.order``): in the default order a thread sweeps every column for each
     outer index, re-reading an operand that only the columns index (a weight) once per outer
@@ -114,7 +108,7 @@ def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int]) -> float:
     total = 0.0
     for buf, names in uses.items():
         size = _num(sub.buffers[buf].nbytes(), dims)
-        if size <= CACHE_BYTES:
+        if size <= m.cache_bytes:
             continue
         if sched.order == 0 and inner in names and not names & outer_vars:
             total += (outer - 1) * size

@@ -2,12 +2,12 @@
 
 The matmul of luminal.functional is a broadcast multiply and a SUM_REDUCE, so after lowering a
 kernel holds ``Reduce_k(A[idx_a] * B[idx_b])`` at each output point (..., m, n). The rule's
-premises pin everything a BLAS call needs: f32 operands read without padding, index
+premises pin everything a library GEMM needs: f32 operands read without padding, index
 expressions affine in (batch, m, n, k) with unit stride along one axis of each operand,
 leading dimensions provably large enough, batch dims that flatten to one stride, and an
 output written contiguously. When they hold, the kernel splits into a ``gemm`` library call
 and, if the kernel did more than the product (a fused bias or activation), an epilogue kernel
-that reads the product back. Which one runs is decided by measurement (compile.py).
+that reads the product back. Which one runs is decided by measurement (select.py).
 
 When an operand fails only the layout premises (it is read through a view with no unit-stride
 axis, e.g. the head-major attention output read as (seq, heads * head_dim)), or is not a

@@ -53,7 +53,7 @@ def _choose(
     dims: dict[str, int],
     names: list[str],
 ) -> Step:
-    scheds = alternatives(kern)
+    scheds = alternatives(kern, tuner.space)
     if not isinstance(kern, K.Kernel) or not scheds:
         return kern
     unsplit = replace(kern, schedule=K.Schedule(split=0))
@@ -77,7 +77,7 @@ def _choose(
     for label, k in options:
         same = k.schedule is not None and signature(_applied(k), names) == ref_sig
         sub = reference if same else subprogram(low, [k])
-        cands.append(Candidate(label, sub, estimate(sub, dims), k))
+        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k))
     chosen = tuner.choose(kern.name, "schedule", dims, reference, cands)
     k = chosen.payload
     assert isinstance(k, K.Kernel)

@@ -149,14 +149,15 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
         sub_gen = subprogram(low, [kern])
         sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
         lib = ("copy+" if alt.copies else "") + ("gemm+epilogue" if alt.epilogue else "gemm")
-        cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims), kern),
-                 Candidate(lib, sub_lib, estimate(sub_lib, dims))]  # fmt: skip
+        cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost), kern),
+                 Candidate(lib, sub_lib, estimate(sub_lib, dims, tuner.cost))]  # fmt: skip
         # the generated kernel in the other task order too: few rows by a large weight (a
         # short sequence's projections) read the weight once instead of once per row
-        if any(s.order == 1 for s in alternatives(kern)):
+        if any(s.order == 1 for s in alternatives(kern, tuner.space)):
             kern_o = replace(kern, schedule=K.Schedule(order=1))
             sub_o = subprogram(low, [kern_o])
-            cands.append(Candidate("generated,order=1", sub_o, estimate(sub_o, dims), kern_o))
+            cost_o = estimate(sub_o, dims, tuner.cost)
+            cands.append(Candidate("generated,order=1", sub_o, cost_o, kern_o))
         chosen = tuner.choose(kern.name, "gemm", dims, sub_gen, cands)
         if chosen.sub is sub_lib:
             buffers += extra

@@ -37,8 +37,9 @@ from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import Lowered
+from ..target import CostModel, ScheduleSpace
 
-# bumped when what a decision measured changes (v2: the CPU gemm runs on our thread pool)
+# bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers)
 CACHE_VERSION = "tuner-v2"
 
 
@@ -184,6 +185,8 @@ class Tuner:
     measure: Measure
     target: str
     evaluate: Evaluate | None = None  # None: candidates are kept unchecked (no runner)
+    cost: CostModel = field(default_factory=CostModel)  # the target's, for ranking
+    space: ScheduleSpace = field(default_factory=ScheduleSpace)  # the target's schedules
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)

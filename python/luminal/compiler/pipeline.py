@@ -1,0 +1,220 @@
+"""The whole compile as one list of stages (DESIGN.md §1): print it, reorder it, bisect it.
+
+    python -m luminal.compiler.pipeline        # the stages, in order, with their flags
+
+Each stage is named, documented and reads and writes one ``Compilation`` (the graph, then the
+lowered program, then the product). A stage with a flag is skipped when the flag is ``0``.
+Graph stages return an equivalent graph; the lowered stages keep each kernel's value. The last
+two stages are the target's (``compiler/target.py``): only a target generates code and plans.
+``LUMINAL_DEBUG=1`` prints each stage's time.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .. import flags
+from ..graph.graph import Graph
+from . import kernel_ir as K
+from .fold import fold_scales
+from .lower import Lowered, lower
+from .schedule import schedule
+from .search.egraph import simplify
+from .search.schedules import choose_schedules
+from .search.select import choose_library_calls
+from .search.tuner import Tuner
+from .siblings import merge_sibling_products
+from .stage import stage_strided_reads
+from .target import Target
+
+
+@dataclass
+class Compilation:
+    """What the stages pass along: a graph until ``lower``, a lowered program after it."""
+
+    graph: Graph
+    target: Target
+    search: bool = True
+    say: Callable[[str], None] = lambda msg: None
+    low: Lowered | None = None
+    tuner: Tuner | None = None
+    product: Any = None  # the target's plan
+    times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def lowered(self) -> Lowered:
+        if self.low is None:
+            raise RuntimeError("this stage needs the lowered program: it runs after 'lower'")
+        return self.low
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Compilation], None]
+    doc: str
+    flag: flags.Flag | None = None
+
+    def enabled(self) -> bool:
+        return self.flag is None or self.flag.get() != "0"
+
+
+def _graph_pass(fn: Callable[[Graph], Graph]) -> Callable[[Compilation], None]:
+    def run(c: Compilation) -> None:
+        state = dict(c.graph.state)
+        c.graph = fn(c.graph)
+        # passes keep inputs and outputs, so in-place updates still apply (lower re-checks)
+        c.graph.state = state
+
+    return run
+
+
+def _fold_scales(c: Compilation) -> None:
+    state = dict(c.graph.state)
+    c.graph = fold_scales(c.graph, c.say)
+    c.graph.state = state
+
+
+def _egraph(g: Graph) -> Graph:
+    return simplify(g, verbose=flags.debug() >= 3)[0]
+
+
+def _lower(c: Compilation) -> None:
+    c.say(f"lowering {len(c.graph.nodes)} nodes")
+    c.low = lower(c.graph)
+
+
+def _tuner(c: Compilation) -> Tuner | None:
+    if not c.search:
+        return None
+    if c.tuner is None:
+        t = c.target
+        c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, cost=t.cost, space=t.space)
+    return c.tuner
+
+
+def _library_calls(c: Compilation) -> None:
+    tuner = _tuner(c)
+    if tuner is not None:
+        c.low = choose_library_calls(c.lowered, tuner)
+
+
+def _schedules(c: Compilation) -> None:
+    tuner = _tuner(c)
+    if tuner is not None and c.target.searches_schedules:
+        c.low = choose_schedules(c.lowered, tuner, c.target.signature)
+
+
+def _loop_rewrites(c: Compilation) -> None:
+    low = c.lowered
+    if c.tuner is not None:
+        c.tuner.summary()
+    c.low = Lowered(low.buffers, cast(list[K.Kernel], schedule(low.kernels)), low.dims, low.weights)
+
+
+def _plan(c: Compilation) -> None:
+    low = c.lowered
+    c.say(f"generating code for {len(low.kernels)} kernels")
+    c.product = c.target.build_plan(low, c.graph.name)
+
+
+STAGES: list[Stage] = [
+    Stage(
+        "fold_scales",
+        _fold_scales,
+        "weight-only values constant along axes (quantized block scales) stored once as f32; "
+        "strided weight reads repacked (compiler/fold.py)",
+        flags.FOLD_SCALES,
+    ),
+    Stage(
+        "siblings",
+        _graph_pass(merge_sibling_products),
+        "products of one operand by several weights merged into one (compiler/siblings.py)",
+        flags.SIBLINGS,
+    ),
+    Stage(
+        "egraph",
+        _graph_pass(_egraph),
+        "equality saturation with the rule files (compiler/search/rules)",
+        flags.EGRAPH,
+    ),
+    Stage(
+        "stage",
+        _graph_pass(stage_strided_reads),
+        "div/mod-strided operands of sums shared by many rows copied contiguously "
+        "(compiler/stage.py)",
+        flags.STAGE,
+    ),
+    Stage(
+        "lower",
+        _lower,
+        "fusion into kernels of the kernel IR, with the online-softmax rule "
+        "(compiler/lower.py, compiler/attention.py)",
+    ),
+    Stage(
+        "library_calls",
+        _library_calls,
+        "generated kernel or library call (GEMM), by measurement on the target "
+        "(compiler/search/select.py)",
+        flags.SEARCH_LIBRARY,
+    ),
+    Stage(
+        "schedules",
+        _schedules,
+        "each reduction kernel's schedule from the target's space, by measurement "
+        "(compiler/search/schedules.py)",
+        flags.SEARCH_SCHEDULES,
+    ),
+    Stage(
+        "loop_rewrites",
+        _loop_rewrites,
+        "schedules applied: reductions split, blocks jammed (compiler/schedule.py)",
+    ),
+    Stage("plan", _plan, "the target's code generation, memory plan and plan (luminal/targets/)"),
+]
+
+
+def graph_passes(graph: Graph) -> Graph:
+    """``graph`` through the enabled graph stages (every stage before ``lower``)."""
+    c = Compilation(graph, cast(Target, None))
+    for st in STAGES[: [s.name for s in STAGES].index("lower")]:
+        if st.enabled():
+            st.run(c)
+    return c.graph
+
+
+def run(
+    graph: Graph,
+    target: Target,
+    search: bool = True,
+    say: Callable[[str], None] | None = None,
+    stages: list[Stage] | None = None,
+) -> Compilation:
+    """Runs ``stages`` (default ``STAGES``) on ``graph`` for ``target``."""
+    c = Compilation(graph, target, search, say or (lambda msg: None))
+    level = flags.debug()
+    for st in STAGES if stages is None else stages:
+        if not st.enabled():
+            continue
+        t = time.perf_counter()
+        st.run(c)
+        c.times[st.name] = time.perf_counter() - t
+        if level >= 1:
+            print(f"luminal: stage {st.name}: {1e3 * c.times[st.name]:.1f} ms", file=sys.stderr)
+    return c
+
+
+def describe(stages: list[Stage] | None = None) -> str:
+    lines = []
+    for i, st in enumerate(STAGES if stages is None else stages):
+        flag = f"  [{st.flag.name}={st.flag.get() or st.flag.default}]" if st.flag else ""
+        lines.append(f"{i + 1:2d}. {st.name}{flag}\n    {st.doc}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(describe())

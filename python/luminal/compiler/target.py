@@ -1,0 +1,76 @@
+"""What the compiler asks of a target (DESIGN.md §1): the interface, not an implementation.
+
+A target (``luminal/targets/``) is the one place that knows a backend. The pipeline
+(``pipeline.py``) and the search reach it only through this interface: its cost constants, its
+schedule space, its measuring and checking runs, its cache id, and the last stages (code
+generation and the plan), which only a target can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from . import kernel_ir as K
+    from .lower import Lowered
+    from .search.tuner import Timing
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Constants of the search's cost model (``search/cost.py``). They only rank candidates
+    (which few are measured), so round numbers of the right order are enough."""
+
+    bandwidth: float = 10e9  # bytes per second
+    ops: float = 10e9  # simple vectorized operations per second in generated loops
+    library_speedup: float = 8.0  # a tuned library GEMM against generated loops, per flop
+    launch: float = 5e-6  # seconds per step
+    divmod: float = 4.0  # an integer division or modulus in an index, in simple operations
+    block: float = 4.0  # per pass of an outer loop of a split reduction
+    cache_bytes: int = 1 << 20  # an operand up to this size is re-read from a worker's cache
+    cache_bandwidth: float = 40e9  # re-reads of a larger one come from a shared cache
+
+
+@dataclass(frozen=True)
+class ScheduleSpace:
+    """The schedules the search tries on a target (``schedule.alternatives``): reduction split
+    factors (partial sums kept as a vector of that many lanes), output elements per task, and
+    task orders (0: rows outermost; 1: outer indices fastest)."""
+
+    splits: tuple[int, ...] = (8, 16, 32)
+    chunks: tuple[int, ...] = (8, 32)
+    orders: tuple[int, ...] = (0, 1)
+
+
+class Target(Protocol):
+    """A backend as the compiler sees it."""
+
+    name: str
+    cost: CostModel
+    space: ScheduleSpace
+    # whether the search measures schedules (``space``) on this target
+    searches_schedules: bool
+
+    def cache_id(self) -> str:
+        """Names the machine class measured decisions belong to (part of every cache key)."""
+        ...
+
+    def measure(self, low: Lowered, dims: dict[str, int]) -> float | Timing:
+        """Median seconds of one run of a cut-out program (with its outputs when kept)."""
+        ...
+
+    @property
+    def evaluate(self) -> Callable[[Lowered, dict[str, int]], dict[str, Any]] | None:
+        """Outputs of a cut-out program on the search's seeded inputs; None: candidates are
+        kept unchecked (the target's runner keeps no outputs)."""
+        ...
+
+    def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
+        """Equal for scheduled kernels that generate the same code."""
+        ...
+
+    def build_plan(self, low: Lowered, name: str) -> Any:
+        """Code generation and the plan for a lowered, scheduled program."""
+        ...

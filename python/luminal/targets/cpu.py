@@ -1,0 +1,120 @@
+"""The CPU target: C kernels (``codegen/c.py``) compiled by the system compiler and run by the
+runtime's thread pool; GEMMs through the runtime's BLAS.
+
+Cost constants are round numbers for one core class (they only rank which candidates are
+measured; measurement decides). The schedule space: reduction splits of 8, 16 and 32 lanes (8
+floats are one AVX2 register, 16 one AVX-512 register, 32 two registers of independent
+partial sums), 8 or 32 output elements per task, both task orders.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .. import flags
+from ..codegen.c import CKernel, render_kernel
+from ..compiler import kernel_ir as K
+from ..compiler.lower import Lowered
+from ..compiler.search.select import subprogram
+from ..compiler.search.tuner import Timing, random_inputs, sub_fingerprint
+from ..compiler.target import CostModel, ScheduleSpace
+from ..plan import KernelFormat, Plan
+from .base import Launchable, assemble_plan
+
+COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, launch=5e-6,
+                 cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
+SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1))
+
+
+def render(k: K.Kernel, dim_names: list[str]) -> CKernel:
+    """The C of a scheduled kernel (a searched chunk reaches the generator as inner_chunk)."""
+    chunk = k.schedule.chunk if k.schedule is not None else 0
+    return render_kernel(k, dim_names, inner_chunk=chunk) if chunk else render_kernel(k, dim_names)
+
+
+def render_all(low: Lowered) -> list[Launchable]:
+    """Every generated kernel of ``low`` as C. Kernels that differ only in the buffers they
+    touch (the layers of a model) are rendered once: each is cut out with its buffers
+    renumbered in order of use, and the cut-outs' code is shared."""
+    names = sorted(low.dims)
+    done: dict[str, CKernel] = {}
+    out = []
+    for k in low.kernels:
+        if not isinstance(k, K.Kernel):
+            continue
+        sub = subprogram(low, [k])
+        key = f"{sub_fingerprint(sub)}|{k.schedule!r}"
+        c = done.get(key)
+        if c is None:
+            sk = sub.kernels[0]
+            assert isinstance(sk, K.Kernel)
+            c = done[key] = render(replace(sk, name=k.name), names)
+        original = [int(b.name[1:]) for b in sub.buffers]  # subprogram names buffers b<id>
+        out.append(Launchable(c.name, KernelFormat.c_source, c.source,
+                              [original[a] for a in c.args], (c.tasks, 1, 1),
+                              (c.min_chunk, 1, 1)))  # fmt: skip
+    return out
+
+
+def cpu_id() -> str:
+    return f"cpu-{platform.machine()}-{platform.processor() or 'generic'}-{os.cpu_count()}"
+
+
+@dataclass
+class CpuTarget:
+    name: str = "cpu"
+    cost: CostModel = COST
+    space: ScheduleSpace = SPACE
+    searches_schedules: bool = True
+    repeats: int = 5
+
+    def cache_id(self) -> str:
+        return cpu_id()
+
+    def build_plan(self, low: Lowered, name: str) -> Plan:
+        libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
+        return assemble_plan(low, name, "cpu", "", render_all(low), libcalls)
+
+    def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
+        c = render(k, dim_names)
+        return c.source, repr(c.tasks), c.min_chunk
+
+    def _executor(self, low: Lowered) -> Any:
+        from .. import runtime
+
+        ex = runtime.Executor(self.build_plan(low, "measure"))
+        if flags.debug() >= 2:  # measuring runs are not the user's: keep them off the table
+            ex.set_profiling(False)
+            if ex in runtime._PROFILED:
+                runtime._PROFILED.remove(ex)
+        return ex
+
+    def measure(self, low: Lowered, dims: dict[str, int]) -> Timing:
+        """Median seconds of one run of a small plan, through the runtime that runs plans,
+        with the outputs of its first run on the search's seeded inputs. A first run longer
+        than LUMINAL_SEARCH_MEASURE_MS is the only one."""
+        ex = self._executor(low)
+        inputs = random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int())
+        t = time.perf_counter()
+        outputs = ex.run(inputs, **dims)  # warm-up, and the outputs the search checks
+        first = time.perf_counter() - t
+        if first * 1e3 > flags.SEARCH_MEASURE_MS.as_float():
+            return Timing(first, 1, outputs)
+        times = []
+        for _ in range(self.repeats):
+            t = time.perf_counter()
+            ex.run(inputs, **dims)
+            times.append(time.perf_counter() - t)
+        return Timing(float(np.median(times)), self.repeats, outputs)
+
+    def evaluate(self, low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
+        """Outputs of a small plan on the search's seeded inputs (to check a candidate)."""
+        ex = self._executor(low)
+        return ex.run(random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int()), **dims)
