@@ -38,14 +38,23 @@ ARCHS: dict[str, tuple[str, str, dict]] = {
     "gemma2": (
         "Gemma2Config",
         "Gemma2ForCausalLM",
-        dict(head_dim=16, sliding_window=5, query_pre_attn_scalar=20, attn_logit_softcapping=7.0,
-             final_logit_softcapping=3.0),
+        dict(
+            head_dim=16,
+            sliding_window=5,
+            query_pre_attn_scalar=20,
+            attn_logit_softcapping=7.0,
+            final_logit_softcapping=3.0,
+        ),
     ),  # fmt: skip
     "gemma3": (
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
-        dict(head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
-             layer_types=["sliding_attention", "full_attention"]),
+        dict(
+            head_dim=16,
+            sliding_window=5,
+            query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
     ),  # fmt: skip
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(rotary_pct=0.5)),
@@ -104,7 +113,35 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+# the default tier runs one of each kind (plain attention + q/k norm, soft-capped sliding
+# attention, mixture of experts); the rest run in the slow tier
+FAST = ("qwen3", "gemma2", "mixtral")
+PARAMS = [a if a in FAST else pytest.param(a, marks=pytest.mark.slow) for a in ARCHS]
+
+
+@pytest.fixture
+def fast_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile without the measured search (tested elsewhere): the plans here check the
+    models' graphs through codegen and the runtime, in seconds rather than a minute."""
+    for flag in ("LUMINAL_SEARCH_SCHEDULES", "LUMINAL_SEARCH_LIBRARY", "LUMINAL_EGRAPH",
+                 "LUMINAL_SEARCH_BUDGET_S"):  # fmt: skip
+        monkeypatch.setenv(flag, "0")
+
+
+def _compiled_available() -> bool:
+    try:
+        from luminal import runtime  # noqa: F401
+    except Exception:
+        return False
+    return callable(getattr(luminal, "compile", None))
+
+
+needs_compiled = pytest.mark.skipif(
+    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
+)
+
+
+@pytest.mark.parametrize("arch", PARAMS)
 def test_matches_transformers(arch: str, tmp_path) -> None:
     hf = make_hf(arch, tmp_path)
     s = load(tmp_path, backend="interp")
@@ -116,5 +153,17 @@ def test_matches_transformers(arch: str, tmp_path) -> None:
     # prefill part of the prompt, then step by step: the cache path
     got = [s.forward(PROMPT[:4])] + [s.forward([t]) for t in PROMPT[4:]]
     assert _rel(np.stack(got), ref[3:]) <= 1e-4
+    s.reset()
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+
+
+@needs_compiled
+@pytest.mark.parametrize("arch", PARAMS)
+def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile) -> None:
+    hf = make_hf(arch, tmp_path)
+    s = load(tmp_path, backend="compiled", max_context=48)
+    assert s.backend == "compiled"
+    ref = hf_logits(hf, PROMPT)
+    assert _rel(s.forward(PROMPT), ref[-1]) <= 1e-4
     s.reset()
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)

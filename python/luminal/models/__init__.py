@@ -12,8 +12,8 @@ import importlib.util
 import os
 
 from .bert import Bert, BertConfig, Embedder
-from .gpt2 import GPT2, GPT2Config
 from .decoder import Decoder, DecoderConfig
+from .gpt2 import GPT2, GPT2Config
 from .llama import Llama, LlamaConfig, LlamaSession, config_from_gguf, load_gguf
 from .zoo import Encoder, LMSession, load
 

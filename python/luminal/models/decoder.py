@@ -160,8 +160,9 @@ class Decoder:
         positions = rope_positions(g, seq, pos)
         rd = c.rope_dims or c.head_dim
         tables = {  # Gemma 3's local layers have their own base and no scaling
-            kind: rope_cos_sin(positions, rd, theta, c.rope_interleaved,
-                               c.rope_scaling if kind == "full" else None)  # fmt: skip
+            kind: rope_cos_sin(
+                positions, rd, theta, c.rope_interleaved, c.rope_scaling if kind == "full" else None
+            )  # fmt: skip
             for kind, theta in self._rope_bases().items()
         }
         total = sym.add(pos, seq)
@@ -179,15 +180,14 @@ class Decoder:
         g.output("logits", out)
         return g
 
-    def build_prefill(
-        self, min_seq: int, name: str | None = None, progress: Any = None
-    ) -> Graph:
+    def build_prefill(self, min_seq: int, name: str | None = None, progress: Any = None) -> Graph:
         """The prefill graph (``Llama.build_prefill``): weight-only expressions folded to f32
         weights at build time; the output head stays as it is (read for one row)."""
         from ..compiler.fold import fold_weights
 
         graph = self.build(name=name or f"{self.config.arch}_prefill", min_seq=min_seq)
-        return fold_weights(graph, progress, keep=["token_embd.weight" if self.tied else "output.weight"])
+        head = "token_embd.weight" if self.tied else "output.weight"
+        return fold_weights(graph, progress, keep=[head])
 
     def _rope_bases(self) -> dict[str, float]:
         c = self.config
@@ -462,8 +462,9 @@ def hf_config(c: dict[str, Any]) -> DecoderConfig:
         parallel_residual=mt == "gpt_neox" and bool(c.get("use_parallel_residual", True)),
         sliding_window=c.get("sliding_window") if "sliding" in types else None,
         layer_types=types,
-        attn_scale=(float(c["query_pre_attn_scalar"]) ** -0.5
-                    if c.get("query_pre_attn_scalar") else None),  # fmt: skip
+        attn_scale=(
+            float(c["query_pre_attn_scalar"]) ** -0.5 if c.get("query_pre_attn_scalar") else None
+        ),  # fmt: skip
         attn_softcap=c.get("attn_logit_softcapping"),
         final_softcap=c.get("final_logit_softcapping"),
         embed_scale=math.sqrt(hidden) if gemma else None,
