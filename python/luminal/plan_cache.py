@@ -246,6 +246,7 @@ def _flock(path: Path, exclusive: bool = True) -> Iterator[None]:
 def _write_atomic(path: Path, chunks: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; entries are plain cache files
         with os.fdopen(fd, "wb") as f:
             for c in chunks:
                 f.write(c)

@@ -1,15 +1,18 @@
-"""GGUF files through the ``gguf`` package: metadata, tensors (mapped) and the tokenizer.
+"""GGUF files: metadata, tensors (mapped) and the tokenizer.
 
-``GGUFReader`` maps the file; tensors are numpy views of the mapping. Quantized tensors enter
-a graph as their raw blocks with a dequantization expression (``quants.py``), F32/F16/BF16 as
-arrays (cast to f32 in the graph). ``GGUFWeights`` serves a model's ``WeightSource``;
-``dequant="load"`` instead dequantizes at load time with ``gguf.quants`` (f32 arrays: the fast
-path for the reference interpreter, which re-evaluates every expression on each run).
+The file is mapped and its header parsed here; tensors are numpy views of the mapping.
+Quantized tensors enter a graph as their raw blocks with a dequantization expression
+(``quants.py``), F32/F16/BF16 as arrays (cast to f32 in the graph). ``GGUFWeights`` serves a
+model's ``WeightSource``; ``dequant="load"`` instead dequantizes at load time with
+``gguf.quants`` (f32 arrays: the fast path for the reference interpreter, which re-evaluates
+every expression on each run).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import weakref
 from typing import Any
 
@@ -28,41 +31,183 @@ class GGUFError(ValueError):
 _FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 
 
+# ggml tensor types: code -> (name, values per block, bytes per block) (ggml.h, ggml-quants.h)
+_GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+}  # fmt: skip
+# GGUF metadata value types: code -> struct format (8 string, 9 array)
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}  # fmt: skip
+_NP_SCALARS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+               6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
+_NP_TENSOR = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
+              "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}  # fmt: skip
+
+
+class GGUFTensor:
+    """One tensor's entry: ``name``, ``type_name`` (``Q4_1``), ``shape`` (GGUF order,
+    innermost first), ``data_offset`` (from the file start), ``n_bytes``, ``data`` (a view of
+    the mapping: typed for float/int types, else uint8 rows of blocks) and ``tensor_type``
+    (the ``gguf`` package's enum, imported when asked for)."""
+
+    __slots__ = ("name", "type_code", "type_name", "shape", "data_offset", "n_bytes", "data")
+
+    def __init__(self, name: str, code: int, shape: tuple[int, ...], offset: int, n_bytes: int,
+                 data: np.ndarray) -> None:  # fmt: skip
+        self.name, self.type_code, self.shape = name, code, shape
+        self.type_name = _GGML_TYPES[code][0]
+        self.data_offset, self.n_bytes, self.data = offset, n_bytes, data
+
+    @property
+    def tensor_type(self) -> Any:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(self.type_code)
+
+
+class _Cursor:
+    """Reads GGUF header values from the mapping; running past its end is a GGUFError."""
+
+    def __init__(self, buf: mmap.mmap, path: str) -> None:
+        self.buf, self.pos, self.path, self.size = buf, 0, path, len(buf)
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(
+                f"{self.path}: truncated or corrupt GGUF file ({what} at byte {self.pos} needs "
+                f"{n} bytes; the file has {self.size})"
+            )
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        n = struct.calcsize("<" + fmt)
+        self.need(n, what)
+        (v,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def string(self, what: str) -> str:
+        n = self.scalar("Q", what)
+        self.need(n, what)
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALARS:
+            v = self.scalar(_SCALARS[vtype], what)
+            return bool(v) if vtype == 7 else v
+        if vtype == 8:
+            return self.string(what)
+        if vtype != 9:
+            raise GGUFError(f"{self.path}: corrupt GGUF file ({what}: value type {vtype})")
+        etype, count = self.scalar("I", what), self.scalar("Q", what)
+        if etype == 8:
+            buf, pos, out = self.buf, self.pos, []
+            unpack = struct.Struct("<Q").unpack_from
+            try:
+                for _ in range(count):
+                    (n,) = unpack(buf, pos)
+                    pos += 8
+                    if pos + n > self.size:
+                        raise struct.error("string past the end")
+                    out.append(buf[pos : pos + n].decode("utf-8", errors="replace"))
+                    pos += n
+            except struct.error:
+                raise GGUFError(
+                    f"{self.path}: truncated or corrupt GGUF file ({what}: string array)"
+                ) from None
+            self.pos = pos
+            return out
+        if etype == 9:  # nested arrays: not used by the models here; skipped
+            for _ in range(count):
+                self.value(9, what)
+            return None
+        if etype not in _NP_SCALARS:
+            raise GGUFError(f"{self.path}: corrupt GGUF file ({what}: array of type {etype})")
+        dt = np.dtype(_NP_SCALARS[etype]).newbyteorder("<")
+        self.need(count * dt.itemsize, what)
+        arr = np.frombuffer(self.buf, dt, count, self.pos).copy()
+        self.pos += count * dt.itemsize
+        return arr
+
+
 class GGUFFile:
     """A mapped GGUF file: ``metadata`` (key -> Python value), ``tensors`` (name -> info),
-    ``array(name)`` (raw mapped data), ``architecture``."""
+    ``array(name)`` (raw mapped data), ``architecture``. The header is parsed here (the
+    ``gguf`` package's reader takes seconds on a 49k-token vocabulary)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        try:
-            from gguf import GGUFReader
-        except ImportError as e:  # pragma: no cover - gguf is a dependency of the models extra
-            raise ImportError(
-                "reading GGUF files needs the 'gguf' package (pip install gguf)"
-            ) from e
         self.path = os.fspath(path)
         size = os.path.getsize(self.path)
         with open(self.path, "rb") as fh:
             magic = fh.read(4)
-        if magic != b"GGUF":
-            raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        try:
-            self.reader = GGUFReader(self.path, "r")
-        except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
+            if magic != b"GGUF":
+                raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        # every tensor's data is a view of this array: it keeps the mapping (and its
+        # registration) alive while any is used
+        self.data = np.frombuffer(self._mm, np.uint8)
+        mapped.register(self.data, self.path)  # plans refer to its tensors by offset
+        c = _Cursor(self._mm, self.path)
+        c.pos = 4
+        version = c.scalar("I", "version")
+        if version not in (2, 3):
             raise GGUFError(
-                f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})"
-            ) from None
-        mapped.register(self.reader.data, self.path)  # plans refer to its tensors by offset
-        self.metadata: dict[str, Any] = {
-            k: _field_value(f) for k, f in self.reader.fields.items() if not k.startswith("GGUF.")
-        }
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        for t in self.tensors.values():
-            if int(t.data_offset) + int(t.n_bytes) > size:
+                f"{self.path}: GGUF version {version} is not supported (2 and 3 are; a "
+                "big-endian file reads as a huge version)"
+            )
+        n_tensors, n_kv = c.scalar("Q", "tensor count"), c.scalar("Q", "metadata count")
+        if n_tensors > size or n_kv > size:
+            raise GGUFError(f"{self.path}: corrupt GGUF file ({n_tensors} tensors, {n_kv} keys)")
+        self.metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = c.string("metadata key")
+            self.metadata[key] = c.value(c.scalar("I", key), key)
+        infos = []
+        for _ in range(n_tensors):
+            name = c.string("tensor name")
+            nd = c.scalar("I", name)
+            if nd > 8:
+                raise GGUFError(f"{self.path}: corrupt GGUF file (tensor {name!r}: {nd} dims)")
+            dims = tuple(c.scalar("Q", name) for _ in range(nd))
+            code, off = c.scalar("I", name), c.scalar("Q", name)
+            infos.append((name, dims, code, off))
+        align = int(self.metadata.get("general.alignment", 32) or 32)
+        start = (c.pos + align - 1) // align * align
+        self.tensors: dict[str, GGUFTensor] = {}
+        for name, dims, code, off in infos:
+            if code not in _GGML_TYPES:
+                raise GGUFError(f"{self.path}: tensor {name!r} has unknown ggml type {code}")
+            kind, block, type_size = _GGML_TYPES[code]
+            count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+            if not dims or dims[0] % block:
                 raise GGUFError(
-                    f"{self.path}: tensor {t.name!r} ends at byte "
-                    f"{int(t.data_offset) + int(t.n_bytes)} "
+                    f"{self.path}: corrupt GGUF file (tensor {name!r}: {dims[:1]} values per "
+                    f"row, not a multiple of {kind}'s block of {block})"
+                )
+            n_bytes = count // block * type_size
+            begin = start + off
+            if begin + n_bytes > size:
+                raise GGUFError(
+                    f"{self.path}: tensor {name!r} ends at byte {begin + n_bytes} "
                     f"but the file has {size} bytes (truncated)"
                 )
+            raw = self.data[begin : begin + n_bytes]
+            np_shape = tuple(reversed(dims))
+            if kind in _NP_TENSOR:
+                data = raw.view(_NP_TENSOR[kind]).reshape(np_shape)
+            else:
+                data = raw.reshape(*np_shape[:-1], dims[0] // block * type_size)
+            self.tensors[name] = GGUFTensor(name, code, dims, begin, n_bytes, data)
 
     @property
     def architecture(self) -> str:
@@ -75,7 +220,7 @@ class GGUFFile:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
     def type_name(self, name: str) -> str:
-        return self._tensor(name).tensor_type.name
+        return self._tensor(name).type_name
 
     def shape(self, name: str) -> tuple[int, ...]:
         """PyTorch-order shape (GGUF stores dims innermost first)."""
@@ -90,8 +235,7 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes, a view of the mapping."""
         t = self._tensor(name)
-        off = int(t.data_offset)
-        return self.reader.data[off : off + int(t.n_bytes)]
+        return self.data[t.data_offset : t.data_offset + t.n_bytes]
 
     def array(self, name: str) -> np.ndarray:
         """An F32/F16/BF16 tensor as a mapped array of ``shape(name)``."""
@@ -111,24 +255,6 @@ class GGUFFile:
         return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
             self.shape(name)
         )
-
-
-def _field_value(f: Any) -> Any:
-    from gguf import GGUFValueType
-
-    if not f.types:
-        return None
-    if f.types[0] == GGUFValueType.ARRAY:
-        sub = f.types[-1] if len(f.types) > 1 else None
-        if sub == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        if sub == GGUFValueType.ARRAY:
-            return None  # nested arrays: not used by the models here
-        return np.concatenate([f.parts[i] for i in f.data]) if f.data else np.zeros(0)
-    if f.types[0] == GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
-    v = f.parts[f.data[0]][0]
-    return bool(v) if f.types[0] == GGUFValueType.BOOL else v.item()
 
 
 class GGUFWeights:
