@@ -167,3 +167,29 @@ def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile) -> Non
     assert _rel(s.forward(PROMPT), ref[-1]) <= 1e-4
     s.reset()
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+
+
+@pytest.mark.parametrize("backend", ["interp", pytest.param("compiled", marks=needs_compiled)])
+def test_moe_step_reads_only_routed_experts(backend: str, tmp_path, fast_compile) -> None:
+    """The weights of every expert a one-token step does not route to are NaN: the logits
+    still match transformers, so the step read none of them (a dense mixture would be NaN)."""
+    from luminal.models.zoo import decoder_from_hf, read_hf_dir
+
+    hf = make_hf("mixtral", tmp_path)
+    routed: dict[int, set[int]] = {}
+    for i, layer in enumerate(hf.model.layers):
+        layer.mlp.gate.register_forward_hook(
+            lambda m, a, out, i=i: routed.__setitem__(i, set(out[2].flatten().tolist()))
+        )
+    ref = hf_logits(hf, [7])[-1]
+    config, arrays = read_hf_dir(str(tmp_path))
+    model = decoder_from_hf(config, arrays, max_context=16)
+    ws = model.weights.arrays  # type: ignore[attr-defined]
+    for i, used in routed.items():
+        unused = sorted(set(range(4)) - used)
+        assert unused  # top-2 of 4 experts
+        for kind in ("gate", "up", "down"):
+            ws[f"blk.{i}.ffn_{kind}_exps.weight"][unused] = np.nan
+    s = LMSession(model, backend=backend)
+    got = s.forward([7])
+    assert np.isfinite(got).all() and _rel(got, ref) <= 1e-4

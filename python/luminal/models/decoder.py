@@ -474,7 +474,7 @@ def hf_config(c: dict[str, Any]) -> DecoderConfig:
         dense = [i for i in range(n) if i in (c.get("mlp_only_layers") or []) or (i + 1) % step]
         cfg = replace(
             cfg,
-            n_experts=int(c.get("num_local_experts") or c.get("num_experts")),
+            n_experts=int(c.get("num_local_experts") or c.get("num_experts") or 0),
             top_k=int(c["num_experts_per_tok"]),
             norm_topk=bool(c.get("norm_topk_prob", mt == "mixtral")),
             moe_intermediate_size=int(c.get("moe_intermediate_size") or c["intermediate_size"]),
@@ -564,15 +564,15 @@ def hf_weights(
             continue
         gg = _HF_LAYER[mod]
         if cfg.arch == "gpt_neox" and gg == "attn_qkv":  # per head [q | k | v]: split
-            per = a.reshape(cfg.n_heads, 3, cfg.head_dim, *a.shape[1:])
+            heads = a.reshape(cfg.n_heads, 3, cfg.head_dim, *a.shape[1:])
             for j, kind in enumerate(("attn_q", "attn_k", "attn_v")):
-                out[f"{blk}{kind}.{leaf}"] = per[:, j].reshape(-1, *a.shape[1:])
+                out[f"{blk}{kind}.{leaf}"] = heads[:, j].reshape(-1, *a.shape[1:])
             continue
         out[f"{blk}{gg}.{leaf}"] = a
-    for name, per in experts.items():
-        if sorted(per) != list(range(cfg.n_experts)):
-            raise ValueError(f"{name}: experts {sorted(per)} of {cfg.n_experts} in the files")
-        out[name] = np.stack([per[e] for e in range(cfg.n_experts)])
+    for name, by_id in experts.items():
+        if sorted(by_id) != list(range(cfg.n_experts)):
+            raise ValueError(f"{name}: experts {sorted(by_id)} of {cfg.n_experts} in the files")
+        out[name] = np.stack([by_id[e] for e in range(cfg.n_experts)])
     return out
 
 
