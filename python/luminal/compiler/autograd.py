@@ -192,6 +192,8 @@ def view_vjp(g: Graph, gy: Src, view: View, src_shape: Sequence[sint]) -> Src:
     """The adjoint of reading a buffer of ``src_shape`` through ``view``: ``gy`` (the
     gradient of what the view reads, shape ``view.shape``) summed back onto the buffer."""
     src_shape = tuple(src_shape)
+    if any(isinstance(s, int) and s == 0 for s in view.shape):
+        return _const(g, 0.0, gy[0].dtype, src_shape)  # an empty read adds nothing
     if (
         view == View.contiguous(view.shape)
         and sym.add(view.numel(), sym.mul(_prod(src_shape), -1)) == 0
