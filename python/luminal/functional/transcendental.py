@@ -12,7 +12,7 @@ import math
 
 from ..tensor import Tensor
 from ._base import LN2, LOG2E
-from .elementwise import _in_f32, abs, clamp, eq, neg
+from .elementwise import _in_f32, abs, clamp, eq, floor, fmod, neg
 
 __all__ = [
     "cos", "cosh", "erf", "erfc", "exp", "exp2", "expm1", "log", "log10", "log1p", "log2",
@@ -69,8 +69,24 @@ def cos(input: Tensor) -> Tensor:  # noqa: A002
     return _in_f32(_cos)(input)
 
 
+# pi as three floats of 12 significant bits (Cody-Waite): t * _PI_A is exact for |t| < 2^11,
+# so the distance to tan's pole keeps its digits.
+_PI_A, _PI_B, _PI_C = 3.1416015625, -8.907169103622437e-06, -1.741103261565513e-09
+
+
+def _tan(x: Tensor) -> Tensor:
+    """sin(x) / cos(x) with cos(x) = -(-1)^m sin(h), h = x - (m + 1/2) pi the distance to the
+    pole between m pi and (m+1) pi: near the pole h is a small difference computed from the
+    split pi (x - t * _PI_A is exact there), where cos(x) itself would be mostly rounding."""
+    m = floor(x.mul(1.0 / math.pi))
+    t = m.add(0.5)
+    h = x.add(t.mul(-_PI_A)).add(t.mul(-_PI_B)).add(t.mul(-_PI_C))
+    sign = abs(fmod(m, 2.0)).mul(2.0).add(-1.0)  # -(-1)^m
+    return x.sin().mul(h.sin().mul(sign).reciprocal())
+
+
 def tan(input: Tensor) -> Tensor:  # noqa: A002
-    return _in_f32(lambda x: x.sin().mul(_cos(x).reciprocal()))(input)
+    return _in_f32(_tan)(input)
 
 
 def _expm1(x: Tensor) -> Tensor:

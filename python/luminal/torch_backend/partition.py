@@ -138,6 +138,9 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
                     raise Unsupported(f"{_op_name(node.target)}: {e}") from e
                 failed[node] = str(e)
                 env[node] = _stand_in(g, dims, node, val)
+        elif node.op == "get_attr":  # a tensor constant (e.g. an empty KV cache's start)
+            const = _attr_tensor(gm, node)
+            env[node] = _stand_in(g, dims, node, const) if const is not None else _MISSING
         elif node.op == "output":
             res = node.args[0]
             tuple_out = isinstance(res, (tuple, list))
@@ -146,6 +149,16 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
         else:
             raise Unsupported(f"FX node kind {node.op}")
     return Built(g, dims, inputs, weights, scalars, outputs, tuple_out, failed)
+
+
+def _attr_tensor(gm: GraphModule, node: Node) -> torch.Tensor | None:
+    obj: Any = gm
+    try:
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        return None
+    return obj if isinstance(obj, torch.Tensor) else None
 
 
 def _is_tensor_value(val: Any) -> bool:
@@ -403,7 +416,8 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
         subw = {
             ph.name
             for ph, a in zip(phs, node.args, strict=False)
-            if isinstance(a, Node) and a.op == "placeholder" and a.name in weight_names
+            if isinstance(a, Node)
+            and (a.op == "get_attr" or (a.op == "placeholder" and a.name in weight_names))
         }
         try:
             built = build(sub, subw, shape_env)
