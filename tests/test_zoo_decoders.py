@@ -72,12 +72,12 @@ ARCHS: dict[str, tuple[str, str, dict]] = {
 }
 
 
-def make_hf(arch: str, tmp_path, tied: bool = False):
+def make_hf(arch: str, tmp_path, tied: bool = False, **overrides):
     """A random tiny transformers model saved to ``tmp_path`` (norms and biases randomized
     too, so a wrong mapping shows)."""
     cfg_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(0)
-    kw = dict(COMMON, **extra)
+    kw = {**COMMON, **extra, **overrides}
     if arch == "gpt_neox":
         kw["rope_theta"] = 1000.0
     cfg = getattr(transformers, cfg_cls)(**kw, tie_word_embeddings=tied)
@@ -150,10 +150,10 @@ def test_matches_transformers(arch: str, tmp_path) -> None:
     g = s.model.build(logits="all")
     out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
     assert _rel(out["logits"], ref) <= 1e-4
-    # prefill part of the prompt, then step by step: the cache path
-    got = [s.forward(PROMPT[:4])] + [s.forward([t]) for t in PROMPT[4:]]
-    assert _rel(np.stack(got), ref[3:]) <= 1e-4
-    s.reset()
+    if arch in FAST:  # prefill part of the prompt, then step by step: the cache path
+        got = [s.forward(PROMPT[:4])] + [s.forward([t]) for t in PROMPT[4:]]
+        assert _rel(np.stack(got), ref[3:]) <= 1e-4
+        s.reset()
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
 
 

@@ -327,17 +327,26 @@ class Decoder:
         assert out is not None
         if w.has(p + "ffn_up_shexp.weight"):
             shared = self._dense_mlp(g, h, p, "_shexp")
-            if w.has(p + "ffn_gate_inp_shexp.weight"):
-                shared = shared.mul(sigmoid(self._proj(g, h, p + "ffn_gate_inp_shexp")))
+            if w.has(p + "ffn_gate_inp_shexp.weight"):  # (1, hidden), or (hidden,) in GGUF
+                gw = w.get(g, p + "ffn_gate_inp_shexp.weight").reshape(1, c.hidden_size)
+                shared = shared.mul(sigmoid(linear(h, gw)))
             out = out.add(shared)
         return out
 
     def _expert(self, g: Graph, name: str, e: Tensor) -> Tensor:
         """The (seq, rows, cols) weights of expert ``e[t]`` for each token t: a GATHER of one
         row of the (experts, rows * cols) view, so only routed experts are read."""
-        n, rows, cols = self.weights.shape(name)
-        flat = self.weights.get(g, name).reshape(n, rows * cols)
-        return embedding(e, flat).reshape(e.shape[0], rows, cols)
+        w = self.weights
+        n, rows, cols = w.shape(name)
+        f = getattr(w, "file", None)  # a GGUF source: its packed blocks are gathered as rows
+        if f is not None and getattr(w, "dequant", "") == "graph":
+            from ..loaders import quants
+
+            kind = f.type_name(name)
+            if kind in quants.FORMATS:
+                picked = quants.quantized_rows(g, name, kind, f.raw(name), (n, rows * cols), e)
+                return picked.reshape(e.shape[0], rows, cols)
+        return embedding(e, w.get(g, name).reshape(n, rows * cols)).reshape(e.shape[0], rows, cols)
 
     def _cache(self, g: Graph, name: str, new: Tensor, seq: Any, pos: Any, total: Any) -> Tensor:
         """Write ``new`` (seq, width) at rows pos.. of the cache; rows 0 .. pos+seq-1 after."""
@@ -576,6 +585,70 @@ def hf_weights(
     return out
 
 
+GGUF_ARCHS = ("qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "llama")
+
+
 def gguf_config(f: Any) -> DecoderConfig:
-    """A ``DecoderConfig`` from GGUF metadata (llama.cpp's keys, ``<arch>.block_count`` ...)."""
-    raise NotImplementedError(f"{f.path}: GGUF architecture {f.architecture!r}")
+    """A ``DecoderConfig`` from GGUF metadata (llama.cpp's keys: ``<arch>.block_count`` ...).
+    What GGUF does not store follows llama.cpp: Gemma's norm weights are saved as 1 + w, its
+    attention scale is head_dim ** -0.5, Gemma 2 alternates sliding and global layers and
+    Gemma 3 has five sliding layers per global one (local RoPE base 10000); Qwen3-MoE
+    renormalizes its top-k weights and Qwen2-MoE does not."""
+    arch = f.architecture
+    if arch not in GGUF_ARCHS:
+        raise NotImplementedError(
+            f"{f.path}: GGUF architecture {arch!r} is not supported by luminal.models.decoder "
+            f"(supported: {', '.join(GGUF_ARCHS)})"
+        )
+
+    def need(key: str) -> Any:
+        v = f.arch_key(key)
+        if v is None:
+            raise ValueError(f"{f.path}: metadata {arch}.{key} is missing")
+        return v
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    n = int(need("block_count"))
+    head_dim = int(f.arch_key("attention.key_length", hidden // heads))
+    window = f.arch_key("attention.sliding_window")
+    gemma = arch.startswith("gemma")
+    types = ["full"] * n
+    if arch == "gemma2":
+        types = ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+    elif arch == "gemma3":
+        types = ["sliding" if (i + 1) % 6 else "full" for i in range(n)]
+    rope_dims = f.arch_key("rope.dimension_count")
+    scale = f.arch_key("rope.scaling.factor")
+    experts = int(f.arch_key("expert_count", 0) or 0)
+    vocab = f.arch_key("vocab_size") or f.shape("token_embd.weight")[0]
+    return DecoderConfig(
+        arch=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(f.arch_key("feed_forward_length", 0) or 0),
+        n_layers=n,
+        n_heads=heads,
+        n_kv_heads=int(f.arch_key("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        context_length=int(f.arch_key("context_length", 2048)),
+        rope_theta=float(f.arch_key("rope.freq_base", 10000.0)),
+        rope_scaling={"rope_type": "linear", "factor": float(scale)} if scale else None,
+        rope_dims=int(rope_dims) if rope_dims and int(rope_dims) != head_dim else None,
+        # llama.cpp permutes Llama q/k rows for adjacent-pair RoPE; the others keep halves
+        rope_interleaved=arch == "llama",
+        rope_theta_local=10000.0 if arch == "gemma3" else None,
+        norm_eps=float(f.arch_key("attention.layer_norm_rms_epsilon", 1e-6)),
+        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
+        act="gelu_tanh" if gemma else "silu",
+        sandwich_norms=arch in ("gemma2", "gemma3"),
+        sliding_window=int(window) if window and "sliding" in types else None,
+        layer_types=types,
+        attn_softcap=f.arch_key("attn_logit_softcapping"),
+        final_softcap=f.arch_key("final_logit_softcapping"),
+        embed_scale=math.sqrt(hidden) if gemma else None,
+        n_experts=experts,
+        top_k=int(f.arch_key("expert_used_count", 0) or 0),
+        norm_topk=arch != "qwen2moe",
+        moe_intermediate_size=int(f.arch_key("expert_feed_forward_length", 0) or 0),
+        shared_expert_size=int(f.arch_key("expert_shared_feed_forward_length", 0) or 0),
+    )

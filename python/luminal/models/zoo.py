@@ -19,12 +19,11 @@ import numpy as np
 
 from .base import DictWeights
 from .bert import Embedder
-from .decoder import HF_ARCHS, Decoder, hf_config
+from .decoder import GGUF_ARCHS, HF_ARCHS, Decoder, hf_config
 from .llama import LlamaSession
 
 # GGUF general.architecture -> what reads it
 _GGUF_LLAMA = ("llama", "qwen2", "smollm")
-_GGUF_DECODER = ("qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "mistral")
 
 
 class LMSession(LlamaSession):
@@ -154,16 +153,20 @@ def _load_gguf(path: str, backend: str, max_context: int | None, quiet: bool,
     arch = f.architecture
     weights = GGUFWeights(f, dequant)
     model: Any
-    if arch in _GGUF_LLAMA:
+    # Mixtral is a "llama" GGUF with experts: the decoder has them, Llama does not
+    moe = bool(f.arch_key("expert_count"))
+    if arch in _GGUF_LLAMA and not moe:
         model = Llama(config_from_gguf(f), weights, max_context)
-    elif arch in _GGUF_DECODER:
+    elif arch in GGUF_ARCHS:
         model = Decoder(gguf_config(f), weights, max_context)
     else:
+        supported = sorted(set(_GGUF_LLAMA + GGUF_ARCHS))
         raise NotImplementedError(
             f"{path}: GGUF architecture {arch!r} is not supported "
-            f"(supported: {', '.join(_GGUF_LLAMA + _GGUF_DECODER)})"
+            f"(supported: {', '.join(supported)})"
         )
-    return LMSession(model, Tokenizer.from_gguf(f), backend, quiet)
+    tok = Tokenizer.from_gguf(f) if f.get("tokenizer.ggml.model") is not None else None
+    return LMSession(model, tok, backend, quiet)
 
 
 def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> Any:

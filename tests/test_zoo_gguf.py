@@ -1,0 +1,127 @@
+"""The zoo's decoders from GGUF files: tiny random transformers models written with the
+``gguf`` package the way llama.cpp's converter writes them (its tensor-name map, Gemma's
+norms stored as 1 + w, experts stacked), loaded with ``luminal.models.load``. F32 files
+match transformers (rel err <= 1e-4, 16 greedy tokens); Q8_0 files match the same file
+dequantized at load by ``gguf.quants``, packed experts gathered by id included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+from luminal.models import load  # noqa: E402
+from test_zoo_decoders import (  # noqa: E402
+    PROMPT,
+    _rel,
+    fast_compile,  # noqa: F401
+    hf_greedy,
+    hf_logits,
+    make_hf,
+    needs_compiled,
+)
+
+_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "phi3": "PHI3", "qwen2_moe": "QWEN2MOE"}
+
+
+def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
+    """What convert_hf_to_gguf.py does for these architectures (F32, or Q8_0 for matrices
+    whose rows are whole blocks)."""
+    c = hf.config
+    garch = gguf.MODEL_ARCH[_ARCH[arch]]
+    name = gguf.MODEL_ARCH_NAMES[garch]
+    tmap = gguf.get_tensor_name_map(garch, c.num_hidden_layers)
+    w = gguf.GGUFWriter(path, name)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    rp = c.rope_parameters if isinstance(c.rope_parameters, dict) else {}
+    w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if rp.get("partial_rotary_factor", 1.0) != 1.0:
+        w.add_rope_dimension_count(int(hd * rp["partial_rotary_factor"]))
+    if arch == "gemma2":
+        w.add_sliding_window(c.sliding_window)
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if arch == "qwen2_moe":
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+
+    def put(gname: str, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, np.float32)
+        if quant and a.ndim >= 2 and a.shape[-1] % 32 == 0:
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(gname, a)
+
+    for k, v in hf.state_dict().items():
+        a = v.detach().float().numpy()
+        if k.endswith("mlp.experts.gate_up_proj"):  # the converter stacks separate gate / up
+            blk = k.split(".")[2]
+            half = a.shape[1] // 2
+            put(f"blk.{blk}.ffn_gate_exps.weight", a[:, :half])
+            put(f"blk.{blk}.ffn_up_exps.weight", a[:, half:])
+            continue
+        if k.endswith("mlp.experts.down_proj"):
+            put(f"blk.{k.split('.')[2]}.ffn_down_exps.weight", a)
+            continue
+        if k == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        gname = tmap.get_name(k, try_suffixes=(".weight", ".bias"))
+        assert gname is not None, k
+        if arch.startswith("gemma") and k.endswith("norm.weight"):
+            a = a + 1.0
+        if gname.endswith("ffn_gate_inp_shexp.weight"):
+            a = a.reshape(-1)  # llama.cpp stores the shared-expert gate as a vector
+        put(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "arch", ["qwen3", "gemma2", pytest.param("phi3", marks=pytest.mark.slow),
+             pytest.param("qwen2_moe", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_gguf_f32_matches_transformers(arch: str, tmp_path) -> None:
+    extra = {"gemma2": dict(query_pre_attn_scalar=16)}.get(arch, {})
+    # llama.cpp's Gemma always ties its output head
+    hf = make_hf(arch, tmp_path / "hf", tied=arch.startswith("gemma"), **extra)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(hf, arch, path)
+    s = load(path, backend="interp")
+    assert s.model.config.arch == gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[_ARCH[arch]]]
+    g = s.model.build(logits="all")
+    out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
+    assert _rel(out["logits"], hf_logits(hf, PROMPT)) <= 1e-4
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+
+
+@pytest.mark.parametrize(
+    "backend", ["interp", pytest.param("compiled", marks=[needs_compiled, pytest.mark.slow])]
+)
+@pytest.mark.usefixtures("fast_compile")
+def test_gguf_q8_moe_matches_reference_dequantization(backend: str, tmp_path) -> None:
+    hf = make_hf("qwen2_moe", tmp_path / "hf")
+    path = str(tmp_path / "q8.gguf")
+    write_gguf(hf, "qwen2_moe", path, quant=True)
+    ref = load(path, backend="interp", dequant="load")  # gguf.quants' f32 values
+    s = load(path, backend=backend, max_context=32)
+    want = [ref.forward(PROMPT[:5])] + [ref.forward([t]) for t in PROMPT[5:8]]
+    got = [s.forward(PROMPT[:5])] + [s.forward([t]) for t in PROMPT[5:8]]
+    assert _rel(np.stack(got), np.stack(want)) <= 1e-4
+    # and close to the f32 model (Q8_0 keeps ~2-3 significant digits)
+    assert _rel(got[0], hf_logits(hf, PROMPT[:5])[-1]) <= 5e-2
