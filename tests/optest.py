@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import luminal as lm
-from luminal.codegen import nvrtc
+from luminal.codegen.cuda import nvrtc
 from luminal.compiler import autograd
 from luminal.graph import dtypes as dt
 from luminal.graph import interp

@@ -10,7 +10,7 @@ import torch
 
 import luminal as lm
 import luminal.functional as F
-from luminal.codegen.c import render_kernel
+from luminal.codegen.cpu import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
 from luminal.graph import symbolic as sym

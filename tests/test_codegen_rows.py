@@ -10,8 +10,8 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
-from luminal.codegen import c_rows
-from luminal.codegen.c import render_kernel
+from luminal.codegen.cpu import render_kernel
+from luminal.codegen.cpu import rows as c_rows
 from luminal.compiler.lower import lower
 from luminal.compiler.pipeline import graph_passes
 

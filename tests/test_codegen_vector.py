@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
-from luminal.codegen.c import render_kernel
+from luminal.codegen.cpu import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.kfold import fold
 from luminal.compiler.lower import lower

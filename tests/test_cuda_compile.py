@@ -17,7 +17,8 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
-from luminal.codegen import cuda, nvrtc
+from luminal.codegen import cuda
+from luminal.codegen.cuda import nvrtc
 from luminal.compiler.lower import lower
 from luminal.graph import dtypes as dt
 

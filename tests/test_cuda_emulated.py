@@ -21,9 +21,9 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
-from luminal.codegen import c as cgen
+from luminal.codegen import cstyle as cgen
 from luminal.codegen import cuda
-from luminal.codegen.c_prelude import SHARED_HELPERS
+from luminal.codegen.prelude import SHARED_HELPERS
 from luminal.compiler.lower import lower
 from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym

@@ -23,9 +23,11 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
-from luminal.codegen import c as cgen
-from luminal.codegen import cuda, cuda_gemm, nvrtc
-from luminal.codegen.c_prelude import SHARED_HELPERS
+from luminal.codegen import cstyle as cgen
+from luminal.codegen import cuda
+from luminal.codegen.cuda import gemm as cuda_gemm
+from luminal.codegen.cuda import nvrtc
+from luminal.codegen.prelude import SHARED_HELPERS
 from luminal.compiler import kernel_ir as K
 from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym

@@ -179,7 +179,7 @@ def test_exp_of_infinities_and_nan() -> None:
 
 # ----------------------------------------------------------------------------- next-row prefetch
 def _kernel_sources(g: lm.Graph) -> list[str]:
-    from luminal.codegen.c import render_kernel
+    from luminal.codegen.cpu import render_kernel
     from luminal.compiler.lower import lower
     from luminal.compiler.pipeline import graph_passes
 
@@ -211,7 +211,7 @@ def test_second_row_pass_prefetches_the_next_row(name: str, carries: bool) -> No
 def test_softmax_stages_its_output_in_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A staged row whose values come from the row cache is normalized in place there and
     copied out from it: no second row buffer. Checked against PyTorch with the copy-out on."""
-    from luminal.codegen import c_rows
+    from luminal.codegen.cpu import rows as c_rows
 
     monkeypatch.setattr(c_rows, "STREAM_BYTES", 0)  # stage every output
     g = lm.Graph("sm_stage")

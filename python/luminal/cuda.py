@@ -54,7 +54,7 @@ def device_arch() -> str | None:
 
 def status() -> str:
     """One line: the device CUDA plans run on, or why CUDA is unavailable; and NVRTC's state."""
-    from .codegen import nvrtc
+    from .codegen.cuda import nvrtc
 
     why = unavailable_reason()
     if why is None:

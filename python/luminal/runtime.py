@@ -73,9 +73,8 @@ def _print_profiles() -> None:
 
 def luminal_run_path() -> Path:
     """Path of the ``luminal-run`` program (runs a plan on .npy files without Python)."""
-    import luminal
-
-    for d in luminal.__path__:
+    # the package's folders (an editable install has two: sources and built files)
+    for d in sys.modules[__package__ or "luminal"].__path__:
         p = Path(d) / "bin" / "luminal-run"
         if p.is_file():
             return p

@@ -19,25 +19,24 @@ from collections.abc import Callable, Iterable, Mapping
 from math import gcd
 from typing import Any
 
-# Postfix opcodes shared with the plan format (docs/plan-format.md) and the C++ evaluator.
-OP_CONST, OP_DIM, OP_ADD, OP_SUB, OP_MUL, OP_FLOORDIV, OP_MOD, OP_MIN, OP_MAX, OP_LT, OP_EQ = range(
-    11
+from .symbolic_text import (  # the kinds and writing expressions out
+    ADD,
+    DIV,
+    EQ,
+    LT,
+    MAX,
+    MIN,
+    MOD,
+    MUL,
+    VAR,
+    render,
+    to_postfix,
+)
+from .symbolic_text import (
+    fingerprint as fingerprint,
 )
 
 DEFAULT_DIM_MAX = 2**31 - 1
-
-# Expression kinds. ADD is a canonical linear form: sum(coef * term) + const.
-VAR, ADD, MUL, DIV, MOD, MIN, MAX, LT, EQ = (
-    "var",
-    "add",
-    "mul",
-    "div",
-    "mod",
-    "min",
-    "max",
-    "lt",
-    "eq",
-)
 
 _INTERN: dict[tuple, Expr] = {}
 
@@ -775,9 +774,3 @@ def free_dims(xs: Iterable[sint]) -> set[Expr]:
 
 def as_int(x: sint) -> int | None:
     return x if isinstance(x, int) else None
-
-
-# writing expressions out (C/Python text, the plan's postfix, digests): symbolic_text.py
-from .symbolic_text import fingerprint as fingerprint  # noqa: E402
-from .symbolic_text import render as render  # noqa: E402
-from .symbolic_text import to_postfix as to_postfix  # noqa: E402

@@ -1,34 +1,33 @@
 """Writing symbolic expressions out: C or Python text for kernels, the plan format's postfix
-programs, and stable digests for on-disk caches."""
+programs, and stable digests for on-disk caches. Also the expression kinds and the postfix
+opcodes (``symbolic.py`` builds on them: this module reads expressions only by their fields
+``kind``, ``args`` and ``lo``)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from .symbolic import (
-    ADD,
-    DIV,
-    EQ,
-    LT,
-    MAX,
-    MIN,
-    MOD,
-    MUL,
-    OP_ADD,
-    OP_CONST,
-    OP_DIM,
-    OP_EQ,
-    OP_FLOORDIV,
-    OP_LT,
-    OP_MAX,
-    OP_MIN,
-    OP_MOD,
-    OP_MUL,
-    VAR,
-    Expr,
-    lower_bound,
-    sint,
+if TYPE_CHECKING:
+    from .symbolic import Expr, sint
+
+# Postfix opcodes shared with the plan format (docs/plan-format.md) and the C++ evaluator.
+OP_CONST, OP_DIM, OP_ADD, OP_SUB, OP_MUL, OP_FLOORDIV, OP_MOD, OP_MIN, OP_MAX, OP_LT, OP_EQ = range(
+    11
+)
+
+# Expression kinds. ADD is a canonical linear form: sum(coef * term) + const.
+VAR, ADD, MUL, DIV, MOD, MIN, MAX, LT, EQ = (
+    "var",
+    "add",
+    "mul",
+    "div",
+    "mod",
+    "min",
+    "max",
+    "lt",
+    "eq",
 )
 
 
@@ -56,7 +55,7 @@ def render(x: sint, name: Callable[[Expr], str], style: str = "c") -> str:
         op = "//" if k == DIV else "%"
         if style == "py":
             return f"({r(a)} {op} {r(b)})"
-        if lower_bound(a) >= 0 and lower_bound(b) > 0:
+        if _lo(a) >= 0 and _lo(b) > 0:
             return f"({r(a)} {'/' if k == DIV else '%'} {r(b)})"
         return f"{'lm_fdiv' if k == DIV else 'lm_fmod'}({r(a)}, {r(b)})"
     if k in (MIN, MAX):
@@ -66,6 +65,10 @@ def render(x: sint, name: Callable[[Expr], str], style: str = "c") -> str:
             else f"{k}({r(a)}, {r(b)})"
         )
     return f"({r(a)} {'<' if k == LT else '=='} {r(b)})"
+
+
+def _lo(x: sint) -> int:
+    return x if isinstance(x, int) else x.lo
 
 
 def to_postfix(x: sint, dim_index: Mapping[str, int]) -> list[tuple[int, int]]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import flags
-from ..codegen.c import CKernel, render_kernel
+from ..codegen.cpu import CKernel, render_kernel
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
 from ..compiler.search.select import subprogram

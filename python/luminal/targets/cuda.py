@@ -1,4 +1,4 @@
-"""The CUDA target: kernels rendered by ``codegen/cuda.py`` and compiled to cubins by NVRTC;
+"""The CUDA target: kernels rendered by ``codegen/cuda/`` and compiled to cubins by NVRTC;
 gemm calls run as the generated tensor-core kernel or through cuBLASLt, whichever measures
 faster on the device.
 
@@ -75,7 +75,7 @@ class CudaTarget:
     def _plan(self, low: Lowered, name: str, gemm_impl: str | None) -> Plan:
         from ..codegen import cuda
 
-        arch = cuda.target_arch()
+        arch = target_arch()
         # library calls become generated kernels unless cuBLASLt measured faster
         keep = self._library_steps(low, gemm_impl)
         libcalls = {i: low.kernels[i] for i in keep}
@@ -104,7 +104,7 @@ class CudaTarget:
     def _library_steps(self, low: Lowered, gemm_impl: str | None) -> list[int]:
         """Indices of the library-call steps kept as LibCall steps (run by cuBLASLt in the
         runtime); every other one becomes a generated kernel."""
-        from ..codegen import cuda_gemm
+        from ..codegen.cuda import gemm as cuda_gemm
 
         dtypes = {b.id: b.dtype for b in low.buffers}
         keep = []
@@ -142,6 +142,23 @@ class CudaTarget:
                 print(f"luminal search: {name}: cuBLASLt failed: {e}", file=sys.stderr)
             return "kernel"
         return str(chosen.payload)
+
+
+def target_arch() -> str:
+    """The arch plans are built for: ``$LUMINAL_CUDA_ARCH``, else the visible GPU's, else
+    ``sm_90a`` (Hopper, with its arch-specific instructions)."""
+    from ..codegen.cuda import nvrtc
+
+    arch = flags.CUDA_ARCH.get()
+    if arch:
+        return arch
+    try:
+        dev = device.device_arch()
+    except Exception:  # no runtime module, no driver: compile for the default target
+        dev = None
+    if dev is None or dev == "sm_90":
+        return nvrtc.DEFAULT_ARCH
+    return dev
 
 
 def _pass_cublaslt_path() -> None:

@@ -1,40 +1,25 @@
-"""Render kernel IR as C for the CPU backend.
+"""The C-style emitter every backend's renderer builds on (C for the CPU, CUDA; Metal next).
 
-Every kernel has the CPU ABI of the plan format::
-
-    void NAME(void *const *args, const int64_t *dims, int64_t begin, int64_t end);
-
-``args`` are the kernel's buffers (output first, then what it reads), ``dims`` the bound plan
-dims, ``[begin, end)`` the tasks this call runs. A task is one index of the outer dims (all but
-the innermost); the innermost dim is a plain loop the C compiler vectorizes. Low-precision
-floats compute in f32 and round once, at the store. Each kernel carries a guarded prelude so
-a plan's kernels concatenate into one translation unit.
+``Emitter`` turns kernel-IR value trees into SSA statements of C: loads and stores with the
+storage types' conversions (low-precision floats compute in f32 and round once, at the
+store), reductions as loops, gathers, masks, and the online-softmax sum. A backend subclasses
+it and changes a few fields (``index_type``, ``simd_reductions``, ``fast_exp2``) and hooks
+(``vector_sum``); its kernel renderer wraps the statements in the backend's entry point.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..compiler import kernel_ir as K
-from ..compiler.kfold import folded
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.ops import Op
 from ..graph.symbolic import sint
-from ..graph.view import contiguous_strides
-from .c_prelude import PRELUDE
-from .c_rows import (
-    ROW_CAP,
-    RowPrefetch,
-    row_caches,
-    row_prefetch,
-    stageable,
-    stream_flag,
-)
 
 # (decode, encode) for stored types that compute as f32
 _SMALL = {
@@ -122,7 +107,7 @@ def storage_ctype(d: dt.DType) -> str:
 _UNARY_F = {Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.SQRT: "sqrt"}
 
 
-class _Emitter:
+class Emitter:
     """Emits value trees as SSA statements; nested blocks get their own memo scope.
     ``index_type`` is the C type of loop and gather variables."""
 
@@ -137,12 +122,12 @@ class _Emitter:
         # values made while rendering (unrolled copies): fv_memo is keyed by id, so they must
         # outlive the kernel, or a new value could inherit a dead one's id and its entry
         self.made: list[K.Value] = []
-        # row sums whose body values are also written to a row buffer (c_rows.py): reduction
+        # row sums whose body values are also written to a row buffer (cpu/rows.py): reduction
         # -> buffer name; the ones actually written so are recorded in ``cached``
         self.row_cache: dict[K.Reduce, str] = {}
         self.cached: set[K.Reduce] = set()
-        # a row kernel's prefetch of the next row, placed in one of its loops (c_rows.py)
-        self.prefetch: RowPrefetch | None = None
+        # a row kernel's prefetch of the next row, placed in one of its loops (cpu/rows.py)
+        self.prefetch: Any = None  # a RowPrefetch (cpu/rows.py) or None
 
     def tmp(self) -> str:
         self.n += 1
@@ -163,7 +148,6 @@ class _Emitter:
 
     simd_reductions = True
     fast_exp2 = True  # the C prelude's vectorizable lm_exp2f
-    vector_sums = True  # split sums as explicit vectors (c_vector.py)
 
     def hoist(self, v: K.Value, inner: frozenset[str], ind: str) -> None:
         """Emit, at the current level, the parts of ``v`` that do not use the loop variables in
@@ -365,18 +349,20 @@ class _Emitter:
                           f"lm_bits_f32((uint32_t){key} ^ ((uint32_t)({key} >> 31) >> 1));")  # fmt: skip
         return acc
 
+    def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
+        """A backend's explicit-vector form of a split float sum, or None (the scalar loop
+        with a vector of partial sums below)."""
+        return None
+
     def _blocked_sum(self, v: K.Reduce, ind: str) -> str:
         """A float sum over blocks of a short inner sum (a split reduction): one vector of
         partial sums across the whole outer loop, folded once at the end, instead of a
         horizontal sum per block."""
         if self.prefetch is not None:
             self.prefetch.note(ind)
-        if self.vector_sums:
-            from .c_vector import blocked_sum
-
-            vec = blocked_sum(self, v, ind)
-            if vec is not None:
-                return vec
+        vec = self.vector_sum(v, ind)
+        if vec is not None:
+            return vec
         inner = v.body
         assert isinstance(inner, K.Reduce)
         t, g = ctype(v.dtype), inner.extent
@@ -526,190 +512,8 @@ def _per_element_reduce(v: K.Value, inner: str) -> bool:
     return not any(loop(x) for h in hoisted for x in K.walk(h))
 
 
-def _emit_into(em: _Emitter, v: K.Value, ind: str, fmt: str) -> list[str]:
+def _emit_into(em: Emitter, v: K.Value, ind: str, fmt: str) -> list[str]:
     """Statements computing ``v`` at indent ``ind``, then ``fmt`` with the result filled in."""
     em.lines = []
     x = em.emit(v, ind)
     return [*em.lines, ind + fmt.format(x)]
-
-
-@dataclass
-class CKernel:
-    name: str
-    source: str
-    args: list[int]  # buffer ids: output first, then the buffers it reads
-    tasks: sint  # grid[0]
-    min_chunk: int  # tasks per thread chunk hint
-
-
-def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024) -> CKernel:
-    k = folded(k)
-    reads = sorted({v.buf for v in K.walk(k.value) if isinstance(v, K.Load)}
-                   | ({v.buf for v in K.walk(k.scatter_row) if isinstance(v, K.Load)} if k.scatter_row else set()))  # fmt: skip
-    reads = [b for b in reads if b != k.out] + ([k.out] if k.out in reads else [])
-    args = [k.out] + [b for b in reads if b != k.out]
-    slot = {b: i for i, b in enumerate(args)}
-    dtypes: dict[int, dt.DType] = {k.out: k.dtype}
-    for v in K.walk(k.value):
-        if isinstance(v, K.Load):
-            dtypes[v.buf] = v.dtype
-    if k.scatter_row is not None:
-        for v in K.walk(k.scatter_row):
-            if isinstance(v, K.Load):
-                dtypes[v.buf] = v.dtype
-    em = _Emitter(lambda b: f"b{slot[b]}")
-    shape = k.shape
-    n = len(shape)
-    lines = [
-        f"void {k.name}(void *const *args, const int64_t *dims, int64_t begin, int64_t end) {{"
-    ]
-    for b, i in slot.items():
-        const = "" if i == 0 else "const "
-        lines.append(
-            f"  {const}{storage_ctype(dtypes[b])} *restrict b{i} = ({const}{storage_ctype(dtypes[b])} *)args[{i}];"
-        )
-    for i, name in enumerate(dim_names):
-        lines.append(f"  const int64_t d_{name} = dims[{i}]; (void)d_{name};")
-    ext = [cexpr(s) for s in shape]
-    ivars = [f"i{j}" for j in range(n)]
-    body_ind = "    "
-    from .c_attention import _render_softmax_rows, _softmax_rows  # it builds on this module
-
-    if _softmax_rows(k):
-        row_tasks = _render_softmax_rows(k, em, lines, ext)
-        lines.append("}")
-        return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, row_tasks, 1)
-    stage = 0  # elements of a task's staged output run (c_rows.py); 0: plain stores
-    if n == 0:
-        tasks: sint = 1
-        lines.append("  for (int64_t t = begin; t < end; ++t) {")
-        loop_close = ["  }"]
-    else:
-        inner_var = f"_i{n - 1}"
-        # a task is one chunk of the innermost dim at one index of the outer dims; elements
-        # that each run a reduction (a GEMV row) get small chunks so every thread has work
-        red = _per_element_reduce(k.value, inner_var)
-        # a row value hoisted out of the inner loop (softmax's row sum) is computed once per
-        # task: never split such a row into chunks, each would recompute it
-        hoisted = K.invariant_parts(k.value, frozenset({inner_var}), {})
-        row_reduce = any(
-            isinstance(x, (K.Reduce, K.SoftmaxSum)) for h in hoisted for x in K.walk(h)
-        )
-        # rows per task of a per-element reduce (a GEMV): the search's choice, else 16
-        rows = (k.schedule.chunk if k.schedule is not None else 0) or 16
-        chunk = rows if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
-        nchunks = sym.ceildiv(shape[-1], chunk)
-        tasks = nchunks
-        for sz in shape[:-1]:
-            tasks = sym.mul(tasks, sz)
-        single = sym.upper_bound(shape[-1]) <= chunk
-        stage = 0 if k.out in reads else stageable(k, chunk, red)
-        inner_ix = sym.index_var(n - 1, shape[-1])
-        caches = {}
-        if single and isinstance(inner_ix, sym.Expr) and sym.upper_bound(shape[-1]) <= ROW_CAP:
-            caches = row_caches(k, inner_ix, em)
-        for j, r in enumerate(caches):
-            em.row_cache[r] = f"lm_rc{j}"
-            lines.append(f"  {ctype(r.dtype)} lm_rc{j}[{sym.upper_bound(shape[-1])}] "
-                         "__attribute__((aligned(64)));")  # fmt: skip
-        stage_buf = "lm_st"
-        if stage:
-            # a row cache of the output's type doubles as it: each element reads only its own
-            # cache entry before writing it, and one row buffer less is L1 kept for the row
-            same = [j for j, r in enumerate(caches) if ctype(r.dtype) == storage_ctype(k.dtype)]
-            if same:
-                stage_buf = f"lm_rc{same[0]}"
-            else:
-                lines.append(
-                    f"  {storage_ctype(k.dtype)} lm_st[{stage}] __attribute__((aligned(64)));"
-                )
-            lines.append(f"  const int lm_nt = {stream_flag(k)};")
-        lines.append("  for (int64_t t = begin; t < end; ++t) {")
-        rem = "t" if single else "q"
-        order = k.schedule.order if k.schedule is not None else 0
-        if not single and order == 1 and n >= 2:
-            # the outer indices vary fastest: consecutive tasks (one thread's share) read the
-            # same chunk of columns, whose operands (a weight's rows) stay in cache
-            outer: sint = 1
-            for sz in shape[:-1]:
-                outer = sym.mul(outer, sz)
-            lines.append(
-                f"    const int64_t c = t / {cexpr(outer)}, q = t % {cexpr(outer)}; (void)q;"
-            )
-        elif not single:
-            lines.append(
-                f"    const int64_t c = t % {cexpr(nchunks)}, q = t / {cexpr(nchunks)}; (void)q;"
-            )
-        for j in range(n - 2, -1, -1):
-            if j == 0:
-                lines.append(f"    const int64_t i0 = {rem};")
-            else:
-                lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
-                lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
-                rem = f"q{j}"
-        # per-row values (a row's max or sum feeding every element) are computed once per row
-        em.lines = []
-        if single and row_reduce and n >= 2:
-            em.prefetch = row_prefetch(k, em, "    ")
-            if em.prefetch is not None:
-                em.lines += em.prefetch.lines
-        em.hoist(k.value, frozenset({inner_var}), "    ")
-        lines += em.lines
-        iv = f"i{n - 1}"
-        for r, body_v in caches.items():
-            if r in em.cached:  # the sum loop wrote the body's values: read them back
-                em.scopes[-1][body_v] = f"{em.row_cache[r]}[{iv}]"
-        if single:
-            lo, hi = "0", ext[n - 1]
-            lines.append(f"    for (int64_t {iv} = 0; {iv} < {ext[n - 1]}; ++{iv}) {{")
-        else:
-            lo, hi = f"c * {chunk}", "hi"
-            lines.append(f"    const int64_t hi = lm_min({ext[n - 1]}, (c + 1) * {chunk});")
-            lines.append(f"    for (int64_t {iv} = c * {chunk}; {iv} < hi; ++{iv}) {{")
-        body_ind = "      "
-        loop_close = ["    }", "  }"]
-        if stage:
-            row0: sint = 0
-            for j, st in enumerate(contiguous_strides(shape)[:-1]):
-                row0 = sym.add(row0, sym.mul(sym.index_var(j, shape[j]), st))
-            loop_close = ["    }",
-                          f"    lm_copy_out(&b0[{cexpr(row0)} + {lo}], {stage_buf}, "
-                          f"({hi} - {lo}) * (int64_t)sizeof({stage_buf}[0]), lm_nt);", "  }",
-                          "  lm_stream_fence(lm_nt);"]  # fmt: skip
-    for j in range(n):
-        lines.append(f"{body_ind}(void){ivars[j]};")
-    em.lines = []
-    val = em.emit(k.value, body_ind)
-    body = list(em.lines)
-    if k.scatter_row is None:
-        flat: sint = 0
-        for v, st in zip(
-            [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)
-        ):
-            flat = sym.add(flat, sym.mul(v, st))
-        if stage:
-            body.append(f"{body_ind}{stage_buf}[{ivars[-1]} - {lo}] = {val};")
-        else:
-            body.append(body_ind + store_stmt("b0", cexpr(flat), val, k.dtype))
-    else:
-        em.lines = []
-        row = em.emit(k.scatter_row, body_ind)
-        body += em.lines
-        inner_shape = shape[k.row_dims :]
-        inner: sint = 0
-        for j, (s, st) in enumerate(zip(inner_shape, contiguous_strides(inner_shape))):
-            inner = sym.add(inner, sym.mul(sym.index_var(k.row_dims + j, s), st))
-        row_size: sint = 1
-        for s in inner_shape:
-            row_size = sym.mul(row_size, s)
-        body.append(f"{body_ind}{{ const int64_t row = (int64_t)({row});")
-        body.append(f"{body_ind}  if (row >= 0 && row < {cexpr(k.scatter_rows)}) "
-                    + store_stmt("b0", f"row * {cexpr(row_size)} + {cexpr(inner)}", val, k.dtype) + " }")  # fmt: skip
-    lines += body + loop_close + ["}"]
-    inner_elems = min(sym.upper_bound(shape[-1]), chunk) if n >= 1 else 1
-    min_chunk = 1 if n >= 1 and red else max(1, 4096 // max(inner_elems, 1))
-    if k.dtype.packed or k.scatter_row is not None:
-        # packed stores read-modify-write shared bytes, and scatters may write one row from
-        # several tasks: keep both on one thread
-        min_chunk = 2**62
-    return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, tasks, min_chunk)

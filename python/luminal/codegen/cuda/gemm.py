@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..compiler import kernel_ir as K
-from ..graph import dtypes as dt
-from ..graph import symbolic as sym
-from ..graph.symbolic import sint
-from .c import cexpr, store_stmt
+from ...compiler import kernel_ir as K
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.symbolic import sint
+from ..cstyle import cexpr, store_stmt
 
 _MAX_GRID_YZ = 65535
 

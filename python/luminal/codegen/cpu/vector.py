@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..compiler import kernel_ir as K
-from ..graph import dtypes as dt
-from ..graph import symbolic as sym
-from ..graph.ops import Op
+from ...compiler import kernel_ir as K
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.ops import Op
 
 if TYPE_CHECKING:
-    from .c import _Emitter
+    from ..cstyle import Emitter
 
 LANES = 16
 
@@ -100,7 +100,7 @@ def _small(v: K.Value) -> bool:
 
 
 class _Vec:
-    def __init__(self, em: _Emitter, ri: sym.Expr, ind: str) -> None:
+    def __init__(self, em: Emitter, ri: sym.Expr, ind: str) -> None:
         self.em, self.ri, self.ind = em, ri, ind
         self.lines: list[str] = []
         self.memo: dict[K.Value, tuple[str, str]] = {}
@@ -127,7 +127,7 @@ class _Vec:
         return e, kind
 
     def _val(self, v: K.Value) -> tuple[str, str]:
-        from .c import _const, cexpr, ctype, load_expr
+        from ..cstyle import _const, cexpr, ctype, load_expr
 
         if isinstance(v, K.Const):
             if v.dtype not in (dt.f32, dt.i32):
@@ -227,7 +227,7 @@ def _terms(body: K.Value, limit: int = 4) -> list[K.Value]:
     return terms
 
 
-def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
+def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
     """``v`` (a float sum over blocks of an inner sum of ``LANES``-multiple length) with the
     inner body as vector code, or None (nothing emitted) when the body is not covered."""
     inner = v.body
@@ -235,7 +235,7 @@ def blocked_sum(em: _Emitter, v: K.Reduce, ind: str) -> str | None:
     g = inner.extent
     if v.dtype is not dt.f32 or not isinstance(g, int) or g % LANES or g > 4 * LANES:
         return None
-    from .c import _c_name, cexpr
+    from ..cstyle import _c_name, cexpr
 
     saved, n_saved, scope = list(em.lines), em.n, dict(em.scopes[-1])
     accv, acc = em.tmp(), em.tmp()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import flags
+from ... import flags
 
 DEFAULT_ARCH = "sm_90a"
 OPTIONS = ("--std=c++17",)

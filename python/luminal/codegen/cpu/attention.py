@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler import kernel_ir as K
-from ..graph import dtypes as dt
-from ..graph import symbolic as sym
-from ..graph.ops import Op
-from ..graph.symbolic import sint
-from ..graph.view import contiguous_strides
-from .c import _c_name, _emit_into, _Emitter, cexpr, ctype, store_stmt
+from ...compiler import kernel_ir as K
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.ops import Op
+from ...graph.symbolic import sint
+from ...graph.view import contiguous_strides
+from ..cstyle import Emitter, _c_name, _emit_into, cexpr, ctype, store_stmt
 
 _SM_TILE = (
     32  # keys per tile of the row form: scores of a tile are computed, then exp'd, as vectors
@@ -146,7 +146,7 @@ def _out_index(k: K.Kernel) -> str:
     return cexpr(flat)
 
 
-def _render_softmax_rows(k: K.Kernel, em: _Emitter, lines: list[str], ext: list[str]) -> sint:
+def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[str]) -> sint:
     """Render the kernel's loop over tasks into ``lines``; returns the task count."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
@@ -190,7 +190,7 @@ def _render_softmax_rows(k: K.Kernel, em: _Emitter, lines: list[str], ext: list[
     return tasks
 
 
-def _row(k: K.Kernel, em: _Emitter, ind: str, dot: _ScoreDot | None = None) -> list[str]:
+def _row(k: K.Kernel, em: Emitter, ind: str, dot: _ScoreDot | None = None) -> list[str]:
     """The row form for the row the index variables i0..i{n-2} name: per tile of keys, the
     scores, the tile max, rescale of the running sums, exp of the tile, then the weighted
     columns accumulate as a vector. With the score's dot product known (``dot``), the row's
@@ -266,7 +266,7 @@ def _row(k: K.Kernel, em: _Emitter, ind: str, dot: _ScoreDot | None = None) -> l
     return out
 
 
-def _masked_tile_skip(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
+def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     """C that skips a tile of keys no row of the block gives weight: every score is -inf
     for both extreme finite dot products, so (the score being monotone in its dot) for every
     finite one; the tile would add exp2(-inf) = 0 to every sum (a causal mask's keys past the
@@ -304,7 +304,7 @@ def _masked_tile_skip(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
     return out
 
 
-def _blocked(k: K.Kernel, em: _Emitter, dot: _ScoreDot) -> list[str]:
+def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB)."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)

@@ -27,17 +27,16 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .. import flags
-from ..compiler import kernel_ir as K
-from ..compiler.kfold import folded
-from ..graph import dtypes as dt
-from ..graph import symbolic as sym
-from ..graph.symbolic import sint
-from ..graph.view import contiguous_strides
-from . import nvrtc
-from .c import (
+from ... import flags
+from ...compiler import kernel_ir as K
+from ...compiler.kfold import folded
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.symbolic import sint
+from ...graph.view import contiguous_strides
+from ..cstyle import (
+    Emitter,
     _c_name,
-    _Emitter,
     cexpr,
     ctype,
     reduce_init,
@@ -45,8 +44,9 @@ from .c import (
     storage_ctype,
     store_stmt,
 )
-from .c_prelude import SHARED_HELPERS
-from .cuda_gemm import GemmKernel, render_gemm
+from ..prelude import SHARED_HELPERS
+from . import nvrtc
+from .gemm import GemmKernel, render_gemm
 
 PRELUDE = (
     r"""
@@ -212,7 +212,7 @@ def _unit_stride(index: sint, v: sym.Expr) -> bool:
 # ------------------------------------------------------------------------------ rendering
 
 
-class _CudaEmitter(_Emitter):
+class _CudaEmitter(Emitter):
     """The C emitter; reductions met outside any loop or branch are shared by the block."""
 
     simd_reductions = False
@@ -391,23 +391,6 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], schedule: str | None = 
 
 
 # ------------------------------------------------------------------------------ compiling
-
-
-def target_arch() -> str:
-    """The arch plans are built for: ``$LUMINAL_CUDA_ARCH``, else the visible GPU's, else
-    ``sm_90a`` (Hopper, with its arch-specific instructions)."""
-    arch = flags.CUDA_ARCH.get()
-    if arch:
-        return arch
-    try:
-        from .. import cuda as cuda_rt
-
-        dev = cuda_rt.device_arch()
-    except Exception:  # no runtime module, no driver: compile for the default target
-        dev = None
-    if dev is None or dev == "sm_90":
-        return nvrtc.DEFAULT_ARCH
-    return dev
 
 
 def render_step(

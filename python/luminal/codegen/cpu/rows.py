@@ -28,14 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..compiler import kernel_ir as K
-from ..graph import dtypes as dt
-from ..graph import symbolic as sym
-from ..graph.ops import Op
-from ..graph.symbolic import sint
+from ...compiler import kernel_ir as K
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.ops import Op
+from ...graph.symbolic import sint
 
 if TYPE_CHECKING:
-    from .c import _Emitter
+    from ..cstyle import Emitter
 
 # stack buffers per row: 8192 f32 = 32 KiB, so a row and its cache stay in L1/L2
 ROW_CAP = 8192
@@ -98,7 +98,7 @@ def stageable(k: K.Kernel, chunk: int, per_element_reduce: bool) -> int:
 
 def stream_flag(k: K.Kernel) -> str:
     """C expression: whether this call's output is large enough to stream."""
-    from .c import cexpr
+    from ..cstyle import cexpr
 
     total: sint = k.dtype.bits // 8
     for s in k.shape:
@@ -106,7 +106,7 @@ def stream_flag(k: K.Kernel) -> str:
     return f"(int)(({cexpr(total)}) >= {STREAM_BYTES}LL)"
 
 
-def row_caches(k: K.Kernel, inner: sym.Expr, em: _Emitter) -> dict[K.Reduce, K.Value]:
+def row_caches(k: K.Kernel, inner: sym.Expr, em: Emitter) -> dict[K.Reduce, K.Value]:
     """Row sums hoisted out of the inner loop whose body, with the sum's variable renamed to
     the inner index, is also a subtree of the element's value and holds a costly op:
     reduction -> that subtree."""
@@ -168,11 +168,11 @@ class RowPrefetch:
         return lines, f"{ind}  for ({index_type} {var} = {sb}; {var} < {hi}; ++{var}) {{"
 
 
-def row_prefetch(k: K.Kernel, em: _Emitter, indent: str) -> RowPrefetch | None:
+def row_prefetch(k: K.Kernel, em: Emitter, indent: str) -> RowPrefetch | None:
     """The next row's addresses for a kernel with one task per row: each unit-stride load of
     a row reduction hoisted to the task, with the reduction's index at 0 and the last outer
     index one further (the next task's row; where that wraps, a harmless wrong address)."""
-    from .c import cexpr
+    from ..cstyle import cexpr
 
     n = len(k.shape)
     if n < 2:

@@ -1,0 +1,293 @@
+"""Render kernel IR as C for the CPU target.
+
+Every kernel has the CPU ABI of the plan format::
+
+    void NAME(void *const *args, const int64_t *dims, int64_t begin, int64_t end);
+
+``args`` are the kernel's buffers (output first, then what it reads), ``dims`` the bound plan
+dims, ``[begin, end)`` the tasks this call runs. A task is one index of the outer dims (all but
+the innermost); the innermost dim is a plain loop the C compiler vectorizes. Low-precision
+floats compute in f32 and round once, at the store. Each kernel carries a guarded prelude so
+a plan's kernels concatenate into one translation unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...compiler import kernel_ir as K
+from ...compiler.kfold import folded
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.symbolic import sint
+from ...graph.view import contiguous_strides
+from ..cstyle import (
+    Emitter,
+    _per_element_reduce,
+    cexpr,
+    ctype,
+    storage_ctype,
+    store_stmt,
+)
+from ..prelude import SHARED_HELPERS
+from .attention import _render_softmax_rows, _softmax_rows
+from .rows import (
+    ROW_CAP,
+    ROW_HELPERS,
+    row_caches,
+    row_prefetch,
+    stageable,
+    stream_flag,
+)
+from .vector import VECTOR_HELPERS, blocked_sum
+
+# the C head: what SHARED_HELPERS expect a backend to define
+_C_HEAD = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#define LM_FN static inline
+static inline float lm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t lm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+#if defined(__F16C__)
+#include <immintrin.h>
+/* F16C's conversion writes its whole register; _Float16's (AVX512-FP16 vcvtsh2ss) merges into
+   the old value, a false dependency that chained the iterations of quantized-weight loops */
+static inline float lm_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#else
+static inline float lm_f16_to_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+#endif
+static inline uint16_t lm_f32_to_f16(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+/* max(a, b) propagating NaN, without branches (the select of lm_maxf stays a branch): b when
+   it is larger, NaN, or +0 against a's -0, as the larger order-preserving integer key of the
+   bits would pick. A select on a compare mask: GCC makes it a compare and a blend per vector. */
+static inline float lm_max2f(float a, float b) {
+  uint32_t m = -(uint32_t)((b > a) | (b != b) | ((b == a) & (int)(lm_f32_bits(a) >> 31)));
+  return lm_bits_f32((lm_f32_bits(b) & m) | (lm_f32_bits(a) & ~m));
+}
+/* the same when c is a constant, neither NaN nor -0 (>=: +0 beats -0); a NaN a stays */
+static inline float lm_maxcf(float a, float c) {
+  uint32_t m = -(uint32_t)(c >= a);
+  return lm_bits_f32((lm_f32_bits(c) & m) | (lm_f32_bits(a) & ~m));
+}
+/* 2^x without branches, so loops calling it vectorize (libm's exp2f is a scalar call, 7x
+   slower). x is clamped to [-151, 129] through bit masks (NaN passes); n = rint(x) by the
+   1.5 * 2^23 trick, whose low bits also give n << 23; 2^x = p(x - n) * 2^n, p a degree-6
+   minimax polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n is applied as two
+   normal factors so results down to the subnormals round once; inf, -inf and NaN behave as
+   in exp2f. About 17 vector instructions. */
+static inline float lm_exp2f(float x) {
+  uint32_t lo = -(uint32_t)(x < -151.0f);
+  float c = lm_bits_f32((0xc3170000u & lo) | (lm_f32_bits(x) & ~lo)); /* two selects: 4 ops */
+  uint32_t hi = -(uint32_t)(c > 129.0f);
+  c = lm_bits_f32((0x43010000u & hi) | (lm_f32_bits(c) & ~hi));
+  float t = c + 12582912.0f, n = t - 12582912.0f, f = c - n, p = 1.5353361959569156e-04f;
+  p = p * f + 1.3398875016719103e-03f;
+  p = p * f + 9.6184369176626200e-03f;
+  p = p * f + 5.5503323674201965e-02f;
+  p = p * f + 2.4022647738456726e-01f;
+  p = p * f + 6.9314718246459961e-01f;
+  p = p * f + 1.0f;
+  uint32_t k = lm_f32_bits(t) << 23, k1 = (uint32_t)((int32_t)k >> 1) & 0xff800000u;
+  return p * lm_bits_f32(k1 + 0x3f800000u) * lm_bits_f32(k - k1 + 0x3f800000u);
+}
+"""
+
+# every generated CPU kernel starts with this (one guarded copy per translation unit)
+PRELUDE = (
+    "\n#ifndef LM_PRELUDE\n#define LM_PRELUDE"
+    + _C_HEAD
+    + SHARED_HELPERS
+    + VECTOR_HELPERS
+    + ROW_HELPERS
+    + "#endif\n"
+)
+
+
+class CpuEmitter(Emitter):
+    """The C emitter with the CPU's explicit-vector split sums (``vector.py``)."""
+
+    def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
+        return blocked_sum(self, v, ind)
+
+
+@dataclass
+class CKernel:
+    name: str
+    source: str
+    args: list[int]  # buffer ids: output first, then the buffers it reads
+    tasks: sint  # grid[0]
+    min_chunk: int  # tasks per thread chunk hint
+
+
+def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024) -> CKernel:
+    k = folded(k)
+    reads = sorted({v.buf for v in K.walk(k.value) if isinstance(v, K.Load)}
+                   | ({v.buf for v in K.walk(k.scatter_row) if isinstance(v, K.Load)} if k.scatter_row else set()))  # fmt: skip
+    reads = [b for b in reads if b != k.out] + ([k.out] if k.out in reads else [])
+    args = [k.out] + [b for b in reads if b != k.out]
+    slot = {b: i for i, b in enumerate(args)}
+    dtypes: dict[int, dt.DType] = {k.out: k.dtype}
+    for v in K.walk(k.value):
+        if isinstance(v, K.Load):
+            dtypes[v.buf] = v.dtype
+    if k.scatter_row is not None:
+        for v in K.walk(k.scatter_row):
+            if isinstance(v, K.Load):
+                dtypes[v.buf] = v.dtype
+    em = CpuEmitter(lambda b: f"b{slot[b]}")
+    shape = k.shape
+    n = len(shape)
+    lines = [
+        f"void {k.name}(void *const *args, const int64_t *dims, int64_t begin, int64_t end) {{"
+    ]
+    for b, i in slot.items():
+        const = "" if i == 0 else "const "
+        lines.append(
+            f"  {const}{storage_ctype(dtypes[b])} *restrict b{i} = ({const}{storage_ctype(dtypes[b])} *)args[{i}];"
+        )
+    for i, name in enumerate(dim_names):
+        lines.append(f"  const int64_t d_{name} = dims[{i}]; (void)d_{name};")
+    ext = [cexpr(s) for s in shape]
+    ivars = [f"i{j}" for j in range(n)]
+    body_ind = "    "
+
+    if _softmax_rows(k):
+        row_tasks = _render_softmax_rows(k, em, lines, ext)
+        lines.append("}")
+        return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, row_tasks, 1)
+    stage = 0  # elements of a task's staged output run (rows.py); 0: plain stores
+    if n == 0:
+        tasks: sint = 1
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        loop_close = ["  }"]
+    else:
+        inner_var = f"_i{n - 1}"
+        # a task is one chunk of the innermost dim at one index of the outer dims; elements
+        # that each run a reduction (a GEMV row) get small chunks so every thread has work
+        red = _per_element_reduce(k.value, inner_var)
+        # a row value hoisted out of the inner loop (softmax's row sum) is computed once per
+        # task: never split such a row into chunks, each would recompute it
+        hoisted = K.invariant_parts(k.value, frozenset({inner_var}), {})
+        row_reduce = any(
+            isinstance(x, (K.Reduce, K.SoftmaxSum)) for h in hoisted for x in K.walk(h)
+        )
+        # rows per task of a per-element reduce (a GEMV): the search's choice, else 16
+        rows = (k.schedule.chunk if k.schedule is not None else 0) or 16
+        chunk = rows if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
+        nchunks = sym.ceildiv(shape[-1], chunk)
+        tasks = nchunks
+        for sz in shape[:-1]:
+            tasks = sym.mul(tasks, sz)
+        single = sym.upper_bound(shape[-1]) <= chunk
+        stage = 0 if k.out in reads else stageable(k, chunk, red)
+        inner_ix = sym.index_var(n - 1, shape[-1])
+        caches = {}
+        if single and isinstance(inner_ix, sym.Expr) and sym.upper_bound(shape[-1]) <= ROW_CAP:
+            caches = row_caches(k, inner_ix, em)
+        for j, r in enumerate(caches):
+            em.row_cache[r] = f"lm_rc{j}"
+            lines.append(f"  {ctype(r.dtype)} lm_rc{j}[{sym.upper_bound(shape[-1])}] "
+                         "__attribute__((aligned(64)));")  # fmt: skip
+        stage_buf = "lm_st"
+        if stage:
+            # a row cache of the output's type doubles as it: each element reads only its own
+            # cache entry before writing it, and one row buffer less is L1 kept for the row
+            same = [j for j, r in enumerate(caches) if ctype(r.dtype) == storage_ctype(k.dtype)]
+            if same:
+                stage_buf = f"lm_rc{same[0]}"
+            else:
+                lines.append(
+                    f"  {storage_ctype(k.dtype)} lm_st[{stage}] __attribute__((aligned(64)));"
+                )
+            lines.append(f"  const int lm_nt = {stream_flag(k)};")
+        lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        rem = "t" if single else "q"
+        order = k.schedule.order if k.schedule is not None else 0
+        if not single and order == 1 and n >= 2:
+            # the outer indices vary fastest: consecutive tasks (one thread's share) read the
+            # same chunk of columns, whose operands (a weight's rows) stay in cache
+            outer: sint = 1
+            for sz in shape[:-1]:
+                outer = sym.mul(outer, sz)
+            lines.append(
+                f"    const int64_t c = t / {cexpr(outer)}, q = t % {cexpr(outer)}; (void)q;"
+            )
+        elif not single:
+            lines.append(
+                f"    const int64_t c = t % {cexpr(nchunks)}, q = t / {cexpr(nchunks)}; (void)q;"
+            )
+        for j in range(n - 2, -1, -1):
+            if j == 0:
+                lines.append(f"    const int64_t i0 = {rem};")
+            else:
+                lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
+                lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
+                rem = f"q{j}"
+        # per-row values (a row's max or sum feeding every element) are computed once per row
+        em.lines = []
+        if single and row_reduce and n >= 2:
+            em.prefetch = row_prefetch(k, em, "    ")
+            if em.prefetch is not None:
+                em.lines += em.prefetch.lines
+        em.hoist(k.value, frozenset({inner_var}), "    ")
+        lines += em.lines
+        iv = f"i{n - 1}"
+        for r, body_v in caches.items():
+            if r in em.cached:  # the sum loop wrote the body's values: read them back
+                em.scopes[-1][body_v] = f"{em.row_cache[r]}[{iv}]"
+        if single:
+            lo, hi = "0", ext[n - 1]
+            lines.append(f"    for (int64_t {iv} = 0; {iv} < {ext[n - 1]}; ++{iv}) {{")
+        else:
+            lo, hi = f"c * {chunk}", "hi"
+            lines.append(f"    const int64_t hi = lm_min({ext[n - 1]}, (c + 1) * {chunk});")
+            lines.append(f"    for (int64_t {iv} = c * {chunk}; {iv} < hi; ++{iv}) {{")
+        body_ind = "      "
+        loop_close = ["    }", "  }"]
+        if stage:
+            row0: sint = 0
+            for j, st in enumerate(contiguous_strides(shape)[:-1]):
+                row0 = sym.add(row0, sym.mul(sym.index_var(j, shape[j]), st))
+            loop_close = ["    }",
+                          f"    lm_copy_out(&b0[{cexpr(row0)} + {lo}], {stage_buf}, "
+                          f"({hi} - {lo}) * (int64_t)sizeof({stage_buf}[0]), lm_nt);", "  }",
+                          "  lm_stream_fence(lm_nt);"]  # fmt: skip
+    for j in range(n):
+        lines.append(f"{body_ind}(void){ivars[j]};")
+    em.lines = []
+    val = em.emit(k.value, body_ind)
+    body = list(em.lines)
+    if k.scatter_row is None:
+        flat: sint = 0
+        for v, st in zip(
+            [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)
+        ):
+            flat = sym.add(flat, sym.mul(v, st))
+        if stage:
+            body.append(f"{body_ind}{stage_buf}[{ivars[-1]} - {lo}] = {val};")
+        else:
+            body.append(body_ind + store_stmt("b0", cexpr(flat), val, k.dtype))
+    else:
+        em.lines = []
+        row = em.emit(k.scatter_row, body_ind)
+        body += em.lines
+        inner_shape = shape[k.row_dims :]
+        inner: sint = 0
+        for j, (s, st) in enumerate(zip(inner_shape, contiguous_strides(inner_shape))):
+            inner = sym.add(inner, sym.mul(sym.index_var(k.row_dims + j, s), st))
+        row_size: sint = 1
+        for s in inner_shape:
+            row_size = sym.mul(row_size, s)
+        body.append(f"{body_ind}{{ const int64_t row = (int64_t)({row});")
+        body.append(f"{body_ind}  if (row >= 0 && row < {cexpr(k.scatter_rows)}) "
+                    + store_stmt("b0", f"row * {cexpr(row_size)} + {cexpr(inner)}", val, k.dtype) + " }")  # fmt: skip
+    lines += body + loop_close + ["}"]
+    inner_elems = min(sym.upper_bound(shape[-1]), chunk) if n >= 1 else 1
+    min_chunk = 1 if n >= 1 and red else max(1, 4096 // max(inner_elems, 1))
+    if k.dtype.packed or k.scatter_row is not None:
+        # packed stores read-modify-write shared bytes, and scatters may write one row from
+        # several tasks: keep both on one thread
+        min_chunk = 2**62
+    return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, tasks, min_chunk)
