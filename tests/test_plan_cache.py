@@ -49,7 +49,7 @@ def _key(g: luminal.Graph, backend: str = "cpu", **options: object) -> pc.Key:
 def _build(g: luminal.Graph, log: list[str]) -> object:
     def build() -> tuple[Plan, dict[str, np.ndarray]]:
         log.append(g.name)
-        return luminal.compile(g, search=False).plan, dict(g.weights)
+        return luminal.compile(g, search=False, cache=False).plan, dict(g.weights)
 
     return build
 
@@ -127,7 +127,9 @@ def test_weight_file_identity_is_the_key(tmp_path: Path) -> None:
     assert cache.lookup(k1) is None and not path.exists()  # its file changed: dropped
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "bad-json", "no-plan", "other-key"])
+@pytest.mark.parametrize(
+    "damage", ["truncate", "flip", "flip-old-mtime", "bad-json", "no-plan", "other-key"]
+)
 def test_damaged_entries_are_rebuilt_never_run(damage: str) -> None:
     w, log = _w(), []
     cache = pc.PlanCache()
@@ -135,11 +137,15 @@ def test_damaged_entries_are_rebuilt_never_run(damage: str) -> None:
     path, _ = cache.get_or_build(key, _build(_graph(w), log))
     meta = path.with_suffix(".json")
     data = bytearray(path.read_bytes())
+    time.sleep(0.02)  # past the file clock's tick: a change shows in the file's times
     if damage == "truncate":
         path.write_bytes(bytes(data[: len(data) // 2]))
-    elif damage == "flip":
+    elif damage.startswith("flip"):
+        st = path.stat()
         data[len(data) - 3] ^= 0x40  # inside the weight bytes: only the checksum sees it
         path.write_bytes(bytes(data))
+        if damage == "flip-old-mtime":  # the ctime still moves
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     elif damage == "bad-json":
         meta.write_text("{not json")
     elif damage == "no-plan":
@@ -154,6 +160,25 @@ def test_damaged_entries_are_rebuilt_never_run(damage: str) -> None:
     assert built is not None and log == ["t", "t"] and cache.lookup(key) == again
     x = np.ones((1, 7), np.float32)
     np.testing.assert_allclose(luminal.load(str(again)).run({"x": x})["y"], 2 * x @ w, rtol=1e-5)
+
+
+def test_touched_entry_is_checksummed_once() -> None:
+    """A plan whose file times changed but whose bytes did not is still a hit; its new
+    times are recorded, so the next lookup reads nothing."""
+    g, log = _graph(_w()), []
+    cache = pc.PlanCache()
+    path, _ = cache.get_or_build(_key(g), _build(g, log))
+    time.sleep(0.02)
+    os.utime(path)
+    calls = []
+    real = pc._crc32_file
+    pc._crc32_file = lambda *a: calls.append(1) or real(*a)  # type: ignore[assignment]
+    try:
+        assert cache.lookup(_key(g)) == path and calls == [1]
+        assert cache.lookup(_key(g)) == path and calls == [1]
+    finally:
+        pc._crc32_file = real
+    assert log == ["t"]
 
 
 def test_size_limit_evicts_least_recently_used() -> None:
@@ -191,7 +216,7 @@ def test_concurrent_processes_build_once(tmp_path: Path) -> None:
             with open({str(log)!r}, "a") as f:
                 f.write("built\\n")
             time.sleep(1.0)
-            return luminal.compile(g, search=False).plan
+            return luminal.compile(g, search=False, cache=False).plan
         path, _ = pc.PlanCache().get_or_build(key, build)
         y = luminal.load(str(path)).run({{"x": np.ones((2, 3), np.float32)}})["y"]
         assert y.tolist() == [[0, 1, 2], [0, 1, 2]], y
@@ -205,6 +230,25 @@ def test_concurrent_processes_build_once(tmp_path: Path) -> None:
     assert outs[0][0] == outs[1][0]
     assert log.read_text() == "built\n"
     assert not list(Path(os.environ["LUMINAL_PLAN_CACHE_DIR"]).glob("*.tmp"))
+
+
+def test_luminal_compile_loads_a_cached_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``luminal.compile`` of a graph built again (same structure and weights) runs no
+    pipeline: the plan comes from the cache and computes the same; ``cache=False`` compiles."""
+    mod = sys.modules["luminal.compile"]
+    runs: list[str] = []
+    real = mod._compile
+    monkeypatch.setattr(mod, "_compile", lambda g, *a: runs.append(g.name) or real(g, *a))
+    w = _w()
+    x = np.random.default_rng(2).standard_normal((5, 7)).astype(np.float32)
+    first = luminal.compile(_graph(w), search=False)
+    again = luminal.compile(_graph(w), search=False)
+    assert runs == ["t"] and first.path is None and again.path is not None
+    np.testing.assert_array_equal(again.run({"x": x})["y"], first.run({"x": x})["y"])
+    assert again.kernels == first.kernels
+    luminal.compile(_graph(w), search=True)  # other options: compiled
+    luminal.compile(_graph(w), search=False, cache=False)
+    assert runs == ["t", "t", "t"]
 
 
 def test_runner_skips_building_on_a_hit() -> None:

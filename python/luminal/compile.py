@@ -6,7 +6,9 @@ cg.run({"x": x}, seq=7)          # dict of numpy arrays
 cg.save("model.lmp")             # runs later with luminal.load / luminal-run
 
 ``compile`` picks a target from the registry (``luminal/targets/``) and runs the pipeline
-(``compiler/pipeline.py``: ``python -m luminal.compiler.pipeline`` prints it).
+(``compiler/pipeline.py``: ``python -m luminal.compiler.pipeline`` prints it). Compiled plans
+are kept in the plan cache (``luminal.plan_cache``, docs/plan-cache.md): compiling the same
+graph again, in any process, loads the plan instead.
 """
 
 from __future__ import annotations
@@ -58,16 +60,26 @@ class CompiledGraph:
     def __init__(self, plan: Plan, backend: str = "cpu", lazy: bool = False) -> None:
         self.plan = plan
         self.backend = backend
+        self.path: str | None = None  # the plan cache file this plan was loaded from
         self._executor: Any = None
         if not lazy:
             self._executor = self.executor
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], backend: str = "cpu") -> CompiledGraph:
+        """A saved plan; the runtime maps the file (inline weights are not copied) when the
+        plan first runs."""
+        cg = cls(Plan.load(path), backend, lazy=True)
+        cg.path = os.fspath(path)
+        return cg
 
     @property
     def executor(self) -> Any:
         if self._executor is None:
             from . import runtime
 
-            self._executor = runtime.Executor(self.plan, self.backend)
+            src: Any = self.path if self.path is not None else self.plan
+            self._executor = runtime.Executor(src, self.backend)
         return self._executor
 
     def run(
@@ -95,16 +107,44 @@ def compile(  # noqa: A001
     backend: str = "cpu",
     search: bool = True,
     progress: Callable[[str], None] | None = None,
+    cache: bool = True,
 ) -> CompiledGraph:
     """Compile ``graph`` into a plan for target ``backend`` (``luminal.targets.names()``)
     and load it. With ``search`` (the default), kernels with a library alternative (GEMM) are
     timed both ways and the faster kept, and reduction kernels are timed under the target's
     schedules; what is kept is checked against the kernel as lowered, and decisions are
-    cached on disk (bounds: LUMINAL_SEARCH_* flags). ``progress`` receives a line per stage."""
-    from .compiler import pipeline  # not at import: ``python -m`` runs it as a script
+    cached on disk (bounds: LUMINAL_SEARCH_* flags). ``progress`` receives a line per stage.
+
+    With ``cache`` (the default; ``LUMINAL_PLAN_CACHE=0`` turns it off everywhere) the plan
+    comes from the plan cache when this graph, with these weights and options, was compiled
+    before on this machine by this luminal, and goes into it otherwise."""
+    from . import plan_cache
 
     say = progress or PROGRESS.get() or (lambda msg: None)
     target = targets.get(backend)
+    store = plan_cache.default_cache() if cache else None
+    if store is None:
+        return _compile(graph, backend, target, search, say)
+    key = plan_cache.make_key(plan_cache.graph_fingerprint(graph), backend,
+                              {"search": search, "target": target.cache_id()})  # fmt: skip
+    built: list[CompiledGraph] = []
+
+    def build() -> tuple[Plan, dict[str, Any]]:
+        built.append(_compile(graph, backend, target, search, say))
+        return built[0].plan, graph.weights
+
+    path, _ = store.get_or_build(key, build)
+    if built:
+        return built[0]
+    say(f"loading the cached plan {path.name}")
+    return CompiledGraph.from_file(path, backend)
+
+
+def _compile(
+    graph: Graph, backend: str, target: Any, search: bool, say: Callable[[str], None]
+) -> CompiledGraph:
+    from .compiler import pipeline  # not at import: ``python -m`` runs it as a script
+
     t0 = time.perf_counter()
     c = pipeline.run(graph, target, search, say)
     plan = cast(Plan, c.product)

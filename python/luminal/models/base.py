@@ -133,7 +133,7 @@ class Runner:
             self.name = self.graph.name
         return self.graph
 
-    def _compiled(self, compile_fn: Callable[[Graph], Any], key: dict[str, Any] | None,
+    def _compiled(self, compile_fn: Callable[..., Any], key: dict[str, Any] | None,
                   quiet: bool) -> Any:  # fmt: skip
         from .. import plan_cache
 
@@ -151,7 +151,7 @@ class Runner:
             progress(f"compiling {graph.name} ...", quiet)
             self.compiles += 1
             weights = dict(graph.weights)  # mapped arrays: plans refer to them in their file
-            cg = compile_fn(graph)
+            cg = compile_fn(graph, cache=False)  # cached here, under the model's key
             built.append(cg)
             return cg.plan, weights
 
