@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from .compile import CompiledGraph
 from .compiler import autograd
 from .graph import dtypes as dt
 from .graph.ops import Op
@@ -109,14 +110,15 @@ class TrainStep:
         grads = grad(loss, list(params.values()))
         self._state: dict[str, np.ndarray] = {}
         self._copy_back: dict[str, str] = {}  # output -> input, for 0-d tensors (no SCATTER)
-        for (name, p), gp in zip(params.items(), grads):
+        for (name, pt), gp in zip(params.items(), grads):
             state = {}
             for s in optimizer.state_names():
                 key = f"{name}.{s}"
-                state[s] = g.input(key, p.shape, p.dtype)
-                self._state[key] = np.zeros(p.shape, dtype=p.dtype.np_type)
-            new_p, new_state = optimizer.update(p, gp, state, scalars)
-            self._write(g, name, new_p, p)
+                state[s] = g.input(key, pt.shape, pt.dtype)
+                shape = cast(tuple[int, ...], pt.shape)  # parameters have static shapes
+                self._state[key] = np.zeros(shape, dtype=np.dtype(pt.dtype.np_type))
+            new_p, new_state = optimizer.update(pt, gp, state, scalars)
+            self._write(g, name, new_p, pt)
             for s, t in new_state.items():
                 self._write(g, f"{name}.{s}", t, state[s])
         g.output("loss", loss)
@@ -126,7 +128,7 @@ class TrainStep:
             # the plan writes these arrays: own them (a loaded array may be mapped from a
             # file or shared with a torch tensor)
             p.set(np.array(p.data))
-        self.compiled = None
+        self.compiled: CompiledGraph | None = None
         if compile:
             from .compile import compile as lm_compile
 
