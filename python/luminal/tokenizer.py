@@ -75,16 +75,20 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, f: Any) -> Tokenizer:
-        """The tokenizer stored in a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level BPE)."""
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as TK
-
+        """The tokenizer stored in a GGUF file's ``tokenizer.ggml.*`` metadata: byte-level BPE
+        (``gpt2``), SentencePiece BPE (``llama``: merges by token score, byte fallback) or
+        SentencePiece Unigram (``t5``)."""
         kind = f.get("tokenizer.ggml.model")
+        if kind in ("llama", "t5"):
+            return cls._from_gguf_spm(f, kind)
         if kind != "gpt2":
             raise NotImplementedError(
                 f"{f.path}: GGUF tokenizer model {kind!r} is not supported "
-                "(only byte-level BPE, 'gpt2')"
+                "(gpt2: byte-level BPE, llama: SentencePiece BPE, t5: SentencePiece Unigram)"
             )
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as TK
+
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
         merges = f.get("tokenizer.ggml.merges") or []
         types = f.get("tokenizer.ggml.token_type")
@@ -126,6 +130,70 @@ class Tokenizer:
             int(bos) if bos is not None else None,
             list(dict.fromkeys(eos_ids)),
             bool(f.get("tokenizer.ggml.add_bos_token", False)),
+            f.get("tokenizer.chat_template"),
+        )
+
+    @classmethod
+    def _from_gguf_spm(cls, f: Any, kind: str) -> Tokenizer:
+        """SentencePiece vocabularies (``▁`` for a space). ``llama``: BPE whose merge order is
+        the merged token's score, best first (what SentencePiece's BPE does), unknown bytes
+        as ``<0xNN>`` tokens; ``t5``: Unigram over the scores."""
+        import numpy as np
+        from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as TK
+
+        tokens: list[str] = list(f.get("tokenizer.ggml.tokens") or [])
+        if not tokens:
+            raise ValueError(f"{f.path}: GGUF tokenizer has no tokenizer.ggml.tokens")
+        scores = f.get("tokenizer.ggml.scores")
+        scores = [0.0] * len(tokens) if scores is None else [float(x) for x in scores]
+        types = f.get("tokenizer.ggml.token_type")
+        types = [1] * len(tokens) if types is None else [int(t) for t in types]
+        unk = f.get("tokenizer.ggml.unknown_token_id")
+        if kind == "t5":
+            model: Any = models.Unigram(
+                list(zip(tokens, scores, strict=True)),
+                unk_id=int(unk) if unk is not None else None,
+                byte_fallback=False,
+            )
+        else:
+            vocab = {t: i for i, t in enumerate(tokens)}
+            merges = _spm_merges(tokens, scores, types)
+            model = models.BPE(vocab, merges, unk_token=tokens[int(unk)] if unk is not None
+                               else None, fuse_unk=True, byte_fallback=True)  # fmt: skip
+        tk = TK(model)
+        space = f.get("tokenizer.ggml.add_space_prefix", True)
+        if kind == "t5":  # words split at whitespace (runs, tabs, newlines), each with a ▁
+            charsmap = f.get("tokenizer.ggml.precompiled_charsmap")
+            if charsmap is not None and len(charsmap):
+                tk.normalizer = normalizers.Precompiled(bytes(np.asarray(charsmap, np.uint8)))
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.WhitespaceSplit(),
+                 pre_tokenizers.Metaspace("\u2581", prepend_scheme="always", split=True)]
+            )  # fmt: skip
+            tk.decoder = decoders.Metaspace("\u2581", prepend_scheme="always", split=True)
+        else:
+            tk.pre_tokenizer = pre_tokenizers.Metaspace(
+                replacement="\u2581", prepend_scheme="first" if space else "never", split=False
+            )
+            steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+            if space:
+                steps.append(decoders.Strip(content=" ", left=1, right=0))
+            tk.decoder = decoders.Sequence(steps)
+        special = [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, t in enumerate(types)
+            if t in (_CONTROL, _USER_DEFINED) or (unk is not None and i == int(unk))
+        ]
+        tk.add_special_tokens(special)
+        eos = f.get("tokenizer.ggml.eos_token_id")
+        eot = f.get("tokenizer.ggml.eot_token_id")
+        bos = f.get("tokenizer.ggml.bos_token_id")
+        return cls(
+            tk,
+            int(bos) if bos is not None else None,
+            list(dict.fromkeys(int(e) for e in (eos, eot) if e is not None)),
+            bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama")),
             f.get("tokenizer.chat_template"),
         )
 
@@ -180,3 +248,24 @@ class StreamDecoder:
         piece = text[self.emitted :]
         self.emitted = len(text)
         return piece
+
+
+_NORMAL, _BYTE = 1, 6  # GGUF token types: a normal piece, a <0xNN> byte-fallback token
+
+
+def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary: every split of a normal token into
+    two tokens of the vocabulary, ranked by the merged token's score (highest first), ties by
+    the ids of the parts."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for t, sc, ty in zip(tokens, scores, types, strict=True):
+        if ty != _NORMAL:
+            continue
+        for k in range(1, len(t)):
+            a, b = t[:k], t[k:]
+            ia, ib = vocab.get(a), vocab.get(b)
+            if ia is not None and ib is not None:
+                ranked.append((-sc, ia, ib, a, b))
+    ranked.sort()
+    return [(a, b) for _, _, _, a, b in ranked]
