@@ -162,6 +162,38 @@ def test_damaged_entries_are_rebuilt_never_run(damage: str) -> None:
     np.testing.assert_allclose(luminal.load(str(again)).run({"x": x})["y"], 2 * x @ w, rtol=1e-5)
 
 
+def test_large_made_weights_go_to_a_mapped_weights_file() -> None:
+    """A weight the plan holds itself (here: in memory, not from a file) and 64 KiB or more is
+    stored once in the entry's weights file, which the runtime maps; damage to that file
+    drops the entry."""
+    w = np.random.default_rng(4).standard_normal((7, 3000)).astype(np.float32)  # 84 KB
+    g, log = _graph(w), []
+    cache = pc.PlanCache()
+    path, _ = cache.get_or_build(_key(g), _build(g, log))
+    wfile = path.with_suffix(".weights")
+    assert wfile.stat().st_size == w.nbytes and path.stat().st_size < w.nbytes
+    (fw,) = Plan.load(path).weights
+    assert isinstance(fw, FileWeight) and fw.path == wfile.name  # relative: the cache may move
+    x = np.random.default_rng(5).standard_normal((2, 7)).astype(np.float32)
+    ref = 2 * x @ w
+    np.testing.assert_allclose(
+        luminal.load(str(path)).run({"x": x})["y"], ref, rtol=1e-4, atol=1e-5
+    )
+    cg = luminal.compile(_graph(w), search=False)
+    cg2 = luminal.compile(_graph(w), search=False)  # from the cache, via CompiledGraph.from_file
+    assert cg2.path is not None and os.path.isabs(cg2.plan.weights[0].path)
+    np.testing.assert_allclose(cg2.run({"x": x})["y"], cg.run({"x": x})["y"], rtol=1e-5, atol=1e-5)
+    sizes = [e.size for e in cache.entries() if e.path == path]
+    assert sizes == [path.stat().st_size + wfile.stat().st_size]
+    time.sleep(0.02)
+    data = bytearray(wfile.read_bytes())
+    data[100] ^= 1
+    wfile.write_bytes(bytes(data))
+    assert cache.lookup(_key(g)) is None and not wfile.exists() and not path.exists()
+    _, built = cache.get_or_build(_key(g), _build(g, log))
+    assert built is not None and log == ["t", "t"]
+
+
 def test_touched_entry_is_checksummed_once() -> None:
     """A plan whose file times changed but whose bytes did not is still a hit; its new
     times are recorded, so the next lookup reads nothing."""

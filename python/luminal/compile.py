@@ -69,7 +69,15 @@ class CompiledGraph:
     def from_file(cls, path: str | os.PathLike[str], backend: str = "cpu") -> CompiledGraph:
         """A saved plan; the runtime maps the file (inline weights are not copied) when the
         plan first runs."""
-        cg = cls(Plan.load(path), backend, lazy=True)
+        from .plan import FileWeight
+
+        plan = Plan.load(path)
+        base = os.path.dirname(os.path.abspath(path))
+        for i, w in enumerate(plan.weights):  # saved elsewhere, the plan still finds them
+            if isinstance(w, FileWeight) and not os.path.isabs(w.path):
+                plan.weights[i] = FileWeight(w.buffer, os.path.join(base, w.path), w.offset,
+                                             w.nbytes)  # fmt: skip
+        cg = cls(plan, backend, lazy=True)
         cg.path = os.fspath(path)
         return cg
 

@@ -9,14 +9,17 @@ of its installed code, and the flags that steer the compiler. Any change misses.
 Layout, under ``$LUMINAL_PLAN_CACHE_DIR`` (default ``$LUMINAL_CACHE_DIR/plans``, itself
 defaulting to ``~/.cache/luminal``)::
 
-    <digest>.lmp    the plan; weights that are bytes of a mapped GGUF/safetensors file are
-                    references to it (file + offset), weights the compiler made are inline
-    <digest>.json   the key parts, the plan's size and CRC-32, the weight files' identities
+    <digest>.lmp      the plan; weights that are bytes of a mapped GGUF/safetensors file are
+                      references to it (file + offset)
+    <digest>.weights  weights the compiler made (folded, repacked), mapped by the runtime
+    <digest>.json     the key parts, each file's size, CRC-32 and identity, and the identity
+                      of the weight files the plan refers to
     <digest>.lock   held while one process compiles that key (others wait, then load)
 
 Writes go to a temporary name and are renamed into place, the metadata last, so a reader
-sees a whole entry or none. A plan whose size or checksum disagrees with its metadata, or
-whose weight files changed, is removed and rebuilt, never run. A size limit
+sees a whole entry or none. An entry whose files disagree with its metadata (size; checksum
+when a file's identity changed since it was written) or whose weight files changed is
+removed and rebuilt, never run. A size limit
 (``LUMINAL_PLAN_CACHE_MB``) evicts the least recently used entries; ``luminal cache list``
 and ``luminal cache clear`` show and empty it; ``LUMINAL_PLAN_CACHE=0`` turns it off.
 See docs/plan-cache.md.
@@ -56,7 +59,7 @@ __all__ = [
     "weight_identity",
 ]
 
-ENTRY_FORMAT = 1  # of the .json metadata; another value is another cache
+ENTRY_FORMAT = 2  # of the .json metadata; another value is another cache
 # flags that never change what the compiler produces
 _NEUTRAL_FLAGS = {"LUMINAL_DEBUG", "LUMINAL_CACHE_DIR", "LUMINAL_PLAN_CACHE",
                   "LUMINAL_PLAN_CACHE_DIR", "LUMINAL_PLAN_CACHE_MB"}  # fmt: skip
@@ -205,7 +208,7 @@ def make_key(what: dict[str, Any], backend: str, options: dict[str, Any] | None 
 class CacheEntry:
     digest: str
     path: Path  # the .lmp file
-    size: int  # bytes of the plan file
+    size: int  # bytes of the plan file and its weights file
     last_used: float  # seconds since the epoch
     name: str  # what was compiled (graph name)
     meta: dict[str, Any]
@@ -213,6 +216,60 @@ class CacheEntry:
 
 def _stat_id(st: os.stat_result) -> list[int]:
     return [st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size]
+
+
+def _write_blob(path: Path, parts: Any) -> dict[str, Any]:
+    """Writes ``parts`` (bytes-like pieces) atomically to ``path``; its metadata entry."""
+    crc, size = 0, 0
+
+    def chunks() -> Iterator[bytes | memoryview]:
+        nonlocal crc, size
+        for part in parts:
+            b = part if isinstance(part, bytes) else memoryview(part).cast("B")
+            crc = zlib.crc32(b, crc)
+            size += len(b)
+            yield b
+
+    _write_atomic(path, chunks())
+    # as written: a later change of the file is checksummed before it is used
+    return {"name": path.name, "size": size, "crc32": crc, "stat": _stat_id(path.stat())}
+
+
+# inline weights at least this large go to the entry's weights file
+_WEIGHTS_FILE_MIN = 1 << 16
+
+
+def _weights_file(plan: Any, name: str) -> tuple[Any, list[Any] | None]:
+    """``plan`` with its large inline weights moved to a file ``name`` beside it (64-byte
+    aligned, referred to by a relative path), and that file's pieces; (plan, None) when it
+    has none. The runtime maps that file and checks no checksum of it: the cache checks it
+    (by file identity, or its checksum once it changed), and the plan file stays small, so
+    the runtime's checksum of the plan file costs nothing next to a 0.5 GB weight blob."""
+    from .plan import FileWeight, InlineWeight, Plan
+    from .plan.model import _weight_bytes
+
+    pieces: list[Any] = []
+    at = 0
+    weights: list[Any] = []
+    for w in plan.weights:
+        if isinstance(w, InlineWeight):
+            data = _weight_bytes(w, plan.buffers[w.buffer])
+            if data.nbytes >= _WEIGHTS_FILE_MIN:
+                pad = -at % 64
+                if pad:
+                    pieces.append(bytes(pad))
+                    at += pad
+                weights.append(FileWeight(w.buffer, name, at, data.nbytes))
+                pieces.append(data)
+                at += data.nbytes
+                continue
+        weights.append(w)
+    if not pieces:
+        return plan, None
+    out = Plan(backend=plan.backend, arch=plan.arch, dims=plan.dims, buffers=plan.buffers,
+               kernels=plan.kernels, steps=plan.steps, weights=weights,
+               metadata=plan.metadata)  # fmt: skip
+    return out, pieces
 
 
 def _crc32_file(path: Path, size: int) -> int:
@@ -279,6 +336,12 @@ class PlanCache:
     def _paths(self, digest: str) -> tuple[Path, Path]:
         return self.root / f"{digest}.lmp", self.root / f"{digest}.json"
 
+    def _files(self, digest: str) -> list[Path]:
+        """Every file of an entry (the weights file exists for plans with large weights the
+        compiler made)."""
+        plan, meta = self._paths(digest)
+        return [plan, meta, self.root / f"{digest}.weights"]
+
     def _ensure_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -308,34 +371,55 @@ class PlanCache:
             return "metadata of another format"
         if meta.get("key") != json.loads(json.dumps(key.parts, sort_keys=True, default=str)):
             return "metadata of another key"  # a digest collision, or tampering
-        try:
-            st = plan.stat()
-        except OSError:
-            return "plan file missing"
-        if st.st_size != meta.get("size"):
-            return f"plan file is {st.st_size} bytes, expected {meta.get('size')} (truncated?)"
         for f in meta.get("files", []):
             fid = mapped.FileId(f["path"], f["size"], f["mtime_ns"], f["inode"])
             if not fid.current():
                 return f"weight file {fid.path} changed or is missing"
+        blobs = meta.get("blobs")
+        if not isinstance(blobs, list) or not blobs:
+            return "metadata lists no files"
+        changed = False
+        allowed = {plan.name, plan.stem + ".weights"}
+        for b in blobs:
+            if not isinstance(b, dict) or b.get("name") not in allowed:
+                return "metadata names a file outside the entry"
+            problem = self._check_blob(plan.parent / str(b["name"]), b)
+            if problem == "rechecked":
+                changed = True
+            elif problem is not None:
+                return problem
+        if changed:  # the same bytes (touched or copied): fast again next time
+            with contextlib.suppress(OSError):
+                text = json.dumps(meta, sort_keys=True).encode()
+                _write_atomic(plan.with_suffix(".json"), [text])
+        return None
+
+    @staticmethod
+    def _check_blob(path: Path, b: dict[str, Any]) -> str | None:
+        """None when ``path`` is the file ``b`` describes, ``"rechecked"`` when its bytes
+        are but its times changed (``b`` updated), else what is wrong."""
+        try:
+            st = path.stat()
+        except OSError:
+            return f"{path.name} is missing"
+        if st.st_size != b.get("size"):
+            return f"{path.name} is {st.st_size} bytes, expected {b.get('size')} (truncated?)"
         # A file untouched since it was written and checked (same inode, mtime and ctime: any
         # write or rename changes ctime) is not read again: reading a 0.5 GB prefill plan
         # costs more than the rest of a warm start. Anything else is checksummed.
-        if meta.get("stat") == _stat_id(st):
+        if b.get("stat") == _stat_id(st):
             return None
-        if _crc32_file(plan, st.st_size) != meta.get("crc32"):
-            return "plan file checksum mismatch (corrupt)"
-        meta["stat"] = _stat_id(st)  # the same bytes (touched or copied): fast again next time
-        with contextlib.suppress(OSError):
-            _write_atomic(plan.with_suffix(".json"), [json.dumps(meta, sort_keys=True).encode()])
-        return None
+        if _crc32_file(path, st.st_size) != b.get("crc32"):
+            return f"{path.name}: checksum mismatch (corrupt)"
+        b["stat"] = _stat_id(st)
+        return "rechecked"
 
     def _remove(self, digest: str, why: str) -> None:
         if flags.debug() >= 1:
             import sys
 
             print(f"luminal: plan cache: dropping {digest}: {why}", file=sys.stderr)
-        for p in self._paths(digest):
+        for p in self._files(digest):
             with contextlib.suppress(OSError):
                 p.unlink()
 
@@ -346,27 +430,20 @@ class PlanCache:
         self._ensure_root()
         plan, files = externalize(plan, sources)
         path, meta_path = self._paths(key.digest)
-        crc, size = 0, 0
-
-        def chunks() -> Iterator[bytes | memoryview]:
-            nonlocal crc, size
-            for part in plan.parts():
-                b = part if isinstance(part, bytes) else memoryview(part).cast("B")
-                crc = zlib.crc32(b, crc)
-                size += len(b)
-                yield b
-
-        _write_atomic(path, chunks())
+        blobs = []
+        plan, weights = _weights_file(plan, f"{key.digest}.weights")
+        if weights is not None:
+            wpath = self.root / f"{key.digest}.weights"
+            blobs.append(_write_blob(wpath, weights))
+        blobs.insert(0, _write_blob(path, plan.parts()))
         meta = {
             "entry_format": ENTRY_FORMAT,
             "key": key.parts,
-            "size": size,
-            "crc32": crc,
+            "blobs": blobs,
             "name": plan.metadata.get("graph", ""),
             "kernels": len(plan.kernels),
             "created": time.time(),
             "files": [f.__dict__ for f in files],
-            "stat": _stat_id(path.stat()),  # as written: a later change is checksummed
         }
         text = json.dumps(meta, sort_keys=True, default=str).encode()
         _write_atomic(meta_path, [text])
@@ -403,7 +480,8 @@ class PlanCache:
                 with open(meta_path) as f:
                     meta = json.load(f)
                 used = meta_path.stat().st_mtime
-                size = plan.stat().st_size
+                size = sum(p.stat().st_size for p in self._files(digest) if p.exists())
+                size -= meta_path.stat().st_size
             except (OSError, ValueError):
                 continue
             name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
@@ -441,7 +519,7 @@ class PlanCache:
                 age = now - p.stat().st_mtime
             except OSError:
                 continue
-            orphan = p.suffix == ".lmp" and not p.with_suffix(".json").exists()
+            orphan = p.suffix in (".lmp", ".weights") and not p.with_suffix(".json").exists()
             if (p.suffix == ".tmp" or orphan) and age > older_than_s:
                 with contextlib.suppress(OSError):
                     p.unlink()
@@ -453,7 +531,7 @@ class PlanCache:
         n = 0
         with _flock(self.root / ".lock"):
             for p in self.root.iterdir():
-                if p.suffix in (".lmp", ".json", ".tmp", ".lock") and p.name != ".lock":
+                if p.suffix in (".lmp", ".json", ".weights", ".tmp", ".lock") and p.name != ".lock":
                     n += p.suffix == ".json"
                     with contextlib.suppress(OSError):
                         p.unlink()
