@@ -477,5 +477,18 @@ def _entry(*_: Any) -> None:
     sys.exit(main())
 
 
+def run_native() -> None:
+    """The ``luminal-run`` command: replaces this process with the C++ program bundled in
+    the package (``luminal/bin/luminal-run``: runs a plan with no Python)."""
+    import luminal
+
+    for d in luminal.__path__:
+        exe = os.path.join(d, "bin", "luminal-run")
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            os.execv(exe, [exe, *sys.argv[1:]])
+    _say("luminal-run: this luminal install has no luminal/bin/luminal-run (a build without it)")
+    sys.exit(127)
+
+
 if __name__ == "__main__":
     _entry()
