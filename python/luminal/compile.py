@@ -18,14 +18,16 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from . import flags, targets
-from .compiler.lower import Lowered
-from .graph.graph import Graph
+from . import flags
 from .plan import KernelFormat, Plan
+
+if TYPE_CHECKING:  # the compiler is imported when something is compiled, not with luminal
+    from .compiler.lower import Lowered
+    from .graph.graph import Graph
 
 __all__ = ["CompiledGraph", "compile", "build_plan"]
 
@@ -40,7 +42,9 @@ def build_plan(
     """The plan for a lowered graph on target ``backend``: the pipeline's last stages (loop
     rewrites, then the target's code generation and plan). On CUDA, ``gemm_impl`` ("kernel"
     or "cublaslt") forces how gemm calls run; by default it is measured."""
+    from . import targets
     from .compiler import pipeline
+    from .graph.graph import Graph
 
     options = {"gemm_impl": gemm_impl} if gemm_impl is not None else {}
     target = targets.get(backend, **options)
@@ -126,7 +130,7 @@ def compile(  # noqa: A001
     With ``cache`` (the default; ``LUMINAL_PLAN_CACHE=0`` turns it off everywhere) the plan
     comes from the plan cache when this graph, with these weights and options, was compiled
     before on this machine by this luminal, and goes into it otherwise."""
-    from . import plan_cache
+    from . import plan_cache, targets
 
     say = progress or PROGRESS.get() or (lambda msg: None)
     target = targets.get(backend)
