@@ -4,7 +4,8 @@ of the 15 primitives. Tensor methods and operators delegate here.
 Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, select, exp/log/trig),
 ``activation``, ``reduce`` (reductions, scans, softmax), ``movement`` (views, cat, pad),
 ``index`` (x[...], gather/scatter, embedding), ``creation`` (``arange(g, ...)``, ``zeros``...),
-``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling).
+``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling),
+``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma).
 """
 
 from . import (
@@ -18,6 +19,7 @@ from . import (
     movement,
     nn,
     reduce,
+    special,
     transcendental,
 )  # fmt: skip
 from .activation import *  # noqa: F403
@@ -30,8 +32,9 @@ from .linalg import *  # noqa: F403
 from .movement import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .reduce import *  # noqa: F403
+from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
 
 _TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn, reduce,
-           transcendental)  # fmt: skip
+           special, transcendental)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})

@@ -15,7 +15,10 @@ from ..graph.symbolic import sint
 from ..tensor import Tensor, broadcast_shapes
 from ._base import same, shape_str
 
-__all__ = ["addmm", "baddbmm", "bmm", "dot", "einsum", "linear", "matmul", "mm", "mv", "outer"]
+__all__ = [
+    "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "dot", "einsum", "linear", "matmul", "mm",
+    "mv", "outer",
+]  # fmt: skip
 
 
 def _promote(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
@@ -142,6 +145,19 @@ def addmm(inp: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: fl
 
 def baddbmm(inp: Tensor, b1: Tensor, b2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:
     return _scaled_add("baddbmm", inp, bmm(b1, b2), beta, alpha)
+
+
+def addbmm(inp: Tensor, b1: Tensor, b2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:
+    """beta * inp + alpha * the sum over the batch of b1[i] @ b2[i]."""
+    return _scaled_add("addbmm", inp, bmm(b1, b2).sum_reduce(0), beta, alpha)
+
+
+def addmv(inp: Tensor, mat: Tensor, vec: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:
+    return _scaled_add("addmv", inp, mv(mat, vec), beta, alpha)
+
+
+def addr(inp: Tensor, vec1: Tensor, vec2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:
+    return _scaled_add("addr", inp, outer(vec1, vec2), beta, alpha)
 
 
 # ----------------------------------------------------------------------------- einsum

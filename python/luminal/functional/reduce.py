@@ -20,7 +20,7 @@ from ..graph import symbolic as sym
 from ..graph.symbolic import sint
 from ..graph.view import idx_vars
 from ..tensor import Tensor
-from ._base import INF, const, finfo, index_dtype, iota, lnot, need_tensor
+from ._base import INF, const, finfo, index_dtype, int_limits, iota, land, lnot, need_tensor
 from ._base import prod as _numel
 from .elementwise import (
     _eq,
@@ -37,12 +37,14 @@ from .elementwise import (
     neg,
     pow,
     round,
+    where,
 )  # fmt: skip
 from .transcendental import _exp, _log, sqrt
 
 __all__ = [
     "ValuesIndices",
-    "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cumprod", "cumsum",
+    "all", "amax", "amin", "any", "argmax", "argmin", "count_nonzero", "cummax", "cummin",
+    "cumprod", "cumsum",
     "log_softmax", "logsumexp", "max", "mean", "min", "norm", "prod", "softmax", "std",
     "std_mean", "sum", "var", "var_mean", "vector_norm",
 ]  # fmt: skip
@@ -295,6 +297,43 @@ def cumprod(input: Tensor, dim: int, *, dtype: Any = None) -> Tensor:  # noqa: A
     x = need_tensor("cumprod", input)
     x = x.cast(_acc_dtype(x, dtype))
     return _scan(x, x._axis(dim), True) if x.ndim else x
+
+
+def _cum_extreme(name: str, x: Tensor, dim: int, larger: bool) -> ValuesIndices:
+    """Running max (min) and the index where it was reached, by a Hillis-Steele scan of
+    (value, index) pairs. An earlier segment wins only if strictly better, so ties take the
+    later index; NaN counts as the extreme (it propagates, as in PyTorch)."""
+    x = need_tensor(name, x)
+    if x.ndim == 0:
+        return ValuesIndices(x, const(x.graph, 0, dt.i64))
+    d = x._axis(dim)
+    n = x.shape[d]
+    v = x
+    i = iota(x.graph, x.shape, idx_vars(x.shape)[d], dt.i64)
+    worst = -INF if larger else INF
+    if not x.dtype.is_float:
+        lo, hi = int_limits(x.dtype)
+        worst = lo if larger else hi
+    k, top = 1, sym.upper_bound(n)
+    while k < top:
+        sv = v.pad_dim(d, k, 0).slice(d, 0, n)
+        first = iota(x.graph, x.shape, sym.lt(idx_vars(x.shape)[d], k), dt.i32).cast(dt.bool_)
+        sv = where(first, const(x.graph, worst, x.dtype, x.shape), sv)
+        si = i.pad_dim(d, k, 0).slice(d, 0, n)
+        better = sv.lt(v) if not larger else v.lt(sv)
+        if x.dtype.is_float:  # NaN: the earlier one wins only over a non-NaN
+            better = lor(better, land(isnan(sv), lnot(isnan(v))))
+        v, i = where(better, sv, v), where(better, si, i)
+        k *= 2
+    return ValuesIndices(v, i)
+
+
+def cummax(input: Tensor, dim: int) -> ValuesIndices:  # noqa: A002
+    return _cum_extreme("cummax", input, dim, True)
+
+
+def cummin(input: Tensor, dim: int) -> ValuesIndices:  # noqa: A002
+    return _cum_extreme("cummin", input, dim, False)
 
 
 # ----------------------------------------------------------------------------- softmax family

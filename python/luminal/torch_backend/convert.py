@@ -130,9 +130,26 @@ for _tgt, _u in (
     (aten.isnan.default, F.isnan), (aten.isinf.default, F.isinf),
     (aten.logical_not.default, F.logical_not), (aten.bitwise_not.default, F.bitwise_not),
     (aten.mish.default, F.mish), (aten.hardswish.default, F.hardswish),
-    (aten.hardsigmoid.default, F.hardsigmoid),
+    (aten.hardsigmoid.default, F.hardsigmoid), (aten.acos.default, F.acos),
+    (aten.asin.default, F.asin), (aten.atan.default, F.atan), (aten.acosh.default, F.acosh),
+    (aten.asinh.default, F.asinh), (aten.atanh.default, F.atanh), (aten.erfc.default, F.erfc),
+    (aten.lgamma.default, F.lgamma), (aten.signbit.default, F.signbit),
+    (aten.frac.default, F.frac),
 ):  # fmt: skip
     op(_tgt)(_unary(_u))
+
+
+for _tgt, _b in (
+    (aten.atan2.default, F.atan2), (aten.hypot.default, F.hypot),
+    (aten.copysign.Tensor, F.copysign), (aten.copysign.Scalar, F.copysign),
+    (aten.fmax.default, F.fmax), (aten.fmin.default, F.fmin),
+):  # fmt: skip
+    op(_tgt)(_binary(_b))
+
+
+@op(aten.round.decimals)
+def _round_decimals(cx: Ctx, x: Tensor, *, decimals: int = 0) -> Tensor:
+    return F.round(x, decimals=decimals)
 
 
 @op(aten.gelu.default)
@@ -313,6 +330,21 @@ def _cumsum(cx: Ctx, x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
     return F.cumsum(x, dim, dtype=_ld(dtype))
 
 
+@op(aten.cumprod.default)
+def _cumprod(cx: Ctx, x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+    return F.cumprod(x, dim, dtype=_ld(dtype))
+
+
+@op(aten.cummax.default)
+def _cummax(cx: Ctx, x: Tensor, dim: int) -> tuple:
+    return tuple(F.cummax(x, dim))
+
+
+@op(aten.cummin.default)
+def _cummin(cx: Ctx, x: Tensor, dim: int) -> tuple:
+    return tuple(F.cummin(x, dim))
+
+
 @op(aten._softmax.default, aten.softmax.int)
 def _softmax(cx: Ctx, x: Tensor, dim: int, half_to_float: Any = False) -> Tensor:
     return F.softmax(x, dim)
@@ -343,6 +375,28 @@ def _addmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha:
 def _baddbmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1
              ) -> Tensor:  # fmt: skip
     return F.baddbmm(bias, a, b, beta=beta, alpha=alpha)
+
+
+@op(aten.addmv.default)
+def _addmv(cx: Ctx, bias: Tensor, a: Tensor, v: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    return F.addmv(bias, a, v, beta=beta, alpha=alpha)
+
+
+@op(aten.addbmm.default)
+def _addbmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1
+            ) -> Tensor:  # fmt: skip
+    return F.addbmm(bias, a, b, beta=beta, alpha=alpha)
+
+
+@op(aten.addr.default)
+def _addr(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    return F.addr(bias, a, b, beta=beta, alpha=alpha)
+
+
+@op(aten._cdist_forward.default)
+def _cdist(cx: Ctx, x1: Tensor, x2: Tensor, p: float, compute_mode: Any = None) -> Tensor:
+    diff = F.sub(x1.unsqueeze(-2), x2.unsqueeze(-3))  # (..., P, R, M)
+    return F.norm(diff, p, -1)
 
 
 # ----------------------------------------------------------------------------- views
