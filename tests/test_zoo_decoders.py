@@ -193,3 +193,45 @@ def test_moe_step_reads_only_routed_experts(backend: str, tmp_path, fast_compile
     s = LMSession(model, backend=backend)
     got = s.forward([7])
     assert np.isfinite(got).all() and _rel(got, ref) <= 1e-4
+
+
+def test_bf16_and_f16_safetensors(tmp_path) -> None:
+    """Weights saved in bf16 / f16 stay in their dtype on disk (mapped) and are cast in the
+    graph: logits equal transformers computing in f32 from the same rounded weights."""
+    hf = make_hf("qwen3", tmp_path / "f32")
+    for dtype in (torch.bfloat16, torch.float16):
+        d = tmp_path / str(dtype)
+        hf.to(dtype).save_pretrained(d)
+        hf.to(torch.float32)
+        ref_model = getattr(transformers, ARCHS["qwen3"][1]).from_pretrained(d, dtype=torch.float32)
+        s = load(d, backend="interp")
+        kinds = {a.dtype.name for a in s.model.weights.arrays.values()}  # type: ignore[attr-defined]
+        assert kinds == {str(dtype).removeprefix("torch.")}
+        assert _rel(s.forward(PROMPT), hf_logits(ref_model.eval(), PROMPT)[-1]) <= 1e-4
+
+
+def test_unknown_architectures_are_named(tmp_path) -> None:
+    import json
+
+    import gguf
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "mamba2"}))
+    from luminal.loaders.safetensors import save_safetensors
+
+    save_safetensors(tmp_path / "hf" / "model.safetensors", {"x": np.zeros(2, np.float32)})
+    with pytest.raises(NotImplementedError, match="'mamba2'.*supported: .*qwen3"):
+        load(tmp_path / "hf")
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "rwkv7")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(NotImplementedError, match="'rwkv7'.*supported: .*gemma2"):
+        load(tmp_path / "m.gguf")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load(tmp_path / "missing.gguf")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load(tmp_path / "empty")

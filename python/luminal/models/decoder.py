@@ -115,6 +115,34 @@ class DecoderConfig:
         return self.n_experts > 0 and layer not in self.dense_layers
 
 
+class F32Weights:
+    """A ``WeightSource`` whose float weights enter the graph as f32 (f16 / bf16 arrays stay
+    mapped in their dtype and are cast in the graph); everything else is the wrapped
+    source's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def has(self, name: str) -> bool:
+        return bool(self.inner.has(name))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.inner.shape(name))
+
+    def get(self, g: Graph, name: str) -> Tensor:
+        return _f32(self.inner.get(g, name))
+
+    def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:
+        return _f32(self.inner.rows(g, name, idx))
+
+
+def _f32(t: Tensor) -> Tensor:
+    return t.cast(dt.f32) if t.dtype.is_float and t.dtype is not dt.f32 else t
+
+
 class Decoder:
     """A decoder over a ``WeightSource`` with GGUF tensor names."""
 
@@ -122,7 +150,7 @@ class Decoder:
         self, config: DecoderConfig, weights: WeightSource, max_context: int | None = None
     ) -> None:
         self.config = config
-        self.weights = weights
+        self.weights = weights if isinstance(weights, F32Weights) else F32Weights(weights)
         self.ctx = min(max_context or config.context_length, config.context_length)
         self.tied = not weights.has("output.weight")
 

@@ -19,6 +19,7 @@ from ..functional import scaled_dot_product_attention as sdpa
 from ..graph import symbolic as sym
 from ..tensor import Graph, Tensor
 from .base import DictWeights, Runner
+from .decoder import F32Weights
 
 
 @dataclass
@@ -53,7 +54,7 @@ class ResNet:
 
     eps = 1e-5  # nn.BatchNorm2d's default, which transformers' ResNet uses
 
-    def __init__(self, config: ResNetConfig, weights: DictWeights) -> None:
+    def __init__(self, config: ResNetConfig, weights: Any) -> None:
         self.config = config
         self.weights = weights
 
@@ -137,7 +138,7 @@ class ViTConfig:
 class ViT:
     """``ViTForImageClassification`` (inference, at the configured image size)."""
 
-    def __init__(self, config: ViTConfig, weights: DictWeights) -> None:
+    def __init__(self, config: ViTConfig, weights: Any) -> None:
         self.config = config
         self.weights = weights
 
@@ -187,9 +188,9 @@ class ViT:
 def vision_from_hf(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> ResNet | ViT:
     mt = config.get("model_type")
     if mt == "resnet":
-        return ResNet(ResNetConfig.from_hf(config), DictWeights(arrays))
+        return ResNet(ResNetConfig.from_hf(config), F32Weights(DictWeights(arrays)))
     if mt == "vit":
-        return ViT(ViTConfig.from_hf(config), DictWeights(arrays))
+        return ViT(ViTConfig.from_hf(config), F32Weights(DictWeights(arrays)))
     raise NotImplementedError(f"model_type {mt!r} is not an image model luminal knows")
 
 
