@@ -212,19 +212,33 @@ def _lin(x: sint) -> tuple[dict[Expr, int], int]:
 
 def _fold_divmod(terms: dict[Expr, int]) -> int:
     """k*c*(x // c) + k*(x % c) == k*x: undo the split a reshape of a merged dim makes.
-    Folds in place and returns the constant to add."""
+    Folds in place, to a fixpoint (a fold can enable another: 9*(r//9) + 3*((r//3)%3) + r%3
+    is 3*(r//3) + r%3, then r), and returns the constant to add. ``x // c`` is looked up as
+    the simplifier builds it ((r//3)//3 is r//9)."""
     extra = 0
-    for t in [t for t in terms if t.kind == MOD and isinstance(t.args[1], int)]:
-        x, c = t.args
-        k = terms.get(t, 0)
-        d = _INTERN.get((DIV, (x, c)))
-        if k == 0 or d is None or terms.get(d) != c * k:
-            continue
-        del terms[t], terms[d]
-        tx, cx = _lin(x)
-        for u, cu in tx.items():
-            terms[u] = terms.get(u, 0) + cu * k
-        extra += cx * k
+    changed = True
+    while changed:
+        changed = False
+        for t in [t for t in terms if t.kind == MOD and isinstance(t.args[1], int)]:
+            x, c = t.args
+            k = terms.get(t, 0)
+            if k == 0:
+                continue
+            d = _INTERN.get((DIV, (x, c)))
+            if d is None and isinstance(x, Expr) and x.kind == DIV:
+                q = floordiv(x, c)
+                d = q if isinstance(q, Expr) else None
+            if d is None or terms.get(d) != c * k:
+                continue
+            del terms[t], terms[d]
+            tx, cx = _lin(x)
+            for u, cu in tx.items():
+                terms[u] = terms.get(u, 0) + cu * k
+                if terms[u] == 0:
+                    del terms[u]
+            extra += cx * k
+            changed = True
+            break
     return extra
 
 

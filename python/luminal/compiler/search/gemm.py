@@ -187,16 +187,78 @@ def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative |
     return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size, k_size, batch)
 
 
+def regrouped(kern: K.Kernel, t: int, s: int) -> K.Kernel | None:
+    """``kern`` over the output axes grouped as (``axes[:t]`` kept as batch axes, axes
+    ``[t:s]`` merged into one m axis, axes ``[s:]`` into one n axis), size-1 axes dropped: the
+    same values stored at the same places (the output is contiguous in axis order). A
+    convolution's (batch, channel, height, width) output becomes (batch, channel, pixels): a
+    GEMM of the weights by the input's windows. None when a group is empty."""
+    shape = kern.shape
+    if kern.scatter_row is not None or not 0 <= t < s < len(shape) + 1:
+        return None
+    groups = [[j for j in range(t) if shape[j] != 1], list(range(t, s)), list(range(s, len(shape)))]
+    if not groups[1] or not groups[2]:
+        return None
+    new_shape: list[sint] = [shape[j] for j in groups[0]]
+    mapping: dict[str, sint] = {}
+    for j in range(t):
+        if shape[j] == 1:
+            mapping[f"_i{j}"] = 0
+    for k, j in enumerate(groups[0]):
+        mapping[f"_i{j}"] = sym.index_var(k, shape[j])
+    for g in groups[1:]:
+        size: sint = 1
+        for j in g:
+            size = sym.mul(size, shape[j])
+        v = sym.index_var(len(new_shape), size)
+        new_shape.append(size)
+        below: sint = 1
+        for j in reversed(g):
+            mapping[f"_i{j}"] = sym.mod(sym.floordiv(v, below), shape[j])
+            below = sym.mul(below, shape[j])
+    if len(new_shape) == len(shape) and all(m == f"_i{i}" for i, m in enumerate(mapping)):
+        return None
+    value = K.substitute(kern.value, mapping)
+    return replace(kern, shape=tuple(new_shape), value=value, reads=list(kern.reads))
+
+
+def match_any(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
+    """A gemm alternative for ``kern`` as it is, else for a regrouping of its output axes
+    (``regrouped``), with or without copied operands; None when no grouping fits."""
+    alt = match_gemm(kern, new_buffer_id) or match_gemm_copy(kern, new_buffer_id)
+    if alt is not None or kern.scatter_row is not None:
+        return alt
+    rank = len(kern.shape)
+    for s in range(rank - 1, 0, -1):  # n: the trailing axes, widest last
+        for t in range(s - 1, -1, -1):
+            rk = regrouped(kern, t, s)
+            if rk is None:
+                continue
+            alt = match_gemm(rk, new_buffer_id) or match_gemm_copy(rk, new_buffer_id)
+            if alt is not None:
+                return alt
+    return None
+
+
 def _plain_load(v: K.Value) -> bool:
     return isinstance(v, K.Load) and v.valid == 1 and v.dtype is dt.f32
 
 
+# A copied operand may hold reductions over at most this many values (a pooling window, the
+# max against padding of relu): the copy computes each once per element it writes.
+COPY_REDUCE_MAX = 16
+
+
 def _elementwise(v: K.Value) -> bool:
     """An f32 value computed pointwise from loads (an activation fused into the product's
-    operand, such as silu(gate) * up): no reduction or gather inside."""
+    operand, such as silu(gate) * up, or a pooled window feeding a convolution): no gather,
+    no reduction over more than ``COPY_REDUCE_MAX`` values."""
     return v.dtype is dt.f32 and not any(
-        isinstance(x, K.Reduce | K.Gather | K.SoftmaxSum) for x in K.walk(v)
-    )
+        isinstance(x, K.Gather | K.SoftmaxSum)
+        or (isinstance(x, K.Reduce)
+            and not (isinstance(x.extent, int) and x.extent <= COPY_REDUCE_MAX))
+        for x in K.walk(v)
+    )  # fmt: skip
 
 
 def match_gemm_copy(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
@@ -254,7 +316,9 @@ def _match_copied(
     for role in roles:
         i = order[role]
         load = loads[i]
-        indices = [x.index for x in K.walk(load) if isinstance(x, K.Load)]
+        # (masks too: a padded window's bounds check splits the pixel axis as its reads do)
+        indices = [e for x in K.walk(load) if isinstance(x, K.Load) for e in (x.index, x.valid)]
+        indices += [x.valid for x in K.walk(load) if isinstance(x, K.Masked)]
         # batch dims are copied only when the operand moves with them (else it is shared)
         own_batch = list(range(nb)) if set(batch_names) & used[i] else []
         inner = [(m_name, m_var, m_size), (kv.name, kv, r.extent)] if role == 0 else [

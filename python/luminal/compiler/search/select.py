@@ -22,7 +22,7 @@ from .. import kernel_ir as K
 from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
 from .cost import estimate
-from .gemm import match_gemm, match_gemm_copy
+from .gemm import match_any
 from .tuner import Candidate, Timing, Tuner, sub_fingerprint
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
@@ -123,7 +123,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     for kern in low.kernels:
         alt = None
         if isinstance(kern, K.Kernel):
-            alt = match_gemm(kern, len(buffers)) or match_gemm_copy(kern, len(buffers))
+            alt = match_any(kern, len(buffers))
         if alt is None:
             steps.append(kern)
             continue
