@@ -93,7 +93,8 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3", "gemma2", pytest.param("phi3", marks=pytest.mark.slow),
+    "arch", ["qwen3", pytest.param("gemma2", marks=pytest.mark.slow),
+             pytest.param("phi3", marks=pytest.mark.slow),
              pytest.param("qwen2_moe", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_gguf_f32_matches_transformers(arch: str, tmp_path) -> None:
