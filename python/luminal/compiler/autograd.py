@@ -161,10 +161,29 @@ def _nominal(x: sint) -> int:
     return int(sym.evaluate(x, env))
 
 
+def _fold_divmod(index: sint) -> sint:
+    """d * (x // d) + x % d -> x for a symbolic d (the simplifier folds constant d only):
+    a flatten / unflatten pair over a dim-sized axis."""
+    terms, off = sym._lin(index)
+    out: sint = off
+    used: set[sym.Expr] = set()
+    for t, c in terms.items():
+        if t.kind == sym.MOD and not isinstance(t.args[1], int):
+            x, d = t.args
+            q = sym.mul(d, sym.floordiv(x, d))
+            if isinstance(q, sym.Expr) and terms.get(q) == c and q not in used:
+                used |= {t, q}
+                out = sym.add(out, sym.mul(x, c))
+    for t, c in terms.items():
+        if t not in used:
+            out = sym.add(out, sym.mul(t, c))
+    return out
+
+
 def _affine(index: sint, nvars: int) -> tuple[list[sint], sint] | None:
     """(stride per index variable, offset) when ``index`` is affine in the index variables
     (strides may be expressions of dims), else None."""
-    terms, off = sym._lin(index)
+    terms, off = sym._lin(_fold_divmod(index))
     strides: list[sint] = [0] * nvars
     offset: sint = off
     for t, c in terms.items():

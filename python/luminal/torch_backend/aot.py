@@ -27,7 +27,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..tensor import Tensor
 from . import _compile_aten, _decompositions
-from .convert import Ctx, _convolution, op
+from .convert import TABLE, Ctx, _convolution, op
 from .partition import stats, warn_once
 from .symbols import Unsupported
 
@@ -113,5 +113,22 @@ def _slice_scatter(cx: Ctx, x: Tensor, src: Tensor, dim: int = 0, start: Any = N
     hi = sym.add(hi, n) if isinstance(hi, int) and hi < 0 else sym.minimum(hi, n)
     placed = src.cast(x.dtype).pad_dim(d, lo, sym.add(n, sym.mul(hi, -1)))
     pos = F.arange(cx.g, n, dtype=dt.i32).reshape([n if k == d else 1 for k in range(x.ndim)])
-    inside = F.logical_and(pos >= lo, pos < hi)
+    bounds: tuple[Any, Any] = (lo, hi)  # dims: Tensor comparisons take expressions too
+    inside = F.logical_and(F.ge(pos, bounds[0]), F.lt(pos, bounds[1]))
     return F.where(inside.expand(x.shape), placed, x)
+
+
+_layer_norm_out = TABLE[aten.native_layer_norm.default]
+
+
+@op(aten.native_layer_norm.default)
+def _layer_norm_with_stats(cx: Ctx, x: Tensor, shape: Sequence[Any], w: Any, b: Any,
+                           eps: float) -> tuple:  # fmt: skip
+    """The inference converter's output plus mean and 1/std (kept dims), which AOTAutograd
+    saves for the backward graph."""
+    out = _layer_norm_out(cx, x, shape, w, b, eps)[0]
+    dims = list(range(x.ndim - len(shape), x.ndim))
+    xf = x.float()
+    mean = xf.mean(dims, keepdim=True)
+    rstd = ((xf - mean) * (xf - mean)).mean(dims, keepdim=True).add(eps).rsqrt()
+    return out, mean, rstd
