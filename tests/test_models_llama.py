@@ -172,9 +172,10 @@ def test_prefill_graph_matches_decode_graph() -> None:
         model.build_prefill(0)
 
 
-def test_session_plans_come_from_the_cache() -> None:
+def test_session_plans_come_from_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second session of the same model builds no graph and compiles nothing: both plans
     are loaded from the plan cache, and they compute what the compiled ones did."""
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")  # default kernels: quick compiles
     _, model = _tiny(ctx=32)
     ids = [5, 17, 3, 42, 8, 60, 1, 9]
     s1 = LlamaSession(model, "compiled", prefill_min=5)
