@@ -3,7 +3,8 @@
 The architecture comes from the file's metadata (GGUF ``general.architecture``, the folder's
 ``config.json`` ``model_type``). Language models come back as an ``LMSession``
 (``forward(tokens) -> logits``, ``generate(...)``, ``tokenizer``), encoders as an ``Encoder``
-(``embed(texts)``), image models as an ``ImageModel`` (``forward(pixels)``). An architecture
+(``embed(texts)``), image models as an ``ImageModel`` (``forward(pixels)``), Whisper as a
+``WhisperSession`` (``transcribe(audio)``). An architecture
 luminal has no definition for is a ``NotImplementedError`` naming it and the supported ones.
 """
 
@@ -121,7 +122,7 @@ def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return config, arrays
 
 
-SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit")
+SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit", "whisper")
 
 
 def load(
@@ -180,6 +181,16 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
             raise FileNotFoundError(f"{path}: an encoder needs its tokenizer.json")
         ws = DictWeights({k.removeprefix("bert."): v for k, v in arrays.items()})
         return Encoder(Bert(BertConfig.from_hf(config), ws), tok, backend, quiet)
+    if mt == "whisper":
+        from .whisper import WhisperSession, whisper_from_hf
+
+        pre_path = os.path.join(path, "preprocessor_config.json")
+        pre = None
+        if os.path.exists(pre_path):
+            with open(pre_path) as fh:
+                pre = json.load(fh)
+        whisper = whisper_from_hf(config, arrays, pre)
+        return WhisperSession(whisper, _tokenizer_of_dir(path), backend, quiet)
     if mt in ("resnet", "vit"):
         from .vision import ImageModel, vision_from_hf
 
