@@ -151,13 +151,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ctx", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--out", default="tiny_lm.safetensors")
+    p.add_argument("--search", action="store_true", help="time kernel variants (slower compile)")
     a = p.parse_args(argv)
     from tqdm import tqdm
 
     data, chars = load_text()
     model = TinyLM(len(chars), a.ctx)
     t0 = time.perf_counter()
-    step = make_step(model, optim.AdamW(lr=a.lr, weight_decay=0.01), a.batch)
+    step = make_step(model, optim.AdamW(lr=a.lr, weight_decay=0.01), a.batch, search=a.search)
     print(f"compiled the training step in {time.perf_counter() - t0:.1f} s "
           f"({model.num_parameters()} parameters)", file=sys.stderr)  # fmt: skip
     bar = tqdm(zip(range(a.steps), batches(data, a.batch, a.ctx)), total=a.steps)
