@@ -1,5 +1,6 @@
 """Training step time and peak memory: luminal's compiled step (forward + backward + AdamW in
-one plan) against PyTorch eager and torch.compile (inductor) on the example's transformer LM.
+one plan) and torch.compile with luminal's training backend (forward and backward plans,
+torch's AdamW) against PyTorch eager and torch.compile (inductor) on the example's LM.
 
     python bench/train.py [--steps 30] [--dim 32] [--ctx 32] [--batch 8] [--threads 2]
 
@@ -57,7 +58,12 @@ def run_one(which: str, a: argparse.Namespace) -> dict:
         def one(x: np.ndarray, y: np.ndarray) -> float:
             return step(x=x, y=y)
     else:
-        fwd = torch.compile(ref) if which == "inductor" else ref
+        if which == "torch_luminal":  # torch.compile training with luminal both directions
+            from luminal.torch_backend import aot
+
+            fwd = torch.compile(ref, backend=aot.training_backend)
+        else:
+            fwd = torch.compile(ref) if which == "inductor" else ref
         opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
 
         def one(x: np.ndarray, y: np.ndarray) -> float:
@@ -97,7 +103,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--contenders", default="luminal,eager,inductor")
+    p.add_argument("--contenders", default="luminal,torch_luminal,eager,inductor")
     p.add_argument("--run", help=argparse.SUPPRESS)  # one contender, in this process
     a = p.parse_args()
     if a.run:
