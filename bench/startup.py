@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         gen = ["generate", "-n", "1", PROMPT]
         print("cold luminal generate (empty plan cache) ...", file=sys.stderr, flush=True)
         cold = _luminal(gen, env, a.timeout)
-        stages = [_stage_seconds(cold["err"], "building the graph and compiling"),
-                  _stage_seconds(cold["err"], "compiling the prefill plan")]  # fmt: skip
+        stages = [_stage_seconds(cold["err"], "preparing the decode plan"),
+                  _stage_seconds(cold["err"], "preparing the prefill plan")]  # fmt: skip
         res["cold_wall_s"] = cold["wall"]
         res["cold_compile_s"] = sum(s for s in stages if s is not None)
         res["cold_peak_rss_mb"] = cold["rss_mb"]

@@ -31,6 +31,31 @@ TINY = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(autouse=True)
+def _own_plan_cache(tmp_path, monkeypatch) -> None:
+    """Each test sees its commands compile (a plan cached by another run would skip stages)."""
+    monkeypatch.setenv("LUMINAL_PLAN_CACHE_DIR", str(tmp_path / "plans"))
+
+
+@pytest.mark.slow
+def test_generate_second_run_loads_cached_plans(capsys, monkeypatch) -> None:
+    """``luminal generate`` twice: the second builds no graph and compiles nothing (both plans
+    come from the plan cache) and prints the same text; ``luminal cache list`` shows them."""
+    from luminal.models import smollm2_path
+
+    _have(smollm2_path)
+    args = ["generate", "-n", "3", "--ctx", "64", "The capital of France is"]
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")  # default kernels: a quicker compile
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert main(args) == 0
+    second = capsys.readouterr()
+    assert "lowering" in first.err and "lowering" not in second.err, second.err
+    assert "from the plan cache" in second.err and second.out == first.out
+    assert main(["cache", "list"]) == 0
+    assert "2 plans" in capsys.readouterr().out
+
+
 def _have(fn) -> None:
     pytest.importorskip("tokenizers")
     pytest.importorskip("gguf")

@@ -91,10 +91,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
         else:
             model, tok = load_gguf(path, dequant=dequant, max_context=a.ctx)
     compiled = backend == "compiled"
-    with _stage(f"building the graph and {'compiling' if compiled else 'preparing'} ({backend})"):
+    what = "the decode plan (compiled once, then from the plan cache)" if compiled else "the graph"
+    with _stage(f"preparing {what} ({backend})"):
         session = LlamaSession(model, a.backend)
     backend, compiled = session.backend, session.backend == "compiled"
     engine = "compiled CPU plan" if compiled else "reference interpreter"
+    if session.runner.cached:
+        engine += " from the plan cache"
     weights = "dequantized in the graph" if dequant == "graph" else "dequantized at load"
     _say(f"luminal: running on the {engine} (weights: {weights})")
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
@@ -113,7 +116,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     pmin = session.prefill_min
     if compiled and session.has_prefill and pmin is not None and len(ids) >= pmin:
         # compiled here, not inside the timed prefill (a first compile takes a while)
-        with _stage(f"compiling the prefill plan (prompts of {pmin}+ tokens)"):
+        with _stage(f"preparing the prefill plan (prompts of {pmin}+ tokens)"):
             session.compile_prefill()
     budget = min(a.max_tokens, model.ctx - len(ids))
     sampler = Sampler(a.temperature, a.top_k, a.top_p, a.seed)
@@ -158,9 +161,12 @@ def cmd_embed(a: argparse.Namespace) -> int:
     with _stage(f"loading {os.path.basename(os.path.normpath(d))}"):
         model = Bert.from_dir(d)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    with _stage(
-        f"building the graph{' and compiling' if backend == 'compiled' else ''} ({backend})"
-    ):
+    what = (
+        "the plan (compiled once, then from the plan cache)"
+        if backend == "compiled"
+        else "the graph"
+    )
+    with _stage(f"preparing {what} ({backend})"):
         emb = Embedder(model, tok, a.backend)
     backend = emb.backend
     t0 = time.perf_counter()
