@@ -20,7 +20,7 @@ import luminal
 from luminal import plan_cache as pc
 from luminal.loaders.safetensors import SafetensorsFile, save_safetensors
 from luminal.models.base import CachedPlan, Runner
-from luminal.plan import FileWeight, Plan
+from luminal.plan import FileWeight, InlineWeight, Plan
 
 
 @pytest.fixture(autouse=True)
@@ -183,6 +183,9 @@ def test_large_made_weights_go_to_a_mapped_weights_file() -> None:
     cg2 = luminal.compile(_graph(w), search=False)  # from the cache, via CompiledGraph.from_file
     assert cg2.path is not None and os.path.isabs(cg2.plan.weights[0].path)
     np.testing.assert_allclose(cg2.run({"x": x})["y"], cg.run({"x": x})["y"], rtol=1e-5, atol=1e-5)
+    saved = path.parent.parent / "saved.lmp"
+    cg2.save(saved)  # self-contained: the cache's files may go
+    assert [type(x) for x in Plan.load(saved).weights] == [InlineWeight]
     sizes = [e.size for e in cache.entries() if e.path == path]
     assert sizes == [path.stat().st_size + wfile.stat().st_size]
     time.sleep(0.02)
@@ -192,6 +195,10 @@ def test_large_made_weights_go_to_a_mapped_weights_file() -> None:
     assert cache.lookup(_key(g)) is None and not wfile.exists() and not path.exists()
     _, built = cache.get_or_build(_key(g), _build(g, log))
     assert built is not None and log == ["t", "t"]
+    cache.clear()
+    np.testing.assert_allclose(
+        luminal.load(str(saved)).run({"x": x})["y"], ref, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_touched_entry_is_checksummed_once() -> None:

@@ -107,11 +107,34 @@ class CompiledGraph:
     __call__ = run
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        self.plan.save(path)
+        """Writes the plan, self-contained: a plan from the plan cache refers to weights in
+        model files and cache files; those bytes are written into the saved file."""
+        self.plan.save(path) if self.path is None else _inlined(self.plan).save(path)
 
     @property
     def kernels(self) -> int:
         return len(self.plan.kernels)
+
+
+def _inlined(plan: Plan) -> Plan:
+    """``plan`` with every file weight replaced by the file's bytes (mapped, not read)."""
+    import mmap
+
+    from .plan import FileWeight, InlineWeight
+
+    maps: dict[str, np.ndarray] = {}
+    weights: list[Any] = []
+    for w in plan.weights:
+        if isinstance(w, FileWeight):
+            if w.path not in maps:
+                with open(w.path, "rb") as f:
+                    maps[w.path] = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ),
+                                                 np.uint8)  # fmt: skip
+            w = InlineWeight(w.buffer, maps[w.path][w.offset : w.offset + w.nbytes])
+        weights.append(w)
+    return Plan(backend=plan.backend, arch=plan.arch, dims=plan.dims, buffers=plan.buffers,
+                kernels=plan.kernels, steps=plan.steps, weights=weights,
+                metadata=plan.metadata)  # fmt: skip
 
 
 def compile(  # noqa: A001
