@@ -23,16 +23,20 @@ from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._guards import detect_fake_mode
 
 from .convert import supported_targets
+from .explain import Explanation, explain
 from .partition import Env, Stats, binders_for, split, stats, warn_once
 
-__all__ = ["Stats", "luminal_backend", "reset_stats", "stats", "supported_targets"]
+__all__ = [
+    "Explanation", "Stats", "explain", "luminal_backend", "reset_stats", "stats",
+    "supported_targets",
+]  # fmt: skip
 
 
 def reset_stats() -> None:
     """Zero the counters in ``stats`` and forget which warnings were given."""
     from . import partition
 
-    partition.stats.__init__()  # type: ignore[misc]
+    partition.stats.__init__()  # type: ignore[misc]  # in place: importers hold the object
     partition._warned.clear()
 
 

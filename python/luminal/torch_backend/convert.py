@@ -275,6 +275,24 @@ def _var(cx: Ctx, x: Tensor, dim: Any = None, *args: Any, correction: Any = None
     return F.var(x, _dims_arg(dim), keepdim=keepdim, correction=correction)
 
 
+@op(aten.var_mean.correction)
+def _var_mean(cx: Ctx, x: Tensor, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple:  # fmt: skip
+    return tuple(F.var_mean(x, _dims_arg(dim), keepdim=keepdim, correction=correction))
+
+
+@op(aten.std_mean.correction)
+def _std_mean(cx: Ctx, x: Tensor, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple:  # fmt: skip
+    return tuple(F.std_mean(x, _dims_arg(dim), keepdim=keepdim, correction=correction))
+
+
+@op(aten.std.correction)
+def _std(cx: Ctx, x: Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False
+         ) -> Tensor:  # fmt: skip
+    return F.std(x, _dims_arg(dim), keepdim=keepdim, correction=correction)
+
+
 @op(aten.amax.default)
 def _amax(cx: Ctx, x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
     return F.amax(x, dim, keepdim)
@@ -533,6 +551,8 @@ def _index(cx: Ctx, x: Tensor, indices: Sequence[Any]) -> Tensor:
 
 @op(aten.index_select.default)
 def _index_select(cx: Ctx, x: Tensor, dim: int, index: Tensor) -> Tensor:
+    if x.ndim == 0:  # torch treats a 0-d input as 1-d here
+        return F.index_select(x.reshape((1,)), 0, index.reshape((-1,))).reshape(cx.shape())
     return F.index_select(x, dim, index)
 
 

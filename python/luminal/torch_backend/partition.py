@@ -38,6 +38,8 @@ class Stats:
     plans: int = 0  # luminal.compile calls (a partition compiles on its first run)
     failed_plans: int = 0  # partitions whose plan did not build: they run in eager
     eager_ops: dict[str, int] = field(default_factory=dict)  # op -> nodes left to eager
+    fallbacks: list[str] = field(default_factory=list)  # why something ran in eager, per event
+    partition_sizes: list[int] = field(default_factory=list)  # ATen nodes per luminal partition
 
 
 stats = Stats()
@@ -45,6 +47,8 @@ _warned: set[str] = set()
 
 
 def warn_once(key: str, msg: str) -> None:
+    """Record a fallback to eager in ``stats.fallbacks``; warn the first time per ``key``."""
+    stats.fallbacks.append(msg)
     if key not in _warned:
         _warned.add(key)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -428,6 +432,7 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
             warn_once(f"part:{e}", f"luminal: {e}; that part of the graph runs in eager PyTorch")
             continue
         stats.partitions += 1
+        stats.partition_sizes.append(sum(n.op == "call_function" for n in sub.graph.nodes))
         setattr(fused, node.target, LuminalPartition(built, env, sub))
     fused.recompile()
     return fused
