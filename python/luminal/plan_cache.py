@@ -307,7 +307,8 @@ def _flock(path: Path, exclusive: bool = True) -> Iterator[None]:
 def _write_atomic(path: Path, chunks: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private; entries are plain cache files
+        if hasattr(os, "fchmod"):  # mkstemp makes it private; entries are plain cache files
+            os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             for c in chunks:
                 f.write(c)
@@ -512,14 +513,16 @@ class PlanCache:
         return removed
 
     def _sweep(self, older_than_s: float = 3600.0) -> None:
-        """Deletes temporary files of writes that died, and plans without metadata."""
+        """Deletes temporary files of writes that died, and plans, weights and build locks
+        without metadata (an hour old: a build may still be writing them)."""
         now = time.time()
         for p in self.root.iterdir():
             try:
                 age = now - p.stat().st_mtime
             except OSError:
                 continue
-            orphan = p.suffix in (".lmp", ".weights") and not p.with_suffix(".json").exists()
+            orphan = p.suffix in (".lmp", ".weights", ".lock") and p.name != ".lock"
+            orphan = orphan and not p.with_suffix(".json").exists()
             if (p.suffix == ".tmp" or orphan) and age > older_than_s:
                 with contextlib.suppress(OSError):
                     p.unlink()
