@@ -64,6 +64,27 @@ ARCHS: dict[str, tuple[str, str, dict]] = {
         "Qwen2MoeForCausalLM",
         dict(num_experts=4, shared_expert_intermediate_size=48, **MOE),
     ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            head_dim=16,
+            num_local_experts=4,
+            sliding_window=5,
+            intermediate_size=48,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=dict(
+                rope_type="yarn",
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=16,
+                rope_theta=1000.0,
+            ),
+            num_experts_per_tok=2,
+        ),
+    ),  # fmt: skip
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
@@ -86,8 +107,8 @@ def make_hf(arch: str, tmp_path, tied: bool = False, **overrides):
         for n, p in hf.named_parameters():
             if "norm" in n or "layernorm" in n:
                 p.uniform_(0.5, 1.5) if not arch.startswith("gemma") else p.uniform_(-0.5, 0.5)
-            elif n.endswith("bias"):
-                p.normal_(0, 0.3)
+            elif n.endswith("bias") or n.endswith("sinks"):
+                p.normal_(0, 0.3 if "sinks" not in n else 1.0)
             elif p.ndim >= 2:
                 p.normal_(0, 0.08 if "embed" not in n else 0.5)
     hf.save_pretrained(tmp_path)

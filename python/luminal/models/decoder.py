@@ -186,13 +186,8 @@ class Decoder:
         if c.embed_scale is not None:
             x = x.mul(c.embed_scale)
         positions = rope_positions(g, seq, pos)
-        rd = c.rope_dims or c.head_dim
-        tables = {  # Gemma 3's local layers have their own base and no scaling
-            kind: rope_cos_sin(
-                positions, rd, theta, c.rope_interleaved, c.rope_scaling if kind == "full" else None
-            )  # fmt: skip
-            for kind, theta in self._rope_bases().items()
-        }
+        tables = {kind: self._rope_table(positions, kind, theta)
+                  for kind, theta in self._rope_bases().items()}  # fmt: skip
         total = sym.add(pos, seq)
         masks = {kind: self._mask(g, kind, seq, pos, total) for kind in set(c.layer_types)}
         for i in range(c.n_layers):
@@ -216,6 +211,13 @@ class Decoder:
         graph = self.build(name=name or f"{self.config.arch}_prefill", min_seq=min_seq)
         head = "token_embd.weight" if self.tied else "output.weight"
         return fold_weights(graph, progress, keep=[head])
+
+    def _rope_table(self, positions: Tensor, kind: str, theta: float) -> tuple[Tensor, Tensor]:
+        """cos/sin (seq, rotated dims); Gemma 3's local layers have no scaling."""
+        c = self.config
+        scaling = c.rope_scaling if kind == "full" else None
+        return rope_cos_sin(positions, c.rope_dims or c.head_dim, theta, c.rope_interleaved,
+                            scaling)  # fmt: skip
 
     def _rope_bases(self) -> dict[str, float]:
         c = self.config
@@ -292,10 +294,7 @@ class Decoder:
         vh = vs.reshape(total, nkv, hd).permute(1, 0, 2)
         qh = q.permute(1, 0, 2)
         scale = c.attn_scale if c.attn_scale is not None else hd**-0.5
-        if c.attn_softcap:
-            o = _softcap_attention(qh, kh, vh, mask, scale, c.attn_softcap)
-        else:
-            o = sdpa(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
+        o = self._attention(g, i, qh, kh, vh, mask, scale)
         a = self._proj(g, o.permute(1, 0, 2).reshape(seq, nh * hd), p + "attn_output")
         if c.sandwich_norms:
             a = self._norm(g, a, p + "post_attention_norm", c.hidden_size)
@@ -306,6 +305,15 @@ class Decoder:
         if c.sandwich_norms:
             m = self._norm(g, m, p + "post_ffw_norm", c.hidden_size)
         return x.add(m)
+
+    def _attention(
+        self, g: Graph, i: int, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
+    ) -> Tensor:
+        """q (heads, seq, hd), k/v (kv heads, total, hd) -> (heads, seq, hd)."""
+        cap = self.config.attn_softcap
+        if cap:
+            return _softcap_attention(q, k, v, mask, scale, cap)
+        return sdpa(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
     def _mlp(self, g: Graph, i: int, h: Tensor) -> Tensor:
         p = f"blk.{i}."
@@ -387,9 +395,10 @@ class Decoder:
         return updated.slice(0, 0, total)
 
 
-def _topk(probs: Tensor, k: int) -> tuple[list[Tensor], list[Tensor]]:
+def _topk(probs: Tensor, k: int, floor: float = -1.0) -> tuple[list[Tensor], list[Tensor]]:
     """The k largest values along the last dim, largest first, and their indices (i32): k
-    rounds of argmax, each masking the winner (probabilities are >= 0, so -1 is below all)."""
+    rounds of argmax, each replacing the winner by ``floor`` (below every value: -1 for
+    probabilities)."""
     ids = iota(probs.graph, probs.shape, idx_vars(probs.shape)[-1])
     vals, idxs = [], []
     cur = probs
@@ -398,7 +407,7 @@ def _topk(probs: Tensor, k: int) -> tuple[list[Tensor], list[Tensor]]:
         hit = eq(ids, best.unsqueeze(-1).expand(probs.shape))
         vals.append(cur.max_reduce(-1))
         idxs.append(best)
-        cur = where(hit, -1.0, cur)
+        cur = where(hit, floor, cur)
     return vals, idxs
 
 
@@ -450,7 +459,7 @@ def _layer_types(c: dict[str, Any], n: int) -> list[str]:
 
 
 HF_ARCHS = ("qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox",
-            "mixtral", "qwen2_moe", "qwen3_moe")  # fmt: skip
+            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")  # fmt: skip
 
 
 def hf_config(c: dict[str, Any]) -> DecoderConfig:
@@ -506,7 +515,7 @@ def hf_config(c: dict[str, Any]) -> DecoderConfig:
         final_softcap=c.get("final_logit_softcapping"),
         embed_scale=math.sqrt(hidden) if gemma else None,
     )
-    if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"):
         step = int(c.get("decoder_sparse_step", 1) or 1)
         dense = [i for i in range(n) if i in (c.get("mlp_only_layers") or []) or (i + 1) % step]
         cfg = replace(

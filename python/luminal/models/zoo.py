@@ -204,6 +204,10 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
         from .gpt2 import from_hf as gpt2_from_hf
 
         model = gpt2_from_hf(config, arrays, max_context)
+    elif mt == "gpt_oss":
+        from .gpt_oss import gpt_oss_from_hf
+
+        model = gpt_oss_from_hf(config, arrays, max_context)
     elif mt in HF_ARCHS or mt == "gemma3":
         model = decoder_from_hf(config, arrays, max_context)
     else:

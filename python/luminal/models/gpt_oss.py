@@ -1,0 +1,158 @@
+"""GPT-OSS: the zoo's decoder with three differences.
+
+- Attention sinks: each head has a learned logit that joins every query's softmax as one
+  more "key" with no value, so a head can put weight nowhere: p = exp(s - m) / (sum exp(s -
+  m) + exp(sink - m)) with m the row's maximum over the scores and the sink.
+- Experts: the router picks the top k by logit (with a bias) and softmaxes those k; experts
+  have biases, (in, out) weights, interleaved gate/up columns and a clamped GLU:
+  (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l). Routed experts'
+  weights are GATHERed by id, as in ``decoder.py``.
+- YaRN RoPE: frequencies blended between interpolated and extrapolated by a ramp over the
+  dims, cos/sin scaled by the attention factor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..functional import clamp, embedding, linear, matmul, sigmoid
+from ..functional._nnbase import bool_to_bias, fmax
+from ..graph import dtypes as dt
+from ..tensor import Graph, Tensor
+from .base import DictWeights
+from .decoder import Decoder, DecoderConfig, _topk, hf_config, hf_weights
+
+
+def yarn_inv_freq(dim: int, theta: float, p: dict[str, Any]) -> tuple[np.ndarray, float]:
+    """Inverse frequencies and the cos/sin scale of YaRN (``rope_type: yarn``)."""
+    factor = float(p["factor"])
+    orig = float(p["original_max_position_embeddings"])
+    fast, slow = float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1)
+    scale = p.get("attention_factor")
+    if scale is None:
+        scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    def dim_of(rotations: float) -> float:  # the dim that turns ``rotations`` times over orig
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = dim_of(fast), dim_of(slow)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dim // 2) - lo) / (hi - lo), 0, 1)
+    base = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    inv = (1 / (factor * base)) * ramp + (1 / base) * (1 - ramp)
+    return inv, float(scale)
+
+
+class GptOss(Decoder):
+    def __init__(self, config: DecoderConfig, weights: Any, max_context: int | None = None,
+                 alpha: float = 1.702, limit: float = 7.0) -> None:  # fmt: skip
+        super().__init__(config, weights, max_context)
+        self.alpha, self.limit = alpha, limit
+
+    def _rope_table(self, positions: Tensor, kind: str, theta: float) -> tuple[Tensor, Tensor]:
+        c = self.config
+        p = c.rope_scaling or {}
+        if p.get("rope_type") != "yarn":
+            return super()._rope_table(positions, kind, theta)
+        inv, scale = yarn_inv_freq(c.head_dim, theta, p)
+        ang = (
+            positions.cast(dt.f32).unsqueeze(-1).mul(positions.graph.tensor(inv.astype(np.float32)))
+        )
+        half = c.head_dim // 2
+        ang = (
+            ang.unsqueeze(-2)
+            .expand([*ang.shape[:-1], 2, half])
+            .reshape([*ang.shape[:-1], c.head_dim])
+        )
+        s2 = ang.mul(0.5).sin()
+        return s2.mul(s2).mul(-2.0).add(1.0).mul(scale), ang.sin().mul(scale)
+
+    def _attention(
+        self, g: Graph, i: int, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
+    ) -> Tensor:
+        hq, lq, e = q.shape
+        hk = k.shape[0]
+        assert isinstance(hq, int) and isinstance(hk, int)
+        grp = hq // hk
+        scores = matmul(q.reshape(hk, grp, lq, e), k.unsqueeze(1).permute(0, 1, 3, 2)).mul(scale)
+        scores = scores.add(bool_to_bias(mask, scores.dtype))
+        sink = self.weights.get(g, f"blk.{i}.attn_sinks.weight").reshape(hk, grp, 1, 1)
+        m = scores.max_reduce(-1, keepdim=True)
+        m = m.add(sink.expand(m.shape).add(m.mul(-1.0)).relu())  # max(m, sink)
+        ex = scores.add(m.expand(scores.shape).mul(-1.0)).exp()
+        denom = ex.sum_reduce(-1, keepdim=True).add(sink.expand(m.shape).add(m.mul(-1.0)).exp())
+        out = matmul(ex.mul(denom.reciprocal().expand(ex.shape)), v.unsqueeze(1))
+        return out.reshape(hq, lq, v.shape[-1])
+
+    def _moe(self, g: Graph, p: str, h: Tensor) -> Tensor:
+        c, w = self.config, self.weights
+        seq = h.shape[0]
+        logits = linear(h, w.get(g, p + "ffn_gate_inp.weight"), w.get(g, p + "ffn_gate_inp.bias"))
+        vals, experts = _topk(logits, c.top_k, -fmax(dt.f32))
+        exps = [t.add(vals[0].mul(-1.0)).exp() for t in vals]  # softmax over the k picked
+        tot = exps[0]
+        for t in exps[1:]:
+            tot = tot.add(t)
+        out: Tensor | None = None
+        hr = h.unsqueeze(1)  # (seq, 1, hidden)
+        for ex, e in zip(exps, experts, strict=True):
+            gu = matmul(hr, self._rows(g, p + "oss_gate_up.weight", e)).reshape(seq, -1)
+            gu = gu.add(self._rows(g, p + "oss_gate_up.bias", e))
+            n = gu.shape[1] // 2
+            gate = clamp(gu.slice(1, 0, n, 2), max=self.limit)
+            up = clamp(gu.slice(1, 1, n, 2), -self.limit, self.limit)
+            act = up.add(1.0).mul(gate.mul(sigmoid(gate.mul(self.alpha))))
+            y = matmul(act.unsqueeze(1), self._rows(g, p + "oss_down.weight", e)).reshape(seq, -1)
+            y = y.add(self._rows(g, p + "oss_down.bias", e)).mul(
+                ex.mul(tot.reciprocal()).unsqueeze(-1)
+            )
+            out = y if out is None else out.add(y)
+        assert out is not None
+        return out
+
+    def _rows(self, g: Graph, name: str, e: Tensor) -> Tensor:
+        """Expert ``e[t]``'s slice of a (experts, ...) weight, for each token t (a GATHER)."""
+        shape = self.weights.shape(name)
+        flat = self.weights.get(g, name).reshape(shape[0], int(np.prod(shape[1:])))
+        return embedding(e, flat).reshape(e.shape[0], *shape[1:])
+
+
+_OSS_NAMES = {
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
+    "mlp.experts.gate_up_proj": "oss_gate_up.weight",
+    "mlp.experts.gate_up_proj_bias": "oss_gate_up.bias",
+    "mlp.experts.down_proj": "oss_down.weight",
+    "mlp.experts.down_proj_bias": "oss_down.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+}
+
+
+def gpt_oss_from_hf(
+    config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None
+) -> GptOss:
+    cfg = hf_config(config)
+    if config.get("quantization_config"):
+        raise NotImplementedError(
+            "gpt_oss: quantized (mxfp4) transformers checkpoints are not supported; "
+            "dequantize to bf16 first"
+        )
+    rest, own = {}, {}
+    for k, a in arrays.items():
+        parts = k.split(".")
+        body = ".".join(parts[3:])
+        if k.startswith("model.layers.") and body in _OSS_NAMES:
+            own[f"blk.{parts[2]}.{_OSS_NAMES[body]}"] = a
+        else:
+            rest[k] = a
+    ws = hf_weights(cfg, rest, bool(config.get("tie_word_embeddings", False)))
+    ws.update(own)
+    return GptOss(cfg, DictWeights(ws), max_context, float(config.get("swiglu_alpha", 1.702)),
+                  float(config.get("swiglu_limit", 7.0)))  # fmt: skip
