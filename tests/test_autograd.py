@@ -250,3 +250,18 @@ def test_op_suite_in_gradient_mode():
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                         *files], env=env, capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def test_select_gradient_is_a_view_not_a_one_hot():
+    """where / masked_fill gather from their two candidates by position: the gradient is
+    two masked view adjoints (no node of higher rank than the operands)."""
+    n = sym.dim("n", 1, 512)
+    a, b, c = optest.rand(7, 5), optest.rand(7, 5), optest.rand(7, 5) > 0
+    for fn, ref in ((lambda a, b, c: F.where(c, a, b), lambda a, b, c: torch.where(c, a, b)),
+                    (lambda a, b, c: a.masked_fill(c, -1.5) * b,
+                     lambda a, b, c: a.masked_fill(c, -1.5) * b)):  # fmt: skip
+        assert optest.check_grad("where", fn, ref, [a, b, c], shapes=[(n, 5)] * 3)
+        g = lm.Graph("sel")
+        xs = [g.input("a", (n, 5)), g.input("b", (n, 5)), g.input("c", (n, 5), dt.bool_)]
+        grad(fn(*xs).sum(), xs[:2])
+        assert max(len(node.shape) for node in g.nodes) <= 2

@@ -131,10 +131,61 @@ def _vjp(g: Graph, n: Node, gy: Src, k: int) -> Src | None:
     return None  # LESS_THAN (bool out), IOTA (no inputs)
 
 
+def _read_expr(e: Src) -> sint | None:
+    """The value an integer edge reads, as an expression of the reader's index variables,
+    when its node is an IOTA or an integer constant (else None)."""
+    n, v = e
+    if n.op is Op.IOTA:
+        value = n.arg
+    elif n.op is Leaf.CONSTANT and isinstance(n.arg, (int, sym.Expr)) and n.dtype.is_int:
+        value = n.arg
+    else:
+        return None
+    mapping: dict[str, sint] = {}
+    for k, (s, st) in enumerate(zip(n.shape, contiguous_strides(n.shape))):
+        q = sym.floordiv(v.index, st)
+        mapping[f"_i{k}"] = q if k == 0 else sym.mod(q, s)
+    return sym.mul(sym.substitute(value, mapping), v.valid)
+
+
+def _selected_index(idx: Src) -> list[tuple[sint, Src | None, bool]] | None:
+    """An index of the form ``iota`` or ``iota + iota * cast(cond)`` (how a select reads one
+    of two candidates laid end to end) as branches (index expression, cond, taken when cond
+    is true / false); None for any other index."""
+    n, v = idx
+    if v != View.contiguous(n.shape):
+        return None
+    whole = _read_expr(idx)
+    if whole is not None:
+        return [(whole, None, True)]
+    if n.op is not Op.ADD:
+        return None
+    for a, b in (n.srcs, n.srcs[::-1]):
+        base = _read_expr(a)
+        m, mv = b
+        if base is None or m.op is not Op.MUL or mv != View.contiguous(m.shape):
+            continue
+        for x, c in (m.srcs, m.srcs[::-1]):
+            step = _read_expr(x)
+            cn = c[0]
+            if step is None or cn.op is not Op.CAST or cn.srcs[0][0].dtype is not dt.bool_:
+                continue
+            if c[1] != View.contiguous(cn.shape):
+                continue
+            cond = cn.srcs[0]
+            return [(base, cond, False), (sym.add(base, step), cond, True)]
+    return None
+
+
 def _gather_vjp(g: Graph, n: Node, gy: Src) -> Src:
-    """Scatter-add of ``gy`` into the data's rows: sum over index positions of
-    onehot(index == row) * gy (duplicates accumulate; out-of-range indices add nothing)."""
+    """Scatter-add of ``gy`` into the data's rows. An index computed from positions alone
+    (a select's) makes the gather a view: its adjoint is a view adjoint. Otherwise a sum
+    over index positions of onehot(index == row) * gy (duplicates accumulate;
+    out-of-range indices add nothing)."""
     data, idx = n.srcs
+    branches = _selected_index(idx)
+    if branches is not None:
+        return _gather_as_views(g, n, gy, branches)
     ishape, dshape = _shape(idx), _shape(data)
     p, rows, rest = len(ishape), dshape[0], tuple(dshape[1:])
     hot_shape = (*ishape, rows)
@@ -150,6 +201,38 @@ def _gather_vjp(g: Graph, n: Node, gy: Src) -> Src:
     for _ in range(p):
         prod = _op(g, Op.SUM_REDUCE, prod, arg=0)
     return prod
+
+
+def _gather_as_views(g: Graph, n: Node, gy: Src,
+                     branches: list[tuple[sint, Src | None, bool]]) -> Src:  # fmt: skip
+    """Each branch reads the data through a view (index expression, rows in range valid),
+    masked by its condition; the gradient is the sum of those views' adjoints."""
+    data = n.srcs[0]
+    dshape = _shape(data)
+    rows, rest = dshape[0], tuple(dshape[1:])
+    ishape = n.shape[: len(n.shape) - len(rest)]
+    out_vars = idx_vars(n.shape)
+    inner: sint = 0
+    for v, st in zip(out_vars[len(ishape) :], contiguous_strides(rest)):
+        inner = sym.add(inner, sym.mul(v, st))
+    total: Src | None = None
+    for expr, cond, when in branches:
+        row = sym.substitute(expr, {f"_i{k}": out_vars[k] for k in range(len(ishape))})
+        ok = sym.mul(sym.lt(-1, row), sym.lt(row, rows))
+        view = View(n.shape, sym.add(sym.mul(row, _prod(rest)), inner), ok)
+        part = gy
+        if cond is not None:
+            cv = cond[1]
+            for _ in rest:
+                cv = cv.unsqueeze(cv.ndim)
+            mask = _cast(g, (cond[0], cv.expand(n.shape)), n.dtype)
+            if not when:
+                mask = _add(g, _const(g, 1.0, n.dtype, n.shape), _scale(g, mask, -1.0))
+            part = _mul(g, gy, mask)
+        contrib = view_vjp(g, part, view, dshape)
+        total = contrib if total is None else _add(g, total, contrib)
+    assert total is not None
+    return total
 
 
 # ----------------------------------------------------------------------------- view adjoints
@@ -242,6 +325,19 @@ def view_vjp(g: Graph, gy: Src, view: View, src_shape: Sequence[sint]) -> Src:
     if aff is None:
         return _onehot_vjp(g, (gy[0], g_read), index, valid, src_shape)
     strides, offset = aff
+    # broadcast axes (stride 0) do not move the index: sum them first (masked by the view's
+    # valid, which may depend on them), then solve the rest on the smaller gradient
+    zero = [a for a, c in enumerate(strides) if c == 0 and new_shape[a] != 1]
+    if zero:
+        summed_g: Src = (gy[0], View(tuple(new_shape), g_read.index, sym.mul(g_read.valid, valid)))
+        for a in reversed(zero):
+            summed_g = _op(g, Op.SUM_REDUCE, summed_g, arg=a)
+        keep = [a for a in range(len(new_shape)) if a not in zero]
+        new_shape = [new_shape[a] for a in keep]
+        kv = idx_vars(new_shape)
+        index = sym.substitute(index, {f"_i{a}": kv[j] for j, a in enumerate(keep)})
+        strides = [strides[a] for a in keep]
+        valid, gy, g_read = 1, summed_g, summed_g[1]
     # axes with a negative stride walk backwards: read them flipped
     flip: set[int] = set()
     for a, c in enumerate(strides):
