@@ -175,7 +175,27 @@ def test_matches_transformers(arch: str, tmp_path) -> None:
         got = [s.forward(PROMPT[:4])] + [s.forward([t]) for t in PROMPT[4:]]
         assert _rel(np.stack(got), ref[3:]) <= 1e-4
         s.reset()
-    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+    want = hf_greedy(hf, PROMPT, 16)
+    assert s.generate(PROMPT, 16, stop=[]) == want
+    if arch in FAST:  # a text prompt through the folder's tokenizer.json; EOS stops
+        _word_tokenizer(tmp_path, eos=want[3])
+        s = load(tmp_path, backend="interp")
+        assert s.tokenizer.eos_ids == [want[3]]
+        text = " ".join(f"w{t}" for t in PROMPT)
+        assert s.generate(text, 16) == want[: want.index(want[3])]
+
+
+def _word_tokenizer(path, eos: int) -> None:
+    """A word-level tokenizer.json whose word ``w<i>`` is token i, EOS ``w<eos>``."""
+    import json
+
+    from tokenizers import Tokenizer as TK
+    from tokenizers import models, pre_tokenizers
+
+    tk = TK(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{eos}"}))
 
 
 @needs_compiled

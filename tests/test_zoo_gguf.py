@@ -23,7 +23,17 @@ from test_zoo_decoders import (  # noqa: E402
     needs_compiled,
 )
 
-_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "phi3": "PHI3", "qwen2_moe": "QWEN2MOE"}
+_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "phi3": "PHI3", "qwen2_moe": "QWEN2MOE",
+         "mixtral": "LLAMA"}  # fmt: skip
+
+
+def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter reorders Llama-family q/k rows for adjacent-pair RoPE."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
@@ -52,6 +62,9 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
         w.add_sliding_window(c.sliding_window)
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if arch == "mixtral":
+        w.add_expert_count(c.num_local_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
     if arch == "qwen2_moe":
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
@@ -81,6 +94,9 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
             continue
         gname = tmap.get_name(k, try_suffixes=(".weight", ".bias"))
         assert gname is not None, k
+        if arch == "mixtral" and k.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c.num_attention_heads if "q_proj" in k else c.num_key_value_heads
+            a = _llama_permute(a, heads)
         if arch.startswith("gemma") and k.endswith("norm.weight"):
             a = a + 1.0
         if gname.endswith("ffn_gate_inp_shexp.weight"):
@@ -95,7 +111,8 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
 @pytest.mark.parametrize(
     "arch", ["qwen3", pytest.param("gemma2", marks=pytest.mark.slow),
              pytest.param("phi3", marks=pytest.mark.slow),
-             pytest.param("qwen2_moe", marks=pytest.mark.slow)],
+             pytest.param("qwen2_moe", marks=pytest.mark.slow),
+             pytest.param("mixtral", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_gguf_f32_matches_transformers(arch: str, tmp_path) -> None:
     extra = {"gemma2": dict(query_pre_attn_scalar=16)}.get(arch, {})
@@ -105,6 +122,7 @@ def test_gguf_f32_matches_transformers(arch: str, tmp_path) -> None:
     write_gguf(hf, arch, path)
     s = load(path, backend="interp")
     assert s.model.config.arch == gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[_ARCH[arch]]]
+    assert type(s.model).__name__ == "Decoder"  # a llama GGUF with experts included
     g = s.model.build(logits="all")
     out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
     assert _rel(out["logits"], hf_logits(hf, PROMPT)) <= 1e-4
