@@ -199,8 +199,8 @@ def _word_tokenizer(path, eos: int) -> None:
 
 
 @needs_compiled
-@pytest.mark.parametrize(  # Mixtral's default-tier plan is the routed-experts test's
-    "arch", [pytest.param(a, marks=pytest.mark.slow) if a == "mixtral" else a for a in PARAMS]
+@pytest.mark.parametrize(  # Mixtral's plan is checked by the routed-experts test
+    "arch", [a for a in PARAMS if a != "mixtral"]
 )
 def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile) -> None:
     hf = make_hf(arch, tmp_path)
