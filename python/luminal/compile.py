@@ -143,6 +143,7 @@ def compile(  # noqa: A001
     search: bool = True,
     progress: Callable[[str], None] | None = None,
     cache: bool = True,
+    load: bool = True,
 ) -> CompiledGraph:
     """Compile ``graph`` into a plan for target ``backend`` (``luminal.targets.names()``)
     and load it. With ``search`` (the default), kernels with a library alternative (GEMM) are
@@ -152,20 +153,22 @@ def compile(  # noqa: A001
 
     With ``cache`` (the default; ``LUMINAL_PLAN_CACHE=0`` turns it off everywhere) the plan
     comes from the plan cache when this graph, with these weights and options, was compiled
-    before on this machine by this luminal, and goes into it otherwise."""
+    before on this machine by this luminal, and goes into it otherwise. With ``load=False``
+    the plan is not loaded until it first runs (a caller that saves it and runs the saved
+    file never holds the runtime's copy of its weights)."""
     from . import plan_cache, targets
 
     say = progress or PROGRESS.get() or (lambda msg: None)
     target = targets.get(backend)
     store = plan_cache.default_cache() if cache else None
     if store is None:
-        return _compile(graph, backend, target, search, say)
+        return _compile(graph, backend, target, search, say, load)
     key = plan_cache.make_key(plan_cache.graph_fingerprint(graph), backend,
                               {"search": search, "target": target.cache_id()})  # fmt: skip
     built: list[CompiledGraph] = []
 
     def build() -> tuple[Plan, dict[str, Any]]:
-        built.append(_compile(graph, backend, target, search, say))
+        built.append(_compile(graph, backend, target, search, say, load))
         return built[0].plan, graph.weights
 
     path, _ = store.get_or_build(key, build)
@@ -176,7 +179,12 @@ def compile(  # noqa: A001
 
 
 def _compile(
-    graph: Graph, backend: str, target: Any, search: bool, say: Callable[[str], None]
+    graph: Graph,
+    backend: str,
+    target: Any,
+    search: bool,
+    say: Callable[[str], None],
+    load: bool = True,
 ) -> CompiledGraph:
     from .compiler import pipeline  # not at import: ``python -m`` runs it as a script
 
@@ -185,7 +193,7 @@ def _compile(
     plan = cast(Plan, c.product)
     say(f"loading the plan ({len(plan.kernels)} kernels; compiled C is cached on disk)")
     t1 = time.perf_counter()
-    cg = CompiledGraph(plan, backend, lazy=backend != "cpu")
+    cg = CompiledGraph(plan, backend, lazy=backend != "cpu" or not load)
     level = flags.debug()
     if level >= 1:
         t2 = time.perf_counter()

@@ -144,23 +144,29 @@ class Runner:
             self.compiles += 1
             return compile_fn(graph)
         full = plan_cache.make_key(key, "cpu", {"search": True})
-        built: list[Any] = []
+        built: list[int] = []
 
         def build() -> Any:
             graph = self._graph()
             progress(f"compiling {graph.name} ...", quiet)
             self.compiles += 1
             weights = dict(graph.weights)  # mapped arrays: plans refer to them in their file
-            cg = compile_fn(graph, cache=False)  # cached here, under the model's key
-            built.append(cg)
+            # cached here, under the model's key; not loaded: the stored file is what runs
+            cg = compile_fn(graph, cache=False, load=False)
+            built.append(1)
             return cg.plan, weights
 
         path, _ = cache.get_or_build(full, build)
+        # the plan file runs (mapped): this process holds no copy of the weights it made
+        plan = CachedPlan(path)
         if built:
-            return built[0]  # loaded already; the next process maps it from the cache
-        progress(f"{self.name}: using the cached plan {path.name}", quiet)
-        self.cached = True
-        return CachedPlan(path)
+            plan.executor  # noqa: B018  (a missing runtime raises ImportError here, not later)
+        else:
+            from .. import runtime  # noqa: F401  (the same for a cached plan)
+
+            progress(f"{self.name}: using the cached plan {path.name}", quiet)
+            self.cached = True
+        return plan
 
     def __call__(self, inputs: Mapping[str, Any], **dims: int) -> dict[str, np.ndarray]:
         if self._plan is not None:
