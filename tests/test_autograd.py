@@ -174,7 +174,7 @@ def test_non_affine_view_falls_back_to_a_sum():
 def test_symbolic_dims_kept():
     n = sym.dim("n", 1, 64)
     fn = lambda x, w: (x @ w).softmax(-1) * x[:, :3].flip(0)  # noqa: E731
-    for size in (3, 11):
+    for size in (3, 8):
         fd_check(fn, [r(size, 4), r(4, 3)], shapes=[(n, 4), None], n=size)
 
 
