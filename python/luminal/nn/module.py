@@ -94,11 +94,7 @@ class Parameter:
         node = graph.inputs.get(self.name)
         if node is None:
             return graph.weight(self.name, self.shape, self.dtype, data=self.data)
-        if (
-            node.op is not Leaf.INPUT
-            or node.shape != self.shape
-            or node.dtype is not self.dtype
-        ):
+        if node.op is not Leaf.INPUT or node.shape != self.shape or node.dtype is not self.dtype:
             raise ValueError(
                 f"parameter {self.name!r} {self.dtype.name}{_shape_str(self.shape)}: graph "
                 f"{graph.name!r} already has a different input of that name: {node}"
