@@ -23,8 +23,8 @@ from test_zoo_decoders import (  # noqa: E402
     needs_compiled,
 )
 
-_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "phi3": "PHI3", "qwen2_moe": "QWEN2MOE",
-         "mixtral": "LLAMA"}  # fmt: skip
+_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
+         "qwen2_moe": "QWEN2MOE", "mixtral": "LLAMA"}  # fmt: skip
 
 
 def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -54,6 +54,7 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
     w.add_key_length(hd)
     w.add_value_length(hd)
     rp = c.rope_parameters if isinstance(c.rope_parameters, dict) else {}
+    rp = rp.get("full_attention", rp)  # Gemma 3: the global layers' (GGUF keeps one base)
     w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     if rp.get("partial_rotary_factor", 1.0) != 1.0:
@@ -62,6 +63,8 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
         w.add_sliding_window(c.sliding_window)
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if arch == "gemma3":
+        w.add_sliding_window(c.sliding_window)
     if arch == "mixtral":
         w.add_expert_count(c.num_local_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
@@ -110,12 +113,21 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
 
 @pytest.mark.parametrize(
     "arch", ["qwen3", pytest.param("gemma2", marks=pytest.mark.slow),
+             pytest.param("gemma3", marks=pytest.mark.slow),
              pytest.param("phi3", marks=pytest.mark.slow),
              pytest.param("qwen2_moe", marks=pytest.mark.slow),
              pytest.param("mixtral", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_gguf_f32_matches_transformers(arch: str, tmp_path) -> None:
-    extra = {"gemma2": dict(query_pre_attn_scalar=16)}.get(arch, {})
+    # what GGUF does not store, as llama.cpp assumes it: Gemma's attention scale head_dim^-0.5,
+    # Gemma 3's five local layers per global one and local RoPE base 10000
+    extra = {"gemma2": dict(query_pre_attn_scalar=16),
+             "gemma3": dict(query_pre_attn_scalar=16, layer_types=None, num_hidden_layers=6,
+                            rope_parameters={"full_attention": {"rope_type": "default",
+                                                                "rope_theta": 5000.0},
+                                             "sliding_attention": {"rope_type": "default",
+                                                                   "rope_theta": 10000.0}})
+             }.get(arch, {})  # fmt: skip
     # llama.cpp's Gemma always ties its output head
     hf = make_hf(arch, tmp_path / "hf", tied=arch.startswith("gemma"), **extra)
     path = str(tmp_path / "m.gguf")
