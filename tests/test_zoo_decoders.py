@@ -276,6 +276,13 @@ def test_unknown_architectures_are_named(tmp_path) -> None:
         load(tmp_path / "m.gguf")
     with pytest.raises(FileNotFoundError, match="no such file"):
         load(tmp_path / "missing.gguf")
+    from luminal.models.zoo import decoder_from_hf, read_hf_dir
+
+    make_hf("qwen3", tmp_path / "q")
+    config, arrays = read_hf_dir(str(tmp_path / "q"))
+    arrays.pop("model.layers.1.self_attn.k_norm.weight")
+    with pytest.raises(KeyError, match="'blk.1.attn_k_norm.weight' is missing"):
+        decoder_from_hf(config, arrays).build()
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         load(tmp_path / "empty")

@@ -133,10 +133,18 @@ class F32Weights:
         return tuple(self.inner.shape(name))
 
     def get(self, g: Graph, name: str) -> Tensor:
-        return _f32(self.inner.get(g, name))
+        return _f32(self.inner.get(g, self._need(name)))
 
     def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:
-        return _f32(self.inner.rows(g, name, idx))
+        return _f32(self.inner.rows(g, self._need(name), idx))
+
+    def _need(self, name: str) -> str:
+        if not self.inner.has(name):
+            raise KeyError(
+                f"weight {name!r} is missing: the checkpoint does not have the layout its "
+                "config declares (or a converter named it differently)"
+            )
+        return name
 
 
 def _f32(t: Tensor) -> Tensor:
