@@ -36,6 +36,26 @@ def test_nested_div_mod_folds_back() -> None:
     assert isinstance(other, sym.Expr) and other.kind == sym.ADD
 
 
+def test_symbolic_monomial_divisors_simplify_and_stay_exact() -> None:
+    """(c*i + j) // (c*d) is i // d and d*(i // d) + i % d is i: a reshape of (b, s, k) to
+    (b*s, k) with symbolic s reads affinely. Checked against Python's ints everywhere."""
+    d = sym.dim("d", 1, 9)
+    i = sym.var("i", 0, 40, None)
+    j = sym.var("j", 0, 15, 16)
+    q = sym.floordiv(sym.add(sym.mul(16, i), j), sym.mul(16, d))
+    r = sym.mod(sym.add(sym.mul(16, i), j), sym.mul(16, d))
+    assert q is sym.floordiv(i, d)
+    assert sym.add(sym.mul(d, q), sym.mod(i, d)) is i
+    loose = sym.floordiv(sym.add(sym.mul(16, i), sym.mul(3, j)), sym.mul(16, d))  # 3j >= 16
+    for dv in range(1, 10):
+        for iv in range(41):
+            for jv in range(16):
+                env = {"d": dv, "i": iv, "j": jv}
+                assert sym.evaluate(q, env) == (16 * iv + jv) // (16 * dv)
+                assert sym.evaluate(r, env) == (16 * iv + jv) % (16 * dv)
+                assert sym.evaluate(loose, env) == (16 * iv + 3 * jv) // (16 * dv)
+
+
 def test_regrouped_kernel_keeps_values() -> None:
     g = lm.Graph("r")
     x = g.input("x", (2, 5, 6, 7))

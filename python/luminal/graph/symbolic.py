@@ -219,11 +219,25 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
     changed = True
     while changed:
         changed = False
-        for t in [t for t in terms if t.kind == MOD and isinstance(t.args[1], int)]:
+        for t in [t for t in terms if t.kind == MOD]:
             x, c = t.args
             k = terms.get(t, 0)
             if k == 0:
                 continue
+            if isinstance(c, Expr):  # a symbolic modulus: look for k * c * (x // c)
+                dv = _INTERN.get((DIV, (x, c)))
+                p = mul(c, dv) if dv is not None else None
+                if not isinstance(p, Expr) or terms.get(p) != k:
+                    continue
+                del terms[t], terms[p]
+                tx, cx = _lin(x)
+                for u, cu in tx.items():
+                    terms[u] = terms.get(u, 0) + cu * k
+                    if terms[u] == 0:
+                        del terms[u]
+                extra += cx * k
+                changed = True
+                break
             d = _INTERN.get((DIV, (x, c)))
             if d is None and isinstance(x, Expr) and x.kind == DIV:
                 q = floordiv(x, c)
@@ -492,7 +506,28 @@ def floordiv(a: sint, b: sint) -> sint:
         return add(q, floordiv(r.args[0], r.args[1] * b))
     if isinstance(r, int):
         return add(q, r // b) if isinstance(b, int) else add(q, _div_raw(r, b))
+    if (split := _by_coefficient(r, b)) is not None:
+        return add(q, floordiv(split[0], split[1]))
     return add(q, _div_raw(r, b))
+
+
+def _by_coefficient(r: sint, b: sint) -> tuple[sint, sint] | None:
+    """(r // c, m) when ``b`` is a monomial c*m (c > 1 an int, m >= 1) and r // c simplifies
+    (no division left at its top): r // (c*m) == (r // c) // m for positive divisors. A
+    reshape of (b, s, d) to (b*s, d) with symbolic s reads (1024*i + j) // (1024*s), which is
+    i // s when j < 1024."""
+    if not isinstance(b, Expr):
+        return None
+    bterms, bconst = _lin(b)
+    if bconst != 0 or len(bterms) != 1:
+        return None
+    ((m, c),) = bterms.items()
+    if c <= 1 or m.lo < 1:
+        return None
+    inner = floordiv(r, c)
+    if isinstance(inner, Expr) and inner.kind == DIV:
+        return None
+    return inner, m
 
 
 def _peel_small(r: sint, b: sint) -> tuple[sint, sint, sint] | None:
@@ -587,6 +622,10 @@ def mod(a: sint, b: sint) -> sint:
     if isinstance(r, Expr) and r.kind == MOD and isinstance(b, int) and isinstance(r.args[1], int):
         if r.args[1] % b == 0:
             return mod(r.args[0], b)
+    if (split := _by_coefficient(r, b)) is not None:
+        # r % (c*m) == c*((r // c) % m) + r % c
+        c = _exact_div(b, split[1])
+        return add(mul(mod(split[0], split[1]), c), mod(r, c))
     return _mod_raw(r, b)
 
 

@@ -77,15 +77,18 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
     return Lowered(new_bufs, new_steps, dict(low.dims), {})  # type: ignore[arg-type]
 
 
-def canonical_vars(v: K.Value, count: list[int], memo: dict[int, tuple] | None = None) -> K.Value:
+def canonical_vars(
+    v: K.Value, count: list[int], memo: dict[K.Value, K.Value] | None = None
+) -> K.Value:
     """``v`` with its reduction, gather and softmax variables renamed ``_rc0``, ``_rc1``, ... in
     tree order: lowering names them after graph nodes, which differ between identical layers.
-    (The ``c`` keeps new names apart from the old ones still in the tree.) Shared subtrees
-    stay shared."""
+    (The ``c`` keeps new names apart from the old ones still in the tree.) Equal subtrees
+    (shared, or rebuilt alike by substitutions) get one result, so code generation still
+    computes them once."""
     memo = {} if memo is None else memo
-    hit = memo.get(id(v))
+    hit = memo.get(v)
     if hit is not None:
-        return hit[1]
+        return hit
     out: K.Value = v
     rec = lambda x: canonical_vars(x, count, memo)  # noqa: E731
     if isinstance(v, (K.Reduce, K.Gather, K.SoftmaxSum)):
@@ -106,7 +109,7 @@ def canonical_vars(v: K.Value, count: list[int], memo: dict[int, tuple] | None =
         out = K.Cast(rec(v.src), v.dtype)
     elif isinstance(v, K.Masked):
         out = K.Masked(v.valid, rec(v.value), v.dtype)
-    memo[id(v)] = (v, out)  # holding v keeps its id from being reused
+    memo[v] = out
     return out
 
 
