@@ -286,3 +286,19 @@ def test_unknown_architectures_are_named(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         load(tmp_path / "empty")
+
+
+def test_load_gives_an_encoder_for_bert() -> None:
+    """all-MiniLM-L6-v2's folder loads as an ``Encoder`` computing what ``Embedder`` does."""
+    from luminal.models import Bert, Embedder, Encoder, minilm_dir
+    from luminal.tokenizer import Tokenizer
+
+    try:
+        path = minilm_dir()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    e = load(path, backend="interp")
+    assert isinstance(e, Encoder)
+    texts = ["hello world", "luminal compiles models ahead of time"]
+    ref = Embedder(Bert.from_dir(path), Tokenizer.from_file(f"{path}/tokenizer.json"), "interp")
+    np.testing.assert_allclose(e.embed(texts), ref(texts), atol=1e-6)
