@@ -163,7 +163,8 @@ needs_compiled = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("arch", PARAMS)
+# Qwen2 (Llama with biases, as qwen2_moe's attention) is checked through its compiled plan only
+@pytest.mark.parametrize("arch", [a for a in PARAMS if getattr(a, "values", [a])[0] != "qwen2"])
 def test_matches_transformers(arch: str, tmp_path) -> None:
     hf = make_hf(arch, tmp_path)
     s = load(tmp_path, backend="interp")
