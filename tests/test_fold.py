@@ -213,3 +213,22 @@ def test_scale_fold_reports_progress() -> None:
     lines: list[str] = []
     fold_scales(g, progress=lines.append)
     assert len(lines) == 1 and "folded 1 block scales and repacked 0" in lines[0]
+
+
+def test_batch_norm_scale_folds_and_cheap_full_size_values_do_not() -> None:
+    """gamma / sqrt(var + eps) (a transcendental value no larger than what it reads) becomes
+    one weight; a plain product of two equal-size weights stays computed."""
+    rng = np.random.default_rng(3)
+    g = lm.Graph("bn")
+    x = g.input("x", (2, 7, 5, 3))
+    var = g.weight("var", data=rng.random(7).astype(np.float32) + 0.5)
+    gam = g.weight("gam", data=rng.random(7).astype(np.float32))
+    mean = g.weight("mean", data=rng.random(7).astype(np.float32))
+    scale = (gam / (var + 1e-5).sqrt()).reshape(1, 7, 1, 1)
+    g.output("y", (x - mean.reshape(1, 7, 1, 1)) * scale + (gam * mean).reshape(1, 7, 1, 1))
+    out = fold_scales(g)
+    assert [w for w in out.weights if "#scale" in w] == ["gam#scale"]
+    assert not any(n.op is Op.SQRT for n in out.nodes)
+    assert any(n.op is Op.MUL for n in out.nodes)
+    xv = rng.standard_normal((2, 7, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(out.run({"x": xv})["y"], g.run({"x": xv})["y"], rtol=1e-6)

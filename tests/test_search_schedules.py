@@ -217,3 +217,15 @@ def test_task_order_alternative_and_its_cost():
         plan = build_plan(Lowered(low.buffers, [k], low.dims, low.weights), "few_rows")
         got = lm.load(plan.to_bytes()).run({"x": xv})["y"]
         np.testing.assert_allclose(got, xv @ np.ones((384, 1152), np.float32), rtol=1e-5)
+
+
+def test_kernels_too_small_to_pay_for_a_search_keep_their_default(monkeypatch):
+    low = lower(_gemv(n=32))  # a 32x32 GEMV: a few microseconds by the cost model
+    t, log = _fake_tuner(prefer="split=16")
+    (k,) = schedules.choose_schedules(low, t, _signature).kernels
+    assert log == [] and k.schedule is None
+    monkeypatch.setenv("LUMINAL_SEARCH_MIN_US", "0")
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")  # every candidate measured
+    t, log = _fake_tuner(prefer="split=16")
+    (k,) = schedules.choose_schedules(low, t, _signature).kernels
+    assert log and k.schedule is not None and k.schedule.label() == "split=16"

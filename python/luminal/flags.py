@@ -97,6 +97,11 @@ SEARCH_LIBRARY = Flag(
     "LUMINAL_SEARCH_LIBRARY", "1",
     "0 keeps every generated kernel (no measured library-call alternatives such as GEMM)",
 )  # fmt: skip
+SEARCH_MIN_US = Flag(
+    "LUMINAL_SEARCH_MIN_US", "20",
+    "kernels the cost model puts below this many microseconds keep their default schedule "
+    "(measuring them costs more compile time than they can save)",
+)  # fmt: skip
 SEARCH_SCHEDULES = Flag(
     "LUMINAL_SEARCH_SCHEDULES", "1",
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
@@ -105,7 +110,7 @@ SEARCH_SCHEDULES = Flag(
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
-       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY,
+       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
        SEARCH_SCHEDULES)  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from ..compiler import kernel_ir as K
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
-from ..graph.ops import Op
+from ..graph.ops import COMMUTATIVE, Op
 from ..graph.symbolic import sint
 
 # (decode, encode) for stored types that compute as f32
@@ -441,7 +441,7 @@ def _const_f32(v: K.Value) -> float | None:
         return None
     if isinstance(v, K.Const):
         return float(np.float32(v.value))
-    if isinstance(v, K.Alu) and v.op in (Op.ADD, Op.MUL):
+    if isinstance(v, K.Alu) and v.op in COMMUTATIVE:
         a, b = (_const_f32(x) for x in v.srcs)
         if a is None or b is None:
             return None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..graph import symbolic as sym
 from ..graph.graph import Node
-from ..graph.ops import Leaf, Op
+from ..graph.ops import COMMUTATIVE, Leaf, Op
 from ..graph.view import View
 
 
@@ -73,7 +73,7 @@ def _linear(
     if n.op is Op.ADD:
         out: dict[tuple[int, View], float] = {}
         for s, v in n.srcs:
-            if s.op in (Op.ADD, Op.MUL) and _identity(v, n.shape) and len(consumers[s.id]) == 1:
+            if s.op in COMMUTATIVE and _identity(v, n.shape) and len(consumers[s.id]) == 1:
                 sub = _linear(s, consumers, chain)
                 if sub is None:
                     return None
@@ -89,7 +89,7 @@ def _linear(
             factor = _const_value(cn, vc)
             if factor is None:
                 continue
-            if x.op in (Op.ADD, Op.MUL) and _identity(vx, n.shape) and len(consumers[x.id]) == 1:
+            if x.op in COMMUTATIVE and _identity(vx, n.shape) and len(consumers[x.id]) == 1:
                 sub = _linear(x, consumers, chain)
                 if sub is None:
                     return None

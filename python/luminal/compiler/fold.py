@@ -23,7 +23,7 @@ import numpy as np
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.interp import check_input, eval_node, read
-from ..graph.ops import Leaf, Op
+from ..graph.ops import TRANSCENDENTAL, Leaf, Op
 from ..graph.view import View, contiguous_strides, idx_vars
 
 G = TypeVar("G", bound=Graph)
@@ -205,8 +205,9 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     its axes (a quantized block's scale or offset, one value per block) is a new weight holding
     its distinct values (``<weight>#scale``), read back through a broadcasting view. Folded only
     when that takes at most ``FOLD_SCALE_RATIO`` of the bytes of the weight it comes from, so a
-    plan grows by a fraction of its packed weights; the values are the same floats the graph
-    computes. Returns ``graph`` itself when nothing qualifies."""
+    plan grows by a fraction of its packed weights, or when the value holds a transcendental
+    op and takes no more bytes than the weights it reads (a batch norm's scale); the values
+    are the same floats the graph computes. Returns ``graph`` itself when nothing qualifies."""
     fold, _ = foldable_nodes(graph)
     dep = _dependence(graph, fold)
     by_id = {n.id: n for n in graph.nodes}
@@ -227,8 +228,21 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
         size = elems(i)
         if size is None:
             return False
-        src = max(int(np.asarray(graph.weights[w]).nbytes) for w in _weights_read(graph, n))
-        return size * n.dtype.itemsize <= FOLD_SCALE_RATIO * src
+        sizes = [int(np.asarray(graph.weights[w]).nbytes) for w in _weights_read(graph, n)]
+        folded = size * n.dtype.itemsize
+        # a costly weight-only value (a batch norm's scale: gamma / sqrt(var + eps)) is folded
+        # whenever the plan does not grow
+        return folded <= FOLD_SCALE_RATIO * max(sizes) or (folded <= sum(sizes) and costly(i))
+
+    costly_memo: dict[int, bool] = {}
+
+    def costly(i: int) -> bool:
+        hit = costly_memo.get(i)
+        if hit is None:
+            n = by_id[i]
+            hit = n.op in TRANSCENDENTAL or any(costly(s.id) for s, _ in n.srcs if s.id in dep)
+            costly_memo[i] = hit
+        return hit
 
     ok = {i for i in dep if cheap(i)}
     users: dict[int, list[Node]] = {}

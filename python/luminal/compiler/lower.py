@@ -16,7 +16,7 @@ from typing import Literal
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
-from ..graph.ops import ELEMENTWISE, REDUCE, Leaf, Op
+from ..graph.ops import ELEMENTWISE, REDUCE, TRANSCENDENTAL, Leaf, Op
 from ..graph.symbolic import sint
 from ..graph.view import View, contiguous_strides
 from . import kernel_ir as K
@@ -115,7 +115,7 @@ class _Lowerer:
             if (
                 n.op in ELEMENTWISE
                 and not costly[n.id][0]
-                and costly[n.id][1] <= 8
+                and costly[n.id][1] <= INDEX_CHAIN_OPS
                 and all(s.op in (Leaf.CONSTANT, Op.IOTA) or s.id in index_only for s, _ in n.srcs)
             ):
                 index_only.add(n.id)
@@ -230,8 +230,8 @@ class _Lowerer:
             if n.op in ELEMENTWISE:
                 up = [out[s.id] for s, _ in n.srcs if s.id in out]
                 out[n.id] = (
-                    n.op in _TRANSCENDENTAL or any(t for t, _ in up),
-                    min(64, int(n.op is not Op.CAST) + sum(c for _, c in up)),
+                    n.op in TRANSCENDENTAL or any(t for t, _ in up),
+                    min(RECOMPUTE_READS, int(n.op is not Op.CAST) + sum(c for _, c in up)),
                 )
         return out
 
@@ -252,7 +252,7 @@ class _Lowerer:
             for k, ext in enumerate(v.shape):
                 if k != hoisted and f"_i{k}" not in used:
                     factor *= max(sym.lower_bound(ext), 1)
-            if factor >= (2 if trans else 64):
+            if factor >= (2 if trans else RECOMPUTE_READS):
                 return True
         return False
 
@@ -268,7 +268,8 @@ class _Lowerer:
             # each rather than store and reload it
             v = self.value_of(n)
             size = sum(1 for _ in K.walk(v))
-            return size > 12 or any(isinstance(x, (K.Reduce, K.Gather)) for x in K.walk(v))
+            big = size > SHARED_TREE_MAX
+            return big or any(isinstance(x, (K.Reduce, K.Gather)) for x in K.walk(v))
         return True
 
     def _cheap_read(self, n: Node, c: Node, n_consumers: int) -> bool:
@@ -495,9 +496,16 @@ def _unsafe_in_place(low: Lowered) -> set[str]:
     return bad
 
 
-_VARIES = -1  # a looped-axes marker: the value is under a mask that varies in the loop
+# A chain of cheap ops read this many times per element is stored, not inlined (set on
+# SmolLM2's normalized activation feeding GEMV rows: inlined, it was recomputed per row).
+RECOMPUTE_READS = 64
+# An index-only chain (iota and constants) of at most this many ops is inlined everywhere.
+INDEX_CHAIN_OPS = 8
+# A reduction-free value of at most this many IR nodes is recomputed in each of its (up to
+# three) consumer kernels rather than stored and reloaded.
+SHARED_TREE_MAX = 12
 
-_TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
+_VARIES = -1  # a looped-axes marker: the value is under a mask that varies in the loop
 
 
 def _is_copy(n: Node) -> bool:

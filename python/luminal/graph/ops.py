@@ -52,4 +52,8 @@ INDEX = frozenset({Op.IOTA, Op.GATHER, Op.SCATTER})
 TYPE = frozenset({Op.CAST})
 ELEMENTWISE = UNARY | BINARY | TYPE
 PRIMITIVES = UNARY | BINARY | REDUCE | INDEX | TYPE
+# binary ops whose operands commute
+COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
+# unary ops that cost far more than an add or a multiply (a polynomial or a library call)
+TRANSCENDENTAL = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
 assert len(PRIMITIVES) == len(Op) == 15

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
-from ...graph.ops import Op
+from ...graph.ops import COMMUTATIVE, Op
 from ...graph.symbolic import sint
 from ...graph.view import contiguous_strides
 from ..cstyle import Emitter, _c_name, _emit_into, cexpr, ctype, store_stmt
@@ -118,7 +118,7 @@ def _monotone_in(v: K.Value, red: K.Reduce) -> bool:
     -FLT_MAX and FLT_MAX."""
     if v is red:
         return True
-    if not isinstance(v, K.Alu) or v.op not in (Op.ADD, Op.MUL) or len(v.srcs) != 2:
+    if not isinstance(v, K.Alu) or v.op not in COMMUTATIVE or len(v.srcs) != 2:
         return False
     has = [any(x is red for x in K.walk(s)) for s in v.srcs]
     if has[0] == has[1]:

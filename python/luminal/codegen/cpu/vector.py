@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
-from ...graph.ops import Op
+from ...graph.ops import COMMUTATIVE, Op
 
 if TYPE_CHECKING:
     from ..cstyle import Emitter
@@ -192,7 +192,7 @@ class _Vec:
             if _nonneg(v.srcs[0]):
                 return f"(lm_i32x16)((lm_u32x16)({a}) % {int(c.value)}u)", kind
             return f"({a} % {int(c.value)})", kind
-        if v.op not in (Op.ADD, Op.MUL):
+        if v.op not in COMMUTATIVE:
             raise _Unsupported
         # wrap-around arithmetic, as the scalar code does it (signed overflow is undefined)
         ua = f"(lm_u32x16)({a})" if ka == "i" else f"(uint32_t)({a})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 
+from ... import flags
 from .. import kernel_ir as K
 from ..lower import Lowered
 from ..schedule import alternatives, apply
@@ -78,6 +79,8 @@ def _choose(
         same = k.schedule is not None and signature(_applied(k), names) == ref_sig
         sub = reference if same else subprogram(low, [k])
         cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k))
+    if cands[0].cost * 1e6 < flags.SEARCH_MIN_US.as_float():
+        return kern  # too small for a measured choice to pay for its compile time
     chosen = tuner.choose(kern.name, "schedule", dims, reference, cands)
     k = chosen.payload
     assert isinstance(k, K.Kernel)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ....graph import dtypes as dt
+from ....graph.ops import COMMUTATIVE as COMMUTATIVE  # re-exported for the e-graph
 from ....graph.ops import Op
 
 # pattern heads -> (op, number of tensor children, attribute kind or None)
@@ -23,7 +24,6 @@ OPS: dict[str, tuple[Op, int, str | None]] = {
     "sum": (Op.SUM_REDUCE, 1, "axis"), "max": (Op.MAX_REDUCE, 1, "axis"),
     "cast": (Op.CAST, 1, "dtype"),
 }  # fmt: skip
-COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 # value functions: python arithmetic on numbers, or an op evaluated by the interpreter
 ARITH = {"+": 2, "-": 2, "*": 2, "/": 2, "neg": 1}
 FOLD = {k: v for k, v in OPS.items() if v[2] != "axis"}
