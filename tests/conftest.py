@@ -1,4 +1,14 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _own_plan_cache(tmp_path_factory, monkeypatch):
+    """Each test gets an empty plan cache: a test that changes compiler internals must not be
+    served a plan compiled by another test (tests of the cache set their own folder)."""
+    if "LUMINAL_PLAN_CACHE_DIR" not in os.environ:
+        monkeypatch.setenv("LUMINAL_PLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plans")))
