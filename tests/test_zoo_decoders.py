@@ -214,6 +214,20 @@ def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile) -> Non
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
 
 
+@needs_compiled
+@pytest.mark.usefixtures("fast_compile")
+def test_long_prompt_runs_on_the_prefill_plan(tmp_path) -> None:
+    """A prompt of PREFILL_MIN+ tokens compiles the prefill plan (weights folded), which
+    fills the cache the decode plan continues from."""
+    hf = make_hf("gemma2", tmp_path)
+    s = load(tmp_path, backend="compiled", max_context=48)
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, VOCAB, 20)]
+    assert _rel(s.forward(ids), hf_logits(hf, ids)[-1]) <= 1e-4
+    assert s.prefill_runner is not None and s.prefill_runner.backend == "compiled"
+    s.reset()
+    assert s.generate(ids, 8, stop=[]) == hf_greedy(hf, ids, 8)
+
+
 @pytest.mark.parametrize("backend", ["interp", pytest.param("compiled", marks=needs_compiled)])
 def test_moe_step_reads_only_routed_experts(backend: str, tmp_path, fast_compile) -> None:
     """The weights of every expert a one-token step does not route to are NaN: the logits
