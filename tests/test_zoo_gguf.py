@@ -36,9 +36,9 @@ def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
-    """What convert_hf_to_gguf.py does for these architectures (F32, or Q8_0 for matrices
-    whose rows are whole blocks)."""
+def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False) -> None:
+    """What convert_hf_to_gguf.py does for these architectures (F32; Q8_0 for matrices
+    whose rows are whole blocks; or F16 matrices)."""
     c = hf.config
     garch = gguf.MODEL_ARCH[_ARCH[arch]]
     name = gguf.MODEL_ARCH_NAMES[garch]
@@ -80,7 +80,7 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False) -> None:
             q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
-            w.add_tensor(gname, a)
+            w.add_tensor(gname, a.astype(np.float16) if f16 and a.ndim >= 2 else a)
 
     for k, v in hf.state_dict().items():
         a = v.detach().float().numpy()
@@ -156,3 +156,19 @@ def test_gguf_q8_moe_matches_reference_dequantization(backend: str, tmp_path) ->
     assert _rel(np.stack(got), np.stack(want)) <= 1e-4
     # and close to the f32 model (Q8_0 keeps ~2-3 significant digits)
     assert _rel(got[0], hf_logits(hf, PROMPT[:5])[-1]) <= 5e-2
+
+
+def test_gguf_f16_matches_transformers_on_rounded_weights(tmp_path) -> None:
+    """F16 GGUF matrices are cast to f32 in the graph: equal to transformers in f32 on the
+    same f16-rounded weights."""
+    torch = pytest.importorskip("torch")
+    hf = make_hf("qwen3", tmp_path / "hf")
+    path = str(tmp_path / "f16.gguf")
+    write_gguf(hf, "qwen3", path, f16=True)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.ndim >= 2:
+                p.copy_(p.half().float())
+    s = load(path, backend="interp")
+    assert s.model.weights.file.type_name("blk.0.attn_q.weight") == "F16"
+    assert _rel(s.forward(PROMPT), hf_logits(hf, PROMPT)[-1]) <= 1e-4
