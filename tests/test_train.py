@@ -109,3 +109,23 @@ def test_train_step_errors() -> None:
     g = lm.Graph("ce")
     with pytest.raises(TypeError, match="class indices"):
         train.cross_entropy(g.input("a", (2, 3)), g.input("b", (2,)))
+
+
+def test_one_compiled_step_serves_every_batch_size() -> None:
+    tm, m = _mlp_pair()
+    batch = lm.dim("batch", 1, 64)
+    step = train.TrainStep(m, lambda mod, x, y: train.cross_entropy(mod(x), y),
+                           optim.Adam(lr=0.01),
+                           {"x": ((batch, 5), lm.f32), "y": ((batch,), lm.i32)},
+                           search=False)  # fmt: skip
+    topt = torch.optim.Adam(tm.parameters(), lr=0.01)
+    rng = np.random.default_rng(2)
+    for n in (3, 8, 1):
+        x = rng.standard_normal((n, 5)).astype(np.float32)
+        y = rng.integers(0, 3, n).astype(np.int32)
+        loss = step(x=x, y=y)
+        topt.zero_grad()
+        tl = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y).long())
+        tl.backward()
+        topt.step()
+        assert abs(loss - tl.item()) <= 1e-5 * abs(tl.item())
