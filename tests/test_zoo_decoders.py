@@ -204,7 +204,7 @@ def _word_tokenizer(path, eos: int) -> None:
 @pytest.mark.parametrize(  # Mixtral's plan is checked by the routed-experts test
     "arch", [a for a in PARAMS if a != "mixtral" and getattr(a, "values", [a])[0] != "gemma"]
 )
-def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile) -> None:
+def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile, monkeypatch) -> None:
     hf = make_hf(arch, tmp_path)
     s = load(tmp_path, backend="compiled", max_context=48)
     assert s.backend == "compiled"
@@ -212,6 +212,16 @@ def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile) -> Non
     assert _rel(s.forward(PROMPT), ref[-1]) <= 1e-4
     s.reset()
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+    compiles: list[str] = []  # a second load finds the plan in the plan cache
+    real = luminal.compile
+
+    def counting(g, *a, **k):
+        compiles.append(g.name)
+        return real(g, *a, **k)
+
+    monkeypatch.setattr(luminal, "compile", counting)
+    again = load(tmp_path, backend="compiled", max_context=48)
+    assert _rel(again.forward(PROMPT), ref[-1]) <= 1e-4 and compiles == []
 
 
 @needs_compiled

@@ -17,7 +17,7 @@ routes to, not all of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -176,6 +176,20 @@ class Decoder:
 
     def new_cache(self) -> dict[str, np.ndarray]:
         return {n: np.zeros((self.ctx, self.kv_width), np.float32) for n in self.cache_names()}
+
+    def cache_key(self, graph: str, **options: Any) -> dict[str, Any] | None:
+        """What determines the plan of ``build()`` / ``build_prefill`` without building it
+        (``LlamaSession`` looks plans up in the plan cache by it): the definition, its config,
+        the context, the options and the weights' identity (None when the source has none)."""
+        identity = getattr(self.weights, "identity", None)
+        if identity is None:
+            return None
+        return {"model": type(self).__name__, "config": asdict(self.config), "ctx": self.ctx,
+                "graph": graph, "options": {**options, **self._key_extra()},
+                "weights": identity()}  # fmt: skip
+
+    def _key_extra(self) -> dict[str, Any]:
+        return {}
 
     # ------------------------------------------------------------------ graph
     def build(self, logits: str = "last", name: str | None = None, min_seq: int = 1) -> Graph:

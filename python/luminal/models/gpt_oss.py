@@ -56,6 +56,9 @@ class GptOss(Decoder):
         super().__init__(config, weights, max_context)
         self.alpha, self.limit = alpha, limit
 
+    def _key_extra(self) -> dict[str, Any]:
+        return {"swiglu_alpha": self.alpha, "swiglu_limit": self.limit}
+
     def _rope_table(self, positions: Tensor, kind: str, theta: float) -> tuple[Tensor, Tensor]:
         c = self.config
         p = c.rope_scaling or {}
