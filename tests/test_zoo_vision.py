@@ -90,6 +90,8 @@ def test_image_models_match_transformers(case: str, tmp_path) -> None:
 def test_image_models_compiled(case: str, tmp_path) -> None:
     hf = _make(case, tmp_path)
     m = load(tmp_path, backend="compiled")
-    assert m.backend == "compiled"
+    assert m.backend == "compiled" and not m.runner.cached
     x = _images(case, 2)
     assert _rel(m.forward(x), _ref(hf, x)) <= 1e-4
+    again = load(tmp_path, backend="compiled")  # from the plan cache
+    assert again.runner.cached and _rel(again.forward(x), _ref(hf, x)) <= 1e-4

@@ -66,6 +66,11 @@ def test_whisper_matches_transformers(backend: str, tmp_path) -> None:
     feats = fe(audio, sampling_rate=16000, return_tensors="np")["input_features"]
     ours = s.encode(audio)["features"]
     assert ours.shape == feats.shape[1:] and np.abs(ours - feats[0]).max() <= 1e-4
-    assert s.transcribe(audio, 16, stop=[]) == _hf_greedy(hf, feats, 16)
+    want = _hf_greedy(hf, feats, 16)
+    assert s.transcribe(audio, 16, stop=[]) == want
+    if backend == "compiled":  # both plans from the plan cache
+        again = load(tmp_path, backend=backend)
+        assert again.encoder.cached and again.decoder.cached
+        assert again.transcribe(audio, 16, stop=[]) == want
     with pytest.raises(ValueError, match="samples"):
         s.encode(np.zeros(20000, np.float32))

@@ -9,7 +9,7 @@ folded weights and no normalization is left at run time. Weights keep transforme
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -196,15 +196,24 @@ def vision_from_hf(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> Res
 
 class ImageModel:
     """An image classifier ready to run: ``forward(pixels)`` -> logits (batch, labels).
-    Weight-only expressions (ResNet's batch norms) are folded into the weights first."""
+    Weight-only expressions (ResNet's batch norms) are folded into the weights first; the
+    compiled plan is kept in the plan cache. ``graph`` is the graph the interpreter runs
+    (None when compiled)."""
 
     def __init__(self, model: ResNet | ViT, backend: str = "auto", quiet: bool = True) -> None:
         from ..compiler.fold import fold_weights
 
         self.model = model
         self.config = model.config
-        self.graph = fold_weights(model.build())
-        self.runner = Runner(self.graph, backend, quiet)
+        ident = getattr(model.weights, "identity", None)
+        key = None
+        if ident is not None:
+            key = {"model": type(model).__name__, "config": asdict(model.config),
+                   "weights": ident()}  # fmt: skip
+        # with a key the plan cache may hold the plan: the graph is built only when needed
+        self.runner = Runner(lambda: fold_weights(model.build()), backend, quiet, key=key,
+                             name=type(model).__name__.lower())  # fmt: skip
+        self.graph = self.runner.graph
 
     @property
     def backend(self) -> str:

@@ -16,7 +16,7 @@ tied output embedding. ``WhisperSession.transcribe(audio)`` decodes greedily.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -241,8 +241,18 @@ class WhisperSession:
         self.model = model
         self.config = model.config
         self.tokenizer = tokenizer
-        self.encoder = Runner(model.build_encoder(), backend, quiet)
-        self.decoder = Runner(model.build(), backend, quiet)
+        ident = getattr(model.weights, "identity", None)
+
+        def key(graph: str) -> dict[str, Any] | None:
+            if ident is None:
+                return None
+            return {"model": "whisper", "config": asdict(model.config), "ctx": model.ctx,
+                    "graph": graph, "weights": ident()}  # fmt: skip
+
+        self.encoder = Runner(model.build_encoder, backend, quiet, key=key("encoder"),
+                              name="whisper_encoder")  # fmt: skip
+        self.decoder = Runner(model.build, backend, quiet, key=key("decoder"),
+                              name="whisper_decoder")  # fmt: skip
 
     @property
     def backend(self) -> str:
