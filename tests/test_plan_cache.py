@@ -87,7 +87,7 @@ def test_every_key_part_misses(monkeypatch: pytest.MonkeyPatch) -> None:
         m.setenv("LUMINAL_SEARCH_SCHEDULES", "0")
         changed["compiler flag"] = _key(_graph(w))
     with monkeypatch.context() as m:
-        m.setattr(luminal, "__version__", "9.9.9")
+        m.setattr(pc, "__version__", "9.9.9")
         changed["luminal version"] = _key(_graph(w))
     with monkeypatch.context() as m:
         m.setattr(pc, "_CODE_ID", "edited-compiler")

@@ -4,6 +4,7 @@ Record a model as a static graph of 15 primitive ops over symbolically shaped te
 compile it to a plan, run the plan with the C++ runtime. See README.md and DESIGN.md.
 """
 
+from ._version import __version__
 from .compile import CompiledGraph, compile
 from .graph.dtypes import (
     DType,
@@ -35,6 +36,23 @@ def cuda_status() -> str:
     return cuda.status()
 
 
+def grad(loss, wrt):
+    """Gradients of the scalar ``loss`` with respect to the tensors ``wrt`` (a graph pass:
+    the result is part of the same graph; see ``luminal.train`` and docs/autograd.md)."""
+    from .train import grad as _grad
+
+    return _grad(loss, wrt)
+
+
+def __getattr__(name: str):
+    # training modules load on first use: importing luminal stays fast for inference
+    if name in ("optim", "train", "targets"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'luminal' has no attribute {name!r}")
+
+
 def load(path, backend: str = "cpu"):
     """Load a saved plan for running (``luminal.runtime.Executor``)."""
     from . import runtime
@@ -42,10 +60,10 @@ def load(path, backend: str = "cpu"):
     return runtime.load(path, backend)
 
 
-__version__ = "0.1.0"
 
 __all__ = [
-    "CompiledGraph", "DType", "Expr", "Graph", "compile", "cuda_status", "load", "Leaf", "Op",
+    "CompiledGraph", "DType", "Expr", "Graph", "compile", "cuda_status", "grad", "load", "Leaf",
+    "Op",
     "Tensor", "dim",
     "__version__",
     "bf16", "bool_", "e8m0", "f8e4m3", "f8e5m2", "f16", "f32", "f64", "fp4e2m1",

@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 import zlib
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from . import flags
+from ._version import __version__
 from .loaders import mapped
 
 __all__ = [
@@ -94,10 +96,9 @@ def code_id() -> str:
     if _CODE_ID is None:
         import importlib.util
 
-        import luminal
-
-        h = hashlib.sha1(luminal.__version__.encode())
-        roots = list(luminal.__path__)
+        h = hashlib.sha1(__version__.encode())
+        # the package's folders (an editable install has two: sources and built files)
+        roots = list(sys.modules[__package__ or "luminal"].__path__)
         spec = importlib.util.find_spec("luminal._rt")
         native = [spec.origin] if spec is not None and spec.origin else []
         for root in roots:
@@ -186,8 +187,6 @@ class Key:
 def make_key(what: dict[str, Any], backend: str, options: dict[str, Any] | None = None) -> Key:
     """The key of compiling ``what`` (a graph fingerprint or a model description) for
     ``backend`` with compile ``options``, on this machine with this luminal."""
-    import luminal
-
     from .plan import FORMAT_VERSION
 
     return Key({
@@ -195,7 +194,7 @@ def make_key(what: dict[str, Any], backend: str, options: dict[str, Any] | None 
         "what": what,
         "backend": backend,
         "options": dict(sorted((options or {}).items())),
-        "luminal": luminal.__version__,
+        "luminal": __version__,
         "code": code_id(),
         "cpu": cpu_id(),
         "flags": _compiler_flags(),

@@ -59,6 +59,8 @@ def _choose(
         return kern
     unsplit = replace(kern, schedule=K.Schedule(split=0))
     reference = subprogram(low, [unsplit])
+    if estimate(subprogram(low, [kern]), dims, tuner.cost) * 1e6 < flags.SEARCH_MIN_US.as_float():
+        return kern  # too small for a measured choice to pay for its compile time
     ref_sig = signature(_applied(unsplit), names)
     seen: set[Hashable] = set()
     options: list[tuple[str, K.Kernel]] = []
@@ -79,8 +81,6 @@ def _choose(
         same = k.schedule is not None and signature(_applied(k), names) == ref_sig
         sub = reference if same else subprogram(low, [k])
         cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k))
-    if cands[0].cost * 1e6 < flags.SEARCH_MIN_US.as_float():
-        return kern  # too small for a measured choice to pay for its compile time
     chosen = tuner.choose(kern.name, "schedule", dims, reference, cands)
     k = chosen.payload
     assert isinstance(k, K.Kernel)
