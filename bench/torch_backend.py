@@ -6,8 +6,15 @@
 For each model: compile time (first call, which includes tracing and building kernels; the
 luminal kernel cache on disk makes a second run of the script faster), then the median latency
 of calls at two shapes (the second shape checks that no recompile happens: ``recompiles``
-counts luminal graph compiles after the first call). Prints a table; the last line is JSON.
-Matmul-heavy models are slow in luminal until its plans call a BLAS.
+counts luminal graph compiles after the first call). ``glue_us`` is luminal's own cost per
+partition call beyond its plan's run (arguments in, outputs out), measured around the plan.
+``generate`` is greedy ``model.generate()`` of a small Llama with the forward compiled
+(DynamicCache, default arguments): tokens/s of the second call (the first compiles).
+
+Prints a table; the last line is JSON, with ``min_latency_vs_inductor`` (the worst
+inductor/luminal latency ratio over models and shapes: > 1 means luminal is faster
+everywhere) and ``max_compile_vs_inductor`` (the worst luminal/inductor compile-time ratio).
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset for every contender.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-from torch import nn
+for _k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # before any BLAS is loaded
+    os.environ.pop(_k, None)
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
@@ -119,8 +129,109 @@ def bench_one(name: str, backend: str, make: Callable, shapes: list[tuple[int, i
         if backend == "luminal":
             row["recompiles"] = lt.stats.compiles - compiles
             row["eager_ops"] = sorted(lt.stats.eager_ops)
+            row["glue_us"] = _glue_us(lambda: f(**calls[-1]), repeat)
     del out
     return row
+
+
+def _glue_us(call: Callable[[], Any], repeat: int) -> float | None:
+    """Median per-partition-call time spent in LuminalPartition.forward outside the plan's
+    run (converting arguments, binding dims, wrapping outputs), in microseconds."""
+    from luminal.torch_backend.partition import LuminalPartition
+
+    fwd = LuminalPartition.forward
+    spans: list[float] = []
+    inner: list[float] = []
+
+    def timed_forward(self: Any, *args: Any) -> Any:
+        cg = self.cg
+        if cg is None:
+            return fwd(self, *args)
+        run = cg.run
+
+        def timed_run(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return run(*a, **k)
+            finally:
+                inner.append(time.perf_counter() - t)
+
+        cg.run = timed_run
+        t = time.perf_counter()
+        try:
+            return fwd(self, *args)
+        finally:
+            spans.append(time.perf_counter() - t)
+            del cg.run  # back to the class's method
+
+    LuminalPartition.forward = timed_forward  # type: ignore[method-assign]
+    try:
+        for _ in range(repeat):
+            call()
+    finally:
+        LuminalPartition.forward = fwd  # type: ignore[method-assign]
+    if not spans or len(spans) != len(inner):
+        return None
+    return round(statistics.median(a - b for a, b in zip(spans, inner, strict=True)) * 1e6, 1)
+
+
+def bench_generate(backend: str, new_tokens: int, repeat: int) -> dict[str, Any]:
+    """Greedy generate() of a small Llama, the forward compiled as transformers documents."""
+    import transformers as tf
+
+    torch._dynamo.reset()
+    lt.reset_stats()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, attn_implementation="sdpa")  # fmt: skip
+    m = tf.LlamaForCausalLM(cfg).eval()
+    m.generation_config.pad_token_id = 0
+    ids = torch.randint(1, 1000, (1, 16))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+              min_new_tokens=new_tokens)  # fmt: skip
+    row: dict[str, Any] = {"model": "generate", "backend": backend}
+    with torch.no_grad():
+        want = m.generate(ids, **kw)
+        if backend != "eager":
+            be = lt.luminal_backend if backend == "luminal" else backend
+            m.forward = torch.compile(m.forward, backend=be, dynamic=True)
+        t = time.perf_counter()
+        got = m.generate(ids, **kw)
+        row["compile_s"] = round(time.perf_counter() - t, 3) if backend != "eager" else 0.0
+        row["same_tokens"] = bool(torch.equal(got, want))
+        compiles = lt.stats.compiles
+        times = []
+        for _ in range(max(1, repeat // 3)):
+            t = time.perf_counter()
+            m.generate(ids, **kw)
+            times.append(time.perf_counter() - t)
+        row["tok_s"] = round(new_tokens / statistics.median(times), 1)
+        if backend == "luminal":
+            row["recompiles"] = lt.stats.compiles - compiles
+            row["eager_ops"] = sorted(lt.stats.eager_ops)
+    return row
+
+
+def _ratios(rows: list[dict[str, Any]], shapes: list[tuple[int, int]]) -> dict[str, Any]:
+    """Worst luminal-vs-inductor latency and compile-time ratios over models and shapes."""
+    by = {(r["model"], r["backend"]): r for r in rows if "error" not in r}
+    lat, comp = [], []
+    for (model, backend), r in by.items():
+        ind = by.get((model, "inductor"))
+        if backend != "luminal" or ind is None:
+            continue
+        keys = ["tok_s"] if model == "generate" else [f"ms_b{b}s{s}" for b, s in shapes]
+        for k in keys:
+            a, b = r.get(k), ind.get(k)
+            if a and b:
+                lat.append(a / b if k == "tok_s" else b / a)
+        if r.get("compile_s") and ind.get("compile_s"):
+            comp.append(r["compile_s"] / ind["compile_s"])
+    return {
+        "min_latency_vs_inductor": round(min(lat), 3) if lat else None,
+        "max_compile_vs_inductor": round(max(comp), 3) if comp else None,
+    }
 
 
 def main() -> None:
@@ -128,6 +239,7 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,cnn,block,llama,gpt2,bert")
     ap.add_argument("--backends", default="eager,inductor,luminal")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--generate", type=int, default=32, help="new tokens (0 skips generate)")
     args = ap.parse_args()
     shapes = [(2, 16), (4, 32)]  # sizes 0 and 1 are specialized by dynamo: avoid them
     models = _models()
@@ -139,15 +251,28 @@ def main() -> None:
             except Exception as e:  # one failing backend must not hide the others' numbers
                 rows.append({"model": name, "backend": backend, "error": f"{type(e).__name__}: "
                              f"{str(e).splitlines()[0][:120]}"})  # fmt: skip
-    keys = ["compile_s"] + [f"ms_b{b}s{s}" for b, s in shapes] + ["max_abs_err", "recompiles"]
+    for backend in args.backends.split(",") if args.generate else []:
+        try:
+            rows.append(bench_generate(backend, args.generate, args.repeat))
+        except Exception as e:  # noqa: BLE001
+            rows.append({"model": "generate", "backend": backend, "error": f"{type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:120]}"})  # fmt: skip
+    keys = (
+        ["compile_s"]
+        + [f"ms_b{b}s{s}" for b, s in shapes]
+        + ["max_abs_err", "recompiles", "glue_us", "tok_s"]
+    )
     print(f"{'model':<7} {'backend':<9} " + " ".join(f"{k:>12}" for k in keys) + "  vs eager")
     eager = {r["model"]: r for r in rows if r["backend"] == "eager" and "error" not in r}
     for r in rows:
         if "error" in r:
             print(f"{r['model']:<7} {r['backend']:<9} error: {r['error']}")
             continue
-        base = eager.get(r["model"], {}).get(keys[2])
-        ratio = f"{base / r[keys[2]]:.2f}x" if base and r.get(keys[2]) else ""
+        k = "tok_s" if r["model"] == "generate" else keys[2]
+        base = eager.get(r["model"], {}).get(k)
+        ratio = ""
+        if base and r.get(k):
+            ratio = f"{(r[k] / base) if k == 'tok_s' else (base / r[k]):.2f}x"
         cells = " ".join(f"{_fmt(r.get(k)):>12}" for k in keys)
         print(f"{r['model']:<7} {r['backend']:<9} {cells}  {ratio}")
     summary = {
@@ -158,6 +283,7 @@ def main() -> None:
             "torch": torch.__version__,
         },  # fmt: skip
         "shapes": shapes,
+        **_ratios(rows, shapes),
         "rows": rows,
     }
     print(json.dumps(summary))

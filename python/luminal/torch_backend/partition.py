@@ -165,6 +165,16 @@ def _attr_tensor(gm: GraphModule, node: Node) -> torch.Tensor | None:
     return obj if isinstance(obj, torch.Tensor) else None
 
 
+def _is_size(dims: Dims, val: Any) -> bool:
+    if not isinstance(val, torch.SymInt):
+        return False
+    try:
+        dims.expr(val)
+    except Unsupported:
+        return False
+    return True
+
+
 def _is_tensor_value(val: Any) -> bool:
     if isinstance(val, (tuple, list)):
         return any(isinstance(v, torch.Tensor) for v in val)
@@ -410,12 +420,22 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
     }
     if not ok:
         return gm
+    # size arithmetic (sym_size of an intermediate, products of sizes) joins the partitions:
+    # left outside, it would sit between two luminal nodes and split one plan into several
+    ok |= {
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and _is_size(trial.dims, n.meta.get("val"))
+    }
     parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True)
     fused = parts.fuse_partitions(parts.propose_partitions())
     for node in list(fused.graph.nodes):
         if node.op != "call_module":
             continue
         sub = getattr(fused, node.target)
+        if not any(_is_tensor_value(n.meta.get("val")) for n in sub.graph.nodes
+                   if n.op == "call_function"):  # fmt: skip
+            continue  # size arithmetic only: FX runs it
         phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
         subw = {
             ph.name
