@@ -63,10 +63,18 @@ OPS = _float_ops()
 BY_NAME = {_name(op): op for op in OPS}
 
 # A fixed sample for the default run (each sample compiles a plan: keep it short)
-DEFAULT = ["tan", "atan2", "lgamma", "cummax", "addmv", "var_mean", "index_select",
-           "nn.functional.pad.constant"]  # fmt: skip
+DEFAULT = ["tan", "atan2", "cummax", "var_mean"]
+EXTRA = ["lgamma", "addmv", "index_select", "nn.functional.pad.constant", "hypot", "acos"]
 # the slow run: every 16th op of the database and the default sample
-SLOW = sorted(set(DEFAULT) | {_name(op) for op in OPS[::16]})
+SLOW = sorted(set(DEFAULT + EXTRA) | {_name(op) for op in OPS[::16]})
+
+
+# results that differ run to run (random numbers, uninitialized memory): nothing to compare
+_NONDETERMINISTIC = ("bernoulli", "cauchy", "empty", "exponential", "geometric", "log_normal",
+                     "multinomial", "new_empty", "normal", "rand", "uniform",
+                     "nn.functional.dropout", "nn.functional.alpha_dropout",
+                     "nn.functional.feature_alpha_dropout", "nn.functional.fractional_max_pool",
+                     "nn.functional.rrelu", "svd_lowrank", "pca_lowrank")  # fmt: skip
 
 
 def _close(got, want) -> str | None:
@@ -125,6 +133,8 @@ def run_ops(names: list[str], samples: int) -> dict[str, list[tuple[str, str]]]:
     out = {}
     for name in names:
         op = BY_NAME[name]
+        if name.startswith(_NONDETERMINISTIC):
+            continue
         try:
             ss = [s for _, s in zip(range(samples), op.sample_inputs("cpu", torch.float32))]
         except Exception as e:  # noqa: BLE001 - the database's own sample generator failed

@@ -81,7 +81,13 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
     if len(phs) != len(example_inputs):
         weights = set()
     fw = functools.partial(_compile_aten, weight_positions=weights, n_inputs=len(phs))
-    return aot_autograd(fw_compiler=fw, decompositions=_decompositions())(gm, example_inputs)
+    try:
+        return aot_autograd(fw_compiler=fw, decompositions=_decompositions())(gm, example_inputs)
+    except Exception as e:  # tracing to ATen failed (e.g. a data-dependent size): eager can run it
+        msg = str(e).splitlines()[0][:200] if str(e) else ""
+        warn_once(f"aot:{msg}", f"luminal: tracing this graph to ATen failed "
+                  f"({type(e).__name__}: {msg}); it runs in eager PyTorch")  # fmt: skip
+        return gm.forward
 
 
 def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,

@@ -451,6 +451,8 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
         except Unsupported as e:
             warn_once(f"part:{e}", f"luminal: {e}; that part of the graph runs in eager PyTorch")
             continue
+        if all(o[0] in ("alias", "s", "v") for o in built.outputs):
+            continue  # views of inputs and sizes only: nothing for a plan to compute
         stats.partitions += 1
         stats.partition_sizes.append(sum(n.op == "call_function" for n in sub.graph.nodes))
         setattr(fused, node.target, LuminalPartition(built, env, sub))

@@ -1,0 +1,104 @@
+"""transformers models under torch.compile(backend="luminal"), called the way users call them.
+
+Default arguments (``use_cache=True``: a DynamicCache is built and returned). Each test checks
+the results against eager PyTorch, that no matmul / softmax / normalization / embedding ran in
+ATen (the profiler sees every ATen op, including those of eager fallbacks), and that changing
+batch size or sequence length compiles nothing new.
+
+The measured search is switched off (its budget set to 0): these tests are about what runs
+where, not about kernel speed.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+import luminal.torch_backend as lt  # noqa: E402
+
+# ATen ops that must not run when a model runs in luminal
+HEAVY = {
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
+    "aten::_softmax", "aten::softmax", "aten::embedding", "aten::layer_norm",
+    "aten::native_layer_norm", "aten::rms_norm", "aten::_fused_rms_norm",
+    "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
+    torch._dynamo.reset()
+    lt.reset_stats()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def _model(kind: str, attn: str = "sdpa"):
+    common = dict(vocab_size=100, attn_implementation=attn)
+    dec = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=128, **common)  # fmt: skip
+    if kind == "llama":
+        m = tf.LlamaForCausalLM(tf.LlamaConfig(**dec))
+    elif kind == "qwen2":
+        m = tf.Qwen2ForCausalLM(tf.Qwen2Config(**dec))
+    elif kind == "mistral":
+        m = tf.MistralForCausalLM(tf.MistralConfig(**dec))
+    elif kind == "gpt2":
+        cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=0,
+                            eos_token_id=0, **common)  # fmt: skip
+        m = tf.GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(kind)
+    m.generation_config.pad_token_id = 0
+    return m.eval()
+
+
+def _heavy_aten(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+    return out, sorted({e.name for e in prof.events()} & HEAVY)
+
+
+def _cache_tensors(cache):
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [t for layer in layers for t in (layer.keys, layer.values)]
+    return [t for kv in cache for t in kv]
+
+
+def _assert_same(got, want):
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+    for a, b in zip(_cache_tensors(got.past_key_values), _cache_tensors(want.past_key_values),
+                    strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+FAMILIES = [
+    "llama",
+    pytest.param("gpt2", marks=pytest.mark.slow),
+    pytest.param("qwen2", marks=pytest.mark.slow),
+    pytest.param("mistral", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_default_arguments_run_in_luminal(kind):
+    """m(input_ids=ids) with its default use_cache=True: the DynamicCache it builds and returns
+    (an FX get_attr constant, cache tensors as outputs) is converted, logits and cache match
+    eager, nothing heavy runs in ATen, and a new batch size and length do not recompile."""
+    m = _model(kind)
+    f = torch.compile(m, backend="luminal", dynamic=True)
+    with torch.no_grad():
+        # compile outside the profiler (tracing runs ATen ops on fake tensors)
+        ids = torch.randint(0, 100, (2, 4))
+        _assert_same(f(input_ids=ids), m(input_ids=ids))
+        assert lt.stats.compiles == 1
+        for b, s in ((2, 5), (3, 9)):
+            ids = torch.randint(0, 100, (b, s))
+            got, heavy = _heavy_aten(lambda ids=ids: f(input_ids=ids))
+            _assert_same(got, m(input_ids=ids))
+            assert heavy == [], f"ran in ATen: {heavy}"
+    assert lt.stats.compiles == 1, "a new batch size or length must not recompile"
+    assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
