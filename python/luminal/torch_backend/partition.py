@@ -299,17 +299,22 @@ def _op_name(target: Any) -> str:
 
 # ----------------------------------------------------------------------------- running
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
+    if t.dtype is torch.bfloat16:
         import ml_dtypes
 
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.resolve_conj().resolve_neg().numpy()
+        return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if not (t.requires_grad or t.is_conj() or t.is_neg()):
+        return t.numpy()  # the common case: shares memory, no new tensor
+    return t.detach().resolve_conj().resolve_neg().numpy()
+
+
+_BITS_VIEWED = {torch.bfloat16: np.int16, torch.float8_e4m3fn: np.uint8,
+                torch.float8_e5m2: np.uint8}  # fmt: skip
 
 
 def to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    if a.dtype.kind == "V" or a.dtype.name.startswith(("bfloat", "float8")):
-        ints = {1: np.uint8, 2: np.int16}[a.dtype.itemsize]
+    ints = _BITS_VIEWED.get(dtype)
+    if ints is not None:  # numpy has no such dtype: move the bits
         return torch.from_numpy(a.view(ints)).view(dtype)
     return torch.from_numpy(a)  # shares the plan's output array: no copy
 
@@ -348,10 +353,7 @@ class LuminalPartition(torch.nn.Module):
     def forward(self, *args: Any) -> Any:
         if self.failed:
             return self.eager(*args)
-        ws = self.built.weights
-        if self.cg is None or any(
-            _weight_key(args[k]) != key for (k, _), key in zip(ws, self.weight_keys, strict=False)
-        ):
+        if self.cg is None or self._weights_changed(args):
             try:
                 self._compile(args)
             except Exception as e:  # a plan that cannot be built must not break the model
@@ -367,6 +369,12 @@ class LuminalPartition(torch.nn.Module):
         outs = [self._out(o, res, args) for o in self.built.outputs]
         return tuple(outs) if self.built.tuple_out else outs[0]
 
+    def _weights_changed(self, args: Sequence[Any]) -> bool:
+        for (k, _), key in zip(self.built.weights, self.weight_keys, strict=True):
+            if _weight_key(args[k]) != key:
+                return True
+        return False
+
     def _give_up(self, what: str, e: Exception, args: Sequence[Any]) -> Any:
         msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         warn_once(f"{what}:{msg}", f"luminal: {what} ({msg}); it runs in eager PyTorch")
@@ -377,6 +385,8 @@ class LuminalPartition(torch.nn.Module):
     def _out(self, o: tuple, res: dict[str, np.ndarray], args: Sequence[Any]) -> Any:
         kind, env = o[0], self.env.dims
         if kind == "t":
+            if o[3] is None and o[2] not in _BITS_VIEWED:
+                return torch.from_numpy(res[o[1]])
             t = to_torch(res[o[1]], o[2])
             return t if o[3] is None else t.permute(o[3])
         if kind == "s":
