@@ -58,9 +58,12 @@ def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp
     assert match_gemm(low.kernels[0], len(low.buffers)) is not None
     calls = []
 
+    sizes = []
+
     def measure(sub, dims):
         has_lib = any(isinstance(s, K.LibCall) for s in sub.kernels)
         calls.append(has_lib)
+        sizes.append(dims["seq"])
         if has_lib:
             return 1.0 if prefer == "gemm" else 3.0
         order = sub.kernels[0].schedule.order if sub.kernels[0].schedule else 0
@@ -68,8 +71,10 @@ def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp
 
     chosen = select.choose_library_calls(low, measure, "test")
     # all measured, in the cost model's order: the library call ranks first, then the
-    # generated kernel in its two task orders
-    assert calls == [True, False, False]
+    # generated kernel in its two task orders; each at the representative size and at the
+    # dim's smallest (the plan serves both)
+    assert calls == [True, True, False, False, False, False]
+    assert sizes == [select.representative_dims(low)["seq"], 1] * 3
     libs = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
     assert len(libs) == (1 if prefer == "gemm" else 0)
     if prefer != "gemm":

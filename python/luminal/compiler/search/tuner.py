@@ -39,8 +39,26 @@ from .. import kernel_ir as K
 from ..lower import Lowered
 from ..target import CostModel, ScheduleSpace
 
-# bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers)
-CACHE_VERSION = "tuner-v2"
+# bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers;
+# v3: symbolic dims are measured at their smallest values too)
+CACHE_VERSION = "tuner-v3"
+
+
+def smallest_dims(sub: Lowered, dims: Mapping[str, int]) -> dict[str, int]:
+    """``dims`` with every symbolic dim at its smallest value (a decode step's one token): a
+    plan serves its whole range, so a choice is measured at both ends of it."""
+    return {n: (max(sub.dims[n].lo, 1) if n in sub.dims else v) for n, v in dims.items()}
+
+
+def _scores(rep: Mapping[int, float], small: Mapping[int, float]) -> dict[int, float]:
+    """Per candidate: its time relative to the fastest, the worse of the representative and
+    the smallest sizes (minimax: no choice much slower than the best at either end)."""
+    best = min(rep.values(), default=1.0) or 1e-12
+    out = {i: t / best for i, t in rep.items()}
+    if small:
+        best_s = min(small.values()) or 1e-12
+        out = {i: max(r, small.get(i, best_s) / best_s) for i, r in out.items()}
+    return out
 
 
 @dataclass
@@ -219,7 +237,7 @@ class Tuner:
             raise ValueError(f"search for {name}: no candidates")
         key = cache_key(
             [CACHE_VERSION, kind, self.target, repr(sorted(dims.items())),
-             sub_fingerprint(reference)]
+             repr(sorted(smallest_dims(reference, dims).items())), sub_fingerprint(reference)]
             + [f"{c.label}={sub_fingerprint(c.sub)}" for c in candidates]
         )  # fmt: skip
         mkey = cache_dir() + "/" + key  # another cache folder is another cache
@@ -270,16 +288,23 @@ class Tuner:
         timings: dict[int, Timing] = {}
         start = self._spent
         t0 = time.perf_counter()
+        small = smallest_dims(reference, dims)
+        small_times: dict[int, float] = {}
         for i in sorted(chosen, key=lambda i: rank[i]):
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
             t = self.measure(candidates[i].sub, dims)
             self._count("measurements")
             timings[i] = t if isinstance(t, Timing) else Timing(float(t))
+            if small != dims:
+                ts = self.measure(candidates[i].sub, small)
+                self._count("measurements")
+                small_times[i] = ts.seconds if isinstance(ts, Timing) else float(ts)
+        score = _scores({i: t.seconds for i, t in timings.items()}, small_times)
         verdicts: dict[int, bool | None] = {}
         choice = None
         ref_out: dict[str, np.ndarray] | None = None
-        for i in sorted(timings, key=lambda i: (timings[i].seconds, rank[i])):
+        for i in sorted(timings, key=lambda i: (score[i], rank[i])):
             cand = candidates[i]
             if cand.sub is reference or self.evaluate is None:
                 verdicts[i] = None  # the reference itself, or nothing to check with
@@ -310,6 +335,7 @@ class Tuner:
             "candidates": [
                 {"label": c.label, "rank": rank[i], "cost": c.cost,
                  "seconds": timings[i].seconds if i in timings else None,
+                 "small_seconds": small_times.get(i),
                  "runs": timings[i].runs if i in timings else 0, "verdict": verdicts.get(i)}
                 for i, c in enumerate(candidates)
             ],
