@@ -21,10 +21,17 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .convert import supported_targets
 from .explain import Explanation, explain
 from .partition import Env, Stats, binders_for, split, stats, warn_once
+
+# what AOTAutograd raises for graphs eager PyTorch can still run; anything else (dynamo's own
+# restart signals among them) must propagate
+_TRACE_ERRORS = (GuardOnDataDependentSymNode, DynamicOutputShapeException,
+                 DataDependentOutputException)  # fmt: skip
 
 __all__ = [
     "Explanation", "Stats", "explain", "luminal_backend", "reset_stats", "stats",
@@ -83,7 +90,7 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
     fw = functools.partial(_compile_aten, weight_positions=weights, n_inputs=len(phs))
     try:
         return aot_autograd(fw_compiler=fw, decompositions=_decompositions())(gm, example_inputs)
-    except Exception as e:  # tracing to ATen failed (e.g. a data-dependent size): eager can run it
+    except _TRACE_ERRORS as e:  # tracing to ATen failed on a data-dependent size: eager runs it
         msg = str(e).splitlines()[0][:200] if str(e) else ""
         warn_once(f"aot:{msg}", f"luminal: tracing this graph to ATen failed "
                   f"({type(e).__name__}: {msg}); it runs in eager PyTorch")  # fmt: skip
