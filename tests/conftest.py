@@ -12,3 +12,9 @@ def _own_plan_cache(tmp_path_factory, monkeypatch):
     served a plan compiled by another test (tests of the cache set their own folder)."""
     if "LUMINAL_PLAN_CACHE_DIR" not in os.environ:
         monkeypatch.setenv("LUMINAL_PLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plans")))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``after_all`` summarize the run (ops covered, plans compiled): they run
+    after every other test, whatever the file order."""
+    items.sort(key=lambda item: item.get_closest_marker("after_all") is not None)

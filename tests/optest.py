@@ -50,7 +50,7 @@ KNOWN_GRAD_DIFFS = {
 GRAD_DIFFS: list[str] = []
 
 # Plans compiled by the "cpu" backend are saved here with their inputs and the interpreter's
-# outputs; tests/test_zz_fresh_process.py reloads every one in a new process.
+# outputs; tests/test_plans_fresh_process.py reloads every one in a new process.
 PLAN_DIR = tempfile.mkdtemp(prefix="luminal-optest-")
 MANIFEST: list[tuple[str, str, dict[str, int]]] = []  # (plan path, npz path, dims)
 _COMPILED: dict[int, Any] = {}

@@ -81,7 +81,7 @@ def test_scatter_updates_the_callers_array(compiled) -> None:
         np.testing.assert_array_equal(cache, ref["cache_new"])
         np.testing.assert_allclose(out["s"], ref["s"], rtol=1e-5, atol=1e-5)
         want = ref["cache_new"]
-    # the reload test (test_zz_fresh_process) runs this plan again in a new process
+    # the reload test (test_plans_fresh_process) runs this plan again in a new process
     k = len(optest.MANIFEST)
     plan_path = os.path.join(optest.PLAN_DIR, f"{k:05d}_inplace.lmp")
     data_path = os.path.join(optest.PLAN_DIR, f"{k:05d}.npz")

@@ -1,4 +1,3 @@
-import numpy as np
 import torch
 
 import luminal as lm
@@ -19,4 +18,3 @@ def test_add_broadcast_symbolic():
 
 def test_exp2_view():
     check_op("exp2", lambda a: a.permute(1, 0).exp2(), lambda a: torch.exp2(a.T), [rand(3, 50)])
-    assert np.isfinite(1.0)

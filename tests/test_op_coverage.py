@@ -1,4 +1,5 @@
-"""Runs last (by name): how many PyTorch-equivalent ops ``check_op`` covered in this run.
+"""How many PyTorch-equivalent ops ``check_op`` covered in this run (runs after every other
+test: ``after_all``, conftest.py).
 
 The list is written to the pytest cache (``.pytest_cache/d/luminal/covered_ops.txt``) and
 printed. The count check needs the whole suite; it is skipped when only some of the op test
@@ -15,6 +16,7 @@ import pytest
 from optest import COVERED
 
 MIN_OPS = 100
+pytestmark = pytest.mark.after_all
 
 
 def test_covered_op_count(request):

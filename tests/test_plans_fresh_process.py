@@ -1,4 +1,5 @@
-"""Every plan the op tests compiled, reloaded and run in a fresh process (runs last)."""
+"""Every plan the op tests compiled, reloaded and run in a fresh process (runs after every other
+test: ``after_all``, conftest.py)."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import sys
 import pytest
 
 import optest
+
+pytestmark = pytest.mark.after_all
 
 CHECK = r"""
 import json, sys
