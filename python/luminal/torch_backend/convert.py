@@ -293,6 +293,17 @@ def _std(cx: Ctx, x: Tensor, dim: Any = None, *, correction: Any = None, keepdim
     return F.std(x, _dims_arg(dim), keepdim=keepdim, correction=correction)
 
 
+@op(aten.linalg_vector_norm.default)
+def _vector_norm(cx: Ctx, x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,  # noqa: A002
+                 *, dtype: Any = None) -> Tensor:  # fmt: skip
+    return F.vector_norm(x, ord, _dims_arg(dim), keepdim, dtype=_ld(dtype))
+
+
+@op(aten.dist.default)
+def _dist(cx: Ctx, a: Tensor, b: Tensor, p: Any = 2) -> Tensor:
+    return F.norm(F.sub(a, b), p)
+
+
 @op(aten.amax.default)
 def _amax(cx: Ctx, x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
     return F.amax(x, dim, keepdim)
