@@ -141,10 +141,11 @@ def asinh(input: Tensor) -> Tensor:  # noqa: A002
 
 
 def _acosh(x: Tensor) -> Tensor:
-    # log1p(t + sqrt(2t + t^2)), t = x - 1: no cancellation near 1; x < 1 gives NaN
+    # log1p(t + sqrt(2t + t^2)), t = x - 1: no cancellation near 1
     t = minimum(x, _BIG).add(-1.0)
     near = _log1p(t.add(t.mul(t.add(2.0)).sqrt()))
-    return where(lt(_BIG, x), _log(x).add(math.log(2.0)), near)
+    out = where(lt(_BIG, x), _log(x).add(math.log(2.0)), near)
+    return where(lt(x, 1.0), math.nan, out)  # t (t + 2) overflows to +inf for x << -1
 
 
 def acosh(input: Tensor) -> Tensor:  # noqa: A002

@@ -12,7 +12,7 @@ import math
 
 from ..tensor import Tensor
 from ._base import LN2, LOG2E
-from .elementwise import _in_f32, abs, clamp, eq, floor, fmod, neg
+from .elementwise import _in_f32, abs, clamp, eq, floor, fmod, neg, where
 
 __all__ = [
     "cos", "cosh", "erf", "erfc", "exp", "exp2", "expm1", "log", "log10", "log1p", "log2",
@@ -72,6 +72,7 @@ def cos(input: Tensor) -> Tensor:  # noqa: A002
 # pi as three floats of 12 significant bits (Cody-Waite): t * _PI_A is exact for |t| < 2^11,
 # so the distance to tan's pole keeps its digits.
 _PI_A, _PI_B, _PI_C = 3.1416015625, -8.907169103622437e-06, -1.741103261565513e-09
+_TAN_SPLIT_MAX = 6000.0
 
 
 def _tan(x: Tensor) -> Tensor:
@@ -82,7 +83,10 @@ def _tan(x: Tensor) -> Tensor:
     t = m.add(0.5)
     h = x.add(t.mul(-_PI_A)).add(t.mul(-_PI_B)).add(t.mul(-_PI_C))
     sign = abs(fmod(m, 2.0)).mul(2.0).add(-1.0)  # -(-1)^m
-    return x.sin().mul(h.sin().mul(sign).reciprocal())
+    near = x.sin().mul(h.sin().mul(sign).reciprocal())
+    # past |t| = 2^11 the split is no longer exact: sin / cos of x, whose own reduction is exact
+    far = x.sin().mul(_cos(x).reciprocal())
+    return where(abs(x).lt(_TAN_SPLIT_MAX), near, far)
 
 
 def tan(input: Tensor) -> Tensor:  # noqa: A002
