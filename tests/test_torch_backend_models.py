@@ -102,3 +102,32 @@ def test_default_arguments_run_in_luminal(kind):
             assert heavy == [], f"ran in ATen: {heavy}"
     assert lt.stats.compiles == 1, "a new batch size or length must not recompile"
     assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
+
+
+@pytest.mark.parametrize("kind", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_generate_greedy_matches_eager(kind):
+    """generate() with the forward compiled (transformers' documented way) gives eager's
+    greedy tokens. Compiles: prefill; the first decode step (sequence 1), which dynamo traces
+    with the batch size fixed for Llama; and that decode graph again with the batch dynamic once
+    a second batch size is seen (GPT-2's decode stays dynamic: 2 compiles). After that, new
+    batch sizes, prompt lengths and every decode position reuse the plans. Eager attention:
+    the SDPA decode graph converts too, but its plan takes many minutes to build today (see
+    docs/torch-backend.md)."""
+    m = _model(kind, attn="eager")
+    c = _model(kind, attn="eager")
+    c.load_state_dict(m.state_dict())
+    c.forward = torch.compile(c.forward, backend="luminal", dynamic=True)
+    with torch.no_grad():
+        for b, s in ((2, 5), (3, 8), (4, 3), (5, 6)):
+            ids = torch.randint(1, 100, (b, s))
+            kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+            if b < 4:  # these compile (tracing runs ATen ops on fake tensors: no profiler)
+                got, heavy = c.generate(ids, **kw), []
+            else:
+                got, heavy = _heavy_aten(lambda ids=ids, kw=kw: c.generate(ids, **kw))
+            assert torch.equal(got, m.generate(ids, **kw))
+            assert heavy == [], f"ran in ATen: {heavy}"
+            if b == 3:
+                warm = lt.stats.compiles
+    assert warm <= 3 and lt.stats.compiles == warm, "no compile after the warm-up prompts"
+    assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
