@@ -104,7 +104,8 @@ def test_default_arguments_run_in_luminal(kind):
     assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
 
 
-@pytest.mark.parametrize("kind", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~45 s: three compiles (prefill, decode twice)
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_generate_greedy_matches_eager(kind):
     """generate() with the forward compiled (transformers' documented way) gives eager's
     greedy tokens. Compiles: prefill; the first decode step (sequence 1), which dynamo traces
