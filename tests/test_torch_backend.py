@@ -229,14 +229,18 @@ def test_builtin_transformer_layer_fast_path_falls_back():
     assert lt.stats.compiles == 1
 
 
-def test_training_graph_runs_eager_with_message():
+def test_training_graph_compiles_forward_and_backward():
+    import copy
+
     m = MLP()  # requires_grad parameters, grad mode on
+    ref = copy.deepcopy(m)
     x = torch.randn(4, 12)
-    with pytest.warns(RuntimeWarning, match="inference graphs only"):
-        (y,) = _check(m, [dict(x=x)], grad=True)
-    y.sum().backward()  # eager autograd still works
-    assert m.net[0].weight.grad is not None
-    assert lt.stats.plans == 0
+    f = torch.compile(m, backend=luminal_backend)
+    f(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+    assert lt.stats.compiles >= 1 and not lt.stats.eager_ops
 
 
 def test_inference_mode_and_changed_weights():

@@ -4,6 +4,7 @@ Record a model as a static graph of 15 primitive ops over symbolically shaped te
 compile it to a plan, run the plan with the C++ runtime. See README.md and DESIGN.md.
 """
 
+from . import functional as _functional  # noqa: F401  (registers Tensor's methods)
 from ._version import __version__
 from .compile import CompiledGraph, compile
 from .graph.dtypes import (
@@ -58,7 +59,6 @@ def load(path, backend: str = "cpu"):
     from . import runtime
 
     return runtime.load(path, backend)
-
 
 
 __all__ = [

@@ -115,6 +115,27 @@ def _check_shape(shape: Sequence[sint], what: str) -> tuple[sint, ...]:
     return out
 
 
+class _Functional:
+    """``luminal.functional``, as Tensor's methods reach it: the package registers itself when
+    it is imported (``register_functional``), so this module, which it builds on, does not
+    import it back."""
+
+    module: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _Functional.module is None:
+            raise RuntimeError("luminal.functional is not imported (import luminal first)")
+        return getattr(_Functional.module, name)
+
+
+F: Any = _Functional()
+
+
+def register_functional(module: Any) -> None:
+    """Called by ``luminal.functional`` on import: Tensor's methods delegate to it."""
+    _Functional.module = module
+
+
 def _delegate(name: str) -> Any:
     """A method that calls ``luminal.functional.<name>(self, ...)``."""
 
@@ -493,10 +514,10 @@ class Tensor:
         return F.ge(self, o)
 
     def __eq__(self, o: object) -> Tensor:  # type: ignore[override]
-        return F.eq(self, o)  # type: ignore[arg-type]
+        return F.eq(self, o)
 
     def __ne__(self, o: object) -> Tensor:  # type: ignore[override]
-        return F.ne(self, o)  # type: ignore[arg-type]
+        return F.ne(self, o)
 
     def __getitem__(self, key: Any) -> Tensor:
         return F.getitem(self, key)
@@ -505,14 +526,10 @@ class Tensor:
         return iter(F.unbind(self, 0))  # len() raises for symbolic dims: no endless loop
 
     def __matmul__(self, o: Tensor) -> Tensor:
-        from .functional.linalg import matmul
-
-        return matmul(self, o)
+        return F.matmul(self, o)
 
     def __rmatmul__(self, o: Tensor) -> Tensor:
-        from .functional.linalg import matmul
-
-        return matmul(o, self)
+        return F.matmul(o, self)
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - PyTorch's name
@@ -685,5 +702,3 @@ for _name, _dtype in (("int", dt.i32), ("long", dt.i64), ("half", dt.f16), ("dou
                       ("bool", dt.bool_), ("bfloat16", dt.bf16), ("short", dt.i32), ("byte", dt.u8),
                       ("char", dt.i8)):  # fmt: skip
     setattr(Tensor, _name, lambda self, _d=_dtype: self.cast(_d))
-
-from . import functional as F  # noqa: E402 - needs Tensor defined (functional imports it)

@@ -8,6 +8,9 @@ Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, selec
 ``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma).
 """
 
+import sys
+
+from ..tensor import register_functional as _register
 from . import (
     activation,
     attention,
@@ -38,3 +41,5 @@ from .transcendental import *  # noqa: F403
 _TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn, reduce,
            special, transcendental)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})
+
+_register(sys.modules[__name__])  # Tensor's methods delegate to this package

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.source import is_from_unspecialized_param_buffer_source
-from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from .aten import _compile_aten, _decompositions
 from .convert import supported_targets
-from .explain import Explanation, explain
-from .partition import Env, Stats, binders_for, split, stats, warn_once
+from .explain import Explanation, explain_with
+from .partition import Stats, stats, warn_once
 
 # what AOTAutograd raises for graphs eager PyTorch can still run; anything else (dynamo's own
 # restart signals among them) must propagate
@@ -39,19 +39,20 @@ __all__ = [
 ]  # fmt: skip
 
 
+def explain(model: Any, *args: Any, dynamic: bool | None = True, **kwargs: Any) -> Explanation:
+    """Compile ``model`` (a module or function) with the luminal backend, call it once on
+    ``args`` / ``kwargs`` under ``torch.no_grad()``, and report: graph breaks, partitions,
+    plans, what ran in eager PyTorch and why. Resets dynamo's caches and ``stats`` (other
+    compiled models recompile on their next call)."""
+    return explain_with(luminal_backend, reset_stats, model, *args, dynamic=dynamic, **kwargs)
+
+
 def reset_stats() -> None:
     """Zero the counters in ``stats`` and forget which warnings were given."""
     from . import partition
 
     partition.stats.__init__()  # type: ignore[misc]  # in place: importers hold the object
     partition._warned.clear()
-
-
-@functools.cache
-def _decompositions() -> dict[Any, Callable]:
-    from torch._decomp import core_aten_decompositions
-
-    return dict(core_aten_decompositions())
 
 
 def _is_weight(node: torch.fx.Node, example: Any) -> bool:
@@ -70,12 +71,9 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
         raise TypeError(f"luminal backend: unknown options {sorted(options)}")
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        warn_once("grad", "luminal compiles inference graphs only: this graph needs gradients "
-                  "(grad mode is on and a parameter or input requires grad), so it runs in "
-                  "eager PyTorch. Call the model under torch.no_grad() or "
-                  "torch.inference_mode() to run it with luminal.")  # fmt: skip
-        stats.compiles += 1
-        return gm.forward
+        from .aot import training_backend  # forward and backward both compiled by luminal
+
+        return training_backend(gm, example_inputs)
     if any(t.device.type != "cpu" for t in tensors):
         warn_once("device", "luminal's torch backend runs CPU tensors only for now; this "
                   "graph runs in eager PyTorch")  # fmt: skip
@@ -95,29 +93,3 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
         warn_once(f"aot:{msg}", f"luminal: tracing this graph to ATen failed "
                   f"({type(e).__name__}: {msg}); it runs in eager PyTorch")  # fmt: skip
         return gm.forward
-
-
-def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
-                  weight_positions: set[int], n_inputs: int) -> Callable:  # fmt: skip
-    """AOTAutograd's forward compiler: the ATen graph's inputs are dynamo's, in order, unless
-    AOTAutograd changed their number (then nothing is treated as a weight)."""
-    stats.compiles += 1  # counted here: dynamo may restart a trace before this point
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(phs) != n_inputs:
-        weight_positions = set()
-    weight_names = {phs[i].name for i in weight_positions}
-    fake_mode = detect_fake_mode(example_inputs)
-    shape_env = getattr(fake_mode, "shape_env", None)
-    env = Env(binders_for(gm))
-    try:
-        runner = split(gm, weight_names, shape_env, env)
-    except Exception as e:  # a backend bug must not stop a model eager PyTorch can run
-        warn_once(f"split:{e}", f"luminal: converting this graph failed ({type(e).__name__}: "
-                  f"{str(e)[:200]}); it runs in eager PyTorch")  # fmt: skip
-        return gm
-
-    def run(*args: Any) -> Any:
-        env.bind(args)
-        return runner(*args)
-
-    return run

@@ -26,7 +26,7 @@ from ..compiler import autograd
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..tensor import Tensor
-from . import _compile_aten, _decompositions
+from .aten import _compile_aten, _decompositions
 from .convert import TABLE, Ctx, _convolution, op
 from .partition import stats, warn_once
 from .symbols import Unsupported

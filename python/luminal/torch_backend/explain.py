@@ -46,19 +46,16 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(model: Any, *args: Any, dynamic: bool | None = True, **kwargs: Any) -> Explanation:
-    """Compile ``model`` (a module or function) with the luminal backend, call it once on
-    ``args`` / ``kwargs`` under ``torch.no_grad()``, and report. Resets dynamo's caches and
-    ``luminal.torch_backend.stats`` (other compiled models recompile on their next call)."""
-    from . import luminal_backend, reset_stats
-
+def explain_with(backend: Any, reset_stats: Any, model: Any, *args: Any,
+                 dynamic: bool | None = True, **kwargs: Any) -> Explanation:  # fmt: skip
+    """``luminal.torch_backend.explain`` with the backend and the stats reset it uses."""
     torch._dynamo.reset()
     with torch.no_grad():
         dx = torch._dynamo.explain(model)(*args, **kwargs)
     breaks = [_reason(r) for r in dx.break_reasons]
     torch._dynamo.reset()
     reset_stats()
-    compiled = torch.compile(model, backend=luminal_backend, dynamic=dynamic)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     with torch.no_grad():
         compiled(*args, **kwargs)
     st = partition.stats

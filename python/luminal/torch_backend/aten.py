@@ -1,0 +1,46 @@
+"""The ATen-level compiler both dynamo backends share: AOTAutograd's decompositions, and the
+forward (or backward) compiler that splits an ATen graph into luminal plans and eager rest."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._guards import detect_fake_mode
+
+from .partition import Env, binders_for, split, stats, warn_once
+
+
+@functools.cache
+def _decompositions() -> dict[Any, Callable]:
+    from torch._decomp import core_aten_decompositions
+
+    return dict(core_aten_decompositions())
+
+
+def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                  weight_positions: set[int], n_inputs: int) -> Callable:  # fmt: skip
+    """AOTAutograd's forward compiler: the ATen graph's inputs are dynamo's, in order, unless
+    AOTAutograd changed their number (then nothing is treated as a weight)."""
+    stats.compiles += 1  # counted here: dynamo may restart a trace before this point
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(phs) != n_inputs:
+        weight_positions = set()
+    weight_names = {phs[i].name for i in weight_positions}
+    fake_mode = detect_fake_mode(example_inputs)
+    shape_env = getattr(fake_mode, "shape_env", None)
+    env = Env(binders_for(gm))
+    try:
+        runner = split(gm, weight_names, shape_env, env)
+    except Exception as e:  # a backend bug must not stop a model eager PyTorch can run
+        warn_once(f"split:{e}", f"luminal: converting this graph failed ({type(e).__name__}: "
+                  f"{str(e)[:200]}); it runs in eager PyTorch")  # fmt: skip
+        return gm
+
+    def run(*args: Any) -> Any:
+        env.bind(args)
+        return runner(*args)
+
+    return run
