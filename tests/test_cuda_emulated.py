@@ -264,6 +264,8 @@ def test_dtypes_store_and_reduce(d: dt.DType) -> None:
     elif d is dt.bool_:
         a = rand(3, 51, dtype=np.bool_)
     else:
-        lo, hi = (0, 15) if d is dt.u4 else (-8, 7) if d is dt.i4 else (0, 50)
+        # x + x stays in range: an out-of-range float -> int4 cast is undefined (numpy
+        # versions differ)
+        lo, hi = (0, 8) if d is dt.u4 else (-4, 4) if d is dt.i4 else (0, 50)
         a = rand(3, 51, dtype=np.int64, low=lo, high=hi).astype(npd)
     check(g, {"x": a}, atol=1e-3, rtol=1e-3)

@@ -196,6 +196,8 @@ def regrouped(kern: K.Kernel, t: int, s: int) -> K.Kernel | None:
     shape = kern.shape
     if kern.scatter_row is not None or not 0 <= t < s < len(shape) + 1:
         return None
+    if any(sym.upper_bound(e) <= 0 for e in shape):
+        return None  # an empty axis: nothing to regroup (and no divisor for the others)
     groups = [[j for j in range(t) if shape[j] != 1], list(range(t, s)), list(range(s, len(shape)))]
     if not groups[1] or not groups[2]:
         return None
