@@ -214,35 +214,22 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
     """k*c*(x // c) + k*(x % c) == k*x: undo the split a reshape of a merged dim makes.
     Folds in place, to a fixpoint (a fold can enable another: 9*(r//9) + 3*((r//3)%3) + r%3
     is 3*(r//3) + r%3, then r), and returns the constant to add. ``x // c`` is looked up as
-    the simplifier builds it ((r//3)//3 is r//9)."""
+    the simplifier builds it ((r//3)//3 is r//9); a symbolic c's term is the product c*(x//c)."""
     extra = 0
     changed = True
     while changed:
         changed = False
-        for t in [t for t in terms if t.kind == MOD]:
+        for t in [t for t in terms if t.kind == MOD and terms.get(t, 0)]:
             x, c = t.args
-            k = terms.get(t, 0)
-            if k == 0:
-                continue
-            if isinstance(c, Expr):  # a symbolic modulus: look for k * c * (x // c)
-                dv = _INTERN.get((DIV, (x, c)))
-                p = mul(c, dv) if dv is not None else None
-                if not isinstance(p, Expr) or terms.get(p) != k:
-                    continue
-                del terms[t], terms[p]
-                tx, cx = _lin(x)
-                for u, cu in tx.items():
-                    terms[u] = terms.get(u, 0) + cu * k
-                    if terms[u] == 0:
-                        del terms[u]
-                extra += cx * k
-                changed = True
-                break
-            d = _INTERN.get((DIV, (x, c)))
-            if d is None and isinstance(x, Expr) and x.kind == DIV:
-                q = floordiv(x, c)
-                d = q if isinstance(q, Expr) else None
-            if d is None or terms.get(d) != c * k:
+            k = terms[t]
+            d: sint | None = _INTERN.get((DIV, (x, c)))
+            if isinstance(c, Expr):
+                d, want = (mul(c, d) if d is not None else None), k
+            else:
+                if d is None and isinstance(x, Expr) and x.kind == DIV:
+                    d = floordiv(x, c)
+                want = c * k
+            if not isinstance(d, Expr) or terms.get(d) != want:
                 continue
             del terms[t], terms[d]
             tx, cx = _lin(x)
