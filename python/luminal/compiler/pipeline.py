@@ -93,7 +93,7 @@ def _tuner(c: Compilation) -> Tuner | None:
         return None
     if c.tuner is None:
         t = c.target
-        c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, cost=t.cost, space=t.space)
+        c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants)
     return c.tuner
 
 

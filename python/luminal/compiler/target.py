@@ -74,3 +74,9 @@ class Target(Protocol):
     def build_plan(self, low: Lowered, name: str) -> Any:
         """Code generation and the plan for a lowered, scheduled program."""
         ...
+
+    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
+        """Other implementations of a library call that this target offers (e.g. a generated
+        GEMM with tile sizes in its fields), each with a label; the search measures them
+        against the call and the generated kernel. [] when it has none."""
+        ...

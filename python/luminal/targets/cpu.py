@@ -82,6 +82,9 @@ class CpuTarget:
         libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
         return assemble_plan(low, name, "cpu", "", render_all(low), libcalls)
 
+    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
+        return []
+
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
         c = render(k, dim_names)
         return c.source, repr(c.tasks), c.min_chunk

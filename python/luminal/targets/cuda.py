@@ -58,6 +58,9 @@ class CudaTarget:
             return f"cuda-{d.name}-{d.arch}"
         return "cuda-estimate-v2"
 
+    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
+        return []  # cuBLASLt vs the generated gemm is chosen at plan build (_choose_gemm)
+
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
         from ..codegen import cuda
 

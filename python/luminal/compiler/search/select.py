@@ -145,15 +145,17 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                     alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch"
                 )
             )
-        lib_steps: list[Step] = [*alt.copies, alt.call]
-        if alt.epilogue:
-            lib_steps.append(alt.epilogue)
         # cut out, buffers renumbered, so identical layers share one decision
         sub_gen = subprogram(low, [kern])
-        sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
-        lib = ("copy+" if alt.copies else "") + ("gemm+epilogue" if alt.epilogue else "gemm")
-        cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost), kern),
-                 Candidate(lib, sub_lib, estimate(sub_lib, dims, tuner.cost))]  # fmt: skip
+        cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost), kern)]
+        prefix = "copy+" if alt.copies else ""
+        suffix = "+epilogue" if alt.epilogue else ""
+        variants = tuner.variants(alt.call) if tuner.variants is not None else []
+        for label, call in [(alt.call.func, alt.call), *variants]:
+            lib_steps: list[Step] = [*alt.copies, call, *([alt.epilogue] if alt.epilogue else [])]
+            sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
+            cost = estimate(sub_lib, dims, tuner.cost)
+            cands.append(Candidate(prefix + label + suffix, sub_lib, cost, lib_steps))
         # the generated kernel in the other task order too: few rows by a large weight (a
         # short sequence's projections) read the weight once instead of once per row
         if any(s.order == 1 for s in alternatives(kern, tuner.space)):
@@ -162,10 +164,9 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
             cost_o = estimate(sub_o, dims, tuner.cost)
             cands.append(Candidate("generated,order=1", sub_o, cost_o, kern_o))
         chosen = tuner.choose(kern.name, "gemm", dims, sub_gen, cands)
-        if chosen.sub is sub_lib:
-            buffers += extra
-            steps += lib_steps
-        else:
-            assert isinstance(chosen.payload, K.Kernel)
+        if isinstance(chosen.payload, K.Kernel):
             steps.append(chosen.payload)
+        else:
+            buffers += extra
+            steps += chosen.payload
     return Lowered(buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]

@@ -205,6 +205,8 @@ class Tuner:
     evaluate: Evaluate | None = None  # None: candidates are kept unchecked (no runner)
     cost: CostModel = field(default_factory=CostModel)  # the target's, for ranking
     space: ScheduleSpace = field(default_factory=ScheduleSpace)  # the target's schedules
+    # the target's other implementations of a library call (Target.library_variants)
+    variants: Callable[[K.LibCall], list[tuple[str, K.LibCall]]] | None = None
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)
