@@ -1,0 +1,147 @@
+"""A batched decode graph for Llama-family models: one plan step advances many sequences by
+one token each (continuous batching).
+
+Inputs: ``tokens``, ``positions`` and ``slots`` (i32, shape (batch,)): sequence i feeds token
+``tokens[i]`` at position ``positions[i]`` and owns KV-cache slot ``slots[i]``. Each layer's
+caches ``k_cache_<l>`` / ``v_cache_<l>`` hold every slot: shape (slots * ctx, kv_width), slot
+s in rows ``s * ctx .. s * ctx + ctx - 1`` (``BatchedDecoder.slot_view`` gives one slot as
+the (ctx, kv_width) cache a ``LlamaSession`` uses, so prefills write into it directly). The
+new keys/values are written by SCATTER at rows ``slots * ctx + positions``; attention
+gathers rows ``slots * ctx + j`` for ``j < kv`` and masks ``j > positions[i]``, so each
+sequence sees its own history only. ``batch`` (1..slots) and ``kv`` (1..ctx: the longest
+sequence's length after this step) are symbolic dims of one plan. Output ``logits``
+(batch, vocab) and the updated caches (written in place).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..functional import apply_rotary_emb, linear, rms_norm, rope_cos_sin, silu
+from ..functional import scaled_dot_product_attention as sdpa
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Op
+from ..models.base import Runner
+from ..models.llama import Llama
+from ..tensor import Graph, Tensor
+
+
+class BatchedDecoder:
+    """The batched decode graph of ``model`` for up to ``slots`` sequences, and its runner."""
+
+    def __init__(self, model: Llama, slots: int) -> None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be a positive int, got {slots!r}")
+        self.model = model
+        self.slots = slots
+        self.ctx = model.ctx
+
+    def cache_names(self) -> list[str]:
+        return self.model.cache_names()
+
+    def new_cache(self) -> dict[str, np.ndarray]:
+        rows, width = self.slots * self.ctx, self.model.kv_width
+        return {n: np.zeros((rows, width), np.float32) for n in self.cache_names()}
+
+    def slot_view(self, cache: dict[str, np.ndarray], slot: int) -> dict[str, np.ndarray]:
+        """Slot ``slot`` of ``cache`` as (ctx, kv_width) views (no copy)."""
+        lo = slot * self.ctx
+        return {n: a[lo : lo + self.ctx] for n, a in cache.items()}
+
+    def cache_key(self) -> dict[str, Any] | None:
+        return self.model.cache_key("batched_decode", slots=self.slots)
+
+    def runner(self, backend: str = "auto", quiet: bool = True) -> Runner:
+        return Runner(self.build, backend, quiet, key=self.cache_key(), name="llama_batched")
+
+    def build(self, name: str = "llama_batched") -> Graph:
+        m, c, w = self.model, self.model.config, self.model.weights
+        ctx = self.ctx
+        g = Graph(name)
+        b = sym.dim("batch", 1, self.slots)
+        kv = sym.dim("kv", 1, ctx)
+        tokens = g.input("tokens", (b,), dt.i32)
+        positions = g.input("positions", (b,), dt.i32)
+        slots = g.input("slots", (b,), dt.i32)
+        x = w.rows(g, "token_embd.weight", tokens)  # (b, hidden)
+        if w.has("rope_freqs.weight"):
+            cos, sin = m._freq_factors(g, positions)
+        else:
+            cos, sin = rope_cos_sin(
+                positions, c.head_dim, c.rope_theta, c.rope_interleaved, c.rope_scaling
+            )
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (b, 1, hd): broadcast over heads
+        base = slots.mul(ctx)
+        write_rows = base.add(positions)  # (b,)
+        j = Tensor(g.add_op(Op.IOTA, [], arg=sym.index_var(1, kv), shape=(b, kv), dtype=dt.i32))
+        read_rows = base.unsqueeze(1).expand(b, kv).add(j)  # (b, kv)
+        # key j is visible to sequence i when j <= positions[i]
+        mask = j.lt(positions.add(1).unsqueeze(1).expand(b, kv)).reshape(b, 1, 1, kv)
+        hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            h = rms_norm(x, c.hidden_size, w.get(g, p + "attn_norm.weight"), c.rms_eps)
+            q = m._proj(g, h, p + "attn_q").reshape(b, nh, hd)
+            k = m._proj(g, h, p + "attn_k").reshape(b, nkv, hd)
+            v = m._proj(g, h, p + "attn_v")
+            q = apply_rotary_emb(q, cos, sin, c.rope_interleaved)
+            k = apply_rotary_emb(k, cos, sin, c.rope_interleaved)
+            ks = self._cache(g, f"k_cache_{i}", k.reshape(b, nkv * hd), write_rows, read_rows)
+            vs = self._cache(g, f"v_cache_{i}", v, write_rows, read_rows)
+            kh = ks.reshape(b, kv, nkv, hd).permute(0, 2, 1, 3)  # (b, kv_heads, kv, hd)
+            vh = vs.reshape(b, kv, nkv, hd).permute(0, 2, 1, 3)
+            o = sdpa(q.unsqueeze(2), kh, vh, attn_mask=mask, enable_gqa=True)  # (b, nh, 1, hd)
+            x = x.add(m._proj(g, o.reshape(b, nh * hd), p + "attn_output"))
+            h = rms_norm(x, c.hidden_size, w.get(g, p + "ffn_norm.weight"), c.rms_eps)
+            gate = m._proj(g, h, p + "ffn_gate")
+            up = m._proj(g, h, p + "ffn_up")
+            x = x.add(m._proj(g, silu(gate).mul(up), p + "ffn_down"))
+        x = rms_norm(x, c.hidden_size, w.get(g, "output_norm.weight"), c.rms_eps)
+        head = w.get(g, "token_embd.weight" if m.tied else "output.weight")
+        g.output("logits", linear(x, head))
+        return g
+
+    def _cache(
+        self, g: Graph, name: str, new: Tensor, write_rows: Tensor, read_rows: Tensor
+    ) -> Tensor:
+        """Write ``new`` (b, width) at ``write_rows`` of the all-slot cache; return the rows
+        ``read_rows`` (b, kv) of the updated cache as (b, kv, width)."""
+        cache = g.input(name, (self.slots * self.ctx, self.model.kv_width), dt.f32)
+        updated = Tensor(g.add_op(Op.SCATTER, [cache.edge, write_rows.edge, new.edge]))
+        g.output(name + "_new", updated, updates=name)
+        return Tensor(g.add_op(Op.GATHER, [updated.edge, read_rows.edge]))
+
+    def prefill(self, session: Any, cache: dict[str, np.ndarray], slot: int,
+                tokens: list[int]) -> np.ndarray:  # fmt: skip
+        """Run ``tokens`` from position 0 into slot ``slot`` with ``session`` (a
+        ``LlamaSession`` of the same model: its decode and prefill plans); the last
+        position's logits."""
+        view = self.slot_view(cache, slot)
+        session.cache = dict(view)
+        session.reset()
+        logits = session.forward(tokens)
+        for n, v in view.items():
+            got = session.cache[n]
+            if not np.shares_memory(got, v):  # the interpreter returns new arrays
+                v[...] = got
+        session.cache = {}
+        return np.asarray(logits)
+
+    def step(self, runner: Runner, cache: dict[str, np.ndarray], tokens: Any, positions: Any,
+             slots: Any) -> np.ndarray:  # fmt: skip
+        """One decode step of every listed sequence; the logits (batch, vocab)."""
+        toks = np.ascontiguousarray(tokens, np.int32)
+        pos = np.ascontiguousarray(positions, np.int32)
+        ids = np.ascontiguousarray(slots, np.int32)
+        kv = int(pos.max()) + 1
+        if kv > self.ctx:
+            raise ValueError(f"context full: a sequence reached the context limit of {self.ctx}")
+        out = runner({"tokens": toks, "positions": pos, "slots": ids, **cache}, kv=kv)
+        for n, a in cache.items():
+            got = out[n + "_new"]
+            if got is not a:
+                a[...] = got
+        return np.asarray(out["logits"])
