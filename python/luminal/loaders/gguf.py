@@ -2,7 +2,7 @@
 
 The file is mapped and its header parsed here; tensors are numpy views of the mapping.
 Quantized tensors enter a graph as their raw blocks with a dequantization expression
-(``quants.py``), F32/F16/BF16 as arrays (cast to f32 in the graph). ``GGUFWeights`` serves a
+(``quants.py``), F32/F16/BF16 as mapped arrays cast to f32 in the graph. ``GGUFWeights`` serves a
 model's ``WeightSource``; ``dequant="load"`` instead dequantizes at load time with
 ``gguf.quants`` (f32 arrays: the fast path for the reference interpreter, which re-evaluates
 every expression on each run).
@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ..functional import embedding
+from ..graph import dtypes as dt
 from ..tensor import Graph, Tensor
 from . import mapped, quants
 
@@ -298,7 +299,7 @@ class GGUFWeights:
     def _build(self, g: Graph, name: str) -> Tensor:
         f, kind, shape = self.file, self.file.type_name(name), self.file.shape(name)
         if kind in _FLOAT_TYPES:
-            return g.weight(name, data=f.array(name)).float()
+            return g.weight(name, data=f.array(name)).cast(dt.f32)
         if self.dequant == "load":
             return g.weight(name, data=f.dequantize(name))
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1

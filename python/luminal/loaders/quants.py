@@ -9,7 +9,9 @@ arithmetic done exactly in f32: ``(q >> s) & (2^w - 1)`` is ``floor(fmod(q * 2^-
 ``floor(y) = y - fmod(y, 1)``. The result is an f32 expression of shape (rows, cols); the
 compiler can fuse it into the matmul that consumes it, so no per-format kernel exists.
 
-Layouts follow ggml-quants.c (block_q4_0, block_q4_1, block_q8_0, block_q4_K, block_q6_K).
+Layouts follow ggml-quants.c / ggml-common.h (block_q4_0 ... block_q6_K, block_iq4_nl,
+block_iq4_xs, block_mxfp4, block_nvfp4). Non-linear codes (IQ4 levels, e2m1, e8m0, ue4m3) are
+a GATHER from a small constant table indexed by the integer code: exact by construction.
 """
 
 from __future__ import annotations
@@ -108,6 +110,28 @@ def _b(i: sint, size: int, off: sint = 0) -> sint:
     return sym.add(sym.mul(i, size), off)
 
 
+def _lin(*terms: sint) -> sint:
+    out: sint = 0
+    for t in terms:
+        out = sym.add(out, t)
+    return out
+
+
+def _at(w: Tensor, shape: tuple[sint, ...], size: int, off: Callable[..., sint]) -> Tensor:
+    """Field bytes of block ``b``: element ``[b, i...]`` reads ``b * size + off(i...)``."""
+    return _read(w, shape, lambda b, *ix: _b(b, size, off(*ix)))
+
+
+def _lookup(g: Graph, values: list[float], code: Tensor) -> Tensor:
+    """``values[code]`` for an integer-valued f32 ``code``: one GATHER from a shared table."""
+    table = _table(g, values, (len(values),))
+    return Tensor(g.add_op(Op.GATHER, [table.edge, code.cast(dt.i32).edge]))
+
+
+def _pow2s(lo: int, n: int) -> list[float]:
+    return [2.0 ** -(lo + k) for k in range(n)]
+
+
 # --------------------------------------------------------------------------- formats
 def _q4_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # block_q4_0: f16 d; u8 qs[16]. y[h*16 + l] = (((qs[l] >> 4h) & 15) - 8) * d
@@ -141,13 +165,7 @@ def _q4_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     # u8 qs[128]. Sub-block s = 2j + h covers y[64j + 32h + l] = d*sc[s]*((qs[32j+l] >> 4h) & 15)
     # - dmin*mn[s]; sc/mn unpacked as in get_scale_min_k4.
     u8 = w["u8"]
-
-    def sb(off: int) -> Tensor:  # scales[off + k], k < 4, as (nb, 4)
-        return _f(_read(u8, (nb, 4), lambda b, k: _b(b, 144, sym.add(4 + off, k))))
-
-    s0, s4, s8 = sb(0), sb(4), sb(8)
-    sc = _cat_last(_bits(s0, 0, 6), _bits(s8, 0, 4).add(_bits(s0, 6, 2).mul(16.0)))
-    mn = _cat_last(_bits(s4, 0, 6), _bits(s8, 4, 4).add(_bits(s4, 6, 2).mul(16.0)))
+    sc, mn = _k_scale_min(u8, nb, 144)
     shape = (nb, 4, 2, 32)
     d = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 72)))
     dmin = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 72, 1)))
@@ -206,12 +224,183 @@ def _q6_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
     return q.mul(sc.mul(d)).reshape(nb, 256)
 
 
+def _q5(g: Graph, w: dict[str, Tensor], nb: sint, with_min: bool) -> Tensor:
+    # block_q5_0: f16 d; u8 qh[4]; u8 qs[16]. block_q5_1: f16 d, f16 m; qh; qs. With
+    # j = 16h + 8lh + lb: q = ((qs[8lh + lb] >> 4h) & 15) | (((qh[2h + lh] >> lb) & 1) << 4);
+    # Q5_0: y = (q - 16) * d; Q5_1: y = q * d + m
+    size, hoff = (24, 4) if with_min else (22, 2)
+    shape = (nb, 2, 2, 8)
+    qs = _at(w["u8"], shape, size, lambda h, lh, lb: _lin(hoff + 4, sym.mul(lh, 8), lb))
+    qh = _f(_at(w["u8"], shape, size, lambda h, lh, lb: _lin(hoff, sym.mul(h, 2), lh)))
+    hi = _bits(qh, _table(g, _pow2s(0, 8), (8,)), 1)
+    q = _nibble(g, qs, (2, 1, 1)).add(hi.mul(16.0))
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, size // 2)))
+    if with_min:
+        m = _f(_read(w["f16"], shape, lambda b, *_: _b(b, size // 2, 1)))
+        return q.mul(d).add(m).reshape(nb, 32)
+    return q.add(-16.0).mul(d).reshape(nb, 32)
+
+
+def _q5_0(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    return _q5(g, w, nb, with_min=False)
+
+
+def _q5_1(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    return _q5(g, w, nb, with_min=True)
+
+
+def _q2_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_q2_K: u8 scales[16] (low 4 bits scale, high 4 bits min); u8 qs[64]; f16 d, dmin.
+    # y[128n + 32s + 16lh + ll] = d*sc[j]*((qs[32n + 16lh + ll] >> 2s) & 3) - dmin*mn[j] with
+    # sub-block j = 8n + 2s + lh
+    shape = (nb, 2, 4, 2, 16)  # n, s, lh, ll
+    u8 = w["u8"]
+    sb = _f(_at(u8, shape, 84, lambda n, s, lh, ll: _lin(sym.mul(n, 8), sym.mul(s, 2), lh)))
+    qs = _f(_at(u8, shape, 84, lambda n, s, lh, ll: _lin(16, sym.mul(n, 32), sym.mul(lh, 16), ll)))
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 42, 40)))
+    dmin = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 42, 41)))
+    q = _bits(qs, _table(g, [1.0, 1 / 4, 1 / 16, 1 / 64], (4, 1, 1)), 2)
+    sc, mn = _bits(sb, 0, 4), _bits(sb, 4, 4)
+    return d.mul(sc).mul(q).add(dmin.mul(mn).mul(-1.0)).reshape(nb, 256)
+
+
+def _q3_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_q3_K: u8 hmask[32]; u8 qs[64]; u8 scales[12] (16 six-bit scales, biased by 32);
+    # f16 d. For y[128n + 32s + 16lh + ll] with l = 16lh + ll and sub-block j = 8n + 2s + lh:
+    # q = ((qs[32n + l] >> 2s) & 3) - 4 * (1 - ((hmask[l] >> (4n + s)) & 1)),
+    # scale = ((scales[j % 8] >> 4(j / 8)) & 15 | ((scales[8 + j % 4] >> 2(j / 4)) & 3) << 4) - 32
+    shape = (nb, 2, 4, 2, 16)  # n, s, lh, ll
+    u8 = w["u8"]
+
+    def l_(lh: sint, ll: sint) -> sint:
+        return sym.add(sym.mul(lh, 16), ll)
+
+    ql = _f(_at(u8, shape, 110, lambda n, s, lh, ll: _lin(32, sym.mul(n, 32), l_(lh, ll))))
+    hm = _f(_at(u8, shape, 110, lambda n, s, lh, ll: l_(lh, ll)))
+    lo_b = _f(_at(u8, shape, 110, lambda n, s, lh, ll: _lin(96, sym.mul(s, 2), lh)))
+    hi_b = _f(_at(u8, shape, 110, lambda n, s, lh, ll: _lin(104, sym.mul(sym.mod(s, 2), 2), lh)))
+    q2 = _bits(ql, _table(g, [1.0, 1 / 4, 1 / 16, 1 / 64], (4, 1, 1)), 2)
+    hbit = _bits(hm, _table(g, _pow2s(0, 8), (2, 4, 1, 1)), 1)
+    q = q2.add(hbit.mul(4.0)).add(-4.0)
+    sc_lo = _bits(lo_b, _table(g, [1.0, 1 / 16], (2, 1, 1, 1)), 4)
+    sc_hi = _bits(hi_b, _table(g, [2.0 ** -(2 * (2 * n + s // 2)) for n in range(2)
+                                   for s in range(4)], (2, 4, 1, 1)), 2)  # fmt: skip
+    sc = sc_lo.add(sc_hi.mul(16.0)).add(-32.0)
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 55, 54)))
+    return d.mul(sc).mul(q).reshape(nb, 256)
+
+
+def _k_scale_min(u8: Tensor, nb: sint, size: int) -> tuple[Tensor, Tensor]:
+    """The eight 6-bit scales and mins of a Q4_K/Q5_K block (get_scale_min_k4), as (nb, 8);
+    the 12 scale bytes start at byte 4."""
+
+    def sb(off: int) -> Tensor:  # scales[off + k], k < 4, as (nb, 4)
+        return _f(_read(u8, (nb, 4), lambda b, k: _b(b, size, sym.add(4 + off, k))))
+
+    s0, s4, s8 = sb(0), sb(4), sb(8)
+    sc = _cat_last(_bits(s0, 0, 6), _bits(s8, 0, 4).add(_bits(s0, 6, 2).mul(16.0)))
+    mn = _cat_last(_bits(s4, 0, 6), _bits(s8, 4, 4).add(_bits(s4, 6, 2).mul(16.0)))
+    return sc, mn
+
+
+def _q5_k(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_q5_K: f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]. Sub-block s = 2j + h:
+    # y[64j + 32h + l] = d*sc[s]*(((qs[32j + l] >> 4h) & 15) | ((qh[l] >> s) & 1) << 4)
+    # - dmin*mn[s]
+    u8 = w["u8"]
+    sc, mn = _k_scale_min(u8, nb, 176)
+    shape = (nb, 4, 2, 32)
+    d = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 88)))
+    dmin = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 88, 1)))
+    scale = sc.mul(d).reshape(nb, 4, 2, 1).expand(shape)
+    offset = mn.mul(dmin).reshape(nb, 4, 2, 1).expand(shape)
+    qs = _at(u8, shape, 176, lambda j, h, e: _lin(48, sym.mul(j, 32), e))
+    qh = _f(_at(u8, shape, 176, lambda j, h, e: sym.add(16, e)))
+    hi = _bits(qh, _table(g, _pow2s(0, 8), (4, 2, 1)), 1)
+    q = _nibble(g, qs, (2, 1)).add(hi.mul(16.0))
+    return scale.mul(q).add(offset.mul(-1.0)).reshape(nb, 256)
+
+
+IQ4_LEVELS = [-127.0, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+# e2m1 codes (sign, 2 exponent bits, 1 mantissa bit) doubled, as ggml's kvalues_mxfp4
+E2M1_X2 = [0.0, 1, 2, 3, 4, 6, 8, 12, -0.0, -1, -2, -3, -4, -6, -8, -12]
+
+
+def _iq4_nl(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_iq4_nl: f16 d; u8 qs[16]. y[16h + l] = d * levels[(qs[l] >> 4h) & 15]
+    shape = (nb, 2, 16)
+    q = _at(w["u8"], shape, 18, lambda h, e: sym.add(2, e))
+    d = _f(_read(w["f16"], shape, lambda b, *_: _b(b, 9)))
+    return d.mul(_lookup(g, IQ4_LEVELS, _nibble(g, q, (2, 1)))).reshape(nb, 32)
+
+
+def _iq4_xs(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_iq4_xs: f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. Sub-block j of 32:
+    # scale = ((scales_l[j/2] >> 4(j%2)) & 15 | ((scales_h >> 2j) & 3) << 4) - 32;
+    # y[32j + 16h + l] = d * scale * levels[(qs[16j + l] >> 4h) & 15]
+    u8 = w["u8"]
+    lo = _f(_read(u8, (nb, 4, 2), lambda b, k, h: _b(b, 136, sym.add(4, k))))
+    lo = _bits(lo, _table(g, [1.0, 1 / 16], (2,)), 4)
+    hi = _f(_read(u8, (nb, 2, 4), lambda b, k, h: _b(b, 136, sym.add(2, k))))
+    hi = _bits(hi, _table(g, [1.0, 1 / 4, 1 / 16, 1 / 64], (4,)), 2)
+    sc = lo.reshape(nb, 8).add(hi.reshape(nb, 8).mul(16.0)).add(-32.0)
+    d = _f(_read(w["f16"], (nb, 1), lambda b, _: _b(b, 68)))
+    shape = (nb, 8, 2, 16)
+    scale = d.mul(sc).reshape(nb, 8, 1, 1).expand(shape)
+    q = _at(u8, shape, 136, lambda j, h, e: _lin(8, sym.mul(j, 16), e))
+    return scale.mul(_lookup(g, IQ4_LEVELS, _nibble(g, q, (2, 1)))).reshape(nb, 256)
+
+
+# 2^(e - 128): ggml_e8m0_to_fp32_half (an e8m0 scale with the e2m1 table's factor 2 taken out;
+# 255 is 2^127 here, where OCP MX makes it NaN)
+E8M0_HALF = [float(np.ldexp(np.float32(1.0), e - 128)) for e in range(256)]
+
+
+def _ue4m3(c: int) -> float:
+    """ggml_ue4m3_to_fp32 * 0.5: an unsigned e4m3 scale (the sign bit ignored, 0x7f is 0)
+    with the e2m1 table's factor 2 taken out."""
+    e, m = (c >> 3) & 15, c & 7
+    v = m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+    return 0.0 if c in (0, 0x7F) else v * 0.5
+
+
+UE4M3_HALF = [_ue4m3(c) for c in range(256)]
+
+
+def _mxfp4(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_mxfp4: u8 e (e8m0); u8 qs[16]. y[16h + l] = 2^(e-128) * e2m1x2[(qs[l] >> 4h) & 15]
+    shape = (nb, 2, 16)
+    q = _at(w["u8"], shape, 17, lambda h, e: sym.add(1, e))
+    e = _f(_read(w["u8"], (nb, 1, 1), lambda b, *_: _b(b, 17)))
+    v = _lookup(g, E2M1_X2, _nibble(g, q, (2, 1)))
+    return v.mul(_lookup(g, E8M0_HALF, e)).reshape(nb, 32)
+
+
+def _nvfp4(g: Graph, w: dict[str, Tensor], nb: sint) -> Tensor:
+    # block_nvfp4 (64 values): u8 d[4] (ue4m3 per 16); u8 qs[32]. Sub-block k:
+    # y[16k + 8h + l] = ue4m3(d[k]) / 2 * e2m1x2[(qs[8k + l] >> 4h) & 15]
+    shape = (nb, 4, 2, 8)
+    q = _at(w["u8"], shape, 36, lambda k, h, e: _lin(4, sym.mul(k, 8), e))
+    d = _f(_read(w["u8"], (nb, 4, 1, 1), lambda b, k, *_: _b(b, 36, k)))
+    v = _lookup(g, E2M1_X2, _nibble(g, q, (2, 1)))
+    return v.mul(_lookup(g, UE4M3_HALF, d)).reshape(nb, 64)
+
+
 FORMATS: dict[str, Format] = {
     "Q4_0": Format("Q4_0", 32, 18, ("u8", "f16"), _q4_0),
     "Q4_1": Format("Q4_1", 32, 20, ("u8", "f16"), _q4_1),
     "Q8_0": Format("Q8_0", 32, 34, ("i8", "f16"), _q8_0),
     "Q4_K": Format("Q4_K", 256, 144, ("u8", "f16"), _q4_k),
     "Q6_K": Format("Q6_K", 256, 210, ("u8", "i8", "f16"), _q6_k),
+    "Q5_0": Format("Q5_0", 32, 22, ("u8", "f16"), _q5_0),
+    "Q5_1": Format("Q5_1", 32, 24, ("u8", "f16"), _q5_1),
+    "Q2_K": Format("Q2_K", 256, 84, ("u8", "f16"), _q2_k),
+    "Q3_K": Format("Q3_K", 256, 110, ("u8", "f16"), _q3_k),
+    "Q5_K": Format("Q5_K", 256, 176, ("u8", "f16"), _q5_k),
+    "IQ4_NL": Format("IQ4_NL", 32, 18, ("u8", "f16"), _iq4_nl),
+    "IQ4_XS": Format("IQ4_XS", 256, 136, ("u8", "f16"), _iq4_xs),
+    "MXFP4": Format("MXFP4", 32, 17, ("u8",), _mxfp4),
+    "NVFP4": Format("NVFP4", 64, 36, ("u8",), _nvfp4),
 }
 
 _ALIASES = {"u8": np.uint8, "f16": np.float16, "i8": np.int8}

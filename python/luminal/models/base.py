@@ -44,7 +44,8 @@ class WeightSource(Protocol):
 
 
 class DictWeights:
-    """Weights held as numpy arrays (f32/f16/bf16) under canonical names."""
+    """Weights held as numpy arrays (f32/f16/bf16) under canonical names; f16/bf16 enter the
+    graph as stored and are cast to f32 there."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray], prefix: str = "") -> None:
         self.arrays = dict(arrays)
@@ -59,7 +60,8 @@ class DictWeights:
     def get(self, g: Graph, name: str) -> Tensor:
         key = self.prefix + name
         t = Tensor(g.inputs[key]) if key in g.inputs else g.weight(key, data=self.arrays[name])
-        return t if t.dtype.name in ("f32", "f64") else t.float()
+        # f16/bf16 (and integer) arrays compute in f32: Tensor.float() keeps f16/bf16 as they are
+        return t if t.dtype.name in ("f32", "f64") else t.cast("f32")
 
     def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:
         return embedding(idx, self.get(g, name))
