@@ -94,9 +94,10 @@ _TABLES: weakref.WeakKeyDictionary[Graph, dict[tuple, Tensor]] = weakref.WeakKey
 def _table(g: Graph, values: list[float], shape: tuple[int, ...]) -> Tensor:
     """A small constant (shift factors), shared by every quantized weight of the graph."""
     cache = _TABLES.setdefault(g, {})
-    key = (tuple(values), shape)
+    arr = np.asarray(values, dtype=np.float32).reshape(shape)
+    key = (arr.tobytes(), shape)  # bytes: NaN entries compare equal
     if key not in cache:
-        cache[key] = g.tensor(np.asarray(values, dtype=np.float32).reshape(shape))
+        cache[key] = g.tensor(arr)
     return cache[key]
 
 
@@ -123,7 +124,7 @@ def _at(w: Tensor, shape: tuple[sint, ...], size: int, off: Callable[..., sint])
 
 
 def _lookup(g: Graph, values: list[float], code: Tensor) -> Tensor:
-    """``values[code]`` for an integer-valued f32 ``code``: one GATHER from a shared table."""
+    """``values[code]`` for an integer-valued ``code``: one GATHER from a shared table."""
     table = _table(g, values, (len(values),))
     return Tensor(g.add_op(Op.GATHER, [table.edge, code.cast(dt.i32).edge]))
 

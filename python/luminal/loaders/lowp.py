@@ -1,0 +1,405 @@
+"""luminal's low-precision weight formats: fp8 (e4m3, e5m2) with per-channel or per-tensor f32
+scales, int8 per-channel symmetric, OCP MX mxfp4 / mxfp8, nvfp4, bf16 and f16.
+
+Each format is three things kept side by side: a reference **quantizer** (numpy, f32 rows ->
+packed parts, with the rounding rule of the format's spec), a reference **dequantizer**
+(numpy), and a **graph expression** over the packed parts, as the GGUF block formats in
+``quants.py`` are: small-float codes are a GATHER from a 256- (or 16-) entry table of their
+exact values, scales multiply once, so the search can fuse the whole expression into the matmul
+that consumes it. A weight of shape (rows, cols) is a dict of *parts*, each a C-contiguous
+array whose first dim is ``rows`` (per-row data and scales) or 1 (a per-tensor scale).
+
+Rounding (all formats): round to nearest, ties to even, saturating at the element type's
+largest finite value (OCP MX v1.0 section 6.3 for the MX formats; NVIDIA's nvfp4 recipe; the
+``satfinite`` conversions). Layouts:
+
+- ``fp8_e4m3`` / ``fp8_e5m2``: ``q`` u8 (rows, cols) codes, ``scale`` f32 (rows, 1) =
+  amax(row) / max_finite; ``*_tensor`` variants: one scale (1, 1) for the tensor.
+- ``int8``: ``q`` i8 (rows, cols) in [-127, 127], ``scale`` f32 (rows, 1) = amax(row) / 127.
+- ``mxfp8``: ``q`` u8 e4m3 codes, ``e`` u8 (rows, cols / 32) e8m0 scales 2^(e - 127),
+  e = floor(log2(amax(block))) - 8 + 127 clamped to [0, 254].
+- ``mxfp4``: GGUF MXFP4 blocks (``blocks`` u8 (rows, cols / 32 * 17): e8m0 byte, 16 bytes of
+  e2m1 codes, values 0..15 in the low nibbles, 16..31 in the high), e = floor(log2(amax)) - 2
+  + 127; the file is a plain GGUF MXFP4 tensor.
+- ``nvfp4``: GGUF NVFP4 blocks (``blocks`` u8 (rows, cols / 64 * 36): four e4m3 scales, one
+  per 16 values, then 32 bytes of e2m1 codes) and ``scale`` f32 (1, 1) = amax(tensor) / (6 *
+  448); block scale = e4m3(amax(block) / 6 / scale).
+- ``bf16`` / ``f16``: ``data`` (rows, cols) of that type, cast to f32 in the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import ml_dtypes
+import numpy as np
+
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.ops import Op
+from ..graph.symbolic import sint
+from ..tensor import Graph, Tensor
+from . import quants
+
+# --------------------------------------------------------------------------- element types
+
+
+@dataclass(frozen=True)
+class SmallFloat:
+    """A sign + ``eb`` exponent bits + ``mb`` mantissa bits float; ``ieee``: the top exponent
+    is inf/NaN (e5m2); otherwise only the all-ones code is NaN (e4m3fn) or none is (e2m1)."""
+
+    name: str
+    eb: int
+    mb: int
+    bias: int
+    ieee: bool
+    nan_code: bool
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.eb + self.mb
+
+    def decode(self, code: int) -> float:
+        mag = code & ((1 << (self.eb + self.mb)) - 1)
+        e, m = mag >> self.mb, mag & ((1 << self.mb) - 1)
+        top = (1 << self.eb) - 1
+        if self.ieee and e == top:
+            v = float("nan") if m else float("inf")
+        elif self.nan_code and mag == (1 << (self.eb + self.mb)) - 1:
+            v = float("nan")
+        elif e == 0:
+            v = m * 2.0 ** (1 - self.bias - self.mb)
+        else:
+            v = (1 + m / (1 << self.mb)) * 2.0 ** (e - self.bias)
+        return -v if code >> (self.eb + self.mb) else v
+
+    @cached_property
+    def table(self) -> list[float]:
+        """f32 value of every code (what the graph gathers from)."""
+        return [self.decode(c) for c in range(1 << self.bits)]
+
+    @cached_property
+    def max_finite(self) -> float:
+        return max(v for v in self.table if np.isfinite(v))
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite value (OCP MX's emax_elem)."""
+        return int(np.floor(np.log2(self.max_finite)))
+
+    def round(self, x: np.ndarray) -> np.ndarray:
+        """Nearest representable value, ties to even, saturating at +-max_finite (float64)."""
+        x = np.asarray(x, np.float64)
+        a = np.abs(x)
+        with np.errstate(divide="ignore"):
+            e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+        step = 2.0 ** (np.maximum(e, 1 - self.bias) - self.mb)
+        q = np.minimum(np.rint(a / step) * step, self.max_finite)  # rint: ties to even
+        return np.copysign(q, x)
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        """Codes (u8) of the rounded values of ``x`` (finite)."""
+        q = self.round(x)
+        pos = np.asarray(self.table[: 1 << (self.eb + self.mb)], np.float64)
+        order = np.argsort(np.where(np.isfinite(pos), pos, np.inf), kind="stable")
+        sorted_vals = pos[order]
+        mag = order[np.searchsorted(sorted_vals, np.abs(q))]
+        sign = np.signbit(q).astype(np.int64) << (self.eb + self.mb)
+        return (mag | sign).astype(np.uint8)
+
+
+E4M3 = SmallFloat("e4m3", 4, 3, 7, ieee=False, nan_code=True)
+E5M2 = SmallFloat("e5m2", 5, 2, 15, ieee=True, nan_code=False)
+E2M1 = SmallFloat("e2m1", 2, 1, 1, ieee=False, nan_code=False)
+E8M0 = [float("nan") if c == 255 else float(np.ldexp(1.0, c - 127)) for c in range(256)]
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    dtype: np.dtype
+    per_row: bool  # leading dim is the weight's rows (gathered for embedding rows), else 1
+
+
+@dataclass(frozen=True)
+class LowpFormat:
+    name: str
+    block: int  # columns must be a multiple of this
+    parts: tuple[Part, ...]  # the first is the weight's own tensor in a file
+    bits: float  # bits per weight, scales included (for a 4096-column row)
+    quantize: Callable[[np.ndarray], dict[str, np.ndarray]]
+    dequantize: Callable[[dict[str, np.ndarray]], np.ndarray]
+    build: Callable[[Graph, dict[str, Tensor], sint, int], Tensor]
+    gguf_type: str | None = None  # a plain GGUF tensor of this type when set
+
+
+def _rows2d(x: np.ndarray, fmt: str, block: int) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"{fmt}: quantize takes a 2-D (rows, cols) array, got shape {x.shape}")
+    if x.shape[1] % block:
+        raise ValueError(
+            f"{fmt}: row length {x.shape[1]} is not a multiple of the {fmt} block ({block})"
+        )
+    if not np.isfinite(x).all():
+        raise ValueError(f"{fmt}: cannot quantize NaN or infinite values")
+    return x
+
+
+def _amax_scale(x: np.ndarray, vmax: float, per_row: bool) -> np.ndarray:
+    amax = np.abs(x).max(axis=1, keepdims=True) if per_row else np.abs(x).max(keepdims=True)
+    s = (amax / np.float32(vmax)).astype(np.float32)
+    return np.where(s > 0, s, np.float32(1.0)).astype(np.float32)  # an all-zero row: any scale
+
+
+_lookup = quants._lookup
+
+
+def _per_block(s: Tensor, rows: sint, cols: int, block: int) -> Tensor:
+    """(rows, cols / block) -> (rows, cols), each scale repeated over its block."""
+    return s.reshape(rows, cols // block, 1).expand(rows, cols // block, block).reshape(rows, cols)
+
+
+# fp8 with f32 scales ------------------------------------------------------------------------
+
+
+def _fp8(name: str, et: SmallFloat, per_row: bool) -> LowpFormat:
+    def quantize(x: np.ndarray) -> dict[str, np.ndarray]:
+        x = _rows2d(x, name, 1)
+        s = _amax_scale(x, et.max_finite, per_row)
+        return {"q": et.encode(x / s), "scale": s}
+
+    def dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+        v = np.asarray(et.table, np.float32)[p["q"]]
+        return v * p["scale"]
+
+    def build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor:
+        return _lookup(g, et.table, w["q"]).mul(w["scale"])
+
+    parts = (Part("q", np.dtype(np.uint8), True), Part("scale", np.dtype(np.float32), per_row))
+    bits = 8 + (32 / 4096 if per_row else 0)
+    return LowpFormat(name, 1, parts, bits, quantize, dequantize, build)
+
+
+# int8 per channel ---------------------------------------------------------------------------
+
+
+def _int8_quantize(x: np.ndarray) -> dict[str, np.ndarray]:
+    x = _rows2d(x, "int8", 1)
+    s = _amax_scale(x, 127.0, True)
+    q = np.clip(np.rint(x.astype(np.float64) / s), -127, 127).astype(np.int8)
+    return {"q": q, "scale": s}
+
+
+def _int8_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+    return p["q"].astype(np.float32) * p["scale"]
+
+
+def _int8_build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor:
+    return w["q"].cast(dt.f32).mul(w["scale"])
+
+
+# OCP MX -------------------------------------------------------------------------------------
+
+
+def _mx_exponent(x: np.ndarray, block: int, et: SmallFloat) -> np.ndarray:
+    """Shared e8m0 byte per block: floor(log2(amax)) - emax_elem + 127, in [0, 254]."""
+    amax = np.abs(x.reshape(x.shape[0], -1, block)).max(axis=-1).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - et.emax, -127)
+    return np.clip(e + 127, 0, 254).astype(np.uint8)
+
+
+def _mx_elements(x: np.ndarray, e: np.ndarray, block: int, et: SmallFloat) -> np.ndarray:
+    scale = np.ldexp(1.0, e.astype(np.int64) - 127)
+    xs = x.reshape(x.shape[0], -1, block).astype(np.float64) / scale[..., None]
+    return et.encode(xs).reshape(x.shape)
+
+
+def _mxfp8_quantize(x: np.ndarray) -> dict[str, np.ndarray]:
+    x = _rows2d(x, "mxfp8", 32)
+    e = _mx_exponent(x, 32, E4M3)
+    return {"q": _mx_elements(x, e, 32, E4M3), "e": e}
+
+
+def _mxfp8_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+    v = np.asarray(E4M3.table, np.float32)[p["q"]]
+    s = np.asarray(E8M0, np.float32)[p["e"]]
+    return v * np.repeat(s, 32, axis=1)
+
+
+def _mxfp8_build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor:
+    s = _per_block(_lookup(g, E8M0, w["e"]), rows, cols, 32)
+    return _lookup(g, E4M3.table, w["q"]).mul(s)
+
+
+def _pack_nibbles(codes: np.ndarray, half: int) -> np.ndarray:
+    """(n, 2 * half) codes -> (n, half) bytes: codes [0, half) low nibbles, the rest high."""
+    return (codes[:, :half] | (codes[:, half:] << 4)).astype(np.uint8)
+
+
+def _unpack_nibbles(b: np.ndarray) -> np.ndarray:
+    return np.concatenate([b & 15, b >> 4], axis=-1)
+
+
+def _mxfp4_quantize(x: np.ndarray) -> dict[str, np.ndarray]:
+    x = _rows2d(x, "mxfp4", 32)
+    rows, cols = x.shape
+    e = _mx_exponent(x, 32, E2M1)
+    codes = _mx_elements(x, e, 32, E2M1).reshape(-1, 32)
+    blocks = np.concatenate([e.reshape(-1, 1), _pack_nibbles(codes, 16)], axis=1)
+    return {"blocks": blocks.reshape(rows, cols // 32 * 17)}
+
+
+def _mxfp4_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+    b = p["blocks"].reshape(-1, 17)
+    v = np.asarray(E2M1.table, np.float32)[_unpack_nibbles(b[:, 1:])]
+    s = np.asarray(E8M0, np.float32)[b[:, :1]]
+    return (v * s).reshape(p["blocks"].shape[0], -1)
+
+
+def _mxfp4_build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor:
+    f = quants.FORMATS["MXFP4"]
+    return f.build(g, {"u8": w["blocks"]}, sym.mul(rows, cols // 32)).reshape(rows, cols)
+
+
+# nvfp4 --------------------------------------------------------------------------------------
+
+
+def _nvfp4_quantize(x: np.ndarray) -> dict[str, np.ndarray]:
+    x = _rows2d(x, "nvfp4", 64)
+    rows, cols = x.shape
+    t = _amax_scale(x, 6.0 * E4M3.max_finite, per_row=False)  # (1, 1)
+    xb = x.reshape(-1, 16).astype(np.float64)
+    d = E4M3.encode(np.abs(xb).max(axis=1) / 6.0 / np.float64(t[0, 0]))  # positive codes
+    dv = np.asarray(E4M3.table, np.float64)[d] * np.float64(t[0, 0])
+    xs = np.divide(xb, dv[:, None], out=np.zeros_like(xb), where=dv[:, None] > 0)
+    codes = E2M1.encode(xs).reshape(-1, 4, 16)
+    qs = _pack_nibbles(codes.reshape(-1, 16), 8).reshape(-1, 32)
+    blocks = np.concatenate([d.reshape(-1, 4), qs], axis=1)
+    return {"blocks": blocks.reshape(rows, cols // 64 * 36), "scale": t}
+
+
+def _nvfp4_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+    b = p["blocks"].reshape(-1, 36)
+    v = np.asarray(E2M1.table, np.float32)[_unpack_nibbles(b[:, 4:].reshape(-1, 8))]
+    d = np.asarray(E4M3.table, np.float32)[b[:, :4].reshape(-1, 1)]
+    return (v * d).reshape(p["blocks"].shape[0], -1) * p["scale"]
+
+
+def _nvfp4_build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor:
+    f = quants.FORMATS["NVFP4"]
+    y = f.build(g, {"u8": w["blocks"]}, sym.mul(rows, cols // 64)).reshape(rows, cols)
+    return y.mul(w["scale"])
+
+
+# bf16 / f16 ---------------------------------------------------------------------------------
+
+
+def _half(name: str, np_type: type) -> LowpFormat:
+    def quantize(x: np.ndarray) -> dict[str, np.ndarray]:
+        return {"data": _rows2d(x, name, 1).astype(np_type)}  # round to nearest even
+
+    def dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+        return p["data"].astype(np.float32)
+
+    def build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor:
+        return w["data"].cast(dt.f32)
+
+    parts = (Part("data", np.dtype(np_type), True),)
+    return LowpFormat(name, 1, parts, 16, quantize, dequantize, build, name.upper())
+
+
+_U8, _F32 = np.dtype(np.uint8), np.dtype(np.float32)
+FORMATS: dict[str, LowpFormat] = {
+    f.name: f
+    for f in (
+        _fp8("fp8_e4m3", E4M3, per_row=True),
+        _fp8("fp8_e5m2", E5M2, per_row=True),
+        _fp8("fp8_e4m3_tensor", E4M3, per_row=False),
+        _fp8("fp8_e5m2_tensor", E5M2, per_row=False),
+        LowpFormat("int8", 1, (Part("q", np.dtype(np.int8), True), Part("scale", _F32, True)),
+                   8 + 32 / 4096, _int8_quantize, _int8_dequantize, _int8_build),
+        LowpFormat("mxfp8", 32, (Part("q", _U8, True), Part("e", _U8, True)), 8.25,
+                   _mxfp8_quantize, _mxfp8_dequantize, _mxfp8_build),
+        LowpFormat("mxfp4", 32, (Part("blocks", _U8, True),), 4.25, _mxfp4_quantize,
+                   _mxfp4_dequantize, _mxfp4_build, "MXFP4"),
+        LowpFormat("nvfp4", 64, (Part("blocks", _U8, True), Part("scale", _F32, False)), 4.5,
+                   _nvfp4_quantize, _nvfp4_dequantize, _nvfp4_build),
+        _half("bf16", ml_dtypes.bfloat16),
+        _half("f16", np.float16),
+    )
+}  # fmt: skip
+
+
+def get(fmt: str) -> LowpFormat:
+    f = FORMATS.get(fmt)
+    if f is None:
+        raise ValueError(f"unknown low-precision format {fmt!r} (known: {', '.join(FORMATS)})")
+    return f
+
+
+def check_parts(fmt: LowpFormat, parts: dict[str, np.ndarray], shape: tuple[int, int],
+                what: str) -> None:  # fmt: skip
+    """Raise a ValueError naming ``what`` unless ``parts`` are ``fmt``'s for ``shape``."""
+    rows, cols = shape
+    if cols % fmt.block:
+        raise ValueError(
+            f"{what}: row length {cols} is not a multiple of the {fmt.name} block ({fmt.block})"
+        )
+    ref = fmt.quantize(np.zeros((1, cols), np.float32))
+    for p in fmt.parts:
+        a = parts.get(p.name)
+        if a is None:
+            raise ValueError(f"{what}: {fmt.name} needs a part {p.name!r}, got {sorted(parts)}")
+        want = ((rows if p.per_row else 1), ref[p.name].shape[1])
+        if a.shape != want or a.dtype != p.dtype:
+            raise ValueError(
+                f"{what}: {fmt.name} part {p.name!r} is {a.dtype}{list(a.shape)}, "
+                f"needs {p.dtype}{list(want)}"
+            )
+
+
+def weight(g: Graph, name: str, fmt: str, parts: dict[str, np.ndarray],
+           shape: tuple[int, int]) -> Tensor:  # fmt: skip
+    """The f32 (rows, cols) expression of a weight stored as ``fmt``'s ``parts`` (mapped
+    arrays); registers each part as a weight ``<name>#<part>`` of ``g``."""
+    f = get(fmt)
+    check_parts(f, parts, shape, f"tensor {name!r}")
+    return f.build(g, _inputs(g, name, f, parts), shape[0], shape[1])
+
+
+def rows(g: Graph, name: str, fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, int],
+         idx: Tensor) -> Tensor:  # fmt: skip
+    """``weight[idx]`` as (len(idx), cols) f32: GATHER the per-row parts, then dequantize."""
+    f = get(fmt)
+    check_parts(f, parts, shape, f"tensor {name!r}")
+    ws = _inputs(g, name, f, parts)
+    picked = {
+        p.name: Tensor(g.add_op(Op.GATHER, [ws[p.name].edge, idx.edge])) if p.per_row
+        else ws[p.name]
+        for p in f.parts
+    }  # fmt: skip
+    return f.build(g, picked, idx.numel(), shape[1])
+
+
+def _inputs(g: Graph, name: str, f: LowpFormat, parts: dict[str, np.ndarray]) -> dict[str, Tensor]:
+    ws = {}
+    for p in f.parts:
+        wname = f"{name}#{p.name}"
+        ws[p.name] = (
+            Tensor(g.inputs[wname]) if wname in g.inputs else g.weight(wname, data=parts[p.name])
+        )
+    return ws
+
+
+def dequantize(fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, int]) -> np.ndarray:
+    """Run the graph expression with the reference interpreter (tests, tools)."""
+    g = Graph(f"dequant_{fmt}")
+    g.output("y", weight(g, "w", fmt, parts, shape))
+    return g.run()["y"]

@@ -1,0 +1,159 @@
+"""luminal's low-precision formats (``luminal.loaders.lowp``): element rounding against
+``ml_dtypes``, each format's round trip against its reference quantizer (bit-exact packing,
+the graph expression equal to the numpy dequantizer), the MX / nvfp4 blocks against
+``gguf.quants``, and each format's GEMV/GEMM through a compiled plan against the interpreter."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal.loaders import lowp
+
+RNG = np.random.default_rng(8)
+ELEMENTS = [
+    (lowp.E4M3, ml_dtypes.float8_e4m3fn),
+    (lowp.E5M2, ml_dtypes.float8_e5m2),
+    (lowp.E2M1, ml_dtypes.float4_e2m1fn),
+]
+# max error relative to the row amax on normal data (mxfp8: OCP MX saturates a block amax
+# past 448 times its scale, up to 1/8)
+TOL = {"fp8_e4m3": 0.07, "fp8_e5m2": 0.13, "fp8_e4m3_tensor": 0.07, "fp8_e5m2_tensor": 0.13,
+       "int8": 0.005, "mxfp8": 0.13, "mxfp4": 0.26, "nvfp4": 0.2, "bf16": 0.005,
+       "f16": 0.001}  # fmt: skip
+
+
+def _weights(rows: int, cols: int) -> np.ndarray:
+    # rows of very different magnitudes: per-row and per-block scales matter
+    x = RNG.normal(size=(rows, cols)) * np.exp(RNG.normal(size=(rows, 1)) * 2)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("et,md", ELEMENTS, ids=lambda v: getattr(v, "name", ""))
+def test_element_codes_and_rounding_match_ml_dtypes(et: lowp.SmallFloat, md: type) -> None:
+    codes = np.arange(1 << et.bits, dtype=np.uint8)
+    np.testing.assert_array_equal(np.asarray(et.table, np.float32),
+                                  codes.view(md).astype(np.float32))  # fmt: skip
+    vals = np.unique([v for v in et.table if np.isfinite(v)])
+    ties = ((vals[1:] + vals[:-1]) / 2).astype(np.float32)  # exact midpoints: ties to even
+    x = np.concatenate([RNG.normal(size=4000).astype(np.float32) * et.max_finite / 8, ties])
+    x = x[np.abs(x) <= et.max_finite]
+    np.testing.assert_array_equal(et.round(x).astype(np.float32), x.astype(md).astype(np.float32))
+    got = np.asarray(et.table, np.float32)[et.encode(x)]
+    np.testing.assert_array_equal(got, et.round(x).astype(np.float32))
+    # saturating: past the largest finite value is the largest finite value
+    big = np.asarray([et.max_finite * 1.5, -et.max_finite * 4], np.float32)
+    np.testing.assert_array_equal(et.round(big), [et.max_finite, -et.max_finite])
+
+
+@pytest.mark.parametrize("fmt", list(lowp.FORMATS))
+def test_round_trip_against_reference_quantizer(fmt: str) -> None:
+    f = lowp.FORMATS[fmt]
+    rows, cols = 7, 64 * 3
+    x = _weights(rows, cols)
+    x[2] = 0.0  # an all-zero row
+    parts = f.quantize(x)
+    lowp.check_parts(f, parts, (rows, cols), fmt)
+    ref = f.dequantize(parts)
+    np.testing.assert_array_equal(lowp.dequantize(fmt, parts, (rows, cols)), ref)
+    again = f.quantize(ref)  # the quantized values are fixed points: same bytes
+    for k in parts:
+        np.testing.assert_array_equal(again[k], parts[k], err_msg=k)
+    assert not ref[2].any()
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    assert (np.abs(ref - x) <= TOL[fmt] * amax + 1e-30).all()
+
+
+def test_mx_and_nvfp4_spec_examples() -> None:
+    # OCP MX: shared exponent floor(log2(amax)) - emax_elem; mxfp4 block amax 6 -> scale 1
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [6.0, -0.25, 0.75, 2.5]
+    b = lowp.FORMATS["mxfp4"].quantize(x)["blocks"]
+    assert b[0, 0] == 127
+    codes = lowp._unpack_nibbles(b[:, 1:])[0, :4]
+    # 6 -> 0b0111; -0.25 ties 0/0.5 -> -0 (even); 0.75 ties 0.5/1 -> 1 (even); 2.5 -> 2 (even)
+    assert codes.tolist() == [0b0111, 0b1000, 0b0010, 0b0100]
+    # mxfp8: amax 1.0 -> e = 0 - 8 + 127
+    e = lowp.FORMATS["mxfp8"].quantize(np.ones((1, 32), np.float32))["e"]
+    assert e.tolist() == [[119]]
+    # nvfp4: tensor scale amax / (6 * 448); a block's scale amax / 6 in e4m3
+    y = np.zeros((1, 64), np.float32)
+    y[0, 0], y[0, 16] = 2688.0, 6.0
+    p = lowp.FORMATS["nvfp4"].quantize(y)
+    assert p["scale"].tolist() == [[1.0]]
+    assert p["blocks"][0, :2].tolist() == [0x7E, 0x38]  # e4m3 448 and 1.0
+    np.testing.assert_array_equal(lowp.FORMATS["nvfp4"].dequantize(p), y)
+
+
+def test_blocks_agree_with_gguf() -> None:
+    gguf = pytest.importorskip("gguf")
+    x = _weights(9, 256)
+    mine = lowp.FORMATS["mxfp4"].quantize(x)
+    theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType.MXFP4)
+    # the same scales and codes, except that a negative value rounding to zero is -0 here
+    # (ties-to-even keeps the sign) where gguf writes +0
+    m, t = mine["blocks"].reshape(-1, 17), theirs.reshape(-1, 17)
+    np.testing.assert_array_equal(m[:, 0], t[:, 0])
+    mc, tc = lowp._unpack_nibbles(m[:, 1:]), lowp._unpack_nibbles(t[:, 1:])
+    np.testing.assert_array_equal(np.where(mc == 8, 0, mc), tc)
+    ref = gguf.quants.dequantize(mine["blocks"], gguf.GGMLQuantizationType.MXFP4)
+    np.testing.assert_array_equal(ref, lowp.FORMATS["mxfp4"].dequantize(mine))
+    p = lowp.FORMATS["nvfp4"].quantize(x)
+    ref = gguf.quants.dequantize(p["blocks"], gguf.GGMLQuantizationType.NVFP4) * p["scale"]
+    np.testing.assert_array_equal(ref, lowp.FORMATS["nvfp4"].dequantize(p))
+
+
+def test_every_format_gemv_and_gemm_compiled_against_interp() -> None:
+    """One plan: each format's weight (bit-exact) and x @ W.T for a 1-row (GEMV) and a
+    5-row (GEMM) x at odd sizes, against the interpreter."""
+    g = lm.Graph("lowp_formats")
+    n = lm.dim("n", 1, 16)
+    refs, xs = {}, {}
+    for k, fmt in enumerate(lowp.FORMATS):
+        f = lowp.FORMATS[fmt]
+        rows, cols = 5 + 2 * (k % 3), 64 * (1 + k % 3)
+        parts = f.quantize(_weights(rows, cols))
+        refs[fmt] = f.dequantize(parts)
+        w = lowp.weight(g, f"w{k}", fmt, parts, (rows, cols))
+        g.output(f"w_{fmt}", w)
+        g.output(f"y_{fmt}", g.input(f"x{k}", (n, cols)) @ w.T)
+        xs[f"x{k}"] = RNG.normal(size=(5, cols)).astype(np.float32)
+    cg = lm.compile(g)
+    for m in (1, 5):
+        ins = {k: v[:m] for k, v in xs.items()}
+        got, want = cg.run(ins), g.run(ins)
+        for fmt in lowp.FORMATS:
+            np.testing.assert_array_equal(got[f"w_{fmt}"], refs[fmt], err_msg=fmt)
+            y, r = got[f"y_{fmt}"], want[f"y_{fmt}"]
+            np.testing.assert_allclose(y, r, rtol=1e-5, atol=1e-5 * np.abs(r).max(), err_msg=fmt)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e5m2_tensor", "int8", "mxfp8", "nvfp4"])
+def test_rows_gather_then_dequantize(fmt: str) -> None:
+    f = lowp.FORMATS[fmt]
+    parts = f.quantize(_weights(11, 128))
+    full = f.dequantize(parts)
+    g = lm.Graph("rows")
+    idx = g.input("idx", (lm.dim("n", 1, 16),), lm.i32)
+    g.output("y", lowp.rows(g, "w", fmt, parts, (11, 128), idx))
+    for pick in ([3], [10, 0, 4, 4]):
+        np.testing.assert_array_equal(g.run({"idx": np.asarray(pick, np.int32)})["y"], full[pick])
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="not a multiple of the mxfp4 block"):
+        lowp.FORMATS["mxfp4"].quantize(np.ones((2, 48), np.float32))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        lowp.FORMATS["int8"].quantize(np.asarray([[1.0, np.nan]], np.float32))
+    with pytest.raises(ValueError, match="2-D"):
+        lowp.FORMATS["fp8_e4m3"].quantize(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="unknown low-precision format 'fp3'"):
+        lowp.get("fp3")
+    parts = lowp.FORMATS["int8"].quantize(np.ones((3, 8), np.float32))
+    bad = {"q": np.zeros((4, 8), np.int8), "scale": parts["scale"]}
+    with pytest.raises(ValueError, match=r"'scale' is float32\[3, 1\], needs float32\[4, 1\]"):
+        lowp.weight(lm.Graph(), "w", "int8", bad, (4, 8))
+    with pytest.raises(ValueError, match="needs a part 'scale'"):
+        lowp.weight(lm.Graph(), "w", "int8", {"q": parts["q"]}, (3, 8))
