@@ -15,9 +15,17 @@ from luminal.serve.batched import BatchedDecoder
 def tiny_llama(ctx: int = 40, vocab: int = 97, hidden: int = 48, seed: int = 0) -> Llama:
     """A random 2-layer GQA Llama (4 query heads, 2 kv heads, interleaved RoPE)."""
     heads, kv, inter = 4, 2, 80
-    c = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, n_layers=2,
-                    n_heads=heads, n_kv_heads=kv, head_dim=hidden // heads, context_length=ctx,
-                    rope_interleaved=True)  # fmt: skip
+    c = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        n_layers=2,
+        n_heads=heads,
+        n_kv_heads=kv,
+        head_dim=hidden // heads,
+        context_length=ctx,
+        rope_interleaved=True,
+    )
     r = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -27,13 +35,21 @@ def tiny_llama(ctx: int = 40, vocab: int = 97, hidden: int = 48, seed: int = 0) 
         return (1 + 0.1 * r.standard_normal(hidden)).astype(np.float32)
 
     kvw = kv * c.head_dim
-    ws = {"token_embd.weight": r.standard_normal((vocab, hidden)).astype(np.float32),
-          "output_norm.weight": norm()}  # fmt: skip
+    ws = {
+        "token_embd.weight": r.standard_normal((vocab, hidden)).astype(np.float32),
+        "output_norm.weight": norm(),
+    }
     for i in range(2):
         p = f"blk.{i}."
-        shapes = {"attn_q": (hidden, hidden), "attn_k": (kvw, hidden), "attn_v": (kvw, hidden),
-                  "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden),
-                  "ffn_up": (inter, hidden), "ffn_down": (hidden, inter)}  # fmt: skip
+        shapes = {
+            "attn_q": (hidden, hidden),
+            "attn_k": (kvw, hidden),
+            "attn_v": (kvw, hidden),
+            "attn_output": (hidden, hidden),
+            "ffn_gate": (inter, hidden),
+            "ffn_up": (inter, hidden),
+            "ffn_down": (hidden, inter),
+        }
         for n, s in shapes.items():
             ws[p + n + ".weight"] = mat(*s)
         ws[p + "attn_norm.weight"] = norm()
@@ -72,8 +88,9 @@ def test_batched_decode_matches_per_sequence_sessions(backend: str) -> None:
         pos = [p + 1 for p in pos]
     # a smaller batch of the same plan: drop two sequences, the others go on unchanged
     keep = [0, 2]
-    out = bd.step(runner, cache, [toks[i] for i in keep], [pos[i] for i in keep],
-                  [slots[i] for i in keep])  # fmt: skip
+    out = bd.step(
+        runner, cache, [toks[i] for i in keep], [pos[i] for i in keep], [slots[i] for i in keep]
+    )
     want = np.stack([refs[i].forward([toks[i]]) for i in keep])
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 

