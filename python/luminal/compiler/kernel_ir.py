@@ -302,6 +302,43 @@ def _substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any]) -> Val
     return Gather(v.var, row, s(v.rows), substitute(v.body, inner), v.dtype)
 
 
+def two_way_gather(var: sym.Expr, row: Value, rows: sint, body: Value, dtype: DType) -> Value:
+    """A gather whose row is ``b + d * c`` (``b``, ``d`` index values, ``c`` a 0/1 cast of a
+    bool: an exact float ``where`` reading one of two sides of a concatenation) as a gather
+    over the two choices: ``body`` at ``b`` or at ``b + d``, each substituted statically, so
+    their loads keep plain index expressions instead of dividing a runtime row. Any other
+    gather is returned as it is."""
+    plain = Gather(var, row, rows, body, dtype)
+    if not (isinstance(row, Alu) and row.op is Op.ADD):
+        return plain
+    for base, step in (row.srcs, row.srcs[::-1]):
+        if not (isinstance(base, IndexVal) and isinstance(step, Alu) and step.op is Op.MUL):
+            continue
+        for d, c in (step.srcs, step.srcs[::-1]):
+            if not (isinstance(d, IndexVal) and isinstance(c, Cast) and c.src.dtype.name == "bool"):
+                continue
+            b, other = base.expr, sym.add(base.expr, d.expr)
+            # both choices must be rows the gather reads (else it would give 0 there)
+            if not all(sym.prove_nonneg(e) and sym.prove_lt(e, rows) for e in (b, other)):
+                return plain
+            pick = sym.var(var.name + "w", 0, 1, 2)
+            sides = [Masked(v, substitute(body, {var.name: e}), dtype)
+                     for v, e in ((sym.lt(pick, 1), b), (sym.lt(0, pick), other))]  # fmt: skip
+            return Gather(pick, Cast(c.src, c.dtype), 2, Alu(Op.ADD, tuple(sides), dtype), dtype)
+    return plain
+
+
+def _two_way_sides(g: Gather) -> list[Value]:
+    """The two sides of a gather made by ``two_way_gather``, else []."""
+    b = g.body
+    if g.rows != 2 or not (isinstance(b, Alu) and b.op is Op.ADD and len(b.srcs) == 2):
+        return []
+    want = (sym.lt(g.var, 1), sym.lt(0, g.var))
+    if not all(isinstance(m, Masked) and m.valid == w for m, w in zip(b.srcs, want, strict=True)):
+        return []
+    return [m.value for m in b.srcs if isinstance(m, Masked)]
+
+
 def _expr_vars(e: sint) -> frozenset[str]:
     if not isinstance(e, sym.Expr):
         return frozenset()
@@ -352,7 +389,12 @@ def invariant_parts(
     if isinstance(v, Reduce):
         return invariant_parts(v.body, inner | {v.var.name}, memo)
     if isinstance(v, Gather):
-        return invariant_parts(v.row, inner, memo)
+        parts = invariant_parts(v.row, inner, memo)
+        # both sides of a two-way gather are valid at every point (two_way_gather): what
+        # they compute outside ``inner`` (a softmax's row max) is safe to compute first
+        for side in _two_way_sides(v):
+            parts += invariant_parts(side, inner | {v.var.name}, memo)
+        return parts
     if isinstance(v, SoftmaxSum):
         inner = inner | {v.var.name}
         return invariant_parts(v.score, inner, memo) + invariant_parts(v.weight, inner, memo)

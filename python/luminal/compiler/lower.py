@@ -367,7 +367,7 @@ class _Lowerer:
             for k in range(1, len(dv.shape)):
                 m[f"_i{k}"] = sym.index_var(nidx + k - 1, dv.shape[k])
             body = self.subst(self.read(data, dv), m)
-            return K.Gather(gv, row, rows, body, n.dtype)
+            return K.two_way_gather(gv, row, rows, body, n.dtype)
         raise ValueError(f"lower: no value for {n}")
 
     def _softmax_sum(self, m: SoftmaxSumMatch) -> K.Value:
