@@ -6,6 +6,7 @@ compile it to a plan, run the plan with the C++ runtime. See README.md and DESIG
 
 from . import functional as _functional  # noqa: F401  (registers Tensor's methods)
 from ._version import __version__
+from .codegen.metal.device import metal_status  # noqa: F401  (cheap: no compiler imports)
 from .compile import CompiledGraph, compile
 from .graph.dtypes import (
     DType,

@@ -5,7 +5,7 @@ its library calls and its cache id, behind the interface of ``compiler/target.py
 registry maps names to factories, so another backend (Metal) is one more entry.
 
     >>> luminal.targets.names()
-    ['cpu', 'cuda']
+    ['cpu', 'cuda', 'metal']
 """
 
 from __future__ import annotations
@@ -46,5 +46,12 @@ def _cuda(**options: Any) -> Target:
     return CudaTarget(**options)
 
 
+def _metal(**options: Any) -> Target:
+    from .metal import MetalTarget
+
+    return MetalTarget(**options)
+
+
 register("cpu", _cpu)
 register("cuda", _cuda)
+register("metal", _metal)

@@ -1,0 +1,97 @@
+"""Every MSL kernel generated for the op test suite type-checks (see codegen/metal/check.py).
+
+The op tests run in a child pytest with this module as a plugin: it replaces the backends of
+the cross-backend harness (tests/optest.py) by one that compiles each graph for Metal, keeps
+its kernels and answers with the reference interpreter; the parent type-checks them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_OUT = "LUMINAL_TEST_METAL_KERNELS"
+
+
+# ---------------------------------------------------------------- the plugin (child pytest)
+
+
+def pytest_configure(config: Any) -> None:
+    path = os.environ.get(_OUT)
+    if not path:
+        return
+    import luminal as lm
+    import optest
+    from luminal.codegen.metal.check import plan_kernels
+
+    kernels: list[tuple[str, str]] = []
+    refused: list[str] = []
+    errors: list[str] = []
+    done: dict[int, Any] = {}
+
+    def metal(g: Any, inputs: dict[str, np.ndarray], dims: dict[str, int]) -> Any:
+        if done.get(id(g)) is not g:
+            done.clear()
+            done[id(g)] = g
+            try:
+                cg = lm.compile(g, backend="metal", cache=False)
+                kernels.extend(plan_kernels(cg.plan))
+            except ValueError as e:
+                (refused if "64-bit floats" in str(e) else errors).append(f"{g.name}: {e}")
+            except Exception as e:  # any other failure to build a Metal plan is a bug
+                errors.append(f"{g.name}: {type(e).__name__}: {e}")
+        return g.run(inputs, **dims)
+
+    optest.BACKENDS.clear()
+    optest.BACKENDS["metal"] = metal
+
+    def write() -> None:
+        with open(path, "w") as f:
+            json.dump({"kernels": kernels, "refused": refused, "errors": errors}, f)
+
+    config.add_cleanup(write)
+
+
+# ---------------------------------------------------------------- the test (parent pytest)
+
+# the op test suite: every file whose checks go through the cross-backend harness
+OP_TESTS = ["test_ops_creation.py", "test_ops_elementwise.py", "test_ops_errors.py",
+            "test_ops_index.py", "test_ops_movement.py", "test_ops_reduce.py",
+            "test_ops_special.py", "test_ops_symbolic.py", "test_nn_functional.py",
+            "test_linalg.py", "test_nn_conv.py", "test_nn_attention.py",
+            "test_nn_modules.py"]  # fmt: skip
+
+
+def test_op_suite_kernels_typecheck(tmp_path: Any) -> None:
+    from luminal.codegen.metal import check
+
+    if check.clang() is None:
+        pytest.skip(f"{check.CLANG} is not installed (CI installs it)")
+    out = tmp_path / "kernels.json"
+    # the child's conftest gives each test its own plan cache, as in a plain run
+    env = {k: v for k, v in os.environ.items() if k != "LUMINAL_PLAN_CACHE_DIR"}
+    env = {**env, _OUT: str(out), "LUMINAL_TEST_NVRTC": "0", "LUMINAL_TEST_CUDA": "0",
+           "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "test_metal_ops",
+                        "-p", "no:cacheprovider", *OP_TESTS],
+                       cwd=HERE, env=env, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert not got["errors"], "graphs that did not build a Metal plan:\n" + "\n".join(
+        got["errors"][:20]
+    )
+    # f64 graphs are refused by name; everything else has kernels
+    assert all("64-bit floats" in x for x in got["refused"])
+    n, failures = check.typecheck([tuple(k) for k in got["kernels"]])
+    made, refused = len(got["kernels"]), len(got["refused"])
+    print(f"\n{n} distinct MSL kernels of the op test suite type-checked "
+          f"({made} generated, {refused} f64 graphs refused)")  # fmt: skip
+    assert n > 500
+    assert not failures, "\n".join(f"{f.kernel}: {f.message}" for f in failures[:20])
