@@ -3,6 +3,11 @@
 The op tests run in a child pytest with this module as a plugin: it replaces the backends of
 the cross-backend harness (tests/optest.py) by one that compiles each graph for Metal, keeps
 its kernels and answers with the reference interpreter; the parent type-checks them all.
+
+On a Mac with the Metal runtime, the same plugin adds Metal to the harness's backends, so
+every op test also runs on the GPU against PyTorch (bench/metal_check.sh)::
+
+    cd tests && LUMINAL_TEST_METAL_RUN=1 python -m pytest -p test_metal_ops test_ops_*.py
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ _OUT = "LUMINAL_TEST_METAL_KERNELS"
 
 
 def pytest_configure(config: Any) -> None:
+    if os.environ.get("LUMINAL_TEST_METAL_RUN") == "1":
+        _run_on_metal()
     path = os.environ.get(_OUT)
     if not path:
         return
@@ -57,6 +64,26 @@ def pytest_configure(config: Any) -> None:
             json.dump({"kernels": kernels, "refused": refused, "errors": errors}, f)
 
     config.add_cleanup(write)
+
+
+def _run_on_metal() -> None:
+    """Every harness check also runs the graph's Metal plan on the device."""
+    import luminal as lm
+    import optest
+    from luminal.codegen.metal import device
+
+    why = device.unavailable_reason()
+    if why is not None:
+        raise RuntimeError(f"LUMINAL_TEST_METAL_RUN=1 but Metal is unavailable: {why}")
+    done: dict[int, Any] = {}
+
+    def metal(g: Any, inputs: dict[str, np.ndarray], dims: dict[str, int]) -> Any:
+        if id(g) not in done or done[id(g)][0] is not g:
+            done.clear()
+            done[id(g)] = (g, lm.compile(g, backend="metal"))
+        return done[id(g)][1].run(inputs, **dims)
+
+    optest.BACKENDS["metal"] = metal
 
 
 # ---------------------------------------------------------------- the test (parent pytest)
