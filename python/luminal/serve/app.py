@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -188,7 +189,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        out: dict[str, Any] = {"status": "ok", "models": {}}
+        out: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "models": {}}
         if srv.llm is not None:
             active, waiting = srv.llm.counts()
             out["models"][srv.llm.name] = {

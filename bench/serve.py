@@ -1,0 +1,362 @@
+"""Serving benchmark: 1, 4 and 16 concurrent streaming clients (the ``openai`` package) on
+loopback against ``luminal serve`` and against llama.cpp's OpenAI-compatible server
+(``llama-cpp-python[server]``) on the same GGUF with the same threads, in the same run.
+
+    python bench/serve.py [--model FILE.gguf] [--threads 2] [--max-tokens 48]
+
+Each level runs ``--requests`` rounds per client (bounded by ``--level-timeout`` seconds):
+every client sends one streaming chat completion at a time (temperature 0, distinct
+prompts). Reported per contender and level: aggregate output tok/s (tokens received by all
+clients / wall time of the level), p50/p99 time to first token, p50 inter-token latency
+and errors. ``cold_start_s`` is luminal's reload after an idle unload (plans from the plan
+cache), read from its ``luminal_cold_start_seconds`` metric; ``start_s`` is a fresh server
+process until it answers (plans cached). Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+are removed from every server's environment and the thread count is pinned for both
+(LUMINAL_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS; llama.cpp n_threads). Prints
+a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LUMINAL_NUM_THREADS")
+TOPICS = [
+    "compilers",
+    "the sea",
+    "mountains",
+    "a lighthouse",
+    "autumn",
+    "trains",
+    "bees",
+    "a library",
+    "the moon",
+    "rain",
+    "a garden",
+    "deserts",
+    "snow",
+    "rivers",
+    "cities",
+    "clocks",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_OVERRIDES}
+    env.update({k: str(threads) for k in THREAD_VARS})
+    return env
+
+
+class Proc:
+    """A server subprocess; ``ready`` waits until ``probe`` answers."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: str) -> None:
+        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.t0 = time.perf_counter()
+        self.p = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def ready(self, url: str, timeout: float) -> float:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.p.returncode}); see {self.log.name}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return time.perf_counter() - self.t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"no answer from {url} in {timeout:.0f} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGINT)
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+@dataclass
+class Level:
+    clients: int
+    tokens: int = 0
+    wall: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    errors: int = 0
+    requests: int = 0
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall if self.wall > 0 else 0.0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def run_level(
+    base_url: str, model: str, clients: int, rounds: int, max_tokens: int, timeout: float
+) -> Level:
+    import openai
+
+    lv = Level(clients)
+    lock = threading.Lock()
+    stop_at = time.monotonic() + timeout
+
+    def client(k: int) -> None:
+        c = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout)
+        for r in range(rounds):
+            if time.monotonic() > stop_at:
+                return
+            topic = TOPICS[(k + r * clients) % len(TOPICS)]
+            msgs = [{"role": "user", "content": f"Write a long story about {topic}."}]
+            t0 = time.perf_counter()
+            first, last, n = None, t0, 0
+            gaps: list[float] = []
+            try:
+                stream = c.chat.completions.create(
+                    model=model, messages=msgs, stream=True, max_tokens=max_tokens, temperature=0
+                )
+                for chunk in stream:
+                    if not chunk.choices or not chunk.choices[0].delta.content:
+                        continue
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last, n = now, n + 1
+            except Exception:  # counted, not raised: the level goes on
+                with lock:
+                    lv.errors += 1
+                continue
+            with lock:
+                lv.requests += 1
+                lv.tokens += n
+                if first is not None:
+                    lv.ttft.append(first)
+                lv.itl.extend(gaps)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lv.wall = time.perf_counter() - t0
+    return lv
+
+
+def metric(url: str, name: str) -> float | None:
+    import httpx
+
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def bench_contender(
+    name: str, start: Callable[[], tuple[Proc, str, str]], a: argparse.Namespace, levels: list[int]
+) -> dict[int, Level]:
+    proc, url, model = start()
+    out: dict[int, Level] = {}
+    try:
+        run_level(url + "/v1", model, 1, 1, 8, a.level_timeout)  # warm-up
+        for c in levels:
+            rounds = max(1, a.requests * 4 // c) if c < 4 else a.requests
+            out[c] = run_level(url + "/v1", model, c, rounds, a.max_tokens, a.level_timeout)
+            lv = out[c]
+            print(
+                f"  {name:9s} {c:3d} clients: {lv.tok_s:7.1f} tok/s ({lv.tokens} tokens, "
+                f"{lv.requests} requests, {lv.errors} errors, {lv.wall:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        proc.stop()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--requests", type=int, default=2, help="rounds per client at 4+ clients")
+    p.add_argument("--levels", default="1,4,16")
+    p.add_argument("--level-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=900.0,
+        help="seconds luminal may take to start (a first start compiles its plans)",
+    )
+    p.add_argument("--no-llamacpp", action="store_true")
+    a = p.parse_args()
+    from luminal.models import smollm2_path
+
+    path = a.model or smollm2_path()
+    levels = [int(x) for x in a.levels.split(",")]
+    env = server_env(a.threads)
+    logs = os.environ.get("TMPDIR", "/tmp")
+    cold: dict[str, float] = {}
+
+    def luminal_cmd(port: int, idle: float) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "luminal.serve",
+            "--model",
+            path,
+            "--no-embed",
+            "--port",
+            str(port),
+            "--ctx",
+            str(a.ctx),
+            "--max-seqs",
+            str(max(levels)),
+            "--max-tokens",
+            str(max(a.max_tokens, 8)),
+            "--idle-unload",
+            str(idle),
+            "--quiet",
+        ]
+
+    # 1) a first start (compiles the plans unless cached), then the cold-start measurements
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc(luminal_cmd(port, 2.0), env, os.path.join(logs, "bench_serve_luminal.log"))
+    try:
+        first_start = proc.ready(url + "/health", a.start_timeout)
+        import httpx
+
+        name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/health").json()["models"][name]["loaded"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError("luminal did not unload after --idle-unload")
+            time.sleep(0.1)
+        t0 = time.perf_counter()
+        run_level(url + "/v1", name, 1, 1, 4, 60)
+        cold["reload_request_s"] = time.perf_counter() - t0
+        cold["cold_start_s"] = metric(url, "luminal_cold_start_seconds") or float("nan")
+    finally:
+        proc.stop()
+    print(
+        f"luminal: first start {first_start:.1f} s; reload after idle {cold['cold_start_s']:.2f} s",
+        file=sys.stderr,
+    )
+
+    def start_luminal() -> tuple[Proc, str, str]:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        pr = Proc(luminal_cmd(port, 0.0), env, os.path.join(logs, "bench_serve_luminal.log"))
+        cold["start_s"] = pr.ready(url + "/health", a.start_timeout)
+        return pr, url, name
+
+    def start_llamacpp() -> tuple[Proc, str, str]:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            path,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--n_threads",
+            str(a.threads),
+            "--n_threads_batch",
+            str(a.threads),
+            "--n_ctx",
+            str(a.ctx),
+            "--model_alias",
+            "smol",
+        ]
+        pr = Proc(cmd, env, os.path.join(logs, "bench_serve_llamacpp.log"))
+        pr.ready(url + "/v1/models", 120)
+        return pr, url, "smol"
+
+    results = {"luminal": bench_contender("luminal", start_luminal, a, levels)}
+    if not a.no_llamacpp:
+        results["llamacpp"] = bench_contender("llama.cpp", start_llamacpp, a, levels)
+
+    print(
+        f"\nluminal serve benchmark: {os.path.basename(path)}, {a.threads} threads, "
+        f"{a.max_tokens} tokens per request, loopback (a shared, loaded machine)"
+    )
+    print(
+        f"{'server':10s} {'clients':>7s} {'tok/s':>8s} {'ttft p50':>9s} {'ttft p99':>9s} "
+        f"{'itl p50':>8s} {'errors':>6s}"
+    )
+    for who, res in results.items():
+        for c, lv in res.items():
+            print(
+                f"{who:10s} {c:7d} {lv.tok_s:8.1f} {1e3 * _pct(lv.ttft, 0.5):7.0f}ms "
+                f"{1e3 * _pct(lv.ttft, 0.99):7.0f}ms {1e3 * _pct(lv.itl, 0.5):6.1f}ms "
+                f"{lv.errors:6d}"
+            )
+    lum = results["luminal"]
+    hi, lo = max(levels), min(levels)
+    summary: dict[str, Any] = {
+        "bench": "serve",
+        "model": os.path.basename(path),
+        "threads": a.threads,
+        "max_tokens": a.max_tokens,
+        f"agg_tok_s_{hi}": round(lum[hi].tok_s, 1),
+        f"agg_tok_s_{lo}": round(lum[lo].tok_s, 1),
+        f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),
+        f"ttft_p99_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.99), 1),
+        f"itl_p50_ms_{hi}": round(1e3 * _pct(lum[hi].itl, 0.5), 2),
+        "errors": sum(lv.errors for res in results.values() for lv in res.values()),
+        "cold_start_s": round(cold["cold_start_s"], 3),
+        "start_s": round(cold.get("start_s", float("nan")), 2),
+        "first_start_s": round(first_start, 1),
+    }
+    for c in levels:
+        summary[f"agg_tok_s_{c}"] = round(lum[c].tok_s, 1)
+    if "llamacpp" in results:
+        ll = results["llamacpp"]
+        for c in levels:
+            summary[f"llamacpp_agg_tok_s_{c}"] = round(ll[c].tok_s, 1)
+        summary[f"llamacpp_ttft_p50_ms_{hi}"] = round(1e3 * _pct(ll[hi].ttft, 0.5), 1)
+        summary[f"ratio_vs_llamacpp_{hi}"] = round(lum[hi].tok_s / max(ll[hi].tok_s, 1e-9), 2)
+    summary[f"scaling_{hi}_over_{lo}"] = round(lum[hi].tok_s / max(lum[lo].tok_s, 1e-9), 2)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
