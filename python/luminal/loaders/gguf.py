@@ -10,6 +10,7 @@ every expression on each run).
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import struct
@@ -22,7 +23,7 @@ import numpy as np
 from ..functional import embedding
 from ..graph import dtypes as dt
 from ..tensor import Graph, Tensor
-from . import mapped, quants
+from . import lowp, mapped, quants
 
 
 class GGUFError(ValueError):
@@ -148,6 +149,7 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self._luminal: dict[str, tuple[str, tuple[int, int]]] | None = None
         size = os.path.getsize(self.path)
         with open(self.path, "rb") as fh:
             magic = fh.read(4)
@@ -170,9 +172,17 @@ class GGUFFile:
         if n_tensors > size or n_kv > size:
             raise GGUFError(f"{self.path}: corrupt GGUF file ({n_tensors} tensors, {n_kv} keys)")
         self.metadata: dict[str, Any] = {}
+        # key -> (GGUF value type, element type of an array or None): what a writer copying
+        # the metadata needs
+        self.metadata_types: dict[str, tuple[int, int | None]] = {}
         for _ in range(n_kv):
             key = c.string("metadata key")
-            self.metadata[key] = c.value(c.scalar("I", key), key)
+            vtype = c.scalar("I", key)
+            etype = None
+            if vtype == 9 and c.pos + 4 <= c.size:
+                (etype,) = struct.unpack_from("<I", self._mm, c.pos)
+            self.metadata_types[key] = (vtype, etype)
+            self.metadata[key] = c.value(vtype, key)
         infos = []
         for _ in range(n_tensors):
             name = c.string("tensor name")
@@ -224,8 +234,18 @@ class GGUFFile:
         return self._tensor(name).type_name
 
     def shape(self, name: str) -> tuple[int, ...]:
-        """PyTorch-order shape (GGUF stores dims innermost first)."""
+        """PyTorch-order shape (GGUF stores dims innermost first); a luminal-format weight's
+        logical shape."""
+        if name not in self.tensors and name in self.luminal:
+            return self.luminal[name][1]
         return tuple(int(s) for s in reversed(self._tensor(name).shape))
+
+    @property
+    def luminal(self) -> dict[str, tuple[str, tuple[int, int]]]:
+        """``{weight: (format, (rows, cols))}`` for luminal-format weights (see below)."""
+        if self._luminal is None:
+            self._luminal = luminal_tensors(self)
+        return self._luminal
 
     def _tensor(self, name: str) -> Any:
         try:
@@ -258,6 +278,30 @@ class GGUFFile:
         )
 
 
+# luminal's own formats in a GGUF file (``lowp.py``): metadata ``luminal.quant.<name>`` holds
+# '{"format": ..., "shape": [rows, cols]}' and the parts are tensors ``<name>.<part>`` (u8
+# parts stored as I8); the weight's own name is absent, so llama.cpp refuses such a file by
+# name instead of misreading it
+LUMINAL_QUANT_KEY = "luminal.quant."
+
+
+def luminal_tensors(f: GGUFFile) -> dict[str, tuple[str, tuple[int, int]]]:
+    """``{weight name: (format, (rows, cols))}`` for the luminal-format weights of ``f``."""
+    out = {}
+    for key, val in f.metadata.items():
+        if not key.startswith(LUMINAL_QUANT_KEY) or key == LUMINAL_QUANT_KEY + "version":
+            continue
+        name = key[len(LUMINAL_QUANT_KEY) :]
+        try:
+            info = json.loads(val)
+            fmt, (rows, cols) = str(info["format"]), info["shape"]
+            out[name] = (fmt, (int(rows), int(cols)))
+        except (TypeError, ValueError, KeyError) as e:
+            raise GGUFError(f"{f.path}: bad metadata {key!r} = {val!r} ({e})") from None
+        lowp.get(fmt)  # an unknown format is an error here, not at first use
+    return out
+
+
 class GGUFWeights:
     """A ``WeightSource`` over a GGUF file. ``dequant='graph'`` (default) puts packed blocks in
     the graph with their dequantization expression; ``dequant='load'`` gives f32 arrays."""
@@ -267,7 +311,17 @@ class GGUFWeights:
             raise ValueError(f"dequant must be 'graph' or 'load', got {dequant!r}")
         self.file = f
         self.dequant = dequant
+        self.lowp = f.luminal
+        owned = set()
+        for name, (fmt, _) in self.lowp.items():
+            for p in lowp.get(fmt).parts:
+                pname = f"{name}.{p.name}"
+                if pname not in f.tensors:
+                    raise GGUFError(f"{f.path}: {fmt} weight {name!r} lacks its part {pname!r}")
+                owned.add(pname)
         for name in f.tensors:
+            if name in owned:
+                continue
             kind = f.type_name(name)
             if kind not in _FLOAT_TYPES and kind not in quants.FORMATS:
                 raise GGUFError(
@@ -279,7 +333,24 @@ class GGUFWeights:
         )
 
     def has(self, name: str) -> bool:
-        return name in self.file.tensors
+        return name in self.file.tensors or name in self.lowp
+
+    def parts(self, name: str) -> dict[str, np.ndarray]:
+        """A luminal-format weight's parts, as mapped arrays of the dtypes ``lowp`` defines."""
+        fmt, (rows, _) = self.lowp[name]
+        out = {}
+        for p in lowp.get(fmt).parts:
+            raw = self.file.raw(f"{name}.{p.name}").view(p.dtype)
+            out[p.name] = raw.reshape(rows if p.per_row else 1, -1)
+        return out
+
+    def values(self, name: str) -> np.ndarray:
+        """The weight's f32 values from the numpy references (``gguf.quants``, ``lowp``):
+        what tools such as the quantizer read."""
+        if name in self.lowp:
+            fmt, shape = self.lowp[name]
+            return lowp.get(fmt).dequantize(self.parts(name)).reshape(shape)
+        return self.file.dequantize(name)
 
     def identity(self) -> str:
         """The file's identity (path, size, mtime, inode) and the dequantization mode: what
@@ -288,6 +359,8 @@ class GGUFWeights:
         return f"gguf:{fid.path}:{fid.size}:{fid.mtime_ns}:{fid.inode}:{self.dequant}"
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.lowp:
+            return self.lowp[name][1]
         return self.file.shape(name)
 
     def get(self, g: Graph, name: str) -> Tensor:
@@ -297,6 +370,11 @@ class GGUFWeights:
         return per_graph[name]
 
     def _build(self, g: Graph, name: str) -> Tensor:
+        if name in self.lowp:
+            fmt, lshape = self.lowp[name]
+            if self.dequant == "load":
+                return g.weight(name, data=self.values(name))
+            return lowp.weight(g, name, fmt, self.parts(name), lshape)
         f, kind, shape = self.file, self.file.type_name(name), self.file.shape(name)
         if kind in _FLOAT_TYPES:
             return g.weight(name, data=f.array(name)).cast(dt.f32)
@@ -307,6 +385,11 @@ class GGUFWeights:
 
     def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:
         """Embedding rows: for packed weights only the blocks of the rows read are dequantized."""
+        if name in self.lowp and self.dequant == "graph":
+            fmt, lshape = self.lowp[name]
+            return lowp.rows(g, name, fmt, self.parts(name), lshape, idx)
+        if name in self.lowp:
+            return embedding(idx, self.get(g, name))
         f, kind, shape = self.file, self.file.type_name(name), self.file.shape(name)
         if kind in _FLOAT_TYPES or self.dequant == "load" or len(shape) != 2:
             return embedding(idx, self.get(g, name))

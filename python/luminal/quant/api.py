@@ -1,0 +1,179 @@
+"""Requantize a GGUF model to another weight format.
+
+Three kinds of target type:
+
+- **GGUF types the ``gguf`` package writes** (``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``,
+  ``q5_1``, ``bf16``, ``f16``, ``f32``) and ``mxfp4`` (GGUF MXFP4 blocks from luminal's OCP MX
+  quantizer): a plain GGUF file that llama.cpp runs too.
+- **llama.cpp's own quantizer** (``q2_k``, ``q3_k_m``, ``q4_k_m``, ``q4_k_s``, ``q5_k_m``,
+  ``q5_k_s``, ``q6_k``, ``iq4_nl``, ``iq4_xs``, ``nvfp4_gguf``): the file llama.cpp's
+  ``llama-quantize`` writes (needs ``llama-cpp-python``).
+- **luminal's formats** without a GGUF type (``fp8_e4m3``, ``fp8_e5m2``, their ``_tensor``
+  variants, ``int8``, ``mxfp8``, ``nvfp4``): a GGUF file whose metadata and tokenizer are the
+  source's and whose quantized weights are stored as parts (see ``loaders/gguf.py``); luminal
+  reads it, llama.cpp refuses it by name.
+
+Matrices (2-D tensors) are quantized; vectors (norms, biases) stay f32, and so does a matrix
+whose row length is not a multiple of the format's block (listed in the result).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..loaders import lowp
+from ..loaders.gguf import LUMINAL_QUANT_KEY, GGUFFile, GGUFWeights
+
+# type -> GGUF tensor type, for the types the gguf package quantizes
+_GGUF_PY = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
+# type -> (GGUF tensor type, luminal format): plain GGUF tensors from luminal's quantizers
+_GGUF_LOWP = {"mxfp4": ("MXFP4", "mxfp4"), "bf16": ("BF16", "bf16"), "f16": ("F16", "f16")}
+# type -> llama_ftype suffix (LLAMA_FTYPE_MOSTLY_<suffix>) for llama.cpp's quantizer
+_LLAMA_CPP = {"q2_k": "Q2_K", "q3_k_m": "Q3_K_M", "q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S",
+              "q5_k_m": "Q5_K_M", "q5_k_s": "Q5_K_S", "q6_k": "Q6_K", "iq4_nl": "IQ4_NL",
+              "iq4_xs": "IQ4_XS", "nvfp4_gguf": "NVFP4"}  # fmt: skip
+# general.file_type (llama_ftype) of the plain GGUF outputs
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
+              "bf16": 32, "mxfp4": 38}  # fmt: skip
+_LUMINAL = [n for n in lowp.FORMATS if n not in _GGUF_LOWP]
+
+TYPES: tuple[str, ...] = (*_GGUF_PY, *_GGUF_LOWP, "f32", *_LUMINAL, *_LLAMA_CPP)
+
+
+def llama_cpp_reads(qtype: str) -> bool:
+    """Whether llama.cpp runs a file of this type (luminal's own formats it does not)."""
+    return qtype not in _LUMINAL
+
+
+@dataclass
+class QuantizeResult:
+    path: str
+    qtype: str
+    size: int  # bytes of the file
+    seconds: float
+    stored: dict[str, str] = field(default_factory=dict)  # tensor -> type it was written as
+    kept_f32: list[str] = field(default_factory=list)  # matrices the format cannot hold
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
+             quiet: bool = True) -> QuantizeResult:  # fmt: skip
+    """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``."""
+    src, dst = os.fspath(src), os.fspath(dst)
+    if qtype not in TYPES:
+        raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
+    if os.path.isdir(src):
+        raise ValueError(
+            f"{src}: a folder; quantize reads GGUF files (convert a transformers folder to GGUF "
+            "first, e.g. with llama.cpp's convert_hf_to_gguf.py)"
+        )
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"{src}: no such file")
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError(f"{dst}: the output would overwrite the input")
+    t0 = time.perf_counter()
+    if qtype in _LLAMA_CPP:
+        _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
+        f = GGUFFile(dst)
+        stored = {n: t.type_name for n, t in f.tensors.items()}
+        return QuantizeResult(dst, qtype, os.path.getsize(dst), time.perf_counter() - t0, stored)
+    res = _write(src, dst, qtype, quiet)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
+    try:
+        import llama_cpp
+    except ImportError:
+        raise RuntimeError(
+            f"quantizing to {ftype} uses llama.cpp's quantizer: pip install llama-cpp-python"
+        ) from None
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    p.allow_requantize, p.nthread = True, min(os.cpu_count() or 1, 8)
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
+    if rc != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype} (error {rc})")
+
+
+def _write(src: str, dst: str, qtype: str, quiet: bool) -> QuantizeResult:
+    import gguf
+
+    f = GGUFFile(src)
+    source = GGUFWeights(f, dequant="load")
+    w = gguf.GGUFWriter(dst, f.architecture)
+    for key, val in f.metadata.items():
+        if key in ("general.architecture", "general.alignment", "general.file_type"):
+            continue
+        if key.startswith(LUMINAL_QUANT_KEY) or val is None:
+            continue
+        vt, et = f.metadata_types[key]
+        v = val.tolist() if isinstance(val, np.ndarray) else val
+        w.add_key_value(key, v, gguf.GGUFValueType(vt),
+                        sub_type=None if et is None else gguf.GGUFValueType(et))  # fmt: skip
+    if qtype in _FILE_TYPE:
+        w.add_uint32("general.file_type", _FILE_TYPE[qtype])
+    res = QuantizeResult(dst, qtype, 0, 0.0)
+    lowp_fmt = lowp.FORMATS.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype)
+    block = lowp_fmt.block if lowp_fmt else 1
+    if qtype in _GGUF_PY:
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[_GGUF_PY[qtype]]][0]
+    if lowp_fmt is not None and qtype not in _GGUF_LOWP:
+        w.add_uint32(LUMINAL_QUANT_KEY + "version", 1)
+    owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}
+    names = [*source.lowp, *(n for n in f.tensors if n not in owned)]
+    for k, name in enumerate(names):
+        x = np.ascontiguousarray(source.values(name), dtype=np.float32)
+        shape = source.shape(name)
+        if len(shape) != 2 or qtype == "f32" or shape[1] % block:
+            if len(shape) == 2 and qtype != "f32":
+                res.kept_f32.append(name)
+            w.add_tensor(name, x)
+            res.stored[name] = "F32"
+            continue
+        if qtype in _GGUF_PY:
+            q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
+            w.add_tensor(name, gguf.quants.quantize(x, q), raw_dtype=q)
+            res.stored[name] = q.name
+        elif qtype in _GGUF_LOWP:
+            gtype, fmt = _GGUF_LOWP[qtype]
+            data = next(iter(lowp.get(fmt).quantize(x).values()))
+            q = gguf.GGMLQuantizationType[gtype]
+            w.add_tensor(name, data.view(np.uint8), raw_dtype=q)
+            res.stored[name] = gtype
+        else:
+            assert lowp_fmt is not None
+            parts = lowp_fmt.quantize(x)
+            for p in lowp_fmt.parts:
+                a = parts[p.name]
+                w.add_tensor(f"{name}.{p.name}", a.view(np.int8) if a.dtype == np.uint8 else a)
+            info = {"format": qtype, "shape": [int(shape[0]), int(shape[1])]}
+            w.add_string(LUMINAL_QUANT_KEY + name, json.dumps(info))
+            res.stored[name] = qtype
+        if not quiet and (k % 16 == 0 or k == len(names) - 1):
+            print(f"\rquantize: {k + 1}/{len(names)} tensors", end="", file=sys.stderr)
+    if not quiet:
+        print(file=sys.stderr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    res.size = os.path.getsize(dst)
+    return res
+
+
+def describe(res: QuantizeResult) -> dict[str, Any]:
+    """A JSON-able summary: the type, file size, tensor counts by stored type."""
+    counts: dict[str, int] = {}
+    for t in res.stored.values():
+        counts[t] = counts.get(t, 0) + 1
+    return {"path": res.path, "type": res.qtype, "bytes": res.size, "tensors": counts,
+            "seconds": round(res.seconds, 2), "kept_f32": res.kept_f32}  # fmt: skip

@@ -1,0 +1,63 @@
+"""``luminal quantize IN.gguf -o OUT.gguf --type TYPE``: the command line of ``quant.api``.
+
+``add_arguments(parser)`` fills an argparse (sub)parser; ``main(args)`` runs it and returns
+the exit status. Bad input raises ValueError / FileNotFoundError / RuntimeError with a message
+naming what was wrong (the luminal CLI prints those as errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import api
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="a GGUF model file (any type luminal reads)")
+    p.add_argument("-o", "--output", required=True, help="the GGUF file to write")
+    p.add_argument(
+        "--type",
+        required=True,
+        choices=api.TYPES,
+        metavar="TYPE",
+        help="target weight type: " + ", ".join(api.TYPES),
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def main(args: argparse.Namespace) -> int:
+    if os.path.exists(args.output) and not args.force:
+        raise ValueError(f"{args.output} exists (--force overwrites it)")
+    res = api.quantize(args.input, args.output, args.type, quiet=args.quiet)
+    info = api.describe(res)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        counts = ", ".join(f"{n} {t}" for t, n in sorted(info["tensors"].items()))
+        print(f"{res.path}: {res.qtype}, {res.size / 2**20:.1f} MiB, {counts} "
+              f"({res.seconds:.1f} s)")  # fmt: skip
+        if res.kept_f32:
+            print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
+        if not api.llama_cpp_reads(res.qtype):
+            print("  a luminal-format file: luminal runs it, llama.cpp does not", file=sys.stderr)
+    return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    """``python -m luminal.quant.cli ...`` (the same as ``luminal quantize ...``)."""
+    p = argparse.ArgumentParser(prog="luminal quantize", description=__doc__)
+    add_arguments(p)
+    try:
+        return main(p.parse_args(argv))
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        print(f"luminal quantize: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(run())
