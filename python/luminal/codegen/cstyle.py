@@ -149,10 +149,11 @@ class Emitter:
     simd_reductions = True
     fast_exp2 = True  # the C prelude's vectorizable lm_exp2f
 
-    def hoist(self, v: K.Value, inner: frozenset[str], ind: str) -> None:
+    def hoist(self, v: K.Value, inner: frozenset[str], ind: str, anywhere: bool = False) -> None:
         """Emit, at the current level, the parts of ``v`` that do not use the loop variables in
-        ``inner``, so the loop about to open reads them instead of recomputing them."""
-        for part in K.invariant_parts(v, inner, self.fv_memo):
+        ``inner``, so the loop about to open reads them instead of recomputing them
+        (``anywhere``: see ``K.invariant_parts``)."""
+        for part in K.invariant_parts(v, inner, self.fv_memo, anywhere):
             self.emit(part, ind)
 
     def block(self, body: Callable[[], None]) -> None:

@@ -375,29 +375,35 @@ def free_vars(v: Value, memo: dict[int, frozenset[str]]) -> frozenset[str]:
 
 
 def invariant_parts(
-    v: Value, inner: frozenset[str], memo: dict[int, frozenset[str]]
+    v: Value, inner: frozenset[str], memo: dict[int, frozenset[str]], anywhere: bool = False
 ) -> list[Value]:
     """Maximal subtrees of ``v`` that use none of the loop variables in ``inner`` (the loop being
     entered and any loop nested in it) and are evaluated unconditionally (not under a mask or
-    a gather bound check): safe to compute once, before the loop."""
+    a gather bound check): safe to compute once, before the loop. With ``anywhere`` (``inner``
+    holds every loop variable of ``v``) the parts under masks and gathers count too: a value
+    of no loop variable reads one fixed element of a buffer the kernel reads at some point."""
     if not free_vars(v, memo) & inner:
         return [] if isinstance(v, (Const, IndexVal)) else [v]
+    rec = lambda x, extra=frozenset(): invariant_parts(x, inner | extra, memo, anywhere)  # noqa: E731
     if isinstance(v, Alu):
-        return [p for s in v.srcs for p in invariant_parts(s, inner, memo)]
+        return [p for s in v.srcs for p in rec(s)]
     if isinstance(v, Cast):
-        return invariant_parts(v.src, inner, memo)
+        return rec(v.src)
     if isinstance(v, Reduce):
-        return invariant_parts(v.body, inner | {v.var.name}, memo)
+        return rec(v.body, {v.var.name})
+    if isinstance(v, Masked):
+        return rec(v.value) if anywhere else []
     if isinstance(v, Gather):
-        parts = invariant_parts(v.row, inner, memo)
+        parts = rec(v.row)
+        if anywhere:
+            return parts + rec(v.body, {v.var.name})
         # both sides of a two-way gather are valid at every point (two_way_gather): what
         # they compute outside ``inner`` (a softmax's row max) is safe to compute first
         for side in _two_way_sides(v):
-            parts += invariant_parts(side, inner | {v.var.name}, memo)
+            parts += rec(side, {v.var.name})
         return parts
     if isinstance(v, SoftmaxSum):
-        inner = inner | {v.var.name}
-        return invariant_parts(v.score, inner, memo) + invariant_parts(v.weight, inner, memo)
+        return rec(v.score, {v.var.name}) + rec(v.weight, {v.var.name})
     return []
 
 

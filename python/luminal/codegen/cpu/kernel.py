@@ -150,7 +150,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
     for i, name in enumerate(dim_names):
         lines.append(f"  const int64_t d_{name} = dims[{i}]; (void)d_{name};")
     # what depends on no loop variable (an expression of a scalar input) runs once per call
-    em.hoist(k.value, K.free_vars(k.value, em.fv_memo), "  ")
+    em.hoist(k.value, K.free_vars(k.value, em.fv_memo), "  ", anywhere=True)
     lines += em.lines
     ext = [cexpr(s) for s in shape]
     ivars = [f"i{j}" for j in range(n)]

@@ -83,22 +83,32 @@ def _find_reduces(v: K.Value) -> list[K.Reduce]:
     ]  # fmt: skip
 
 
-def _replace(v: K.Value, target: K.Value, new: K.Value) -> K.Value:
-    if v is target:
-        return new
-    if isinstance(v, K.Alu):
-        return K.Alu(v.op, tuple(_replace(s, target, new) for s in v.srcs), v.dtype)
-    if isinstance(v, K.Cast):
-        return K.Cast(_replace(v.src, target, new), v.dtype)
-    if isinstance(v, K.Masked):
-        return K.Masked(v.valid, _replace(v.value, target, new), v.dtype)
-    if isinstance(v, K.Reduce):
-        return K.Reduce(v.op, v.var, v.extent, _replace(v.body, target, new), v.dtype)
-    if isinstance(v, K.Gather):
-        return K.Gather(
-            v.var, _replace(v.row, target, new), v.rows, _replace(v.body, target, new), v.dtype
-        )
-    return v
+def _replace(
+    v: K.Value, target: K.Value, new: K.Value, memo: dict[int, K.Value] | None = None
+) -> K.Value:
+    """``v`` with every occurrence of ``target`` replaced by ``new``: equal copies too (a
+    product read through two paths of one kernel is two equal trees), or the epilogue would
+    compute the product again."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit
+    rec = lambda x: _replace(x, target, new, memo)  # noqa: E731
+    out = v
+    if v is target or (hash(v) == hash(target) and v == target):
+        out = new
+    elif isinstance(v, K.Alu):
+        out = K.Alu(v.op, tuple(rec(s) for s in v.srcs), v.dtype)
+    elif isinstance(v, K.Cast):
+        out = K.Cast(rec(v.src), v.dtype)
+    elif isinstance(v, K.Masked):
+        out = K.Masked(v.valid, rec(v.value), v.dtype)
+    elif isinstance(v, K.Reduce):
+        out = K.Reduce(v.op, v.var, v.extent, rec(v.body), v.dtype)
+    elif isinstance(v, K.Gather):
+        out = K.Gather(v.var, rec(v.row), v.rows, rec(v.body), v.dtype)
+    memo[id(v)] = out
+    return out
 
 
 def _ge(a: sint, b: sint) -> bool:
