@@ -1,0 +1,77 @@
+"""Value rewrites of lowering and code generation that keep the value but change the program:
+an exact ``where`` as a two-way gather, the product read from its buffer everywhere in a gemm
+epilogue, and expressions of no loop variable computed once per call. Each is checked for its
+structure and, through compile, against numpy at odd sizes."""
+
+import numpy as np
+
+import luminal as lm
+import luminal.functional as F
+from luminal.codegen.cpu.kernel import render_kernel
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.lower import lower
+from luminal.compiler.search.gemm import match_gemm
+from optest import rand
+
+N = lm.dim("n", 1, 512)
+
+
+def _where_graph() -> lm.Graph:
+    g = lm.Graph("where")
+    x = g.input("x", (N, 37))
+    row = x.sum_reduce(1).unsqueeze(1).expand((N, 37))
+    g.output("y", F.where(x < 0.25, x.exp2(), row))
+    return g
+
+
+def test_where_is_a_two_way_gather_with_static_indices():
+    low = lower(_where_graph())
+    gathers = [v for k in low.kernels if isinstance(k, K.Kernel) for v in K.walk(k.value)
+               if isinstance(v, K.Gather)]  # fmt: skip
+    assert gathers and all(g.rows == 2 for g in gathers)
+    # the sides' loads index by the loop variables alone, not by the runtime row
+    for g in gathers:
+        loads = [v for v in K.walk(g.body) if isinstance(v, K.Load)]
+        assert loads and all(g.var.name not in K._expr_vars(v.index) for v in loads)
+
+
+def test_where_two_way_gather_values():
+    x = rand(23, 37)
+    x[1, 4], x[2, 5], x[3, 6] = np.inf, -np.inf, np.nan
+    got = lm.compile(_where_graph()).run({"x": x})["y"]
+    want = np.where(x < 0.25, np.exp2(x), x.sum(1, keepdims=True))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_epilogue_reads_every_equal_copy_of_the_product():
+    g = lm.Graph("sq")
+    x, w = g.input("x", (N, 19)), g.input("w", (19, 29))
+    h = x.matmul(w)
+    g.output("y", h)
+    low = lower(g)
+    (kern,) = low.kernels
+    r = kern.value
+    assert isinstance(r, K.Reduce)
+    copy = K.substitute(r, {})  # equal, not the same object: two paths to one product
+    assert copy == r and copy is not r
+    kern2 = K.Kernel(kern.name, kern.shape, kern.out, K.Alu(lm.Op.MUL, (r, copy), r.dtype),
+                     kern.dtype)  # fmt: skip
+    alt = match_gemm(kern2, len(low.buffers))
+    assert alt is not None and alt.epilogue is not None
+    assert not any(isinstance(v, K.Reduce) for v in K.walk(alt.epilogue.value))
+
+
+def test_scalar_input_expression_computed_once_per_call():
+    g = lm.Graph("scal")
+    x, s = g.input("x", (N, 37)), g.input("s", (), "f64")
+    scale = s.reciprocal().mul(2.0).sqrt().cast("f32").expand((N, 37))
+    g.output("y", x.mul(scale).maximum(-1.5).exp2())
+    low = lower(g)
+    (kern,) = [k for k in low.kernels if isinstance(k, K.Kernel)]
+    src = render_kernel(kern, list(low.dims)).source
+    body = src[src.index(f"void {kern.name}") :]
+    assert body.index("sqrt(") < body.index("for (int64_t t")
+    xv, sv = rand(9, 37), np.array(np.pi)
+    got = lm.compile(g).run({"x": xv, "s": sv})["y"]
+    want = np.exp2(np.maximum(xv * np.float32(np.sqrt(2 / np.pi)), -1.5))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
