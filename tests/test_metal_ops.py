@@ -37,31 +37,46 @@ def pytest_configure(config: Any) -> None:
     import luminal as lm
     import optest
     from luminal.codegen.metal.check import plan_kernels
+    from luminal.graph import interp
 
     kernels: list[tuple[str, str]] = []
     refused: list[str] = []
     errors: list[str] = []
+    # (plan file, inputs+outputs file, bound dims) of every check, for the emulation test
+    cases: list[tuple[str, str, dict[str, int]]] = []
     done: dict[int, Any] = {}
+    folder = os.path.dirname(path)
 
     def metal(g: Any, inputs: dict[str, np.ndarray], dims: dict[str, int]) -> Any:
-        if done.get(id(g)) is not g:
+        if id(g) not in done or done[id(g)][0] is not g:
             done.clear()
-            done[id(g)] = g
+            plan_path = None
             try:
                 cg = lm.compile(g, backend="metal", cache=False)
                 kernels.extend(plan_kernels(cg.plan))
+                plan_path = os.path.join(folder, f"{len(cases):05d}_{g.name}.lmp")
+                cg.plan.save(plan_path)
             except ValueError as e:
                 (refused if "64-bit floats" in str(e) else errors).append(f"{g.name}: {e}")
             except Exception as e:  # any other failure to build a Metal plan is a bug
                 errors.append(f"{g.name}: {type(e).__name__}: {e}")
-        return g.run(inputs, **dims)
+            done[id(g)] = (g, plan_path)
+        want = g.run(inputs, **dims)
+        plan_path = done[id(g)][1]
+        if plan_path is not None:
+            io = os.path.join(folder, f"{len(cases):05d}.npz")
+            np.savez(io, **{f"in.{n}": a for n, a in inputs.items()},
+                     **{f"out.{n}": a for n, a in want.items()})  # fmt: skip
+            cases.append((plan_path, io, interp.bind_dims(g, {**g.weights, **inputs}, dims)))
+        return want
 
     optest.BACKENDS.clear()
     optest.BACKENDS["metal"] = metal
 
     def write() -> None:
         with open(path, "w") as f:
-            json.dump({"kernels": kernels, "refused": refused, "errors": errors}, f)
+            json.dump({"kernels": kernels, "refused": refused, "errors": errors,
+                       "cases": cases}, f)  # fmt: skip
 
     config.add_cleanup(write)
 
@@ -96,12 +111,10 @@ OP_TESTS = ["test_ops_creation.py", "test_ops_elementwise.py", "test_ops_errors.
             "test_nn_modules.py"]  # fmt: skip
 
 
-def test_op_suite_kernels_typecheck(tmp_path: Any) -> None:
-    from luminal.codegen.metal import check
-
-    if check.clang() is None:
-        pytest.skip(f"{check.CLANG} is not installed (CI installs it)")
-    out = tmp_path / "kernels.json"
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory: Any) -> dict[str, Any]:
+    """The op test suite run once in a child pytest with the collector as its backend."""
+    out = tmp_path_factory.mktemp("metal_ops") / "kernels.json"
     # the child's conftest gives each test its own plan cache, as in a plain run
     env = {k: v for k, v in os.environ.items() if k != "LUMINAL_PLAN_CACHE_DIR"}
     env = {**env, _OUT: str(out), "LUMINAL_TEST_NVRTC": "0", "LUMINAL_TEST_CUDA": "0",
@@ -110,15 +123,60 @@ def test_op_suite_kernels_typecheck(tmp_path: Any) -> None:
                         "-p", "no:cacheprovider", *OP_TESTS],
                        cwd=HERE, env=env, capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    got = json.loads(out.read_text())
+    got: dict[str, Any] = json.loads(out.read_text())
     assert not got["errors"], "graphs that did not build a Metal plan:\n" + "\n".join(
         got["errors"][:20]
     )
     # f64 graphs are refused by name; everything else has kernels
     assert all("64-bit floats" in x for x in got["refused"])
-    n, failures = check.typecheck([tuple(k) for k in got["kernels"]])
-    made, refused = len(got["kernels"]), len(got["refused"])
+    return got
+
+
+def test_op_suite_kernels_typecheck(collected: dict[str, Any]) -> None:
+    from luminal.codegen.metal import check
+
+    if check.clang() is None:
+        pytest.skip(f"{check.CLANG} is not installed (CI installs it)")
+    n, failures = check.typecheck([tuple(k) for k in collected["kernels"]])
+    made, refused = len(collected["kernels"]), len(collected["refused"])
     print(f"\n{n} distinct MSL kernels of the op test suite type-checked "
           f"({made} generated, {refused} f64 graphs refused)")  # fmt: skip
     assert n > 500
     assert not failures, "\n".join(f"{f.kernel}: {f.message}" for f in failures[:20])
+
+
+@pytest.mark.slow
+def test_op_suite_emulated(collected: dict[str, Any]) -> None:
+    """Every op test's Metal plan, run in the host emulation (codegen/metal/emulate.py),
+    gives the reference interpreter's outputs on the op tests' own inputs."""
+    from luminal.codegen.metal import emulate
+    from luminal.plan import Plan
+    from optest import compare
+
+    if emulate.compiler() is None:
+        pytest.skip("no C++ compiler")
+    plans = {p: Plan.load(p) for p in dict.fromkeys(c[0] for c in collected["cases"])}
+    emulate.prepare([bytes(k.code).decode() for p in plans.values() for k in p.kernels])
+    ran, skipped, bad = 0, 0, []
+    for plan_path, io_path, dims in collected["cases"]:
+        data = np.load(io_path)
+        inputs = {k[3:]: data[k] for k in data.files if k.startswith("in.")}
+        try:
+            got = emulate.run(plans[plan_path], inputs, **dims)
+        except NotImplementedError:  # 4-bit inputs or outputs, library calls
+            skipped += 1
+            continue
+        ran += 1
+        for k in data.files:
+            if k.startswith("out."):
+                try:
+                    # f32 arithmetic in another order than the interpreter's: a few ulps,
+                    # one of a 16-bit output
+                    tol = 1e-2 if data[k].dtype.itemsize == 2 else 1e-4
+                    compare(f"{os.path.basename(plan_path)} {k[4:]}", got[k[4:]], data[k],
+                            tol, 10 * tol, True)  # fmt: skip
+                except AssertionError as e:
+                    bad.append(str(e))
+    print(f"\n{ran} op checks run in the Metal emulation ({skipped} not emulated)")
+    assert ran > 300
+    assert not bad, "\n".join(bad[:20])

@@ -90,25 +90,38 @@ def typecheck(kernels: Sequence[tuple[str, str]], batch: int = BATCH) -> tuple[i
     return len(unique), failures
 
 
-def _check_batch(exe: str, kernels: list[tuple[str, str]]) -> list[Failure]:
-    """One translation unit: the prelude once, then each kernel renamed apart (kernels of
-    different plans share names); clang's errors are mapped back by line."""
+def join(kernels: Sequence[tuple[str, str]]) -> tuple[str, list[tuple[int, str]], list[str]]:
+    """One translation unit of many kernels: the prelude once, then each kernel with its
+    entry points renamed apart (kernels of different plans share names). Returns the text,
+    (first line, kernel name) of each, and each kernel's first entry point's new name."""
     parts = [PRELUDE]
     starts: list[tuple[int, str]] = []
+    entries: list[str] = []
     line = PRELUDE.count("\n") + 1
-    failures = []
     for i, (name, src) in enumerate(kernels):
-        for msg in lint(name, src):
-            failures.append(Failure(name, msg))
         body = src[len(PRELUDE) :] if src.startswith(PRELUDE) else src
-        body = _KERNEL.sub(lambda m, i=i: f"kernel void {m.group(1)}__lm{i}(", body)
+        renamed: list[str] = []
+
+        def rename(m: re.Match[str], i: int = i, renamed: list[str] = renamed) -> str:
+            renamed.append(f"{m.group(1)}__lm{i}")
+            return f"kernel void {renamed[-1]}("
+
+        body = _KERNEL.sub(rename, body)
+        entries.append(renamed[0] if renamed else "")
         starts.append((line, name))
         parts.append(body if body.endswith("\n") else body + "\n")
         line += parts[-1].count("\n")
+    return "".join(parts), starts, entries
+
+
+def _check_batch(exe: str, kernels: list[tuple[str, str]]) -> list[Failure]:
+    """One translation unit (``join``); clang's errors are mapped back to kernels by line."""
+    failures = [Failure(name, msg) for name, src in kernels for msg in lint(name, src)]
+    text, starts, _ = join(kernels)
     with tempfile.TemporaryDirectory(prefix="luminal-msl-") as tmp:
         path = os.path.join(tmp, "kernels.metal")
         with open(path, "w") as f:
-            f.write("".join(parts))
+            f.write(text)
         r = subprocess.run([exe, *FLAGS, "-I", str(stub_dir()), path],
                            capture_output=True, text=True)  # fmt: skip
     if r.returncode == 0:
