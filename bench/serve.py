@@ -174,6 +174,18 @@ def run_level(
     return lv
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux), MiB."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 def metric(url: str, name: str) -> float | None:
     import httpx
 
@@ -260,11 +272,15 @@ def main() -> int:
         import httpx
 
         name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        run_level(url + "/v1", name, 1, 1, 4, 120)
+        cold["rss_loaded_mb"] = rss_mb(proc.p.pid)
         deadline = time.monotonic() + 30
         while httpx.get(url + "/health").json()["models"][name]["loaded"]:
             if time.monotonic() > deadline:
                 raise TimeoutError("luminal did not unload after --idle-unload")
             time.sleep(0.1)
+        time.sleep(0.5)
+        cold["rss_unloaded_mb"] = rss_mb(proc.p.pid)
         t0 = time.perf_counter()
         run_level(url + "/v1", name, 1, 1, 4, 60)
         cold["reload_request_s"] = time.perf_counter() - t0
@@ -344,6 +360,8 @@ def main() -> int:
         "cold_start_s": round(cold["cold_start_s"], 3),
         "start_s": round(cold.get("start_s", float("nan")), 2),
         "first_start_s": round(first_start, 1),
+        "rss_loaded_mb": round(cold["rss_loaded_mb"], 1),
+        "rss_unloaded_mb": round(cold["rss_unloaded_mb"], 1),
     }
     for c in levels:
         summary[f"agg_tok_s_{c}"] = round(lum[c].tok_s, 1)

@@ -24,6 +24,7 @@ httpx = pytest.importorskip("httpx")
 
 from luminal.models.llama import LlamaSession, load_hf_dir  # noqa: E402
 from luminal.serve.app import create_app  # noqa: E402
+from luminal.serve.cli import server as http_server  # noqa: E402
 from luminal.serve.engine import EmbedEngine, LLMEngine  # noqa: E402
 from luminal.serve.limits import Limits  # noqa: E402
 from luminal.serve.metrics import Metrics  # noqa: E402
@@ -99,8 +100,6 @@ class Running:
     def __init__(
         self, model_dir: str | None, embed_dir: str | None, limits: Limits, backend: str = "auto"
     ) -> None:
-        import uvicorn
-
         self.metrics = Metrics()
         self.llm = None
         if model_dir is not None:
@@ -113,10 +112,8 @@ class Running:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(self.llm, self.embed, limits, self.metrics)
-        cfg = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=2
-        )
-        self.server = uvicorn.Server(cfg)
+        engines = [self.llm] if self.llm is not None else []
+        self.server = http_server(app, engines, "127.0.0.1", self.port, limits.shutdown_grace)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -470,13 +467,48 @@ def test_idle_unload_then_reload_from_the_plan_cache(server: Running, tiny_dir: 
             assert time.monotonic() < deadline, "the model was not unloaded after idling"
             time.sleep(0.05)
         assert s.llm is not None and s.llm.loaded is None
+        loads = len(s.llm.cold_starts)
         again = s.client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
         assert again.choices[0].text == r.choices[0].text
-        assert len(s.llm.cold_starts) == 2  # loaded at start, then reloaded
+        assert len(s.llm.cold_starts) == loads + 1  # the request reloaded the model
         assert s.llm.loaded is not None and s.llm.loaded.runner.cached
         m = httpx.get(s.url + "/metrics").text
-        assert f'luminal_model_unloads_total{{model="{MODEL}"}} 1.0' in m
-        assert f'luminal_model_loads_total{{model="{MODEL}"}} 2.0' in m
+
+        def value(name: str) -> float:
+            line = next(x for x in m.splitlines() if x.startswith(f'{name}{{model="{MODEL}"}}'))
+            return float(line.split()[-1])
+
+        loads = value("luminal_model_loads_total")
+        assert loads == len(s.llm.cold_starts)
+        # every load after the first followed an unload (one more may have come since)
+        assert loads - 1 <= value("luminal_model_unloads_total") <= loads
         assert f'luminal_cold_start_seconds{{model="{MODEL}"}}' in m
+    finally:
+        s.stop()
+
+
+def test_shutdown_drains_then_cancels(tiny_dir: str) -> None:
+    # interpreter: an 80-token stream outlives the 0.5 s grace, so shutdown cancels it
+    limits = Limits(max_context=CTX, max_tokens=80, max_seqs=2, shutdown_grace=0.5)
+    s = Running(tiny_dir, None, limits, backend="interp")
+    body = {
+        "model": MODEL,
+        "prompt": "Go on and on",
+        "max_tokens": 80,
+        "temperature": 0,
+        "stream": True,
+    }
+    try:
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            next(x for x in lines if x.startswith("data:"))
+            s.server.should_exit = True
+            rest = list(lines)
+        events = [x.removeprefix("data: ") for x in rest if x.startswith("data:")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "cancelled"
+        s.thread.join(timeout=30)
+        assert not s.thread.is_alive()
+        assert s.llm is not None and not s.llm.thread.is_alive()
     finally:
         s.stop()

@@ -112,24 +112,40 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
     return llm, embed, metrics, limits
 
 
-def main(args: argparse.Namespace) -> int:
+def server(app: Any, engines: list[Any], host: str, port: int, grace: float) -> Any:
+    """A uvicorn server for ``app`` that, when asked to stop, first drains ``engines`` (new
+    requests get 503, running ones ``grace`` seconds, then they end as ``cancelled``) and
+    only then closes the connections."""
+    import asyncio
+
     import uvicorn
 
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            for e in engines:
+                await asyncio.to_thread(e.shutdown, grace)
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(max(1, grace)) + 1,
+    )
+    return Server(config)
+
+
+def main(args: argparse.Namespace) -> int:
     from .app import create_app
     from .engine import log
 
     if args.threads is not None:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+        os.environ["LUMINAL_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     llm, embed, metrics, limits = build(args)
     app = create_app(llm, embed, limits, metrics)
     names = ", ".join(e.name for e in (llm, embed) if e is not None)
     log(f"serving {names} on http://{args.host}:{args.port}/v1")
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        timeout_graceful_shutdown=int(max(1, limits.shutdown_grace)),
-    )
-    uvicorn.Server(config).run()
+    engines = [llm] if llm is not None else []
+    server(app, engines, args.host, args.port, limits.shutdown_grace).run()
     return 0

@@ -166,6 +166,7 @@ class LLMEngine:
         self.loaded = Loaded(model, decoder, runner, prefill, decoder.new_cache())
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
+        self.last_request = time.monotonic()  # idle time counts from here
         self.cold_starts.append(took)
         self.metrics.loads.labels(self.name).inc()
         self.metrics.cold_start.labels(self.name).set(took)
@@ -194,6 +195,7 @@ class LLMEngine:
             time.sleep(0.02)
         with self.cv:
             for r in list(self.pending) + list(self.active.values()):
+                r._emit("done", "cancelled")  # a second "done" later is ignored
                 r.cancel()
             self.closed = True
             self.cv.notify_all()
