@@ -149,3 +149,20 @@ def test_smollm2_llama_cpp_runs_gguf_types_and_refuses_luminal_ones(tmp_path) ->
         else:
             with pytest.raises((ValueError, RuntimeError)):
                 llama_cpp.Llama(out, n_ctx=64, n_threads=2, verbose=False)
+
+
+def test_embed_type_keeps_embedding_and_head_apart(tiny, tmp_path) -> None:
+    src, want = tiny
+    out = tmp_path / "mix.gguf"
+    res = quant.quantize(src, out, "fp8_e4m3", embed_type="q8_0")
+    assert res.stored["token_embd.weight"] == res.stored["output.weight"] == "Q8_0"
+    assert res.stored["blk.0.attn_q.weight"] == "fp8_e4m3"
+    assert not quant.llama_cpp_reads("fp8_e4m3", "q8_0")
+    assert not quant.llama_cpp_reads("q8_0", "int8") and quant.llama_cpp_reads("mxfp4", "q8_0")
+    s = load(out, backend="interp")
+    ref = load(out, backend="interp", dequant="load")
+    assert _rel(s.forward(PROMPT), ref.forward(PROMPT)) <= 1e-5
+    with pytest.raises(ValueError, match="llama.cpp's own mix"):
+        quant.quantize(src, tmp_path / "x.gguf", "q4_k_m", embed_type="q8_0")
+    with pytest.raises(ValueError, match="embed_type 'q6_k' must be one of"):
+        quant.quantize(src, tmp_path / "x.gguf", "int8", embed_type="q6_k")

@@ -48,9 +48,9 @@ _LUMINAL = [n for n in lowp.FORMATS if n not in _GGUF_LOWP]
 TYPES: tuple[str, ...] = (*_GGUF_PY, *_GGUF_LOWP, "f32", *_LUMINAL, *_LLAMA_CPP)
 
 
-def llama_cpp_reads(qtype: str) -> bool:
-    """Whether llama.cpp runs a file of this type (luminal's own formats it does not)."""
-    return qtype not in _LUMINAL
+def llama_cpp_reads(qtype: str, embed_type: str | None = None) -> bool:
+    """Whether llama.cpp runs a file of these types (luminal's own formats it does not)."""
+    return qtype not in _LUMINAL and (embed_type or qtype) not in _LUMINAL
 
 
 @dataclass
@@ -59,16 +59,25 @@ class QuantizeResult:
     qtype: str
     size: int  # bytes of the file
     seconds: float
+    embed_type: str = ""
     stored: dict[str, str] = field(default_factory=dict)  # tensor -> type it was written as
     kept_f32: list[str] = field(default_factory=list)  # matrices the format cannot hold
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
-             quiet: bool = True) -> QuantizeResult:  # fmt: skip
-    """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``."""
+             embed_type: str | None = None, quiet: bool = True) -> QuantizeResult:  # fmt: skip
+    """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
+    ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
+    as llama.cpp keeps them at higher precision in its 4-bit mixes."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
+    if embed_type is not None and qtype in _LLAMA_CPP:
+        raise ValueError(f"{qtype} is llama.cpp's own mix: embed_type does not apply to it")
+    own = [t for t in TYPES if t not in _LLAMA_CPP]
+    if embed_type is not None and embed_type not in own:
+        raise ValueError(f"embed_type {embed_type!r} must be one of {', '.join(own)}")
+    embed_type = embed_type or qtype
     if os.path.isdir(src):
         raise ValueError(
             f"{src}: a folder; quantize reads GGUF files (convert a transformers folder to GGUF "
@@ -83,8 +92,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
         f = GGUFFile(dst)
         stored = {n: t.type_name for n, t in f.tensors.items()}
-        return QuantizeResult(dst, qtype, os.path.getsize(dst), time.perf_counter() - t0, stored)
-    res = _write(src, dst, qtype, quiet)
+        size, secs = os.path.getsize(dst), time.perf_counter() - t0
+        return QuantizeResult(dst, qtype, size, secs, stored=stored)
+    res = _write(src, dst, qtype, embed_type, quiet)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -104,7 +114,10 @@ def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
         raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype} (error {rc})")
 
 
-def _write(src: str, dst: str, qtype: str, quiet: bool) -> QuantizeResult:
+EMBEDDINGS = ("token_embd.weight", "output.weight")
+
+
+def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool) -> QuantizeResult:
     import gguf
 
     f = GGUFFile(src)
@@ -121,43 +134,18 @@ def _write(src: str, dst: str, qtype: str, quiet: bool) -> QuantizeResult:
                         sub_type=None if et is None else gguf.GGUFValueType(et))  # fmt: skip
     if qtype in _FILE_TYPE:
         w.add_uint32("general.file_type", _FILE_TYPE[qtype])
-    res = QuantizeResult(dst, qtype, 0, 0.0)
-    lowp_fmt = lowp.FORMATS.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype)
-    block = lowp_fmt.block if lowp_fmt else 1
-    if qtype in _GGUF_PY:
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[_GGUF_PY[qtype]]][0]
-    if lowp_fmt is not None and qtype not in _GGUF_LOWP:
+    if qtype in _LUMINAL or embed_type in _LUMINAL:
         w.add_uint32(LUMINAL_QUANT_KEY + "version", 1)
+    res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
     owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}
     names = [*source.lowp, *(n for n in f.tensors if n not in owned)]
     for k, name in enumerate(names):
         x = np.ascontiguousarray(source.values(name), dtype=np.float32)
-        shape = source.shape(name)
-        if len(shape) != 2 or qtype == "f32" or shape[1] % block:
-            if len(shape) == 2 and qtype != "f32":
-                res.kept_f32.append(name)
-            w.add_tensor(name, x)
-            res.stored[name] = "F32"
-            continue
-        if qtype in _GGUF_PY:
-            q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
-            w.add_tensor(name, gguf.quants.quantize(x, q), raw_dtype=q)
-            res.stored[name] = q.name
-        elif qtype in _GGUF_LOWP:
-            gtype, fmt = _GGUF_LOWP[qtype]
-            data = next(iter(lowp.get(fmt).quantize(x).values()))
-            q = gguf.GGMLQuantizationType[gtype]
-            w.add_tensor(name, data.view(np.uint8), raw_dtype=q)
-            res.stored[name] = gtype
-        else:
-            assert lowp_fmt is not None
-            parts = lowp_fmt.quantize(x)
-            for p in lowp_fmt.parts:
-                a = parts[p.name]
-                w.add_tensor(f"{name}.{p.name}", a.view(np.int8) if a.dtype == np.uint8 else a)
-            info = {"format": qtype, "shape": [int(shape[0]), int(shape[1])]}
-            w.add_string(LUMINAL_QUANT_KEY + name, json.dumps(info))
-            res.stored[name] = qtype
+        t = embed_type if name in EMBEDDINGS else qtype
+        if x.ndim == 2 and t != "f32" and x.shape[1] % _block(t):
+            res.kept_f32.append(name)
+            t = "f32"
+        res.stored[name] = _put(w, name, x, t if x.ndim == 2 else "f32")
         if not quiet and (k % 16 == 0 or k == len(names) - 1):
             print(f"\rquantize: {k + 1}/{len(names)} tensors", end="", file=sys.stderr)
     if not quiet:
@@ -170,10 +158,45 @@ def _write(src: str, dst: str, qtype: str, quiet: bool) -> QuantizeResult:
     return res
 
 
+def _block(qtype: str) -> int:
+    import gguf
+
+    if qtype in _GGUF_PY:
+        return int(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[_GGUF_PY[qtype]]][0])
+    return lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype).block
+
+
+def _put(w: Any, name: str, x: np.ndarray, qtype: str) -> str:
+    """Add tensor ``name`` (f32 values) as ``qtype``; the type it was stored as."""
+    import gguf
+
+    if qtype == "f32":
+        w.add_tensor(name, x)
+        return "F32"
+    if qtype in _GGUF_PY:
+        q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
+        w.add_tensor(name, gguf.quants.quantize(x, q), raw_dtype=q)
+        return q.name
+    if qtype in _GGUF_LOWP:
+        gtype, fmt = _GGUF_LOWP[qtype]
+        data = next(iter(lowp.get(fmt).quantize(x).values()))
+        w.add_tensor(name, data.view(np.uint8), raw_dtype=gguf.GGMLQuantizationType[gtype])
+        return gtype
+    f = lowp.get(qtype)
+    parts = f.quantize(x)
+    for p in f.parts:
+        a = parts[p.name]
+        w.add_tensor(f"{name}.{p.name}", a.view(np.int8) if a.dtype == np.uint8 else a)
+    info = {"format": qtype, "shape": [int(x.shape[0]), int(x.shape[1])]}
+    w.add_string(LUMINAL_QUANT_KEY + name, json.dumps(info))
+    return qtype
+
+
 def describe(res: QuantizeResult) -> dict[str, Any]:
     """A JSON-able summary: the type, file size, tensor counts by stored type."""
     counts: dict[str, int] = {}
     for t in res.stored.values():
         counts[t] = counts.get(t, 0) + 1
-    return {"path": res.path, "type": res.qtype, "bytes": res.size, "tensors": counts,
+    return {"path": res.path, "type": res.qtype, "embed_type": res.embed_type or res.qtype,
+            "bytes": res.size, "tensors": counts,
             "seconds": round(res.seconds, 2), "kept_f32": res.kept_f32}  # fmt: skip

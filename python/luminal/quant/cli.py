@@ -25,6 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TYPE",
         help="target weight type: " + ", ".join(api.TYPES),
     )
+    p.add_argument(
+        "--embed-type",
+        choices=[t for t in api.TYPES if api.llama_cpp_reads(t) or t in api.lowp.FORMATS],
+        metavar="TYPE",
+        help="another type for the token embedding and output head (e.g. q8_0 with a 4-bit "
+        "--type, as llama.cpp's mixes do)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -33,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and not args.force:
         raise ValueError(f"{args.output} exists (--force overwrites it)")
-    res = api.quantize(args.input, args.output, args.type, quiet=args.quiet)
+    res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet)
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
@@ -43,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
               f"({res.seconds:.1f} s)")  # fmt: skip
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
-        if not api.llama_cpp_reads(res.qtype):
+        if not api.llama_cpp_reads(res.qtype, res.embed_type):
             print("  a luminal-format file: luminal runs it, llama.cpp does not", file=sys.stderr)
     return 0
 

