@@ -1,5 +1,5 @@
 """The generated Metal kernels give the right numbers, run in the host emulation of their
-Metal subset (codegen/metal/emulate.py) since no Mac is at hand: the simdgroup-matrix gemm
+Metal subset (targets/metal_emu.py) since no Mac is at hand: the simdgroup-matrix gemm
 for every tile, operand dtype and transpose at odd and symbolic sizes, with a batch, offsets,
 alpha and beta; and whole plans against the reference interpreter. (Every op test's plan is
 emulated by the slow test in test_metal_ops.py.)"""
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import luminal as lm
-from luminal.codegen.metal import emulate
 from luminal.codegen.metal.gemm import render_gemm
 from luminal.codegen.metal.schedule import TILES
 from luminal.compiler import kernel_ir as K
 from luminal.graph import dtypes as dt
 from luminal.plan import KernelFormat, Launch, Plan, Role
+from luminal.targets import metal_emu as emulate
 
 pytestmark = pytest.mark.skipif(emulate.compiler() is None, reason="no C++ compiler")
 RNG = np.random.default_rng(7)

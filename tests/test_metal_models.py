@@ -10,6 +10,7 @@ import pytest
 import luminal as lm
 from luminal.codegen.metal import check
 from luminal.plan import KernelFormat
+from luminal.targets.metal import plan_kernels
 
 pytestmark = [
     pytest.mark.slow,
@@ -21,7 +22,7 @@ def _typecheck(cg: lm.CompiledGraph, name: str) -> int:
     plan = cg.plan
     assert plan.backend == "metal" and plan.kernels
     assert all(k.format == KernelFormat.msl for k in plan.kernels)
-    n, failures = check.typecheck(check.plan_kernels(plan))
+    n, failures = check.typecheck(plan_kernels(plan))
     print(f"\n{name}: {n} MSL kernels type-checked")
     assert n == len(plan.kernels)
     assert not failures, "\n".join(f"{f.kernel}: {f.message}" for f in failures[:20])

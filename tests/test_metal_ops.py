@@ -36,8 +36,8 @@ def pytest_configure(config: Any) -> None:
         return
     import luminal as lm
     import optest
-    from luminal.codegen.metal.check import plan_kernels
     from luminal.graph import interp
+    from luminal.targets.metal import plan_kernels
 
     kernels: list[tuple[str, str]] = []
     refused: list[str] = []
@@ -85,7 +85,7 @@ def _run_on_metal() -> None:
     """Every harness check also runs the graph's Metal plan on the device."""
     import luminal as lm
     import optest
-    from luminal.codegen.metal import device
+    from luminal import metal as device
 
     why = device.unavailable_reason()
     if why is not None:
@@ -147,10 +147,10 @@ def test_op_suite_kernels_typecheck(collected: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_op_suite_emulated(collected: dict[str, Any]) -> None:
-    """Every op test's Metal plan, run in the host emulation (codegen/metal/emulate.py),
+    """Every op test's Metal plan, run in the host emulation (targets/metal_emu.py),
     gives the reference interpreter's outputs on the op tests' own inputs."""
-    from luminal.codegen.metal import emulate
     from luminal.plan import Plan
+    from luminal.targets import metal_emu as emulate
     from optest import compare
 
     if emulate.compiler() is None:

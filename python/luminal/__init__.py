@@ -6,7 +6,6 @@ compile it to a plan, run the plan with the C++ runtime. See README.md and DESIG
 
 from . import functional as _functional  # noqa: F401  (registers Tensor's methods)
 from ._version import __version__
-from .codegen.metal.device import metal_status  # noqa: F401  (cheap: no compiler imports)
 from .compile import CompiledGraph, compile
 from .graph.dtypes import (
     DType,
@@ -28,6 +27,7 @@ from .graph.dtypes import (
 )
 from .graph.ops import Leaf, Op
 from .graph.symbolic import Expr, dim
+from .metal import status as metal_status  # noqa: F401  (cheap: imports no compiler)
 from .tensor import Graph, Tensor
 
 

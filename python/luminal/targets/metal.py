@@ -13,11 +13,10 @@ reference here (no runner keeps outputs).
 from __future__ import annotations
 
 import sys
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from .. import flags
-from ..codegen.metal import device
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
 from ..compiler.search.cost import estimate
@@ -97,5 +96,23 @@ def render_steps(
     return launches, libcalls
 
 
-def status() -> str:
-    return device.metal_status()
+def plan_kernels(plan: Plan) -> list[tuple[str, str]]:
+    """The (name, MSL) kernels of a plan."""
+    return [(k.name, k.code if isinstance(k.code, str) else bytes(k.code).decode())
+            for k in plan.kernels if k.format == KernelFormat.msl]  # fmt: skip
+
+
+def main(argv: Sequence[str]) -> int:
+    """Type-checks the MSL kernels of saved plans (``codegen/metal/check.py``)."""
+    from ..codegen.metal.check import typecheck
+
+    kernels = [k for p in argv for k in plan_kernels(Plan.load(p))]
+    n, failures = typecheck(kernels)
+    for f in failures:
+        print(f"{f.kernel}: {f.message}")
+    print(f"{n} MSL kernels type-checked, {len(failures)} errors")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ...plan import Copy, KernelFormat, Launch, Plan, Role
-from ...plan.model import eval_program
-from .check import join
+from ..codegen.metal.check import join
+from ..plan import Copy, KernelFormat, Launch, Plan, Role
+from ..plan.model import eval_program
 
 
 def emu_dir() -> Path:
@@ -80,7 +80,7 @@ def _library(kernels: list[tuple[str, str]]) -> tuple[Any, list[str]]:
 
 
 def _np_dtype(d: Any) -> np.dtype[Any]:
-    from ...runtime import numpy_dtype
+    from ..runtime import numpy_dtype
 
     return numpy_dtype(d)
 

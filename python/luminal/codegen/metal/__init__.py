@@ -1,4 +1,4 @@
 """Metal kernels for the Metal target: ``kernel.py`` renders a kernel as MSL, ``gemm.py`` the
 simdgroup-matrix GEMM, ``schedule.py`` ranks threadgroup sizes and tiles, ``check.py``
-type-checks MSL on any machine with clang, ``device.py`` says whether Metal plans run here.
-Nothing is imported here: ``luminal.metal_status()`` stays cheap."""
+type-checks MSL on any machine with clang. Whether Metal plans run here is
+``luminal/metal.py``'s; running them in a host emulation, ``targets/metal_emu.py``'s."""

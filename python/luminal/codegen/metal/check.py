@@ -7,7 +7,7 @@ ignores, and each kernel's ``[[buffer(i)]]`` indices must be 0, 1, 2, ... in ord
 cannot catch: anything only Apple's compiler knows (MSL-version features, resource limits),
 and wrong results.
 
-    python -m luminal.codegen.metal.check FILE.lmp ...   # the MSL kernels of saved plans
+    python -m luminal.targets.metal FILE.lmp ...   # the MSL kernels of saved plans
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,30 +137,3 @@ def _check_batch(exe: str, kernels: list[tuple[str, str]]) -> list[Failure]:
     if not seen:  # an error in the stub itself, or clang failed to run
         failures.append(Failure("(clang)", r.stderr.strip()[-2000:]))
     return failures
-
-
-def plan_kernels(plan: object) -> list[tuple[str, str]]:
-    """The MSL kernels of a luminal Plan."""
-    from ...plan import KernelFormat
-
-    out = []
-    for k in plan.kernels:  # type: ignore[attr-defined]
-        if k.format == KernelFormat.msl:
-            code = k.code if isinstance(k.code, str) else bytes(k.code).decode()
-            out.append((k.name, code))
-    return out
-
-
-def main(argv: Sequence[str]) -> int:
-    from ...plan import Plan
-
-    kernels = [k for p in argv for k in plan_kernels(Plan.load(p))]
-    n, failures = typecheck(kernels)
-    for f in failures:
-        print(f"{f.kernel}: {f.message}")
-    print(f"{n} MSL kernels type-checked, {len(failures)} errors")
-    return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
