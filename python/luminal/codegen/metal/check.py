@@ -54,7 +54,7 @@ def stub_dir() -> Path:
 
 def clang() -> str | None:
     """The clang that can run the check, or None."""
-    return shutil.which(os.environ.get("LUMINAL_METAL_CLANG", CLANG))
+    return shutil.which(CLANG)
 
 
 _ATTR = re.compile(r"\[\[\s*([A-Za-z_]\w*)\s*(?:\(([^)]*)\))?\s*\]\]")
