@@ -274,7 +274,8 @@ def _substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any]) -> Val
     emem: dict[int, sint] = memo.setdefault(-1, {})
     s = lambda e: sym.substitute(e, mapping, emem)  # noqa: E731
     if isinstance(v, Load):
-        return Load(v.buf, s(v.index), s(v.valid), v.dtype)
+        valid = s(v.valid)
+        return Const(0, v.dtype) if valid == 0 else Load(v.buf, s(v.index), valid, v.dtype)
     if isinstance(v, Const):
         return v
     if isinstance(v, IndexVal):

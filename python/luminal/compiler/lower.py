@@ -64,15 +64,70 @@ def _consumers(graph: Graph, live: list[Node]) -> dict[int, list[Node]]:
     return out
 
 
-def _unflatten(flat: sint, shape: tuple[sint, ...]) -> dict[str, sint]:
-    """Index variables of a contiguous tensor of ``shape`` at flat offset ``flat``."""
+def _unflatten(flat: sint, shape: tuple[sint, ...], valid: sint = 1) -> dict[str, sint]:
+    """Index variables of a contiguous tensor of ``shape`` at flat offset ``flat``, where
+    ``valid`` holds. When ``flat`` splits by the strides into parts that are each provably in
+    their axis's range where ``valid`` holds (a padded view: ``(h - 1) * W + w``), the parts
+    are the answer; else floor divisions and modulos of ``flat``."""
+    strides = contiguous_strides(shape)
+    parts = _split_by_strides(flat, shape, strides)
+    if _parts_in_range(parts, shape, valid):
+        return {f"_i{k}": q for k, q in enumerate(parts) if shape[k] != 1}
     out: dict[str, sint] = {}
-    for k, (s, st) in enumerate(zip(shape, contiguous_strides(shape))):
+    for k, (s, st) in enumerate(zip(shape, strides)):
         if s == 1:
             continue
         q = sym.floordiv(flat, st)
         out[f"_i{k}"] = q if k == 0 else sym.mod(q, s)
     return out
+
+
+def _split_by_strides(flat: sint, shape: tuple[sint, ...], strides: tuple[sint, ...]) -> list[sint]:
+    """``flat == sum(strides[k] * parts[k])``, each term in the part of the outermost axis
+    whose stride it is a multiple of (the innermost takes the rest)."""
+    parts: list[sint] = []
+    rem = flat
+    for s, st in zip(shape, strides):
+        if s == 1:
+            parts.append(0)
+        elif st == 1:
+            parts.append(rem)
+            rem = 0
+        else:
+            q, rem = sym._split_multiples(rem, st)
+            parts.append(q)
+    return parts
+
+
+def _parts_in_range(parts: list[sint], shape: tuple[sint, ...], valid: sint) -> bool:
+    """Whether ``0 <= parts[k] < shape[k]`` for every k wherever ``valid`` holds: from the
+    parts' own bounds, or from factors ``c < e`` and ``e < E`` of ``valid`` with a part equal
+    to ``e`` plus a constant (a padded window's row ``2*o + k - 1`` where
+    ``0 < 2*o + k < H + 1``)."""
+    facts = (
+        [f.args for f in sym._factors(valid) if f.kind == sym.LT]
+        if isinstance(valid, sym.Expr)
+        else []
+    )
+
+    def offset(q: sint, e: sint) -> int | None:
+        return sym.as_int(sym.add(q, sym.mul(e, -1)))
+
+    for q, size in zip(parts, shape):
+        if size == 1:
+            continue
+        low = sym.prove_nonneg(q) or any(
+            isinstance(a, int) and (d := offset(q, b)) is not None and a + 1 + d >= 0
+            for a, b in facts
+        )
+        high = sym.prove_lt(q, size) or any(
+            (d := offset(q, a)) is not None
+            and sym.prove_nonneg(sym.add(size, sym.mul(sym.add(b, d), -1)))
+            for a, b in facts
+        )
+        if not (low and high):
+            return False
+    return True
 
 
 class _Lowerer:
@@ -153,7 +208,8 @@ class _Lowerer:
                     ok = False
                 if ok and len(cons) > 1:
                     # keep index math simple: div/mod views compose into large expressions
-                    ok = not _has_divmod(_unflatten(next(iter(views)).index, n.shape))
+                    vw = next(iter(views))
+                    ok = not _has_divmod(_unflatten(vw.index, n.shape, vw.valid))
             elif n.op in REDUCE and len(cons) <= 2:
                 # never into a kernel that is itself a reduction: there it would sit inside
                 # the outer loop and be recomputed per step (a matmul feeding a matmul)
@@ -196,7 +252,7 @@ class _Lowerer:
                     continue
                 if isinstance(v.valid, sym.Expr) and {x.name for x in v.valid.vars()} & names:
                     out.add(_VARIES)  # under a mask that changes within the loop: not hoisted
-                idx = _unflatten(v.index, n.shape) if n.shape else {}
+                idx = _unflatten(v.index, n.shape, v.valid) if n.shape else {}
                 for k in range(len(n.shape)):
                     e = idx.get(f"_i{k}", 0)
                     if isinstance(e, sym.Expr) and {x.name for x in e.vars()} & names:
@@ -284,7 +340,7 @@ class _Lowerer:
                 continue
             if n_consumers == 1 and v == View.contiguous(n.shape):
                 continue  # pointwise: each value computed exactly once either way
-            idx = _unflatten(v.index, n.shape) if n.shape else {}
+            idx = _unflatten(v.index, n.shape, v.valid) if n.shape else {}
             used = {x.name for e in idx.values() if isinstance(e, sym.Expr) for x in e.vars()}
             if isinstance(v.valid, sym.Expr):
                 used |= {x.name for x in v.valid.vars()}
@@ -329,7 +385,7 @@ class _Lowerer:
         if not src.shape:
             out = inner
         else:
-            out = self.subst(inner, _unflatten(view.index, src.shape))
+            out = self.subst(inner, _unflatten(view.index, src.shape, view.valid))
         return out if view.valid == 1 else _masked(view.valid, out)
 
     # ---------------------------------------------------------------- node values

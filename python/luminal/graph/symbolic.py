@@ -335,7 +335,10 @@ def sym_upper(x: sint) -> sint:
     if x.kind == ADD:
         out: sint = x.args[1]
         for t, c in x.args[0]:
-            out = add(out, mul(sym_upper(t) if c > 0 else sym_lower(t), c))
+            if c > 0 and (q := _floor_multiple(t, c)) is not None:
+                out = add(out, mul(sym_upper(q[0]), q[1]))  # c*(y//d) <= (c/d)*y
+            else:
+                out = add(out, mul(sym_upper(t) if c > 0 else sym_lower(t), c))
         return out
     if x.kind == MUL and all(f.lo >= 0 for f in x.args):
         out = 1
@@ -350,16 +353,27 @@ def sym_upper(x: sint) -> sint:
 
 
 def sym_lower(x: sint) -> sint:
+    """A symbolic lower bound of x: index variables at 0, dims as themselves."""
     if isinstance(x, int):
         return x
     if x.kind == VAR:
-        return x.lo
+        return x if x.args[3] is None else x.lo
     if x.kind == ADD:
         out: sint = x.args[1]
         for t, c in x.args[0]:
-            out = add(out, mul(sym_lower(t) if c > 0 else sym_upper(t), c))
+            if c < 0 and (q := _floor_multiple(t, c)) is not None:
+                out = add(out, mul(sym_upper(q[0]), q[1]))  # -c*(y//d) >= -(c/d)*y
+            else:
+                out = add(out, mul(sym_lower(t) if c > 0 else sym_upper(t), c))
         return out
     return x.lo
+
+
+def _floor_multiple(t: Expr, c: int) -> tuple[sint, int] | None:
+    """(y, c // d) when the term ``c * t`` is ``c * (y // d)`` with d dividing c, else None."""
+    if t.kind == DIV and isinstance(t.args[1], int) and t.args[1] > 0 and c % t.args[1] == 0:
+        return t.args[0], c // t.args[1]
+    return None
 
 
 def lower_bound(x: sint) -> int:
@@ -382,7 +396,7 @@ def prove_lt(a: sint, b: sint) -> bool:
     d = add(b, mul(a, -1))
     if lower_bound(d) >= 1:
         return True
-    return lower_bound(add(add(b, mul(sym_upper(a), -1)), -1)) >= 0
+    return prove_nonneg(add(add(b, mul(sym_upper(a), -1)), -1))
 
 
 def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
