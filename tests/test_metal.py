@@ -47,6 +47,8 @@ def test_plan_holds_msl_kernels() -> None:
     assert "simdgroup_multiply_accumulate" in src  # the gemm
     assert "simd_sum(" in src and "threadgroup_barrier" in src  # the softmax row reductions
     assert "[[buffer(0)]]" in src and "constant int64_t *lm_dims" in src
+    # the runtime compiles a plan's kernels as one library: their names must differ
+    assert len({k.name for k in cg.plan.kernels}) == len(cg.plan.kernels)
 
 
 @not_mac

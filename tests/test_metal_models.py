@@ -25,6 +25,8 @@ def _typecheck(cg: lm.CompiledGraph, name: str) -> int:
     n, failures = check.typecheck(plan_kernels(plan))
     print(f"\n{name}: {n} MSL kernels type-checked")
     assert n == len(plan.kernels)
+    # the runtime compiles a plan's kernels as one library: their names must differ
+    assert len({k.name for k in plan.kernels}) == len(plan.kernels)
     assert not failures, "\n".join(f"{f.kernel}: {f.message}" for f in failures[:20])
     return sum("simdgroup_multiply_accumulate" in bytes(k.code).decode() for k in plan.kernels)
 

@@ -1,11 +1,11 @@
 // The Metal backend: MSL kernels (codegen/metal/) compiled with newLibraryWithSource when the
-// plan loads, one pipeline state per kernel made once, the steps of a run encoded into one
-// command buffer (one compute encoder; copies as blits), committed and waited for at sync.
-// Buffers are MTLBuffers in shared storage (unified memory: the CPU copies in and out of
-// `contents` directly). Kernels take their buffers at [[buffer(0..n-1)]], then every plan dim
-// (int64) in one constant buffer at [[buffer(n)]], set with setBytes. Gemm library calls run
-// as MPSMatrixMultiplication. Every failing Metal call throws an Error naming the call.
-// Built with ARC (-fobjc-arc).
+// plan loads (all of a plan's kernels as one library), one pipeline state per kernel made once,
+// the steps of a run encoded into one command buffer (one compute encoder; copies as blits),
+// committed and waited for at sync. Buffers are MTLBuffers in shared storage (unified memory:
+// the CPU copies in and out of `contents` directly). Kernels take their buffers at
+// [[buffer(0..n-1)]], then every plan dim (int64) in one constant buffer at [[buffer(n)]], set
+// with setBytes. Gemm library calls run as MPSMatrixMultiplication. Every failing Metal call
+// throws an Error naming the call. Built with ARC (-fobjc-arc).
 #include "metal_backend.hpp"
 
 #import <Foundation/Foundation.h>
@@ -137,30 +137,15 @@ public:
       for (const Step &s : plan.steps)
         if (s.kind == StepKind::launch && s.kernel < recs_.size())
           recs_[s.kernel].nargs = std::max(recs_[s.kernel].nargs, s.args.size());
-      MTLCompileOptions *opts = [[MTLCompileOptions alloc] init];
-      // the kernels rely on IEEE NaN and infinity (max propagates NaN, -inf padding)
-      opts.fastMathEnabled = NO;
-      opts.languageVersion = MTLLanguageVersion2_4;
-      std::map<std::string, id<MTLLibrary>> libs; // identical sources compile once
-      std::vector<KernelHandle> out;
-      for (size_t i = 0; i < plan.kernels.size(); ++i) {
-        const Kernel &k = plan.kernels[i];
+      for (const Kernel &k : plan.kernels)
         if (k.format != KernelFormat::msl)
           throw PlanError("kernel '" + k.name +
                           "': the metal backend runs MSL source kernels, not format " +
                           std::to_string(int(k.format)));
-        id<MTLLibrary> lib = libs[k.code];
-        if (lib == nil) {
-          NSError *err = nil;
-          NSString *src = [[NSString alloc] initWithBytes:k.code.data()
-                                                   length:k.code.size()
-                                                 encoding:NSUTF8StringEncoding];
-          lib = checked([device_ newLibraryWithSource:checked(src, "NSString initWithBytes")
-                                              options:opts
-                                                error:&err],
-                        "newLibraryWithSource", err, "kernel '" + k.name + "'");
-          libs[k.code] = lib;
-        }
+      id<MTLLibrary> lib = library(plan);
+      std::vector<KernelHandle> out;
+      for (size_t i = 0; i < plan.kernels.size(); ++i) {
+        const Kernel &k = plan.kernels[i];
         NSString *entry = [NSString stringWithUTF8String:k.entry.c_str()];
         id<MTLFunction> fn = checked([lib newFunctionWithName:entry], "newFunctionWithName", nil,
                                      "kernel '" + k.name + "' (entry '" + k.entry + "')");
@@ -173,6 +158,39 @@ public:
       }
       return out;
     }
+  }
+
+  // One library for all of the plan's kernels: the sources share their prelude (it is
+  // include-guarded) and the kernels' names are unique, so they compile as one translation
+  // unit, once per backend. When that fails, each kernel alone finds the one to blame.
+  id<MTLLibrary> library(const Plan &plan) {
+    std::string all;
+    for (const Kernel &k : plan.kernels) all += k.code + "\n";
+    auto cached = libraries_.find(all);
+    if (cached != libraries_.end()) return cached->second;
+    MTLCompileOptions *opts = [[MTLCompileOptions alloc] init];
+    // the kernels rely on IEEE NaN and infinity (max propagates NaN, -inf padding)
+    opts.fastMathEnabled = NO;
+    opts.languageVersion = MTLLanguageVersion2_4;
+    auto compile = [&](const std::string &src, NSError **err) {
+      NSString *text = checked([[NSString alloc] initWithBytes:src.data()
+                                                        length:src.size()
+                                                      encoding:NSUTF8StringEncoding],
+                               "NSString initWithBytes");
+      return [device_ newLibraryWithSource:text options:opts error:err];
+    };
+    NSError *err = nil;
+    id<MTLLibrary> lib = compile(all, &err);
+    if (lib == nil) {
+      for (const Kernel &k : plan.kernels) {
+        NSError *one = nil;
+        if (compile(k.code, &one) == nil)
+          checked(id<MTLLibrary>(nil), "newLibraryWithSource", one, "kernel '" + k.name + "'");
+      }
+      checked(lib, "newLibraryWithSource", err, "the plan's kernels together");
+    }
+    libraries_[all] = lib;
+    return lib;
   }
 
   void check_launch(const LaunchGeom &g, const std::string &what) override {
@@ -268,6 +286,7 @@ private:
   id<MTLCommandBuffer> cmd_ = nil;
   id<MTLComputeCommandEncoder> enc_ = nil;
   std::map<uintptr_t, Allocation> allocs_;
+  std::map<std::string, id<MTLLibrary>> libraries_; // by the plan's joined sources
   std::vector<KernelRec> recs_;
   size_t ndims_ = 0;
 };
@@ -367,7 +386,8 @@ void MpsGemm::run(void *const *args) {
                                               columns:NSUInteger(cols)
                                              matrices:NSUInteger(v[kBatch])
                                              rowBytes:NSUInteger(ld * elem)
-                                          matrixBytes:NSUInteger(std::max<int64_t>(stride, 1) * elem)
+                                          matrixBytes:NSUInteger(v[kBatch] > 1 ? stride * elem
+                                                                               : rows * ld * elem)
                                              dataType:t];
     return checked([[MPSMatrix alloc] initWithBuffer:buf
                                               offset:NSUInteger(base + off * elem)
