@@ -98,12 +98,17 @@ class Running:
     """A server in a thread of this process."""
 
     def __init__(
-        self, model_dir: str | None, embed_dir: str | None, limits: Limits, backend: str = "auto"
+        self,
+        model_dir: str | None,
+        embed_dir: str | None,
+        limits: Limits,
+        backend: str = "auto",
+        f32_batch: int = 0,
     ) -> None:
         self.metrics = Metrics()
         self.llm = None
         if model_dir is not None:
-            self.llm = LLMEngine(model_dir, MODEL, limits, self.metrics, backend, quiet=True)
+            self.llm = LLMEngine(model_dir, MODEL, limits, self.metrics, backend, True, f32_batch)
             self.llm.start()
         self.embed = None
         if embed_dir is not None:
@@ -155,7 +160,7 @@ def server(tiny_dir: str, plans: str) -> Iterator[Running]:
     limits = Limits(
         max_context=CTX, max_tokens=40, max_seqs=4, max_queue=32, max_request_bytes=4096
     )
-    s = Running(tiny_dir, minilm_dir(), limits)
+    s = Running(tiny_dir, minilm_dir(), limits, f32_batch=3)  # steps of 3+ on the f32 plan
     yield s
     s.stop()
 

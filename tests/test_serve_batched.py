@@ -4,6 +4,8 @@ then decoded together; logits allclose and greedy tokens equal, interpreter and 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -12,8 +14,11 @@ from luminal.models.llama import Llama, LlamaConfig, LlamaSession
 from luminal.serve.batched import BatchedDecoder
 
 
-def tiny_llama(ctx: int = 40, vocab: int = 97, hidden: int = 48, seed: int = 0) -> Llama:
-    """A random 2-layer GQA Llama (4 query heads, 2 kv heads, interleaved RoPE)."""
+def tiny_llama(
+    ctx: int = 40, vocab: int = 97, hidden: int = 48, seed: int = 0, dtype: Any = np.float32
+) -> Llama:
+    """A random 2-layer GQA Llama (4 query heads, 2 kv heads, interleaved RoPE); f16 weights
+    are cast in the graph (what a folded plan precomputes)."""
     heads, kv, inter = 4, 2, 80
     c = LlamaConfig(
         vocab_size=vocab,
@@ -54,13 +59,15 @@ def tiny_llama(ctx: int = 40, vocab: int = 97, hidden: int = 48, seed: int = 0) 
             ws[p + n + ".weight"] = mat(*s)
         ws[p + "attn_norm.weight"] = norm()
         ws[p + "ffn_norm.weight"] = norm()
-    return Llama(c, DictWeights(ws))
+    return Llama(c, DictWeights({k: v.astype(dtype) for k, v in ws.items()}))
 
 
-@pytest.mark.parametrize("backend", ["interp", "compiled"])
-def test_batched_decode_matches_per_sequence_sessions(backend: str) -> None:
-    model = tiny_llama()
-    bd = BatchedDecoder(model, slots=5)
+@pytest.mark.parametrize(
+    ("backend", "fold"), [("interp", False), ("compiled", False), ("compiled", True)]
+)
+def test_batched_decode_matches_per_sequence_sessions(backend: str, fold: bool) -> None:
+    model = tiny_llama(dtype=np.float16 if fold else np.float32)
+    bd = BatchedDecoder(model, slots=5, fold=fold)
     runner = bd.runner(backend)
     assert runner.backend == backend
     cache = bd.new_cache()

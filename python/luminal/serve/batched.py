@@ -32,11 +32,16 @@ from ..tensor import Graph, Tensor
 class BatchedDecoder:
     """The batched decode graph of ``model`` for up to ``slots`` sequences, and its runner."""
 
-    def __init__(self, model: Llama, slots: int) -> None:
+    def __init__(self, model: Llama, slots: int, fold: bool = False) -> None:
+        """``fold``: the plan's weights are folded to f32 at build time (``compiler.fold``,
+        as ``Llama.build_prefill`` does), so its projections are GEMMs over the batch rows
+        instead of kernels that dequantize every weight again for each sequence; right for
+        larger batches, at 4 bytes per weight."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         self.model = model
         self.slots = slots
+        self.fold = fold
         self.ctx = model.ctx
 
     def cache_names(self) -> list[str]:
@@ -52,10 +57,18 @@ class BatchedDecoder:
         return {n: a[lo : lo + self.ctx] for n, a in cache.items()}
 
     def cache_key(self) -> dict[str, Any] | None:
+        if self.fold:
+            return self.model.cache_key("batched_decode", slots=self.slots, fold=True)
         return self.model.cache_key("batched_decode", slots=self.slots)
 
     def runner(self, backend: str = "auto", quiet: bool = True) -> Runner:
-        return Runner(self.build, backend, quiet, key=self.cache_key(), name="llama_batched")
+        build = self.build_folded if self.fold else self.build
+        return Runner(build, backend, quiet, key=self.cache_key(), name="llama_batched")
+
+    def build_folded(self) -> Graph:
+        from ..compiler.fold import fold_weights
+
+        return fold_weights(self.build("llama_batched_f32"))
 
     def build(self, name: str = "llama_batched") -> Graph:
         m, c, w = self.model, self.model.config, self.model.weights

@@ -54,6 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds running requests get to finish on shutdown",
     )
+    p.add_argument(
+        "--f32-batch",
+        type=int,
+        default=4,
+        metavar="N",
+        help="decode steps of N+ sequences run on a plan with weights folded to "
+        "f32 (GEMMs; 4 bytes per weight); 1: every step, 0: never",
+    )
     p.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
     p.add_argument(
         "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
@@ -90,7 +98,13 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
         if not os.path.exists(path):
             raise FileNotFoundError(f"--model: no such file or folder: {path}")
         llm = LLMEngine(
-            path, _name(path, args.model_name), limits, metrics, args.backend, args.quiet
+            path,
+            _name(path, args.model_name),
+            limits,
+            metrics,
+            args.backend,
+            args.quiet,
+            args.f32_batch,
         )
         llm.start()
     if not args.no_embed:

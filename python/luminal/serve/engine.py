@@ -67,7 +67,8 @@ class Loaded:
 
     model: Any
     decoder: BatchedDecoder
-    runner: Any
+    runner: Any  # packed weights (None when every step runs on runner_f32)
+    runner_f32: Any  # weights folded to f32 (None: off)
     prefill: Any  # a LlamaSession: prefills one sequence into its slot
     cache: dict[str, np.ndarray]
 
@@ -125,7 +126,15 @@ class LLMEngine:
         metrics: Metrics,
         backend: str = "auto",
         quiet: bool = False,
+        f32_batch: int = 0,
     ) -> None:
+        """``f32_batch``: decode steps of at least this many sequences run on a second
+        batched plan whose weights are folded to f32 (GEMMs over the batch rows; 4 bytes per
+        weight) instead of dequantizing each weight again per sequence; 1: every step, 0:
+        never."""
+        if isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0:
+            raise ValueError(f"f32_batch must be an int >= 0, got {f32_batch!r}")
+        self.f32_batch = f32_batch
         self.path = path
         self.name = name
         self.limits = limits
@@ -159,11 +168,15 @@ class LLMEngine:
         if model.ctx < self.limits.max_context:
             log(f"{self.name}: the model's context is {model.ctx} tokens (below --ctx)")
         decoder = BatchedDecoder(model, self.limits.max_seqs)
-        runner = decoder.runner(self.backend, self.quiet)
+        runner = decoder.runner(self.backend, self.quiet) if self.f32_batch != 1 else None
+        runner_f32 = None
+        if self.f32_batch and self.f32_batch <= self.limits.max_seqs:
+            folded = BatchedDecoder(model, self.limits.max_seqs, fold=True)
+            runner_f32 = folded.runner(self.backend, self.quiet)
         prefill = LlamaSession(model, self.backend, self.quiet)
         prefill.compile_prefill()
         prefill.cache = {}
-        self.loaded = Loaded(model, decoder, runner, prefill, decoder.new_cache())
+        self.loaded = Loaded(model, decoder, runner, runner_f32, prefill, decoder.new_cache())
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
         self.last_request = time.monotonic()  # idle time counts from here
@@ -171,7 +184,9 @@ class LLMEngine:
         self.metrics.loads.labels(self.name).inc()
         self.metrics.cold_start.labels(self.name).set(took)
         self.metrics.loaded.labels(self.name).set(1)
-        how = "plans from the plan cache" if runner.cached else f"backend {runner.backend}"
+        plans = [r for r in (runner, runner_f32) if r is not None]
+        cached = all(r.cached for r in plans)
+        how = "plans from the plan cache" if cached else f"backend {plans[0].backend}"
         log(f"{self.name}: loaded in {took:.2f} s ({how})")
 
     def _unload(self) -> None:
@@ -302,8 +317,9 @@ class LLMEngine:
         if not running:
             return
         t0 = time.perf_counter()
+        f32 = lo.runner_f32 is not None and (lo.runner is None or len(running) >= self.f32_batch)
         logits = lo.decoder.step(
-            lo.runner,
+            lo.runner_f32 if f32 else lo.runner,
             lo.cache,
             [r.last for r in running],
             [r.pos for r in running],
