@@ -108,6 +108,16 @@ def test_cli(tiny, tmp_path, capsys) -> None:
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.run([src, "-o", out + "4", "--type", "fp3"])
+    # as a subcommand of another parser (how `luminal quantize` wires it)
+    import argparse
+
+    top = argparse.ArgumentParser(prog="luminal")
+    sub = top.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("quantize")
+    cli.add_arguments(q)
+    q.set_defaults(fn=cli.main)
+    args = top.parse_args(["quantize", src, "-o", out + "6", "--type", "mxfp4", "-q"])
+    assert args.fn(args) == 0 and GGUFFile(out + "6").type_name("blk.0.attn_q.weight") == "MXFP4"
     with pytest.raises(ValueError, match="unknown quantization type 'fp3'"):
         quant.quantize(src, out + "5", "fp3")
 
