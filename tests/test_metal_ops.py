@@ -54,6 +54,9 @@ def pytest_configure(config: Any) -> None:
             try:
                 cg = lm.compile(g, backend="metal", cache=False)
                 kernels.extend(plan_kernels(cg.plan))
+                names = [k.name for k in cg.plan.kernels]
+                if len(set(names)) != len(names):  # the runtime compiles them as one library
+                    errors.append(f"{g.name}: kernel names repeat: {names}")
                 plan_path = os.path.join(folder, f"{len(cases):05d}_{g.name}.lmp")
                 cg.plan.save(plan_path)
             except ValueError as e:
