@@ -105,11 +105,15 @@ def test_gguf_file_written_by_gguf_loads(tmp_path, qtype: str) -> None:
     w.close()
     f = GGUFFile(p)
     g = lm.Graph()
-    t = GGUFWeights(f).get(g, "blk.0.attn_q.weight")
+    src = GGUFWeights(f)
+    t = src.get(g, "blk.0.attn_q.weight")
     assert t.dtype is lm.f32 and t.shape == (5, 96)
     g.output("y", t)
     ref = f.dequantize("blk.0.attn_q.weight")
-    np.testing.assert_array_equal(g.run()["y"], ref)
+    g.output("r", src.rows(g, "blk.0.attn_q.weight", g.tensor(np.int32([4, 0]))))
+    out = g.run()
+    np.testing.assert_array_equal(out["y"], ref)
+    np.testing.assert_array_equal(out["r"], ref[[4, 0]])
     tol = 0.01 if qtype in ("BF16", "F16") else 0.2  # a 4-bit grid's half step at the top
     assert np.abs(ref - data).max() < tol * np.abs(data).max()
 

@@ -391,6 +391,9 @@ class GGUFWeights:
         if name in self.lowp:
             return embedding(idx, self.get(g, name))
         f, kind, shape = self.file, self.file.type_name(name), self.file.shape(name)
+        if kind in ("F16", "BF16") and len(shape) == 2:
+            self.get(g, name)  # registers the stored array once; the rows are cast after
+            return embedding(idx, Tensor(g.inputs[name])).cast(dt.f32)
         if kind in _FLOAT_TYPES or self.dequant == "load" or len(shape) != 2:
             return embedding(idx, self.get(g, name))
         return quants.quantized_rows(g, name, kind, f.raw(name), shape, idx)
