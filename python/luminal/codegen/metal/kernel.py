@@ -173,8 +173,8 @@ class MetalEmitter(Emitter):
             if v.op is Op.SUM_REDUCE:
                 L(f"{ind}{acc} = simd_sum({acc});")
             elif t == "float":  # simd_max may drop NaN: the max propagates it
-                L(f"{ind}{{ const bool nan = simd_any({acc} != {acc}); {acc} = simd_max({acc});"
-                  f" if (nan) {acc} = NAN; }}")  # fmt: skip
+                L(f"{ind}{{ const bool lm_nan = simd_any({acc} != {acc}); {acc} = simd_max({acc});"
+                  f" if (lm_nan) {acc} = NAN; }}")  # fmt: skip
             else:
                 L(f"{ind}{acc} = simd_max({acc});")
             groups = max(1, n // SIMD)
