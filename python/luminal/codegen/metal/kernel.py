@@ -62,9 +62,15 @@ PRELUDE = (
     HEAD
     + r"""#ifndef LM_PRELUDE
 #define LM_PRELUDE
+#ifndef INT8_MIN
 #define INT8_MIN (-128)
+#endif
+#ifndef INT32_MIN
 #define INT32_MIN (-2147483647 - 1)
+#endif
+#ifndef INT64_MIN
 #define INT64_MIN (-9223372036854775807L - 1)
+#endif
 #define LM_FN static inline
 LM_FN float lm_bits_f32(uint32_t u) { return as_type<float>(u); }
 LM_FN uint32_t lm_f32_bits(float f) { return as_type<uint32_t>(f); }
