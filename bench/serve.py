@@ -232,6 +232,12 @@ def main() -> int:
         default=900.0,
         help="seconds luminal may take to start (a first start compiles its plans)",
     )
+    p.add_argument(
+        "--f32-batch",
+        type=int,
+        default=4,
+        help="luminal serve --f32-batch (steps of N+ sequences on the f32 plan)",
+    )
     p.add_argument("--no-llamacpp", action="store_true")
     a = p.parse_args()
     from luminal.models import smollm2_path
@@ -261,6 +267,8 @@ def main() -> int:
             "--idle-unload",
             str(idle),
             "--quiet",
+            "--f32-batch",
+            str(a.f32_batch),
         ]
 
     # 1) a first start (compiles the plans unless cached), then the cold-start measurements
@@ -351,6 +359,7 @@ def main() -> int:
         "model": os.path.basename(path),
         "threads": a.threads,
         "max_tokens": a.max_tokens,
+        "f32_batch": a.f32_batch,
         f"agg_tok_s_{hi}": round(lum[hi].tok_s, 1),
         f"agg_tok_s_{lo}": round(lum[lo].tok_s, 1),
         f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),
