@@ -49,4 +49,5 @@ def application(num_replicas: int = 2, num_cpus: float = 1.0, **kw: Any) -> Any:
             llm, embed, metrics, limits = self.parts
             return create_app(llm, embed, limits, metrics)
 
-    return LuminalServer.bind(args)  # type: ignore[attr-defined]
+    deployment: Any = LuminalServer  # a Ray Serve deployment once decorated
+    return deployment.bind(args)
