@@ -135,3 +135,24 @@ def test_broken_msl_fails(what: str) -> None:
 @needs_clang
 def test_good_msl_passes() -> None:
     assert check.typecheck([("good", _GOOD)]) == (1, [])
+
+
+def test_gemm_as_mps_library_call() -> None:
+    from luminal.compile import build_plan
+    from luminal.compiler.lower import lower
+    from luminal.compiler.search.select import choose_library_calls
+    from luminal.compiler.search.tuner import Tuner
+    from luminal.plan import LibCall
+    from luminal.targets.metal import MetalTarget
+
+    g = lm.Graph("mm_mps")
+    a, w = g.input("a", (300, 256)), g.input("w", (256, 320))
+    g.output("y", (a @ w).relu())
+    t = MetalTarget()
+    low = choose_library_calls(lower(g), Tuner(t.measure, t.cache_id(), cost=t.cost))
+    assert any(isinstance(k, K.LibCall) for k in low.kernels)
+    mps = build_plan(low, "mm_mps", "metal", gemm_impl="mps")
+    assert [s.func for s in mps.steps if isinstance(s, LibCall)] == ["gemm"]
+    gen = build_plan(low, "mm_mps", "metal")  # by default the simdgroup kernel
+    assert not any(isinstance(s, LibCall) for s in gen.steps)
+    assert len(gen.kernels) == len(mps.kernels) + 1
