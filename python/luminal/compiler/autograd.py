@@ -304,7 +304,7 @@ def view_vjp(g: Graph, gy: Src, view: View, src_shape: Sequence[sint]) -> Src:
     # split axes the index divides (a reshape of a permuted tensor) into affine parts
     new_shape: list[sint] = []
     mapping: dict[str, sint] = {}
-    parts: list[list[tuple[sint, int]]] = []
+    parts: list[list[tuple[sint, sint]]] = []
     for k, s in enumerate(view.shape):
         iv = idx_vars(view.shape)[k]
         name = iv.name if isinstance(iv, sym.Expr) else None

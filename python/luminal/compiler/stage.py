@@ -90,7 +90,7 @@ def stage_strided_reads(graph: G) -> G:
 def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
     """A contiguous copy of what ``v`` reads from ``s`` (``v``'s ``axes``, in order), and the
     view through which the reader reads the copy instead. An axis that ``v`` splits by a
-    chain of constant divisors (k as (head, d)) is a loop per part in the copy, so the copy's
+    chain of divisors (k as (head, d)) is a loop per part in the copy, so the copy's
     reads are affine; its memory layout is that of the unsplit axes."""
     parts = [split_axis(v.index, f"_i{a}", v.shape[a]) for a in axes]
     shape = tuple(ext for ps in parts for ext, _ in ps)

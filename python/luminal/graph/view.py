@@ -141,13 +141,13 @@ def _is_var(e: sint, name: str) -> bool:
     return isinstance(e, sym.Expr) and e.kind == sym.VAR and e.args[0] == name
 
 
-def _divisors(e: sint, name: str, out: set[int]) -> None:
-    """Constant divisors of the floor divisions and mods in ``e`` whose dividend is variable
-    ``name`` plus other terms."""
+def _divisors(e: sint, name: str, out: set[sint]) -> None:
+    """Divisors (constant or symbolic) of the floor divisions and mods in ``e`` whose dividend
+    is variable ``name`` plus other terms."""
     if not isinstance(e, sym.Expr) or e.kind == sym.VAR:
         return
     a, d = e.args[0], e.args[-1]
-    if e.kind in (sym.DIV, sym.MOD) and isinstance(d, int) and isinstance(a, sym.Expr):
+    if e.kind in (sym.DIV, sym.MOD) and isinstance(a, sym.Expr):
         if _is_var(a, name) or a.kind == sym.ADD and any(_is_var(t, name) for t, _ in a.args[0]):
             out.add(d)
     subs = [t for t, _ in e.args[0]] if e.kind == sym.ADD else e.args
@@ -155,19 +155,30 @@ def _divisors(e: sint, name: str, out: set[int]) -> None:
         _divisors(x, name, out)
 
 
-def split_axis(index: sint | list[sint], name: str | None, size: sint) -> list[tuple[sint, int]]:
+def _divides(d: sint, n: sint) -> bool:
+    """Whether ``n == d * q`` exactly for some q other than 1 (symbolically)."""
+    if isinstance(d, int) and isinstance(n, int):
+        return 1 < d < n and n % d == 0
+    q, r = sym._split_multiples(n, d)
+    return r == 0 and q not in (0, 1)
+
+
+def split_axis(index: sint | list[sint], name: str | None, size: sint) -> list[tuple[sint, sint]]:
     """(extent, multiplier) of the loops that walk axis ``name`` of ``size``, outermost first:
     one loop, or several where ``index`` (or any of a list of indices) divides the axis
-    variable by a chain of constants (k read as (head, d)): loops over those parts read
-    affinely where one loop over the axis would divide at every step."""
-    if name is None or not isinstance(size, int):
+    variable by a chain of divisors (k read as (head, d); pixels read as (row, column) of a
+    symbolic width): loops over those parts read affinely where one loop over the axis would
+    divide at every step."""
+    if name is None:
         return [(size, 1)]
-    found: set[int] = set()
+    found: set[sint] = set()
     for e in index if isinstance(index, list) else [index]:
         _divisors(e, name, found)
-    chain: list[int] = []
-    for d in sorted(found):
-        if 1 < d < size and size % d == 0 and (not chain or d % chain[-1] == 0):
+    if isinstance(size, int):
+        found = {d for d in found if isinstance(d, int)}
+    chain: list[sint] = []
+    for d in sorted(found, key=lambda d: (sym.upper_bound(d), repr(d))):
+        if _divides(d, size) and (not chain or _divides(chain[-1], d)):
             chain.append(d)
     bounds = [size, *reversed(chain), 1]
-    return [(bounds[j] // bounds[j + 1], bounds[j + 1]) for j in range(len(bounds) - 1)]
+    return [(sym.floordiv(bounds[j], bounds[j + 1]), bounds[j + 1]) for j in range(len(bounds) - 1)]
