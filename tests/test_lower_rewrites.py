@@ -75,3 +75,44 @@ def test_scalar_input_expression_computed_once_per_call():
     got = lm.compile(g).run({"x": xv, "s": sv})["y"]
     want = np.exp2(np.maximum(xv * np.float32(np.sqrt(2 / np.pi)), -1.5))
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _symbolic_divisions(e) -> list:
+    from luminal.graph import symbolic as sym
+
+    if not isinstance(e, sym.Expr) or e.kind == sym.VAR:
+        return []
+    loop_vars = any(n.startswith("_") for n in sym.var_names(e.args[0]))
+    div = e.kind in (sym.DIV, sym.MOD) and loop_vars and not isinstance(e.args[1], int)
+    found = [e] if div else []
+    subs = [t for t, _ in e.args[0]] if e.kind == sym.ADD else e.args
+    return found + [x for s in subs for x in _symbolic_divisions(s)]
+
+
+def test_conv_after_pool_copies_read_affinely(tmp_path, monkeypatch):
+    """A convolution with padding reading a max pool of a runtime-sized image: the pooled
+    im2col copy indexes by its loop variables (no division by the image size per element)."""
+    import torch
+
+    from luminal.compile import build_plan
+    from luminal.compiler.search import select
+
+    g = lm.Graph("poolconv")
+    h = lm.dim("h", 4, 256)
+    x, w = g.input("x", (N, 8, h, h)), g.input("w", (16, 4, 3, 3))
+    g.output("y", F.conv2d(F.max_pool2d(x.relu(), 2), w, stride=2, padding=1, groups=2))
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    low = select.choose_library_calls(
+        lower(g), lambda sub, d: 1.0 if any(isinstance(s, K.LibCall) for s in sub.kernels) else 2.0
+    )
+    copies = [k for k in low.kernels if isinstance(k, K.Kernel) and "_copy" in k.name]
+    assert copies
+    for k in copies:
+        for v in K.walk(k.value):
+            if isinstance(v, K.Load):
+                assert not _symbolic_divisions(v.index), (k.name, v.index)
+    xv, wv = rand(3, 8, 13, 13), rand(16, 4, 3, 3)
+    got = lm.load(build_plan(low, g.name).to_bytes()).run({"x": xv, "w": wv})["y"]
+    tx = torch.nn.functional.max_pool2d(torch.tensor(xv).relu(), 2)
+    want = torch.nn.functional.conv2d(tx, torch.tensor(wv), stride=2, padding=1, groups=2)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
