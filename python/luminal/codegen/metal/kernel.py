@@ -210,7 +210,7 @@ def render_kernel(
     if why is not None:
         raise ValueError(f"kernel {k.name}: cannot run on Metal: {why}")
     k = folded(k)
-    schedule = schedule or choose_schedule(k)
+    schedule = schedule or ("softmax_row" if softmax_rows(k) else choose_schedule(k))
     args, dtypes = kernel_buffers(k)
     slot = {b: i for i, b in enumerate(args)}
     shape, n = k.shape, len(k.shape)
@@ -224,10 +224,12 @@ def render_kernel(
         const = "" if i == 0 else "const "
         params.append(f"device {const}{storage_ctype(dtypes[b])} *b{i} [[buffer({i})]]")
     if threads is None:
-        threads = choose_threads(k, schedule)
+        threads = SOFTMAX_THREADS if schedule == "softmax_row" else choose_threads(k, schedule)
     if schedule == "scatter" and k.dtype.packed:
         threads = 1  # neighbouring 4-bit elements share a byte: one thread writes them all
     em = MetalEmitter(lambda b: f"b{slot[b]}", ix, threads, schedule in ("row", "element"))
+    if schedule == "softmax_row":
+        em.block_reduce = False  # the score's own reductions run in the thread of its key
     ind = "  "
     body: list[str] = []
 
@@ -265,6 +267,11 @@ def render_kernel(
         val = em.emit(k.value, ind)
         body += em.lines
         body.append(f"  if (lm_tid.x == 0) {store(val, '')}")
+    elif schedule == "softmax_row":
+        grid = _numel(shape[:-1])
+        body.append(f"  const {ix} t = ({ix})lm_tg.x;")
+        body += _unflatten_lines("t", shape[:-1], 0, ix, ind, "")
+        body += _softmax_row(em, k, ix, threads)
     elif schedule == "scatter":
         assert k.scatter_row is not None
         rows_shape, inner_shape = shape[: k.row_dims], shape[k.row_dims :]
@@ -296,3 +303,86 @@ def render_kernel(
     return MetalKernel(
         k.name, PRELUDE + "\n".join(lines) + "\n", args, (grid, 1, 1), (threads, 1, 1), schedule
     )
+
+
+SOFTMAX_THREADS = 64  # threads of a softmax row: one key each per tile, columns strided
+_SOFTMAX_COLS = 512  # the longest row (head dim) the softmax-row schedule keeps in registers
+
+
+def softmax_rows(k: K.Kernel) -> bool:
+    """A row of softmax-weighted sums (attention: out[..., i, v]) whose score does not depend
+    on the row's last index: one threadgroup per row computes each key's score once, instead
+    of once per output column."""
+    v, n = k.value, len(k.shape)
+    if k.scatter_row is not None or not isinstance(v, K.SoftmaxSum) or n == 0:
+        return False
+    return (
+        0 < sym.upper_bound(k.shape[-1]) <= _SOFTMAX_COLS
+        and f"_i{n - 1}" not in K.free_vars(v.score, {})
+        and v.dtype is dt.f32
+    )
+
+
+def _softmax_row(em: MetalEmitter, k: K.Kernel, ix: str, threads: int) -> list[str]:
+    """An online softmax over tiles of ``threads`` keys: each thread scores one key of the
+    tile; the tile's max and sum are threadgroup reductions; the running sums are rescaled
+    when the max grows; each thread accumulates its columns (strided by ``threads``) of the
+    probability-weighted values, reading the tile's probabilities from threadgroup memory."""
+    v = k.value
+    assert isinstance(v, K.SoftmaxSum)
+    n = len(k.shape)
+    last, jv, ext = f"i{n - 1}", _c_name(v.var), cexpr(v.extent)
+    cols = -(-sym.upper_bound(k.shape[-1]) // threads)
+    width = cexpr(k.shape[-1])
+    groups = max(1, threads // SIMD)
+    em.shared += [f"  threadgroup float lm_ps[{threads}];",
+                  f"  threadgroup float lm_pm[{groups}];", f"  threadgroup float lm_pl[{groups}];"]  # fmt: skip
+    out = ["  float lm_m = -INFINITY, lm_l = 0.0f;",
+           f"  float lm_acc[{cols}] = {{{', '.join(['0.0f'] * cols)}}};",
+           f"  for ({ix} lm_j0 = 0; lm_j0 < {ext}; lm_j0 += {threads}) {{",
+           "    float lm_s = -INFINITY;",
+           f"    {{ const {ix} {jv} = lm_j0 + ({ix})lm_tid.x;",
+           f"    if ({jv} < {ext}) {{"]  # fmt: skip
+
+    def emit(value: K.Value, indent: str, fmt: str) -> None:
+        em.lines = []
+        em.block(lambda: em.lines.append(indent + fmt.format(em.emit(value, indent))))
+        out.extend(em.lines)
+
+    emit(v.score, "      ", "lm_s = {};")
+    bar = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    out += ["    } }",
+            # the tile's max and sum, every thread holding both; NaN scores give NaN sums
+            "    float lm_mt = simd_max(lm_s);",
+            "    if (lm_lane == 0) lm_pm[lm_sg] = lm_mt;",
+            f"    {bar}",
+            f"    for (int j = 0; j < {groups}; ++j) lm_mt = lm_maxf(lm_mt, lm_pm[j]);",
+            "    const float lm_mn = lm_maxf(lm_m, lm_mt);",
+            "    const float lm_r = lm_mn == -INFINITY ? 1.0f : exp2(lm_m - lm_mn);",
+            "    const float lm_p = lm_s == -INFINITY ? 0.0f : exp2(lm_s - lm_mn);",
+            "    lm_ps[lm_tid.x] = lm_p;",
+            "    float lm_lt = simd_sum(lm_p);",
+            "    if (lm_lane == 0) lm_pl[lm_sg] = lm_lt;",
+            f"    {bar}",
+            "    lm_lt = 0.0f;",
+            f"    for (int j = 0; j < {groups}; ++j) lm_lt += lm_pl[j];",
+            "    lm_l = lm_l * lm_r + lm_lt;",
+            "    lm_m = lm_mn;",
+            f"    for (int c = 0; c < {cols}; ++c) lm_acc[c] *= lm_r;",
+            f"    const {ix} lm_nj = min(({ix}){threads}, ({ix})({ext}) - lm_j0);",
+            "    for (int lm_q = 0; lm_q < (int)lm_nj; ++lm_q) {",
+            "      const float lm_pj = lm_ps[lm_q];",
+            f"      const {ix} {jv} = lm_j0 + lm_q;"]  # fmt: skip
+    for c in range(cols):
+        out.append(f"      {{ const {ix} {last} = {c * threads} + ({ix})lm_tid.x;")
+        out.append(f"      if ({last} < {width}) {{")
+        emit(v.weight, "        ", f"lm_acc[{c}] += lm_pj * {{}};")
+        out.append("      } }")
+    out += ["    }", f"    {bar}  // lm_ps and the partials are rewritten by the next tile", "  }"]
+    flat = cexpr(_flat_store_index(k.shape))
+    for c in range(cols):
+        out.append(f"  {{ const {ix} {last} = {c * threads} + ({ix})lm_tid.x;")
+        out.append(
+            f"  if ({last} < {width}) {store_stmt('b0', flat, f'lm_acc[{c}] / lm_l', k.dtype)} }}"
+        )
+    return out
