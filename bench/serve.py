@@ -12,8 +12,9 @@ and errors. ``cold_start_s`` is luminal's reload after an idle unload (plans fro
 cache), read from its ``luminal_cold_start_seconds`` metric; ``start_s`` is a fresh server
 process until it answers (plans cached). Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 are removed from every server's environment and the thread count is pinned for both
-(LUMINAL_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS; llama.cpp n_threads). Prints
-a table and one JSON line.
+(LUMINAL_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS; llama.cpp n_threads).
+llama.cpp's server runs requests one at a time (``--interrupt_requests False``: by default a
+new request cuts the running one short). Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -296,7 +297,9 @@ def main() -> int:
     finally:
         proc.stop()
     print(
-        f"luminal: first start {first_start:.1f} s; reload after idle {cold['cold_start_s']:.2f} s",
+        f"luminal: first start {first_start:.1f} s; RSS {cold['rss_loaded_mb']:.0f} MiB loaded, "
+        f"{cold['rss_unloaded_mb']:.0f} MiB after the idle unload; reload "
+        f"{cold['cold_start_s']:.2f} s",
         file=sys.stderr,
     )
 
@@ -328,6 +331,9 @@ def main() -> int:
             str(a.ctx),
             "--model_alias",
             "smol",
+            # its default interrupts the running request when another arrives: serve in turn
+            "--interrupt_requests",
+            "False",
         ]
         pr = Proc(cmd, env, os.path.join(logs, "bench_serve_llamacpp.log"))
         pr.ready(url + "/v1/models", 120)
