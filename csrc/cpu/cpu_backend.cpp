@@ -6,6 +6,7 @@
 #include <map>
 
 #include "../backend.hpp"
+#include "../gemm_desc.hpp"
 #include "compiler.hpp"
 #include "thread_pool.hpp"
 
@@ -26,61 +27,27 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 // GEMM over row-major matrices: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for each
 // of `batch` matrices; strides and offsets are in elements. Args: A, B, C.
 class Gemm final : public LibCallOp {
+  using enum GemmDesc::Index;
+
 public:
-  Gemm(const Plan &plan, size_t step, cpu::ThreadPool &pool) : pool_(pool) {
+  Gemm(const Plan &plan, size_t step, cpu::ThreadPool &pool)
+      : gemm_(plan.steps[step], "step " + std::to_string(step) + " (gemm)"), pool_(pool) {
     const Step &s = plan.steps[step];
-    std::string at = "step " + std::to_string(step) + " (gemm)";
-    if (s.args.size() != 3) throw PlanError(at + ": needs 3 buffers (A, B, C)");
     DType t = plan.buffers[s.args[0]].dtype;
     for (uint32_t a : s.args)
       if (plan.buffers[a].dtype != t || (t != DType::f32 && t != DType::f64))
-        throw PlanError(at + ": A, B and C must all be f32 or all f64");
+        throw PlanError("step " + std::to_string(step) +
+                        " (gemm): A, B and C must all be f32 or all f64");
     f64_ = t == DType::f64;
-    for (const Field &f : s.fields) {
-      auto it = kIndex.find(f.name);
-      if (it == kIndex.end()) throw PlanError(at + ": unknown descriptor field '" + f.name + "'");
-      if (f.is_real && it->second < kAlpha)
-        throw PlanError(at + ": field '" + f.name + "' must be an integer expression");
-      fields_.push_back(&f);
-    }
-    for (const char *req : {"m", "n", "k"}) {
-      bool found = false;
-      for (const Field *f : fields_) found |= f->name == req;
-      if (!found) throw PlanError(at + ": descriptor lacks required field '" + req + "'");
-    }
     args_ = s.args;
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
-    int64_t v[kNum] = {};
-    v[kBatch] = 1;
-    double alpha = 1.0, beta = 0.0;
-    bool set[kNum] = {};
-    for (const Field *f : fields_) {
-      int i = kIndex.at(f->name);
-      set[i] = true;
-      double r = f->is_real ? f->real : double(vals[f->expr]);
-      if (i == kAlpha)
-        alpha = r;
-      else if (i == kBeta)
-        beta = r;
-      else
-        v[i] = vals[f->expr];
-    }
-    int64_t m = v[kM], n = v[kN], k = v[kK];
-    // Row-major defaults: packed matrices.
-    if (!set[kLda]) v[kLda] = v[kTransA] ? m : k;
-    if (!set[kLdb]) v[kLdb] = v[kTransB] ? k : n;
-    if (!set[kLdc]) v[kLdc] = n;
-    for (int i : {kM, kN, kK, kLda, kLdb, kLdc, kBatch})
-      if (v[i] < 0 || v[i] > INT32_MAX) throw Error("gemm size out of range");
     int64_t elem = f64_ ? 8 : 4;
-    // Each operand: rows x cols stored with leading dimension ld.
-    check(v, v[kTransA] ? k : m, v[kTransA] ? m : k, v[kLda], v[kStrideA], v[kOffA],
-          buf_bytes[args_[0]] / elem, "A");
-    check(v, v[kTransB] ? n : k, v[kTransB] ? k : n, v[kLdb], v[kStrideB], v[kOffB],
-          buf_bytes[args_[1]] / elem, "B");
-    check(v, m, n, v[kLdc], v[kStrideC], v[kOffC], buf_bytes[args_[2]] / elem, "C");
+    const int64_t elems[3] = {buf_bytes[args_[0]] / elem, buf_bytes[args_[1]] / elem,
+                              buf_bytes[args_[2]] / elem};
+    GemmDesc::Bound b = gemm_.bind(vals, elems);
+    int64_t *v = b.v;
     // One weight shared by a batch whose A and C rows continue from matrix to matrix (a
     // linear layer over batch x seq rows): one gemm of batch*m rows packs the weight once
     // instead of once per matrix.
@@ -89,9 +56,9 @@ public:
       v[kM] *= v[kBatch];
       v[kBatch] = 1;
     }
-    std::memcpy(v_, v, sizeof v);
-    alpha_ = alpha;
-    beta_ = beta;
+    std::memcpy(v_, v, sizeof v_);
+    alpha_ = b.alpha;
+    beta_ = b.beta;
   }
 
   // The gemm runs on our pool, OpenBLAS single-threaded inside each part: OpenBLAS's own
@@ -149,64 +116,12 @@ public:
   }
 
 private:
-  enum {
-    kM,
-    kN,
-    kK,
-    kLda,
-    kLdb,
-    kLdc,
-    kTransA,
-    kTransB,
-    kBatch,
-    kStrideA,
-    kStrideB,
-    kStrideC,
-    kOffA,
-    kOffB,
-    kOffC,
-    kAlpha,
-    kBeta,
-    kNum
-  };
-  inline static const std::map<std::string, int> kIndex = {{"m", kM},
-                                                           {"n", kN},
-                                                           {"k", kK},
-                                                           {"lda", kLda},
-                                                           {"ldb", kLdb},
-                                                           {"ldc", kLdc},
-                                                           {"trans_a", kTransA},
-                                                           {"trans_b", kTransB},
-                                                           {"batch", kBatch},
-                                                           {"stride_a", kStrideA},
-                                                           {"stride_b", kStrideB},
-                                                           {"stride_c", kStrideC},
-                                                           {"a_offset", kOffA},
-                                                           {"b_offset", kOffB},
-                                                           {"c_offset", kOffC},
-                                                           {"alpha", kAlpha},
-                                                           {"beta", kBeta}};
-
-  // Refuses descriptors that would touch memory outside the operand's buffer.
-  static void check(const int64_t *v, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
-                    int64_t off, int64_t elems, const char *name) {
-    std::string what = std::string("operand ") + name;
-    if (ld < std::max<int64_t>(cols, 1))
-      throw Error(what + ": leading dimension " + std::to_string(ld) + " < " +
-                  std::to_string(cols));
-    if (rows == 0 || cols == 0) return;
-    __int128 span = __int128(v[kBatch] - 1) * stride; // batches may step backwards
-    __int128 first = off + (span < 0 ? span : 0);
-    __int128 last = off + (span > 0 ? span : 0) + __int128(rows - 1) * ld + cols;
-    if (first < 0 || last > elems)
-      throw Error(what + " reaches outside its buffer (" + std::to_string(elems) + " elements)");
-  }
-
+  GemmDesc gemm_;
   cpu::ThreadPool &pool_;
   bool f64_ = false;
   std::vector<const Field *> fields_;
   std::vector<uint32_t> args_;
-  int64_t v_[kNum] = {};
+  int64_t v_[GemmDesc::kNum] = {};
   double alpha_ = 1.0, beta_ = 0.0;
   // the current run's partition (set by run before the parts start)
   bool split_rows_ = true;

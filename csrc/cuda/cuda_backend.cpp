@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "../backend.hpp"
+#include "../gemm_desc.hpp"
 #include "cublaslt_api.hpp"
 #include "cuda_api.hpp"
 
@@ -71,11 +72,13 @@ struct CudaContext {
 // cublasLtMatmul. cuBLASLt is column-major, so C^T = op(B)^T op(A)^T is computed: B is
 // cuBLASLt's first operand and the row-major matrices are read as their transposes.
 class LtGemm final : public LibCallOp {
+  using enum GemmDesc::Index;
+
 public:
-  LtGemm(const Plan &plan, size_t step, CudaContext &ctx) : ctx_(ctx) {
+  LtGemm(const Plan &plan, size_t step, CudaContext &ctx)
+      : gemm_(plan.steps[step], "step " + std::to_string(step) + " (gemm)"), ctx_(ctx) {
     const Step &s = plan.steps[step];
     std::string at = "step " + std::to_string(step) + " (gemm)";
-    if (s.args.size() != 3) throw PlanError(at + ": needs 3 buffers (A, B, C)");
     DType a = plan.buffers[s.args[0]].dtype, b = plan.buffers[s.args[1]].dtype,
           c = plan.buffers[s.args[2]].dtype;
     bool half = a == DType::f16 || a == DType::bf16;
@@ -91,18 +94,6 @@ public:
     f64_ = a == DType::f64;
     elem_a_ = dtype_nbytes(a, 1);
     elem_c_ = dtype_nbytes(c, 1);
-    for (const Field &f : s.fields) {
-      auto it = kIndex.find(f.name);
-      if (it == kIndex.end()) throw PlanError(at + ": unknown descriptor field '" + f.name + "'");
-      if (f.is_real && it->second < kAlpha)
-        throw PlanError(at + ": field '" + f.name + "' must be an integer expression");
-      fields_.push_back(&f);
-    }
-    for (const char *req : {"m", "n", "k"}) {
-      bool found = false;
-      for (const Field *f : fields_) found |= f->name == req;
-      if (!found) throw PlanError(at + ": descriptor lacks required field '" + req + "'");
-    }
     args_ = s.args;
     if (!ctx_.lt) LM_CUBLAS(cublasLtCreate, &ctx_.lt); // "cuBLASLt unavailable: ..." first
   }
@@ -113,39 +104,21 @@ public:
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
-    int64_t v[kNum] = {};
-    v[kBatch] = 1;
-    double alpha = 1.0, beta = 0.0;
-    bool set[kNum] = {};
-    for (const Field *f : fields_) {
-      int i = kIndex.at(f->name);
-      set[i] = true;
-      double r = f->is_real ? f->real : double(vals[f->expr]);
-      if (i == kAlpha)
-        alpha = r;
-      else if (i == kBeta)
-        beta = r;
-      else
-        v[i] = vals[f->expr];
-    }
+    const int64_t elems[3] = {buf_bytes[args_[0]] / elem_a_, buf_bytes[args_[1]] / elem_a_,
+                              buf_bytes[args_[2]] / elem_c_};
+    GemmDesc::Bound bd = gemm_.bind(vals, elems);
+    const int64_t *v = bd.v;
     int64_t m = v[kM], n = v[kN], k = v[kK];
-    if (!set[kLda]) v[kLda] = v[kTransA] ? m : k;
-    if (!set[kLdb]) v[kLdb] = v[kTransB] ? k : n;
-    if (!set[kLdc]) v[kLdc] = n;
-    for (int i : {kM, kN, kK, kLda, kLdb, kLdc, kBatch, kStrideA, kStrideB, kStrideC})
-      if (v[i] < 0 || v[i] > INT32_MAX) throw Error("gemm size or stride out of range");
-    if (v[kTransA] > 1 || v[kTransB] > 1 || v[kTransA] < 0 || v[kTransB] < 0)
-      throw Error("gemm trans_a and trans_b must be 0 or 1");
-    check(v, v[kTransA] ? k : m, v[kTransA] ? m : k, v[kLda], v[kStrideA], v[kOffA],
-          buf_bytes[args_[0]] / elem_a_, "A");
-    check(v, v[kTransB] ? n : k, v[kTransB] ? k : n, v[kLdb], v[kStrideB], v[kOffB],
-          buf_bytes[args_[1]] / elem_a_, "B");
-    check(v, m, n, v[kLdc], v[kStrideC], v[kOffC], buf_bytes[args_[2]] / elem_c_, "C");
-    std::memcpy(v_, v, sizeof v);
+    // cuBLASLt's strided batches take no negative strides or offsets
+    for (int i : {kStrideA, kStrideB, kStrideC, kOffA, kOffB, kOffC})
+      if (v[i] < 0 || v[i] > INT32_MAX)
+        throw Error("cuBLASLt gemm: negative or too large batch stride or offset");
+    double alpha = bd.alpha, beta = bd.beta;
+    std::memcpy(v_, v, sizeof v_);
     alpha_ = alpha;
     beta_ = beta;
     release();
-    empty_ = m == 0 || n == 0 || v[kBatch] == 0;
+    empty_ = bd.empty();
     if (empty_) return;
     if (k == 0) throw Error("cuBLASLt gemm with k = 0 (the generated gemm kernel handles it)");
     const CublasLt &lt = cublaslt();
@@ -209,43 +182,7 @@ public:
   }
 
 private:
-  enum {
-    kM,
-    kN,
-    kK,
-    kLda,
-    kLdb,
-    kLdc,
-    kTransA,
-    kTransB,
-    kBatch,
-    kStrideA,
-    kStrideB,
-    kStrideC,
-    kOffA,
-    kOffB,
-    kOffC,
-    kAlpha,
-    kBeta,
-    kNum
-  };
-  inline static const std::map<std::string, int> kIndex = {{"m", kM},
-                                                           {"n", kN},
-                                                           {"k", kK},
-                                                           {"lda", kLda},
-                                                           {"ldb", kLdb},
-                                                           {"ldc", kLdc},
-                                                           {"trans_a", kTransA},
-                                                           {"trans_b", kTransB},
-                                                           {"batch", kBatch},
-                                                           {"stride_a", kStrideA},
-                                                           {"stride_b", kStrideB},
-                                                           {"stride_c", kStrideC},
-                                                           {"a_offset", kOffA},
-                                                           {"b_offset", kOffB},
-                                                           {"c_offset", kOffC},
-                                                           {"alpha", kAlpha},
-                                                           {"beta", kBeta}};
+  GemmDesc gemm_;
   static constexpr uint64_t kWorkspaceMax = 32ull << 20;
 
   static int lt_type(DType t) {
@@ -281,20 +218,6 @@ private:
     lay_a_ = lay_b_ = lay_c_ = nullptr;
     pref_ = nullptr;
   }
-  // Refuses descriptors that would touch memory outside the operand's buffer.
-  static void check(const int64_t *v, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
-                    int64_t off, int64_t elems, const char *name) {
-    std::string what = std::string("operand ") + name;
-    if (ld < std::max<int64_t>(cols, 1))
-      throw Error(what + ": leading dimension " + std::to_string(ld) + " < " +
-                  std::to_string(cols));
-    if (off < 0) throw Error(what + ": negative offset");
-    if (rows == 0 || cols == 0 || v[kBatch] == 0) return;
-    __int128 last = off + __int128(v[kBatch] - 1) * stride + __int128(rows - 1) * ld + cols;
-    if (last > elems)
-      throw Error(what + " reaches outside its buffer (" + std::to_string(elems) + " elements)");
-  }
-
   CudaContext &ctx_;
   int type_a_ = 0, type_c_ = 0;
   bool f64_ = false, empty_ = true;
