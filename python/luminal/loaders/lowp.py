@@ -94,19 +94,20 @@ class SmallFloat:
         """Nearest representable value, ties to even, saturating at +-max_finite (float64)."""
         x = np.asarray(x, np.float64)
         a = np.abs(x)
-        with np.errstate(divide="ignore"):
-            e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
-        step = 2.0 ** (np.maximum(e, 1 - self.bias) - self.mb)
-        q = np.minimum(np.rint(a / step) * step, self.max_finite)  # rint: ties to even
-        return np.copysign(q, x)
+        _, ex = np.frexp(a)  # a = f * 2^ex, f in [0.5, 1): floor(log2 a) = ex - 1
+        shift = np.maximum(ex - 1, 1 - self.bias) - self.mb  # log2 of the grid step
+        q = np.ldexp(np.rint(np.ldexp(a, -shift)), shift)  # rint: ties to even
+        return np.copysign(np.minimum(q, self.max_finite), x)
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         """Codes (u8) of the rounded values of ``x`` (finite)."""
         q = self.round(x)
-        pos = np.asarray(self.table[: 1 << (self.eb + self.mb)], np.float64)
-        order = np.argsort(np.where(np.isfinite(pos), pos, np.inf), kind="stable")
-        sorted_vals = pos[order]
-        mag = order[np.searchsorted(sorted_vals, np.abs(q))]
+        a = np.abs(q)
+        _, ex = np.frexp(a)
+        e = np.maximum(ex - 1, 1 - self.bias)  # the exponent field is e + bias, 0 if subnormal
+        m = np.ldexp(a, self.mb - e).astype(np.int64)  # 2^mb + mantissa (normal), else m
+        normal = a >= 2.0 ** (1 - self.bias)
+        mag = np.where(normal, ((e + self.bias) << self.mb) + m - (1 << self.mb), m)
         sign = np.signbit(q).astype(np.int64) << (self.eb + self.mb)
         return (mag | sign).astype(np.uint8)
 
