@@ -12,6 +12,7 @@ every op test also runs on the GPU against PyTorch (bench/metal_check.sh)::
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -107,11 +108,20 @@ def _run_on_metal() -> None:
 # ---------------------------------------------------------------- the test (parent pytest)
 
 # the op test suite: every file whose checks go through the cross-backend harness
-OP_TESTS = ["test_ops_creation.py", "test_ops_elementwise.py", "test_ops_errors.py",
-            "test_ops_index.py", "test_ops_movement.py", "test_ops_reduce.py",
-            "test_ops_special.py", "test_ops_symbolic.py", "test_nn_functional.py",
-            "test_linalg.py", "test_nn_conv.py", "test_nn_attention.py",
-            "test_nn_modules.py"]  # fmt: skip
+OP_TESTS = sorted(
+    os.path.basename(p)
+    for p in glob.glob(os.path.join(HERE, "test_ops_*.py"))
+    + [
+        os.path.join(HERE, f)
+        for f in (
+            "test_nn_functional.py",
+            "test_linalg.py",
+            "test_nn_conv.py",
+            "test_nn_attention.py",
+            "test_nn_modules.py",
+        )
+    ]  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
