@@ -239,3 +239,20 @@ def test_missing_model_file_is_a_clear_error(capsys, tmp_path) -> None:
     missing = str(tmp_path / "nope.gguf")
     assert main(["generate", "hi", "--model", missing, "--backend", "interp"]) == 2
     assert "nope.gguf" in capsys.readouterr().err
+
+
+def test_generate_and_embed_take_any_model_folder(tmp_path, capsys) -> None:
+    """``--model`` goes through ``luminal.models.load``: a Qwen3 folder generates what
+    transformers generates; a folder of the wrong kind is a clear error."""
+    from test_zoo_decoders import PROMPT, _word_tokenizer, hf_greedy, make_hf
+
+    hf = make_hf("qwen3", tmp_path / "qwen3")
+    want = hf_greedy(hf, PROMPT, 6)
+    _word_tokenizer(tmp_path / "qwen3", eos=0)
+    text = " ".join(f"w{t}" for t in PROMPT)
+    argv = ["generate", "--model", str(tmp_path / "qwen3"), "--backend", "interp", "--no-chat",
+            "--ignore-eos", "-n", "6", text]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.split() == [f"w{t}" for t in want]
+    assert main(["embed", "--model", str(tmp_path / "qwen3"), "--backend", "interp", "x"]) == 2
+    assert "not a sentence encoder" in capsys.readouterr().err

