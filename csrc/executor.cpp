@@ -12,6 +12,7 @@
 namespace luminal {
 
 struct Executor::Prepared {
+  uint32_t index; // in the plan's steps
   StepKind kind;
   KernelHandle kernel;
   LaunchGeom geom;
@@ -179,7 +180,9 @@ void Executor::bind(const std::vector<int64_t> &dims) {
   io_args_.clear();
   for (size_t i = 0; i < pl.steps.size(); ++i) {
     const Step &s = pl.steps[i];
+    if (s.when != kNone && vals_[s.when] == 0) continue; // another variant's step
     Prepared p{};
+    p.index = uint32_t(i);
     p.kind = s.kind;
     p.argv0 = uint32_t(argv_.size());
     std::string what = "step " + std::to_string(i);
@@ -237,8 +240,8 @@ void Executor::bind(const std::vector<int64_t> &dims) {
       ptrs_[b] = base + io_offset_[b];
   }
   size_t slot = 0;
-  for (const Step &s : pl.steps)
-    for (uint32_t a : s.args) argv_[slot++] = ptrs_[a];
+  for (const Prepared &p : steps_)
+    for (uint32_t a : pl.steps[p.index].args) argv_[slot++] = ptrs_[a];
   dims_ = dims;
   ++binding_; // pointers and dims may have changed: recorded steps are stale
   bound_ = true;
@@ -292,14 +295,14 @@ void Executor::run(const std::vector<int64_t> &dims, void *const *io, const size
       for (const Prepared &p : steps_) exec(p);
     });
   } else {
-    prof_.resize(steps_.size());
-    for (size_t i = 0; i < steps_.size(); ++i) {
+    prof_.resize(pl.steps.size());
+    for (const Prepared &p : steps_) {
       auto t0 = std::chrono::steady_clock::now();
-      exec(steps_[i]);
+      exec(p);
       be.sync();
       auto t1 = std::chrono::steady_clock::now();
-      prof_[i].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-      prof_[i].second += 1;
+      prof_[p.index].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      prof_[p.index].second += 1;
     }
   }
   be.sync();

@@ -213,6 +213,10 @@ void parse_body(Plan &pl, Reader &r) {
         r.fail("copy writes into " + std::string(role_name(dr)) + " buffer '" +
                pl.buffers[s.dst].name + "'");
     }
+    if (pl.version >= 3) {
+      s.when = r.get<uint32_t>();
+      if (s.when != kNone && s.when >= n_expr) r.fail("step condition expression out of range");
+    }
   }
 
   r.section = "weights";
@@ -367,7 +371,8 @@ std::string Plan::expr_users(uint32_t id) const {
   }
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step &s = steps[i];
-    bool used = s.shared_mem == id || s.nbytes == id || s.dst_offset == id || s.src_offset == id;
+    bool used = s.shared_mem == id || s.nbytes == id || s.dst_offset == id || s.src_offset == id ||
+                s.when == id;
     for (int k = 0; k < 3; ++k) used |= s.grid[k] == id || s.block[k] == id;
     for (const Field &f : s.fields) used |= !f.is_real && f.expr == id;
     if (used) add("step " + std::to_string(i));

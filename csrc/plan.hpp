@@ -14,7 +14,7 @@
 namespace luminal {
 
 constexpr char kMagic[4] = {'L', 'M', 'P', 'L'};
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
 constexpr uint32_t kOldestVersion = 1;  // version 1 has no buffer alias field
 constexpr uint32_t kNone = 0xFFFFFFFFu; // "no expression" (e.g. arena offset of a non-scratch)
 constexpr uint64_t kAlign = 64;         // blob, inline weights and the arena
@@ -78,6 +78,9 @@ struct Step {
   std::vector<uint32_t> args;
   // Copy (bytes)
   uint32_t dst = kNone, src = kNone, nbytes = kNone, dst_offset = kNone, src_offset = kNone;
+  // Version 3: the step runs only where this expression is nonzero (kNone: always), so one
+  // plan holds variants chosen by bound dims (a prefill and a decode program).
+  uint32_t when = kNone;
 };
 
 struct WeightSource {

@@ -230,7 +230,7 @@ def test_corrupt_files_raise_plan_error() -> None:
     good = Plan(dims=[], metadata={"a": "b"}).to_bytes()
     cases = {
         "bad magic": b"GGUF" + good[4:],
-        "version 3 is not supported": good[:4] + struct.pack("<I", 3) + good[8:],
+        "version 4 is not supported": good[:4] + struct.pack("<I", 4) + good[8:],
         "shorter than the header": good[:10],
         "truncated or has trailing": good[:-1],
         "checksum mismatch": good[:-1] + bytes([good[-1] ^ 1]),

@@ -63,4 +63,6 @@ class Plan(PlanData):
         return _io._describe(self)
 
 
-__all__ = [*_model_all, "Plan"]
+from .variants import by_dim  # noqa: E402  (needs the data model above)
+
+__all__ = [*_model_all, "Plan", "by_dim"]

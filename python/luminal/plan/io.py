@@ -214,6 +214,7 @@ def _body(plan: PlanData) -> tuple[bytes, list[tuple[int, memoryview]]]:
                 rest.u32(ex(e, what))
         else:
             raise PlanError(f"{what}: not a step: {s!r}")
+        rest.u32(NONE if s.when is None else ex(s.when, f"{what} condition"))
 
     blob: list[tuple[int, memoryview]] = []
     pos = 0
@@ -419,6 +420,12 @@ def _parse(d: memoryview, plan: P) -> P:
             plan.steps.append(Copy(dst, src, expr("nbytes"), expr("offset"), expr("offset")))
         else:
             raise PlanError(f"unknown step kind {kind}")
+        if version >= 3:
+            when = r.u32()
+            if when != NONE:
+                if when >= len(exprs):
+                    raise PlanError(f"step {len(plan.steps) - 1}: condition {when} out of range")
+                plan.steps[-1].when = exprs[when]
     r.section = "weights"
     blob = d[blob_offset:]
     for _ in range(r.count(25)):
@@ -488,6 +495,8 @@ def _describe(plan: PlanData) -> str:
                 f"  {i:<4} copy {e(s.nbytes)} bytes {bname(s.src)}+{e(s.src_offset)} -> "
                 f"{bname(s.dst)}+{e(s.dst_offset)}"
             )
+        if s.when is not None:
+            lines[-1] += f" when {e(s.when)}"
     lines.append(f"weights ({len(plan.weights)}):")
     for wt in plan.weights:
         if isinstance(wt, InlineWeight):

@@ -48,9 +48,9 @@ __all__ = [
 ]
 
 MAGIC = b"LMPL"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # versions this reader accepts: 1 has no buffer alias field (nothing is updated in place)
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
 HEADER_SIZE = 32
 ALIGN = 64
 NONE = 0xFFFFFFFF
@@ -214,6 +214,7 @@ class Launch:
     grid: tuple[Expr, Expr, Expr] = (1, 1, 1)
     block: tuple[Expr, Expr, Expr] = (1, 1, 1)
     shared_mem: Expr = 0
+    when: Expr | None = None  # runs only where this evaluates nonzero (a plan variant)
 
 
 @dataclass
@@ -223,6 +224,7 @@ class LibCall:
     func: str
     fields: dict[str, Expr | float]
     args: list[int]
+    when: Expr | None = None
 
 
 @dataclass
@@ -234,6 +236,7 @@ class Copy:
     nbytes: Expr
     dst_offset: Expr = 0
     src_offset: Expr = 0
+    when: Expr | None = None
 
 
 Step = Launch | LibCall | Copy
