@@ -176,3 +176,26 @@ def test_embed_type_keeps_embedding_and_head_apart(tiny, tmp_path) -> None:
         quant.quantize(src, tmp_path / "x.gguf", "q4_k_m", embed_type="q8_0")
     with pytest.raises(ValueError, match="embed_type 'q6_k' must be one of"):
         quant.quantize(src, tmp_path / "x.gguf", "int8", embed_type="q6_k")
+
+
+@pytest.mark.slow
+def test_llama_cpp_quantizer_types_load_bit_exact(tmp_path) -> None:
+    """A type written by llama.cpp's own quantizer (Q5_K_M: Q5_K and Q6_K tensors): luminal
+    reads every tensor of the file, and the Q5_K expression equals gguf's dequantization."""
+    qtype, kind = "q5_k_m", "Q5_K"
+    pytest.importorskip("llama_cpp")
+    from luminal.loaders import quants
+    from luminal.loaders.gguf import GGUFWeights
+    from luminal.models import smollm2_path
+
+    try:
+        src = smollm2_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    res = quant.quantize(src, tmp_path / f"{qtype}.gguf", qtype)
+    assert kind in res.stored.values()
+    f = GGUFFile(res.path)
+    GGUFWeights(f)  # every type in the file is supported
+    name = next(n for n, t in res.stored.items() if t == kind and n.startswith("blk."))
+    got = quants.dequantize(kind, f.raw(name), f.shape(name))
+    np.testing.assert_array_equal(got, f.dequantize(name))

@@ -6,7 +6,7 @@ Three kinds of target type:
   ``q5_1``, ``bf16``, ``f16``, ``f32``) and ``mxfp4`` (GGUF MXFP4 blocks from luminal's OCP MX
   quantizer): a plain GGUF file that llama.cpp runs too.
 - **llama.cpp's own quantizer** (``q2_k``, ``q3_k_m``, ``q4_k_m``, ``q4_k_s``, ``q5_k_m``,
-  ``q5_k_s``, ``q6_k``, ``iq4_nl``, ``iq4_xs``, ``nvfp4_gguf``): the file llama.cpp's
+  ``q5_k_s``, ``q6_k``, ``iq4_nl``, ``iq4_xs``): the file llama.cpp's
   ``llama-quantize`` writes (needs ``llama-cpp-python``).
 - **luminal's formats** without a GGUF type (``fp8_e4m3``, ``fp8_e5m2``, their ``_tensor``
   variants, ``int8``, ``mxfp8``, ``nvfp4``): a GGUF file whose metadata and tokenizer are the
@@ -39,7 +39,7 @@ _GGUF_LOWP = {"mxfp4": ("MXFP4", "mxfp4"), "bf16": ("BF16", "bf16"), "f16": ("F1
 # type -> llama_ftype suffix (LLAMA_FTYPE_MOSTLY_<suffix>) for llama.cpp's quantizer
 _LLAMA_CPP = {"q2_k": "Q2_K", "q3_k_m": "Q3_K_M", "q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S",
               "q5_k_m": "Q5_K_M", "q5_k_s": "Q5_K_S", "q6_k": "Q6_K", "iq4_nl": "IQ4_NL",
-              "iq4_xs": "IQ4_XS", "nvfp4_gguf": "NVFP4"}  # fmt: skip
+              "iq4_xs": "IQ4_XS"}  # fmt: skip
 # general.file_type (llama_ftype) of the plain GGUF outputs
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
               "bf16": 32, "mxfp4": 38}  # fmt: skip
