@@ -1,10 +1,12 @@
 """Every MSL kernel of the SmolLM2-135M (GGUF Q4_1, dequantized in the graph) and
 all-MiniLM-L6-v2 plans type-checks (codegen/metal/check.py), through
-``luminal.compile(backend="metal")``; matmuls become simdgroup-matrix gemm kernels. No Mac
+``luminal.compile(backend="metal")``; matmuls become simdgroup-matrix gemm kernels; the MiniLM
+plan run in the host emulation (targets/metal_emu.py) gives the CPU plan's outputs. No Mac
 needed; slow (a whole-model compile each)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import luminal as lm
@@ -53,6 +55,22 @@ def test_minilm_plan_typechecks_with_simdgroup_gemms() -> None:
         d = minilm_dir()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    cg = lm.compile(Bert.from_dir(d).build(), backend="metal", load=False)
+    g = Bert.from_dir(d).build()
+    cg = lm.compile(g, backend="metal", load=False)
     gemms = _typecheck(cg, "all-MiniLM-L6-v2")
     assert gemms >= 6 * 4, "every layer's projections should be gemm kernels"
+    # the whole plan run in the host emulation of its Metal kernels gives the CPU plan's
+    # outputs (a padded batch: masked attention rows included)
+    from luminal.targets import metal_emu
+
+    if metal_emu.compiler() is None:
+        return
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 30000, (2, 9)).astype(np.int32)
+    mask = np.ones((2, 9), np.int32)
+    mask[1, 6:] = 0
+    feed = {"input_ids": ids, "attention_mask": mask}
+    got = metal_emu.run(cg.plan, feed, batch=2, seq=9)
+    want = lm.compile(g).run(feed)
+    for name, w in want.items():
+        np.testing.assert_allclose(got[name], w, atol=2e-5, rtol=1e-4, err_msg=name)
