@@ -12,7 +12,6 @@ import pytest
 
 from luminal.plan import (
     ALIGN,
-    FORMAT_VERSION,
     Copy,
     DType,
     FileWeight,
@@ -115,7 +114,7 @@ def test_layout_header_and_alignment(tmp_path) -> None:
     data = path.read_bytes()
     assert data == p.to_bytes()
     magic, version, size, blob, crc, reserved = struct.unpack("<4sIQQII", data[:32])
-    assert (magic, version, size, reserved) == (b"LMPL", FORMAT_VERSION, len(data), 0)
+    assert (magic, version, size, reserved) == (b"LMPL", 2, len(data), 0)  # no variants: version 2
     assert blob % ALIGN == 0 and crc == zlib.crc32(data[32:])
     q = Plan.load(path)
     w = q.weights[0]

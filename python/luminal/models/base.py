@@ -161,11 +161,11 @@ class Runner:
         path, _ = cache.get_or_build(full, build)
         # the plan file runs (mapped): this process holds no copy of the weights it made
         plan = CachedPlan(path)
-        if built:
-            plan.executor  # noqa: B018  (a missing runtime raises ImportError here, not later)
-        else:
-            from .. import runtime  # noqa: F401  (the same for a cached plan)
+        # a missing runtime raises ImportError here, not later; the executor (its kernels'
+        # C compile) is made on first run: a plan merged into another never needs its own
+        from .. import runtime  # noqa: F401
 
+        if not built:
             progress(f"{self.name}: using the cached plan {path.name}", quiet)
             self.cached = True
         return plan

@@ -19,6 +19,7 @@ update the same cache arrays.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -263,10 +264,11 @@ class LlamaSession:
     """A model with its KV cache: ``forward(tokens)`` runs the new tokens at the next
     positions and returns the logits of the last one.
 
-    Two compiled plans share the cache: the decode plan (``model.build()``, any step length,
-    quantized weights dequantized inside the matmuls: right for one token at a time) and, for
-    steps of at least ``prefill_min`` tokens, the prefill plan (``model.build_prefill()``:
-    f32 weights folded at compile time, GEMMs). The prefill plan is compiled the first time a
+    One plan runs every step: the decode program (``model.build()``, quantized weights
+    dequantized inside the matmuls: right for one token at a time) and, for steps of at least
+    ``prefill_min`` tokens, the prefill program (``model.build_prefill()``: f32 weights folded
+    at compile time, GEMMs) are variants of one plan chosen by ``seq`` (``luminal.plan.by_dim``;
+    each is compiled and cached on its own). The prefill variant is compiled the first time a
     long enough prompt arrives (with a progress line unless ``quiet``), or at once with
     ``compile_prefill()``; ``prefill_min=None`` turns it off. Decode steps never compile."""
 
@@ -290,6 +292,8 @@ class LlamaSession:
         self.graph = self.runner.graph
         self.prefill_min = prefill_min
         self.prefill_runner: Runner | None = None
+        self.plan: Any = None  # the plan with both variants, once the prefill one exists
+        self._executor: Any = None
         self.cache = model.new_cache()
         self.pos = 0
 
@@ -320,22 +324,39 @@ class LlamaSession:
             def build() -> Graph:
                 progress(f"prompts of {pmin}+ tokens: building a prefill plan", self.quiet)
                 say = None if self.quiet else (lambda msg: progress(msg))
-                return self.model.build_prefill(pmin, progress=say)
+                # the decode plan's dims (seq from 1): the two merge into one plan
+                return self.model.build_prefill(1, progress=say)
 
-            key = self._key("prefill", min_seq=pmin)
+            key = self._key("prefill", min_seq=1)
             self.prefill_runner = Runner(build, "compiled", self.quiet, key=key,
                                          name="llama_prefill")  # fmt: skip
+            self._one_plan(pmin)
         return True
+
+    def _one_plan(self, pmin: int) -> None:
+        """The decode and prefill plans as one plan whose variants are chosen by ``seq``."""
+        from .. import runtime
+        from ..plan import by_dim
+
+        parts = [r._plan for r in (self.runner, self.prefill_runner) if r is not None]
+        plans = [p.plan for p in parts]
+        lo = next(d.min for d in plans[0].dims if d.name == "seq")
+        self.plan = by_dim(plans, "seq", [lo, pmin])
+        # cached plans refer to weight files beside them (the plan cache's folder)
+        paths = [getattr(p, "path", None) for p in parts]
+        base = os.path.dirname(os.fspath(paths[0])) if paths[0] is not None else "."
+        self._executor = runtime.Executor(self.plan, base_dir=base)
+        for p in parts:  # the merged plan runs; theirs no longer
+            p._executor = None
 
     def _key(self, graph: str, **options: Any) -> dict[str, Any] | None:
         fn = getattr(self.model, "cache_key", None)
         return fn(graph, **options) if fn is not None else None
 
-    def _runner_for(self, n_tokens: int) -> Runner:
-        long = self.prefill_min is not None and n_tokens >= self.prefill_min
-        if long and self.compile_prefill() and self.prefill_runner is not None:
-            return self.prefill_runner
-        return self.runner
+    def _prepare(self, n_tokens: int) -> None:
+        """Compiles the prefill variant the first time a long enough step arrives."""
+        if self.prefill_min is not None and n_tokens >= self.prefill_min:
+            self.compile_prefill()
 
     def reset(self) -> None:
         self.pos = 0  # stale rows beyond pos are never read: the mask and the slice stop at pos+seq
@@ -352,7 +373,12 @@ class LlamaSession:
         vocab = self.model.config.vocab_size
         if toks.min() < 0 or toks.max() >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab}), got {toks.min()}..{toks.max()}")
-        out = self._runner_for(toks.size)({"tokens": toks, **self.cache}, pos=self.pos)
+        self._prepare(toks.size)
+        inputs = {"tokens": toks, **self.cache}
+        if self._executor is not None:
+            out = self._executor.run(inputs, pos=self.pos)
+        else:
+            out = self.runner(inputs, pos=self.pos)
         for n in self.cache:
             # a compiled plan updated the cache array in place and returns it (no copy); the
             # interpreter returns a new array

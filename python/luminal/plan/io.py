@@ -103,8 +103,14 @@ def _serialize(plan: PlanData) -> Iterator[bytes | memoryview]:
     for c in chunks:
         crc = zlib.crc32(c, crc)
     size = blob_offset + pos
-    yield MAGIC + struct.pack("<IQQII", FORMAT_VERSION, size, blob_offset, crc, 0)
+    yield MAGIC + struct.pack("<IQQII", _version(plan), size, blob_offset, crc, 0)
     yield from chunks
+
+
+def _version(plan: PlanData) -> int:
+    """The oldest layout that holds ``plan``: version 3 only for step conditions (variants),
+    so a plan without them stays readable by runtimes that read version 2."""
+    return FORMAT_VERSION if any(s.when is not None for s in plan.steps) else 2
 
 
 def _write(plan: PlanData, f: BinaryIO) -> None:
@@ -176,6 +182,7 @@ def _body(plan: PlanData) -> tuple[bytes, list[tuple[int, memoryview]]]:
         rest.u64(len(k.code))
         rest.buf += k.code
 
+    version = _version(plan)
     rest.u32(len(plan.steps))
     for i, s in enumerate(plan.steps):
         what = f"step {i}"
@@ -214,7 +221,8 @@ def _body(plan: PlanData) -> tuple[bytes, list[tuple[int, memoryview]]]:
                 rest.u32(ex(e, what))
         else:
             raise PlanError(f"{what}: not a step: {s!r}")
-        rest.u32(NONE if s.when is None else ex(s.when, f"{what} condition"))
+        if version >= 3:
+            rest.u32(NONE if s.when is None else ex(s.when, f"{what} condition"))
 
     blob: list[tuple[int, memoryview]] = []
     pos = 0
@@ -461,7 +469,7 @@ def _describe(plan: PlanData) -> str:
     def bname(i: int) -> str:
         return plan.buffers[i].name or f"#{i}"
 
-    lines = [f"luminal plan (format {FORMAT_VERSION}) for {plan.backend} {plan.arch}".rstrip()]
+    lines = [f"luminal plan (format {_version(plan)}) for {plan.backend} {plan.arch}".rstrip()]
     lines.append(f"dims ({len(plan.dims)}):")
     lines += [f"  {d.name} in [{d.min}, {d.max}]" for d in plan.dims]
     lines.append(f"buffers ({len(plan.buffers)}):")

@@ -35,7 +35,7 @@ _TEXT_FORMATS = (KernelFormat.c_source, KernelFormat.cuda_source, KernelFormat.m
 
 
 def _io_signature(p: PlanData) -> dict[str, tuple[Role, int, str | None]]:
-    sig = {}
+    sig: dict[str, tuple[Role, int, str | None]] = {}
     for b in p.buffers:
         if b.role in (Role.input, Role.output):
             alias = p.buffers[b.alias].name if b.alias is not None else None
