@@ -214,7 +214,8 @@ def test_prefill_min_is_checked() -> None:
 )
 def test_long_prompts_use_the_prefill_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt of prefill_min+ tokens compiles the prefill plan once (on first use) and runs
-    on it; shorter prompts and decode steps run on the decode plan; both share the cache."""
+    on it; shorter prompts and decode steps run on the decode plan; both are variants of one
+    plan and share the cache."""
     hf, model = _tiny(ctx=32)
     calls = _count_compiles(monkeypatch)
     s = LlamaSession(model, "compiled", prefill_min=5)
@@ -231,6 +232,9 @@ def test_long_prompts_use_the_prefill_plan(monkeypatch: pytest.MonkeyPatch) -> N
     assert calls == ["llama", "llama_prefill"]  # compiled once, reused
     assert s.runner.compiles == 1 and s.prefill_runner is not None
     assert s.prefill_runner.compiles == 1
+    # one plan: each step belongs to one variant, chosen by seq
+    assert s.plan.metadata["variants"] == "seq: [1, 5), [5, 33)"
+    assert all(st.when is not None for st in s.plan.steps)
 
 
 # ----------------------------------------------------------------------------- SmolLM2 (real)
