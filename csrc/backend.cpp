@@ -4,6 +4,9 @@
 #include "cuda/cuda_api.hpp"
 #include "cuda/cuda_backend.hpp"
 #endif
+#ifdef LUMINAL_WITH_METAL
+#include "metal/metal_backend.hpp"
+#endif
 
 namespace luminal {
 
@@ -17,7 +20,11 @@ std::unique_ptr<Backend> make_backend(const std::string &name) {
 #else
   if (name == "cuda") throw Error("luminal was built without CUDA support (backend 'cuda')");
 #endif
+#ifdef LUMINAL_WITH_METAL
+  if (name == "metal") return make_metal_backend(); // throws "Metal unavailable: <why>"
+#else
   if (name == "metal") throw Error("luminal was built without Metal support (backend 'metal')");
+#endif
   throw Error("unknown backend '" + name + "' (available: cpu)");
 }
 
@@ -25,6 +32,9 @@ std::vector<std::string> available_backends() {
   std::vector<std::string> out = {"cpu"};
 #ifdef LUMINAL_WITH_CUDA
   if (cuda::unavailable_reason().empty()) out.push_back("cuda");
+#endif
+#ifdef LUMINAL_WITH_METAL
+  if (metal::unavailable_reason().empty()) out.push_back("metal");
 #endif
   return out;
 }

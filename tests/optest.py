@@ -110,6 +110,27 @@ if os.environ.get("LUMINAL_TEST_CUDA", "1") != "0":
     if luminal.cuda.available():
         BACKENDS["cuda"] = _cuda_backend
 
+_METAL_COMPILED: dict[int, Any] = {}
+
+
+def _metal_backend(
+    g: lm.Graph, inputs: dict[str, np.ndarray], dims: dict[str, int]
+) -> dict[str, np.ndarray]:
+    cg = _METAL_COMPILED.get(id(g))
+    if cg is None or cg[0] is not g:
+        cg = (g, lm.compile(g, backend="metal"))
+        _METAL_COMPILED.clear()
+        _METAL_COMPILED[id(g)] = cg
+    return cg[1].run(inputs, **dims)
+
+
+# ... and on a Metal device where one is usable (LUMINAL_TEST_METAL=0 turns that off)
+if os.environ.get("LUMINAL_TEST_METAL", "1") != "0":
+    import luminal.metal
+
+    if luminal.metal.available():
+        BACKENDS["metal"] = _metal_backend
+
 
 def rand(*shape: int, dtype: Any = np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     d = np.dtype(dtype)

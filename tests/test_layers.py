@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compiler",),
     ("codegen",),
     ("plan",),
-    ("_rt", "runtime", "cuda"),
+    ("_rt", "runtime", "cuda", "metal"),
     ("targets", "plan_cache"),
     ("compile",),
 ]
