@@ -370,9 +370,16 @@ class LuminalPartition(torch.nn.Module):
         return tuple(outs) if self.built.tuple_out else outs[0]
 
     def _weights_changed(self, args: Sequence[Any]) -> bool:
-        for (k, _), key in zip(self.built.weights, self.weight_keys, strict=True):
-            if _weight_key(args[k]) != key:
-                return True
+        # every call checks every weight: the common case (nothing changed) stays a few
+        # attribute reads per weight, not a tuple and a try block each
+        try:
+            for (k, _), (tid, ptr, version) in zip(self.built.weights, self.weight_keys):
+                t = args[k]
+                if id(t) != tid or t._version != version or t.data_ptr() != ptr:
+                    return True
+        except RuntimeError:  # an inference tensor has no version counter
+            return any(_weight_key(args[k]) != key
+                       for (k, _), key in zip(self.built.weights, self.weight_keys))  # fmt: skip
         return False
 
     def _give_up(self, what: str, e: Exception, args: Sequence[Any]) -> Any:
