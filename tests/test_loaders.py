@@ -156,8 +156,8 @@ def test_quantized_rows_gather_then_dequantize(fmt: str) -> None:
 
 
 def test_unsupported_quant_format_is_a_clear_error() -> None:
-    with pytest.raises(NotImplementedError, match="Q5_0 is not supported"):
-        quants.quantized_weight(lm.Graph(), "w", "Q5_0", np.zeros(22, np.uint8), (1, 32))
+    with pytest.raises(NotImplementedError, match="TQ2_0 is not supported"):
+        quants.quantized_weight(lm.Graph(), "w", "TQ2_0", np.zeros(66, np.uint8), (1, 256))
     with pytest.raises(ValueError, match="not a multiple"):
         quants.quantized_weight(lm.Graph(), "w", "Q4_0", np.zeros(18, np.uint8), (1, 31))
 
@@ -216,10 +216,10 @@ def test_k_quants_from_llama_cpp_and_unsupported_types(tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------- bad GGUF files
-def _write_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0") -> None:
+def _write_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", cols: int = 64) -> None:
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(1)
-    data = RNG.normal(size=(4, 64)).astype(np.float32)
+    data = RNG.normal(size=(4, cols)).astype(np.float32)
     q = gguf.GGMLQuantizationType[qtype]
     w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(data, q), raw_dtype=q)
     w.add_tensor("output_norm.weight", np.ones(64, np.float32))
@@ -260,9 +260,9 @@ def test_not_a_gguf_file(tmp_path) -> None:
 def test_unsupported_type_and_architecture(tmp_path) -> None:
     from luminal.models import config_from_gguf
 
-    p = str(tmp_path / "q5.gguf")
-    _write_gguf(p, qtype="Q5_0")
-    with pytest.raises(GGUFError, match="Q5_0"):
+    p = str(tmp_path / "tq2.gguf")
+    _write_gguf(p, qtype="TQ2_0", cols=256)
+    with pytest.raises(GGUFError, match="TQ2_0"):
         GGUFWeights(GGUFFile(p))
     p2 = str(tmp_path / "mamba.gguf")
     _write_gguf(p2, arch="mamba")
