@@ -256,3 +256,12 @@ def test_generate_and_embed_take_any_model_folder(tmp_path, capsys) -> None:
     assert capsys.readouterr().out.split() == [f"w{t}" for t in want]
     assert main(["embed", "--model", str(tmp_path / "qwen3"), "--backend", "interp", "x"]) == 2
     assert "not a sentence encoder" in capsys.readouterr().err
+
+
+def test_serve_and_quantize_are_subcommands(tmp_path, capsys) -> None:
+    """``luminal serve`` and ``luminal quantize`` reach their modules; bad input is exit 2."""
+    out = str(tmp_path / "out.gguf")
+    assert main(["quantize", str(tmp_path / "missing.gguf"), "-o", out, "--type", "q8_0"]) == 2
+    assert "missing.gguf" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--port", "not-a-port"])

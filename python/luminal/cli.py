@@ -478,6 +478,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument("action", choices=["list", "clear"], nargs="?", default="list")
     k.set_defaults(fn=cmd_cache)
+    from .quant import cli as quant_cli
+    from .serve import cli as serve_cli
+
+    sv = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)",
+        description=(serve_cli.__doc__ or "").split("\n\n")[0],
+    )
+    serve_cli.add_arguments(sv)
+    sv.set_defaults(fn=serve_cli.main)
+    q = sub.add_parser(
+        "quantize",
+        help="requantize a GGUF file or model folder (docs/quantization.md)",
+        description=(quant_cli.__doc__ or "").split("\n\n")[0],
+    )
+    quant_cli.add_arguments(q)
+    q.set_defaults(fn=quant_cli.main)
     return p
 
 
