@@ -133,6 +133,8 @@ class Running:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        if self.embed is not None:
+            self.embed.embedder = None
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +168,13 @@ def server(tiny_dir: str, plans: str) -> Iterator[Running]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_dir: str, plans: str) -> Any:
+def reference(tiny_dir: str, plans: str) -> Iterator[Any]:
     """Greedy text of the tiny model with a LlamaSession (what ``luminal generate`` runs)."""
     model, tok = load_hf_dir(tiny_dir, CTX)
-    session = LlamaSession(model, "auto")
+    held = {"session": LlamaSession(model, "auto")}
 
     def greedy(ids: list[int], n: int) -> str:
+        session = held["session"]
         session.reset()
         logits = session.forward(ids)
         out: list[int] = []
@@ -186,7 +189,8 @@ def reference(tiny_dir: str, plans: str) -> Any:
         return str(tok.decode(out))
 
     greedy.tokenizer = tok  # type: ignore[attr-defined]
-    return greedy
+    yield greedy
+    held.clear()
 
 
 def test_models_and_health(server: Running) -> None:

@@ -228,6 +228,8 @@ class LLMEngine:
             self.cv.notify_all()
         if self.thread.is_alive():
             self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loaded = None  # the plans and caches go with the engine
 
     # ---------------------------------------------------------------- requests
     def submit(self, req: GenRequest) -> None:
