@@ -14,6 +14,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
+import luminal as lm  # noqa: E402
 from luminal import quant  # noqa: E402
 from luminal.loaders.gguf import GGUFError, GGUFFile  # noqa: E402
 from luminal.models import load  # noqa: E402
@@ -137,6 +138,22 @@ def test_damaged_luminal_file_is_a_clear_error(tiny, tmp_path) -> None:
     w.close()
     with pytest.raises(GGUFError, match="lacks its part 'blk.0.attn_q.weight.scale'"):
         GGUFWeights(GGUFFile(path))
+    bad = [("fp3", [4, 64], "luminal format 'fp3', which this luminal does not know"),
+           ("int8", [3, 64], r"part blk.0.attn_q.weight.q has 256 values, not 3 rows"),
+           ("int8", "x", "bad metadata")]  # fmt: skip
+    for k, (fmt, shape, msg) in enumerate(bad):
+        p2 = str(tmp_path / f"bad{k}.gguf")
+        w = gguf.GGUFWriter(p2, "qwen3")
+        w.add_string("luminal.quant.blk.0.attn_q.weight",
+                     json.dumps({"format": fmt, "shape": shape}))  # fmt: skip
+        w.add_tensor("blk.0.attn_q.weight.q", np.zeros((4, 64), np.int8))
+        w.add_tensor("blk.0.attn_q.weight.scale", np.ones((4, 1), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(GGUFError, match=msg):
+            GGUFWeights(GGUFFile(p2)).get(lm.Graph(), "blk.0.attn_q.weight")
 
 
 @pytest.mark.slow

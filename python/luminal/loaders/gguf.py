@@ -298,7 +298,11 @@ def luminal_tensors(f: GGUFFile) -> dict[str, tuple[str, tuple[int, int]]]:
             out[name] = (fmt, (int(rows), int(cols)))
         except (TypeError, ValueError, KeyError) as e:
             raise GGUFError(f"{f.path}: bad metadata {key!r} = {val!r} ({e})") from None
-        lowp.get(fmt)  # an unknown format is an error here, not at first use
+        if fmt not in lowp.FORMATS:  # an error here, not at first use
+            raise GGUFError(
+                f"{f.path}: tensor {name!r} uses luminal format {fmt!r}, which this luminal "
+                f"does not know (known: {', '.join(lowp.FORMATS)})"
+            )
     return out
 
 
@@ -341,7 +345,13 @@ class GGUFWeights:
         out = {}
         for p in lowp.get(fmt).parts:
             raw = self.file.raw(f"{name}.{p.name}").view(p.dtype)
-            out[p.name] = raw.reshape(rows if p.per_row else 1, -1)
+            lead = rows if p.per_row else 1
+            if raw.size % lead:
+                raise GGUFError(
+                    f"{self.file.path}: part {name}.{p.name} has {raw.size} values, not "
+                    f"{lead} rows of a {fmt} weight of shape {self.lowp[name][1]}"
+                )
+            out[p.name] = raw.reshape(lead, -1)
         return out
 
     def values(self, name: str) -> np.ndarray:
