@@ -9,7 +9,6 @@ partial sums), 8 or 32 output elements per task, both task orders.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from collections.abc import Hashable
@@ -64,7 +63,11 @@ def render_all(low: Lowered) -> list[Launchable]:
 
 
 def cpu_id() -> str:
-    return f"cpu-{platform.machine()}-{platform.processor() or 'generic'}-{os.cpu_count()}"
+    """Names the CPU measured decisions belong to: its model, feature flags and core count
+    (a decision measured with AVX-512 does not hold on an AVX2 machine)."""
+    from ..plan_cache import cpu_id as machine
+
+    return f"cpu-{platform.machine()}-{machine()}"
 
 
 @dataclass
