@@ -149,9 +149,11 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         )
     for i, name in enumerate(dim_names):
         lines.append(f"  const int64_t d_{name} = dims[{i}]; (void)d_{name};")
-    # what depends on no loop variable (an expression of a scalar input) runs once per call
-    em.hoist(k.value, K.free_vars(k.value, em.fv_memo), "  ", anywhere=True)
-    lines += em.lines
+    # what depends on no loop variable (an expression of a scalar input) runs once per call;
+    # not in a kernel that reads its own output (a read must see the writes before it)
+    if k.out not in reads:
+        em.hoist(k.value, K.free_vars(k.value, em.fv_memo), "  ", anywhere=True)
+        lines += em.lines
     ext = [cexpr(s) for s in shape]
     ivars = [f"i{j}" for j in range(n)]
     body_ind = "    "
