@@ -17,14 +17,14 @@ from optest import rand
 N = lm.dim("n", 1, 64)
 
 
-def _graph(scale: float, shift: float) -> lm.Graph:
+def _graph(scale: float, shift: float, n=N) -> lm.Graph:
     """y = x * w + shift, and the rows of x written into a state (rows 0..n-1) in place."""
     g = lm.Graph(f"v{scale}")
-    x = g.input("x", (N, 7))
+    x = g.input("x", (n, 7))
     state = g.input("state", (64, 7))
     w = g.weight("w", data=np.full((7,), scale, np.float32))
-    g.output("y", x.mul(w.expand((N, 7))).add(shift))
-    rows = Tensor(g.add_op(Op.IOTA, [], arg=idx_vars((N,))[0], shape=(N,), dtype=dt.i32))
+    g.output("y", x.mul(w.expand((n, 7))).add(shift))
+    rows = Tensor(g.add_op(Op.IOTA, [], arg=idx_vars((n,))[0], shape=(n,), dtype=dt.i32))
     written = Tensor(g.add_op(Op.SCATTER, [state.edge, rows.edge, x.mul(scale).edge]))
     g.output("state_new", written, updates="state")
     return g
@@ -75,3 +75,19 @@ def test_by_dim_refuses_what_it_cannot_merge():
         by_dim([a, a], "n", [2, 16])
     with pytest.raises(ValueError, match="no dim 'm'"):
         by_dim([a, a], "m", [1, 16])
+
+
+def test_each_variant_compiled_for_its_part_of_the_range():
+    """The long-step variant compiled for n >= 16 only (its search measured there); the merged
+    plan's range is the union."""
+    a = lm.compile(_graph(2.0, 0.0)).plan
+    b = lm.compile(_graph(3.0, 1.0, lm.dim("n", 16, 64))).plan
+    m = by_dim([a, b], "n", [1, 16])
+    assert [(d.name, d.min, d.max) for d in m.dims] == [("n", 1, 64)]
+    ex = Executor(m)
+    for rows, scale, shift in ((3, 2.0, 0.0), (30, 3.0, 1.0)):
+        x = rand(rows, 7)
+        out = ex.run({"x": x, "state": rand(64, 7)})
+        np.testing.assert_allclose(out["y"], x * scale + shift, rtol=1e-6, atol=1e-6)
+    with pytest.raises(PlanError, match=r"runs n in \[8, 64\] but was compiled for \[16, 64\]"):
+        by_dim([a, b], "n", [1, 8])

@@ -268,7 +268,7 @@ class LlamaSession:
     dequantized inside the matmuls: right for one token at a time) and, for steps of at least
     ``prefill_min`` tokens, the prefill program (``model.build_prefill()``: f32 weights folded
     at compile time, GEMMs) are variants of one plan chosen by ``seq`` (``luminal.plan.by_dim``;
-    each is compiled and cached on its own). The prefill variant is compiled the first time a
+    each is compiled, searched and cached for its own part of the range). The prefill variant is compiled the first time a
     long enough prompt arrives (with a progress line unless ``quiet``), or at once with
     ``compile_prefill()``; ``prefill_min=None`` turns it off. Decode steps never compile."""
 
@@ -324,10 +324,10 @@ class LlamaSession:
             def build() -> Graph:
                 progress(f"prompts of {pmin}+ tokens: building a prefill plan", self.quiet)
                 say = None if self.quiet else (lambda msg: progress(msg))
-                # the decode plan's dims (seq from 1): the two merge into one plan
-                return self.model.build_prefill(1, progress=say)
+                # compiled (and searched) for the steps it runs: pmin tokens and more
+                return self.model.build_prefill(pmin, progress=say)
 
-            key = self._key("prefill", min_seq=1)
+            key = self._key("prefill", min_seq=pmin)
             self.prefill_runner = Runner(build, "compiled", self.quiet, key=key,
                                          name="llama_prefill")  # fmt: skip
             self._one_plan(pmin)

@@ -58,29 +58,44 @@ def _condition(dim: int, lo: int | None, hi: int | None) -> Postfix:
 def by_dim(plans: Sequence[PlanData], dim: str, starts: Sequence[int]) -> PlanData:
     """One plan that runs ``plans[i]`` where ``starts[i] <= dim < starts[i + 1]`` (the last one
     up to the dim's maximum; ``starts[0]`` must be the dim's minimum). The plans must be for
-    one backend, with the same dims (names, order and ranges) and the same inputs and outputs
-    (names, roles, dtypes, in-place updates)."""
+    one backend, with the same dims (names and order; ranges equal except ``dim``'s, where
+    each plan's range must hold the part it runs: the merged range is their union) and the
+    same inputs and outputs (names, roles, dtypes, in-place updates). Each variant's
+    expressions are evaluated over the whole range when dims are bound."""
     if len(plans) < 2 or len(starts) != len(plans):
         raise ValueError(f"by_dim: {len(plans)} plans need as many starts, got {len(starts)}")
     first = plans[0]
     names = [d.name for d in first.dims]
     if dim not in names:
         raise ValueError(f"by_dim: the plans have no dim {dim!r} (dims: {names})")
-    d = first.dims[names.index(dim)]
-    if list(starts) != sorted(set(starts)) or starts[0] != d.min or starts[-1] > d.max:
+    at = names.index(dim)
+    lo, hi = min(p.dims[at].min for p in plans), max(p.dims[at].max for p in plans)
+    if list(starts) != sorted(set(starts)) or starts[0] != lo or starts[-1] > hi:
         raise ValueError(
-            f"by_dim: starts {list(starts)} must increase from {dim}'s minimum {d.min} and stay "
-            f"within its maximum {d.max}"
+            f"by_dim: starts {list(starts)} must increase from {dim}'s minimum {lo} and stay "
+            f"within its maximum {hi}"
         )
     sig = _io_signature(first)
-    for i, p in enumerate(plans[1:], 1):
+    for i, p in enumerate(plans):
         if p.backend != first.backend:
             raise PlanError(f"by_dim: plan {i} is for {p.backend!r}, plan 0 for {first.backend!r}")
-        if [(x.name, x.min, x.max) for x in p.dims] != [(x.name, x.min, x.max) for x in first.dims]:
+        others = [(x.name, x.min, x.max) for j, x in enumerate(p.dims) if j != at]
+        if [x.name for x in p.dims] != names or others != [
+            (x.name, x.min, x.max) for j, x in enumerate(first.dims) if j != at
+        ]:
             raise PlanError(f"by_dim: plan {i} has other dims than plan 0")
+        # each variant was compiled for the part of the range it runs
+        end = starts[i + 1] - 1 if i + 1 < len(starts) else hi
+        if not p.dims[at].min <= starts[i] <= end <= p.dims[at].max:
+            raise PlanError(
+                f"by_dim: plan {i} runs {dim} in [{starts[i]}, {end}] but was compiled for "
+                f"[{p.dims[at].min}, {p.dims[at].max}]"
+            )
         if _io_signature(p) != sig:
             raise PlanError(f"by_dim: plan {i} has other inputs or outputs than plan 0")
-    out = type(first)(first.backend, first.arch, [replace(x) for x in first.dims])
+    dims = [replace(x) for x in first.dims]
+    dims[at] = replace(dims[at], min=lo, max=hi)
+    out = type(first)(first.backend, first.arch, dims)
     out.buffers = [replace(b) for b in first.buffers]
     io_ids = {b.name: j for j, b in enumerate(out.buffers) if b.role in (Role.input, Role.output)}
     entries: set[str] = set()
@@ -107,8 +122,8 @@ def by_dim(plans: Sequence[PlanData], dim: str, starts: Sequence[int]) -> PlanDa
             kmap[j] = len(out.kernels)
             out.kernels.append(replace(k, name=f"v{i}/{k.name}" if i else k.name, entry=entry,
                                        code=code))  # fmt: skip
-        hi = starts[i + 1] if i + 1 < len(starts) else None
-        when = _condition(names.index(dim), starts[i] if i else None, hi)
+        upto = starts[i + 1] if i + 1 < len(starts) else None
+        when = _condition(at, starts[i] if i else None, upto)
         for s in p.steps:
             if s.when is not None:
                 raise PlanError("by_dim: a plan whose steps already have conditions")
@@ -117,7 +132,7 @@ def by_dim(plans: Sequence[PlanData], dim: str, starts: Sequence[int]) -> PlanDa
             if isinstance(w, (InlineWeight, FileWeight)):
                 out.weights.append(replace(w, buffer=bmap[w.buffer]))
     out.metadata = dict(first.metadata)
-    ends = [*starts[1:], d.max + 1]
+    ends = [*starts[1:], hi + 1]
     out.metadata["variants"] = f"{dim}: " + ", ".join(f"[{a}, {b})" for a, b in zip(starts, ends))
     return out
 
