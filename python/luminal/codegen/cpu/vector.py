@@ -50,6 +50,23 @@ static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { return (lm_i32x16)_mm5
 static inline lm_i32x16 lm_vload_i16(const int16_t *p) { return (lm_i32x16)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
 static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { return (lm_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline float lm_vsum_f32(lm_f32x16 v) { return _mm512_reduce_add_ps((__m512)v); }
+#elif defined(__AVX2__)
+#include <immintrin.h>
+/* two 8-lane widening loads per 16-lane vector (a per-lane loop is not vectorized) */
+static inline lm_i32x16 lm_vjoin_i(__m256i lo, __m256i hi) { lm_i32x16 v; memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32); return v; }
+static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { __m128i b = _mm_loadu_si128((const __m128i *)p); return lm_vjoin_i(_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))); }
+static inline lm_i32x16 lm_vload_i8(const int8_t *p) { __m128i b = _mm_loadu_si128((const __m128i *)p); return lm_vjoin_i(_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))); }
+static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { return lm_vjoin_i(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8)))); }
+static inline lm_i32x16 lm_vload_i16(const int16_t *p) { return lm_vjoin_i(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(p + 8)))); }
+#if defined(__F16C__)
+static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))); lm_f32x16 v; memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32); return v; }
+#else
+static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { lm_f32x16 v; for (int l = 0; l < 16; ++l) v[l] = lm_f16_to_f32(p[l]); return v; }
+#endif
+static inline float lm_vsum_f32(lm_f32x16 v) {
+  for (int w = 8; w >= 1; w /= 2) for (int l = 0; l < w; ++l) v[l] += v[l + w];
+  return v[0];
+}
 #else
 static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
 static inline lm_i32x16 lm_vload_i8(const int8_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
