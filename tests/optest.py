@@ -89,47 +89,34 @@ def _cpu_backend(
 
 BACKENDS["cpu"] = _cpu_backend
 
-_CUDA_COMPILED: dict[int, Any] = {}
+
+def _device_backend(backend: str) -> Callable[..., dict[str, np.ndarray]]:
+    """Runs a graph's plan for ``backend``, compiled once per graph (the latest one kept)."""
+    compiled: dict[int, Any] = {}
+
+    def run(g: lm.Graph, inputs: dict[str, np.ndarray], dims: dict[str, int]) -> dict[str, Any]:
+        cg = compiled.get(id(g))
+        if cg is None or cg[0] is not g:
+            cg = (g, lm.compile(g, backend=backend))
+            compiled.clear()
+            compiled[id(g)] = cg
+        return cg[1].run(inputs, **dims)
+
+    return run
 
 
-def _cuda_backend(
-    g: lm.Graph, inputs: dict[str, np.ndarray], dims: dict[str, int]
-) -> dict[str, np.ndarray]:
-    cg = _CUDA_COMPILED.get(id(g))
-    if cg is None or cg[0] is not g:
-        cg = (g, lm.compile(g, backend="cuda"))
-        _CUDA_COMPILED.clear()
-        _CUDA_COMPILED[id(g)] = cg
-    return cg[1].run(inputs, **dims)
-
-
-# Plans also run on the GPU where one is usable (LUMINAL_TEST_CUDA=0 turns that off).
+# Plans also run on a GPU or a Metal device where one is usable (LUMINAL_TEST_CUDA=0 /
+# LUMINAL_TEST_METAL=0 turn that off).
 if os.environ.get("LUMINAL_TEST_CUDA", "1") != "0":
     import luminal.cuda
 
     if luminal.cuda.available():
-        BACKENDS["cuda"] = _cuda_backend
-
-_METAL_COMPILED: dict[int, Any] = {}
-
-
-def _metal_backend(
-    g: lm.Graph, inputs: dict[str, np.ndarray], dims: dict[str, int]
-) -> dict[str, np.ndarray]:
-    cg = _METAL_COMPILED.get(id(g))
-    if cg is None or cg[0] is not g:
-        cg = (g, lm.compile(g, backend="metal"))
-        _METAL_COMPILED.clear()
-        _METAL_COMPILED[id(g)] = cg
-    return cg[1].run(inputs, **dims)
-
-
-# ... and on a Metal device where one is usable (LUMINAL_TEST_METAL=0 turns that off)
+        BACKENDS["cuda"] = _device_backend("cuda")
 if os.environ.get("LUMINAL_TEST_METAL", "1") != "0":
     import luminal.metal
 
     if luminal.metal.available():
-        BACKENDS["metal"] = _metal_backend
+        BACKENDS["metal"] = _device_backend("metal")
 
 
 def rand(*shape: int, dtype: Any = np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
