@@ -33,6 +33,9 @@ from .symbolic_text import (  # the kinds and writing expressions out
     to_postfix,
 )
 from .symbolic_text import (
+    evaluate as evaluate,
+)
+from .symbolic_text import (
     fingerprint as fingerprint,
 )
 
@@ -736,61 +739,6 @@ def substitute(x: sint, mapping: Mapping[str, sint], memo: dict[int, sint] | Non
         out = _prod(args) if x.kind == MUL else _BUILDERS[x.kind](*args)
     memo[id(x)] = out
     return out
-
-
-def evaluate(x: sint, env: Mapping[str, Any], memo: dict[int, Any] | None = None) -> Any:
-    """Evaluate with variables bound to ints or numpy integer arrays (shared subexpressions
-    once)."""
-    if isinstance(x, int):
-        return x
-    if memo is None:
-        memo = {}
-    hit = memo.get(id(x))
-    if hit is not None:
-        return hit
-    out = _evaluate(x, env, memo)
-    memo[id(x)] = out
-    return out
-
-
-def _evaluate(x: Expr, env: Mapping[str, Any], memo: dict[int, Any]) -> Any:
-    k = x.kind
-    if k == VAR:
-        try:
-            return env[x.args[0]]
-        except KeyError:
-            raise ValueError(f"dim {x.args[0]!r} is not bound (bound: {sorted(env)})") from None
-    if k == ADD:
-        out = x.args[1]
-        for t, c in x.args[0]:
-            out = out + evaluate(t, env, memo) * c
-        return out
-    if k == MUL:
-        out = 1
-        for f in x.args:
-            out = out * evaluate(f, env, memo)
-        return out
-    a, b = evaluate(x.args[0], env, memo), evaluate(x.args[1], env, memo)
-    if k == DIV:
-        return a // b
-    if k == MOD:
-        return a % b
-    if k == MIN:
-        return _np_or(min, "minimum", a, b)
-    if k == MAX:
-        return _np_or(max, "maximum", a, b)
-    if k == LT:
-        return _np_or(lambda p, q: int(p < q), "less", a, b, as_int=True)
-    return _np_or(lambda p, q: int(p == q), "equal", a, b, as_int=True)
-
-
-def _np_or(fn: Callable, np_name: str, a: Any, b: Any, as_int: bool = False) -> Any:
-    if isinstance(a, int) and isinstance(b, int):
-        return fn(a, b)
-    import numpy as np
-
-    r = getattr(np, np_name)(a, b)
-    return r.astype(np.int64) if as_int else r
 
 
 def var_names(e: object) -> set[str]:

@@ -1,5 +1,5 @@
-"""Writing symbolic expressions out: C or Python text for kernels, the plan format's postfix
-programs, and stable digests for on-disk caches. Also the expression kinds and the postfix
+"""Reading symbolic expressions out: C or Python text for kernels, the plan format's postfix
+programs, stable digests for on-disk caches, and values at bound dims (``evaluate``). Also the expression kinds and the postfix
 opcodes (``symbolic.py`` builds on them: this module reads expressions only by their fields
 ``kind``, ``args`` and ``lo``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .symbolic import Expr, sint
@@ -131,3 +131,58 @@ def fingerprint(x: sint) -> str:
             parts = [x.kind, *(fingerprint(a) for a in x.args)]
         hit = _FP[id(x)] = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     return hit
+
+
+def evaluate(x: sint, env: Mapping[str, Any], memo: dict[int, Any] | None = None) -> Any:
+    """Evaluate with variables bound to ints or numpy integer arrays (shared subexpressions
+    once)."""
+    if isinstance(x, int):
+        return x
+    if memo is None:
+        memo = {}
+    hit = memo.get(id(x))
+    if hit is not None:
+        return hit
+    out = _evaluate(x, env, memo)
+    memo[id(x)] = out
+    return out
+
+
+def _evaluate(x: Expr, env: Mapping[str, Any], memo: dict[int, Any]) -> Any:
+    k = x.kind
+    if k == VAR:
+        try:
+            return env[x.args[0]]
+        except KeyError:
+            raise ValueError(f"dim {x.args[0]!r} is not bound (bound: {sorted(env)})") from None
+    if k == ADD:
+        out = x.args[1]
+        for t, c in x.args[0]:
+            out = out + evaluate(t, env, memo) * c
+        return out
+    if k == MUL:
+        out = 1
+        for f in x.args:
+            out = out * evaluate(f, env, memo)
+        return out
+    a, b = evaluate(x.args[0], env, memo), evaluate(x.args[1], env, memo)
+    if k == DIV:
+        return a // b
+    if k == MOD:
+        return a % b
+    if k == MIN:
+        return _np_or(min, "minimum", a, b)
+    if k == MAX:
+        return _np_or(max, "maximum", a, b)
+    if k == LT:
+        return _np_or(lambda p, q: int(p < q), "less", a, b, as_int=True)
+    return _np_or(lambda p, q: int(p == q), "equal", a, b, as_int=True)
+
+
+def _np_or(fn: Callable, np_name: str, a: Any, b: Any, as_int: bool = False) -> Any:
+    if isinstance(a, int) and isinstance(b, int):
+        return fn(a, b)
+    import numpy as np
+
+    r = getattr(np, np_name)(a, b)
+    return r.astype(np.int64) if as_int else r
