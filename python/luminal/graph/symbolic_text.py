@@ -1,7 +1,7 @@
 """Reading symbolic expressions out: C or Python text for kernels, the plan format's postfix
-programs, stable digests for on-disk caches, and values at bound dims (``evaluate``). Also the expression kinds and the postfix
-opcodes (``symbolic.py`` builds on them: this module reads expressions only by their fields
-``kind``, ``args`` and ``lo``)."""
+programs, stable digests for on-disk caches, and values at bound dims (``evaluate``). Also
+the expression kinds and the postfix opcodes (``symbolic.py`` builds on them: this module
+reads expressions only by their fields ``kind``, ``args`` and ``lo``)."""
 
 from __future__ import annotations
 

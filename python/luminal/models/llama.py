@@ -268,9 +268,10 @@ class LlamaSession:
     dequantized inside the matmuls: right for one token at a time) and, for steps of at least
     ``prefill_min`` tokens, the prefill program (``model.build_prefill()``: f32 weights folded
     at compile time, GEMMs) are variants of one plan chosen by ``seq`` (``luminal.plan.by_dim``;
-    each is compiled, searched and cached for its own part of the range). The prefill variant is compiled the first time a
-    long enough prompt arrives (with a progress line unless ``quiet``), or at once with
-    ``compile_prefill()``; ``prefill_min=None`` turns it off. Decode steps never compile."""
+    each is compiled, searched and cached for its own part of the range). The prefill variant
+    is compiled the first time a long enough prompt arrives (with a progress line unless
+    ``quiet``), or at once with ``compile_prefill()``; ``prefill_min=None`` turns it off.
+    Decode steps never compile."""
 
     def __init__(
         self,
