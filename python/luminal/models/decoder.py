@@ -32,7 +32,6 @@ from ..functional import (
     linear,
     matmul,
     rms_norm,
-    rope_cos_sin,
     rope_positions,
     sigmoid,
     silu,
@@ -49,6 +48,7 @@ from ..graph.ops import Op
 from ..graph.view import idx_vars
 from ..tensor import Graph, Tensor
 from .base import WeightSource
+from .rope import resolve_scaling, rope_tables
 
 _ACTS = ("silu", "gelu", "gelu_tanh")
 
@@ -208,9 +208,9 @@ class Decoder:
         if c.embed_scale is not None:
             x = x.mul(c.embed_scale)
         positions = rope_positions(g, seq, pos)
-        tables = {kind: self._rope_table(positions, kind, theta)
-                  for kind, theta in self._rope_bases().items()}  # fmt: skip
         total = sym.add(pos, seq)
+        tables = {kind: self._rope_table(positions, total, kind, theta)
+                  for kind, theta in self._rope_bases().items()}  # fmt: skip
         masks = {kind: self._mask(g, kind, seq, pos, total) for kind in set(c.layer_types)}
         for i in range(c.n_layers):
             kind = c.layer_types[i]
@@ -234,12 +234,15 @@ class Decoder:
         head = "token_embd.weight" if self.tied else "output.weight"
         return fold_weights(graph, progress, keep=[head])
 
-    def _rope_table(self, positions: Tensor, kind: str, theta: float) -> tuple[Tensor, Tensor]:
-        """cos/sin (seq, rotated dims); Gemma 3's local layers have no scaling."""
+    def _rope_table(
+        self, positions: Tensor, total: Any, kind: str, theta: float
+    ) -> tuple[Tensor, Tensor]:
+        """cos/sin (seq, rotated dims) for a step reaching ``total`` tokens; Gemma 3's local
+        layers have no scaling."""
         c = self.config
         scaling = c.rope_scaling if kind == "full" else None
-        return rope_cos_sin(positions, c.rope_dims or c.head_dim, theta, c.rope_interleaved,
-                            scaling)  # fmt: skip
+        return rope_tables(positions, total, c.rope_dims or c.head_dim, theta,
+                           c.rope_interleaved, scaling)  # fmt: skip
 
     def _rope_bases(self) -> dict[str, float]:
         c = self.config
@@ -490,7 +493,7 @@ def hf_config(c: dict[str, Any]) -> DecoderConfig:
     if mt == "gemma3" and "text_config" in c:  # the multimodal wrapper: its language model
         c = {**c["text_config"], "model_type": "gemma3_text"}
         mt = "gemma3_text"
-    if mt not in HF_ARCHS:
+    if mt not in HF_ARCHS and mt != "llama":  # Llama comes here for the scalings llama.py lacks
         raise NotImplementedError(f"transformers model_type {mt!r} is not a supported decoder")
     heads = c["num_attention_heads"]
     n = c["num_hidden_layers"]
@@ -502,6 +505,10 @@ def hf_config(c: dict[str, Any]) -> DecoderConfig:
     act = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}.get(
         act, act
     )
+    max_pos = int(c.get("max_position_embeddings", 2048))
+    scaling = resolve_scaling(scaling, max_pos)
+    if scaling and scaling["rope_type"] == "dynamic":  # made to run past the trained context
+        max_pos = int(max_pos * float(scaling["factor"]))
     types = _layer_types(c, n)
     if mt == "qwen2" or mt == "qwen2_moe":  # Qwen2 slides only past max_window_layers
         if not c.get("use_sliding_window", False):
@@ -515,7 +522,7 @@ def hf_config(c: dict[str, Any]) -> DecoderConfig:
         n_heads=heads,
         n_kv_heads=heads if mt == "gpt_neox" else (c.get("num_key_value_heads") or heads),
         head_dim=head_dim,
-        context_length=c.get("max_position_embeddings", 2048),
+        context_length=max_pos,
         rope_theta=theta,
         rope_scaling=scaling,
         rope_dims=int(head_dim * partial) if partial != 1.0 else None,

@@ -7,13 +7,12 @@
   have biases, (in, out) weights, interleaved gate/up columns and a clamped GLU:
   (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l). Routed experts'
   weights are GATHERed by id, as in ``decoder.py``.
-- YaRN RoPE: frequencies blended between interpolated and extrapolated by a ramp over the
-  dims, cos/sin scaled by the attention factor.
+YaRN RoPE (frequencies blended between interpolated and extrapolated by a ramp over the
+dims, cos/sin scaled by the attention factor) is ``rope.py``'s, as for every decoder.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -26,30 +25,6 @@ from .base import DictWeights
 from .decoder import Decoder, DecoderConfig, _topk, hf_config, hf_weights
 
 
-def yarn_inv_freq(dim: int, theta: float, p: dict[str, Any]) -> tuple[np.ndarray, float]:
-    """Inverse frequencies and the cos/sin scale of YaRN (``rope_type: yarn``)."""
-    factor = float(p["factor"])
-    orig = float(p["original_max_position_embeddings"])
-    fast, slow = float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1)
-    scale = p.get("attention_factor")
-    if scale is None:
-        scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-
-    def dim_of(rotations: float) -> float:  # the dim that turns ``rotations`` times over orig
-        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    lo, hi = dim_of(fast), dim_of(slow)
-    if p.get("truncate", True):
-        lo, hi = math.floor(lo), math.ceil(hi)
-    lo, hi = max(lo, 0), min(hi, dim - 1)
-    if lo == hi:
-        hi += 0.001
-    ramp = np.clip((np.arange(dim // 2) - lo) / (hi - lo), 0, 1)
-    base = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
-    inv = (1 / (factor * base)) * ramp + (1 / base) * (1 - ramp)
-    return inv, float(scale)
-
-
 class GptOss(Decoder):
     def __init__(self, config: DecoderConfig, weights: Any, max_context: int | None = None,
                  alpha: float = 1.702, limit: float = 7.0) -> None:  # fmt: skip
@@ -58,24 +33,6 @@ class GptOss(Decoder):
 
     def _key_extra(self) -> dict[str, Any]:
         return {"swiglu_alpha": self.alpha, "swiglu_limit": self.limit}
-
-    def _rope_table(self, positions: Tensor, kind: str, theta: float) -> tuple[Tensor, Tensor]:
-        c = self.config
-        p = c.rope_scaling or {}
-        if p.get("rope_type") != "yarn":
-            return super()._rope_table(positions, kind, theta)
-        inv, scale = yarn_inv_freq(c.head_dim, theta, p)
-        ang = (
-            positions.cast(dt.f32).unsqueeze(-1).mul(positions.graph.tensor(inv.astype(np.float32)))
-        )
-        half = c.head_dim // 2
-        ang = (
-            ang.unsqueeze(-2)
-            .expand([*ang.shape[:-1], 2, half])
-            .reshape([*ang.shape[:-1], c.head_dim])
-        )
-        s2 = ang.mul(0.5).sin()
-        return s2.mul(s2).mul(-2.0).add(1.0).mul(scale), ang.sin().mul(scale)
 
     def _attention(
         self, g: Graph, i: int, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float

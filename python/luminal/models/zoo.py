@@ -35,6 +35,34 @@ class LMSession(LlamaSession):
                  quiet: bool = True, **kw: Any) -> None:  # fmt: skip
         super().__init__(model, backend, quiet, **kw)
         self.tokenizer = tokenizer
+        self._history: list[int] = []
+
+    def _rope_switch(self) -> int | None:
+        """LongRoPE's original context: past it, every position takes the long factors."""
+        s = getattr(self.model.config, "rope_scaling", None)
+        if s and s.get("rope_type") == "longrope":
+            return int(s["original_max_position_embeddings"])
+        return None
+
+    def reset(self) -> None:
+        super().reset()
+        self._history = []
+
+    def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """``LlamaSession.forward``; a LongRoPE model whose step crosses the original
+        context runs its whole history again, so the cached keys are rotated with the long
+        factors too (as transformers' Phi-3 recomputes its cache there)."""
+        switch = self._rope_switch()
+        if switch is None:
+            return super().forward(tokens)
+        toks = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        if 0 < self.pos <= switch < self.pos + len(toks):
+            toks = self._history + toks
+            super().reset()
+            self._history = []
+        out = super().forward(toks)
+        self._history.extend(toks)
+        return out
 
     @property
     def config(self) -> Any:
@@ -196,7 +224,9 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
 
         return ImageModel(vision_from_hf(config, arrays), backend, quiet)
     model: Any
-    if mt == "llama":
+    if mt == "llama" and _rope_kind(config) in ("yarn", "longrope", "su", "dynamic"):
+        model = decoder_from_hf(config, arrays, max_context)
+    elif mt == "llama":
         from .llama import from_hf as llama_from_hf
 
         model = llama_from_hf(config, arrays, max_context)
@@ -216,6 +246,11 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
             f"(supported: {', '.join(SUPPORTED_HF)})"
         )
     return LMSession(model, _tokenizer_of_dir(path), backend, quiet)
+
+
+def _rope_kind(config: dict[str, Any]) -> str | None:
+    s = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return s.get("rope_type") or s.get("type")
 
 
 def decoder_from_hf(
