@@ -327,3 +327,31 @@ def test_load_gives_an_encoder_for_bert() -> None:
     texts = ["hello world", "luminal compiles models ahead of time"]
     ref = Embedder(Bert.from_dir(path), Tokenizer.from_file(f"{path}/tokenizer.json"), "interp")
     np.testing.assert_allclose(e.embed(texts), ref(texts), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_gemma3_multimodal_folder_runs_its_language_model(tmp_path) -> None:
+    """A ``Gemma3ForConditionalGeneration`` folder (``model_type: gemma3`` with a text and a
+    vision config, weights under ``language_model.``): ``load`` gives its language model,
+    whose text-only logits and greedy tokens equal the multimodal model's."""
+    torch.manual_seed(0)
+    text = {**COMMON, **ARCHS["gemma3"][2]}
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=96, boi_token_index=94,
+                                    eoi_token_index=95)  # fmt: skip
+    hf = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.uniform_(-0.5, 0.5)
+            elif p.ndim >= 2:
+                p.normal_(0, 0.08 if "embed" not in n else 0.5)
+    hf.save_pretrained(tmp_path)
+    s = load(tmp_path, backend="interp")
+    assert s.config.arch == "gemma3_text" and s.config.layer_types == ["sliding", "full"]
+    g = s.model.build(logits="all")
+    out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
+    assert _rel(out["logits"], hf_logits(hf, PROMPT)) <= 1e-4
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
