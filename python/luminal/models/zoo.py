@@ -3,7 +3,8 @@
 The architecture comes from the file's metadata (GGUF ``general.architecture``, the folder's
 ``config.json`` ``model_type``). Language models come back as an ``LMSession``
 (``forward(tokens) -> logits``, ``generate(...)``, ``tokenizer``), encoders as an ``Encoder``
-(``embed(texts)``), image models as an ``ImageModel`` (``forward(pixels)``), Whisper as a
+(``embed(texts)``), image models as an ``ImageModel`` (``forward(pixels)``), a YOLOv8 folder
+as a ``Detector`` (``forward(pixels)``, ``detect(pixels)``), Whisper as a
 ``WhisperSession`` (``transcribe(audio)``). An architecture
 luminal has no definition for is a ``NotImplementedError`` naming it and the supported ones.
 """
@@ -150,7 +151,8 @@ def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return config, arrays
 
 
-SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit", "whisper")
+SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit", "yolov8",
+                "whisper")  # fmt: skip
 
 
 def load(
@@ -219,6 +221,10 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
                 pre = json.load(fh)
         whisper = whisper_from_hf(config, arrays, pre)
         return WhisperSession(whisper, _tokenizer_of_dir(path), backend, quiet)
+    if mt == "yolov8":
+        from .yolo import Detector, yolo_from_dir
+
+        return Detector(yolo_from_dir(config, arrays), backend, quiet)
     if mt in ("resnet", "vit"):
         from .vision import ImageModel, vision_from_hf
 
