@@ -172,3 +172,87 @@ def test_gguf_f16_matches_transformers_on_rounded_weights(tmp_path) -> None:
     s = load(path, backend="interp")
     assert s.model.weights.file.type_name("blk.0.attn_q.weight") == "F16"
     assert _rel(s.forward(PROMPT), hf_logits(hf, PROMPT)[-1]) <= 1e-4
+
+
+def write_gpt_oss_gguf(hf, path: str) -> None:
+    """GPT-OSS as llama.cpp's converter writes it: separate gate / up expert matrices (the
+    interleaved columns split, (out, in) layout) with biases, MXFP4 experts, attention sinks,
+    YaRN metadata. The model's experts are set to their MXFP4 values (the reference)."""
+    torch = pytest.importorskip("torch")
+    c = hf.config
+    mx = gguf.GGMLQuantizationType.MXFP4
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, c.num_hidden_layers)
+    w = gguf.GGUFWriter(path, "gpt-oss")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_sliding_window(c.sliding_window)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    rp = c.rope_parameters
+    w.add_rope_freq_base(float(rp["rope_theta"]))
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(float(rp["factor"]))
+    w.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
+
+    def mxfp4(name: str, a: np.ndarray) -> np.ndarray:
+        q = gguf.quants.quantize(np.ascontiguousarray(a, np.float32), mx)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=mx)
+        return gguf.quants.dequantize(q, mx).reshape(a.shape)
+
+    for k, v in hf.state_dict().items():
+        a = v.detach().float().numpy()
+        blk = k.split(".")[2] if k.startswith("model.layers.") else ""
+        if k.endswith("mlp.experts.gate_up_proj"):  # (E, in, 2 ff), gate/up interleaved
+            t = a.swapaxes(1, 2)
+            deq = np.empty_like(t)
+            deq[:, 0::2] = mxfp4(f"blk.{blk}.ffn_gate_exps.weight", t[:, 0::2])
+            deq[:, 1::2] = mxfp4(f"blk.{blk}.ffn_up_exps.weight", t[:, 1::2])
+            v.copy_(torch.from_numpy(deq.swapaxes(1, 2)))
+        elif k.endswith("mlp.experts.gate_up_proj_bias"):
+            w.add_tensor(f"blk.{blk}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
+            w.add_tensor(f"blk.{blk}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
+        elif k.endswith("mlp.experts.down_proj"):  # (E, ff, hidden)
+            deq = mxfp4(f"blk.{blk}.ffn_down_exps.weight", a.swapaxes(1, 2))
+            v.copy_(torch.from_numpy(deq.swapaxes(1, 2)))
+        elif k.endswith("mlp.experts.down_proj_bias"):
+            w.add_tensor(f"blk.{blk}.ffn_down_exps.bias", a)
+        else:
+            gname = tmap.get_name(k, try_suffixes=(".weight", ".bias"))
+            assert gname is not None, k
+            w.add_tensor(gname if gname.endswith((".weight", ".bias")) else gname + ".weight", a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "backend", ["interp", pytest.param("compiled", marks=[needs_compiled, pytest.mark.slow])]
+)
+@pytest.mark.usefixtures("fast_compile")
+def test_gguf_gpt_oss_mxfp4_experts(backend: str, tmp_path) -> None:
+    """A GPT-OSS GGUF with MXFP4 experts (gathered by id as packed blocks): logits and 16
+    greedy tokens equal transformers running the same MXFP4-rounded experts."""
+    hf = make_hf("gpt_oss", tmp_path / "hf", intermediate_size=64)
+    path = str(tmp_path / "oss.gguf")
+    write_gpt_oss_gguf(hf, path)
+    s = load(path, backend=backend, max_context=32)
+    assert type(s.model).__name__ == "GptOss" and s.model.config.layer_types == ["sliding", "full"]
+    assert s.model.weights.file.type_name("blk.0.ffn_down_exps.weight") == "MXFP4"
+    ref = hf_logits(hf, PROMPT)
+    if backend == "interp":
+        g = s.model.build(logits="all")
+        out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
+        assert _rel(out["logits"], ref) <= 1e-4
+    else:
+        assert _rel(s.forward(PROMPT), ref[-1]) <= 1e-4
+        s.reset()
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)

@@ -651,7 +651,7 @@ def hf_weights(
     return out
 
 
-GGUF_ARCHS = ("qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "llama")
+GGUF_ARCHS = ("qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "llama", "gpt-oss")
 
 
 def gguf_config(f: Any) -> DecoderConfig:
@@ -679,12 +679,12 @@ def gguf_config(f: Any) -> DecoderConfig:
     window = f.arch_key("attention.sliding_window")
     gemma = arch.startswith("gemma")
     types = ["full"] * n
-    if arch == "gemma2":
+    if arch in ("gemma2", "gpt-oss"):
         types = ["sliding" if i % 2 == 0 else "full" for i in range(n)]
     elif arch == "gemma3":
         types = ["sliding" if (i + 1) % 6 else "full" for i in range(n)]
     rope_dims = f.arch_key("rope.dimension_count")
-    scale = f.arch_key("rope.scaling.factor")
+    scaling = _gguf_rope_scaling(f)
     experts = int(f.arch_key("expert_count", 0) or 0)
     vocab = f.arch_key("vocab_size") or f.shape("token_embd.weight")[0]
     return DecoderConfig(
@@ -698,7 +698,7 @@ def gguf_config(f: Any) -> DecoderConfig:
         head_dim=head_dim,
         context_length=int(f.arch_key("context_length", 2048)),
         rope_theta=float(f.arch_key("rope.freq_base", 10000.0)),
-        rope_scaling={"rope_type": "linear", "factor": float(scale)} if scale else None,
+        rope_scaling=scaling,
         rope_dims=int(rope_dims) if rope_dims and int(rope_dims) != head_dim else None,
         # llama.cpp permutes Llama q/k rows for adjacent-pair RoPE; the others keep halves
         rope_interleaved=arch == "llama",
@@ -718,3 +718,27 @@ def gguf_config(f: Any) -> DecoderConfig:
         moe_intermediate_size=int(f.arch_key("expert_feed_forward_length", 0) or 0),
         shared_expert_size=int(f.arch_key("expert_shared_feed_forward_length", 0) or 0),
     )
+
+
+def _gguf_rope_scaling(f: Any) -> dict[str, Any] | None:
+    """``rope.scaling.*`` as a ``resolve_scaling`` dict: linear (the default type when only a
+    factor is stored) or YaRN (its original context; GPT-OSS does not round YaRN's ramp ends,
+    as its reference implementation)."""
+    factor = f.arch_key("rope.scaling.factor")
+    kind = f.arch_key("rope.scaling.type") or ("linear" if factor else None)
+    if not kind or kind == "none" or not factor or float(factor) == 1.0:
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind != "yarn":
+        raise NotImplementedError(f"{f.path}: rope.scaling.type {kind!r} (linear, yarn)")
+    orig = f.arch_key("rope.scaling.original_context_length")
+    if orig is None:
+        raise ValueError(f"{f.path}: YaRN needs rope.scaling.original_context_length")
+    s: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor),
+                         "original_max_position_embeddings": int(orig),
+                         "truncate": f.architecture != "gpt-oss"}  # fmt: skip
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if f.arch_key("rope.scaling." + key) is not None:
+            s[name] = float(f.arch_key("rope.scaling." + key))
+    return s

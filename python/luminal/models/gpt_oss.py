@@ -61,18 +61,31 @@ class GptOss(Decoder):
         for t in exps[1:]:
             tot = tot.add(t)
         out: Tensor | None = None
-        hr = h.unsqueeze(1)  # (seq, 1, hidden)
+        hr, hc = h.unsqueeze(1), h.unsqueeze(-1)  # (seq, 1, hidden), (seq, hidden, 1)
+        fused = w.has(p + "oss_gate_up.weight")  # transformers: (in, out), gate/up interleaved
         for ex, e in zip(exps, experts, strict=True):
-            gu = matmul(hr, self._rows(g, p + "oss_gate_up.weight", e)).reshape(seq, -1)
-            gu = gu.add(self._rows(g, p + "oss_gate_up.bias", e))
-            n = gu.shape[1] // 2
-            gate = clamp(gu.slice(1, 0, n, 2), max=self.limit)
-            up = clamp(gu.slice(1, 1, n, 2), -self.limit, self.limit)
+            if fused:
+                gu = matmul(hr, self._rows(g, p + "oss_gate_up.weight", e)).reshape(seq, -1)
+                gu = gu.add(self._rows(g, p + "oss_gate_up.bias", e))
+                n = gu.shape[1] // 2
+                gate, up = gu.slice(1, 0, n, 2), gu.slice(1, 1, n, 2)
+            else:  # GGUF: separate (out, in) matrices, packed blocks gathered by expert id
+                gate, up = (
+                    matmul(self._expert(g, f"{p}ffn_{k}_exps.weight", e), hc)
+                    .reshape(seq, -1)
+                    .add(self._rows(g, f"{p}ffn_{k}_exps.bias", e))
+                    for k in ("gate", "up")
+                )
+            gate = clamp(gate, max=self.limit)
+            up = clamp(up, -self.limit, self.limit)
             act = up.add(1.0).mul(gate.mul(sigmoid(gate.mul(self.alpha))))
-            y = matmul(act.unsqueeze(1), self._rows(g, p + "oss_down.weight", e)).reshape(seq, -1)
-            y = y.add(self._rows(g, p + "oss_down.bias", e)).mul(
-                ex.mul(tot.reciprocal()).unsqueeze(-1)
-            )
+            if fused:
+                y = matmul(act.unsqueeze(1), self._rows(g, p + "oss_down.weight", e))
+                y = y.reshape(seq, -1).add(self._rows(g, p + "oss_down.bias", e))
+            else:
+                y = matmul(self._expert(g, p + "ffn_down_exps.weight", e), act.unsqueeze(-1))
+                y = y.reshape(seq, -1).add(self._rows(g, p + "ffn_down_exps.bias", e))
+            y = y.mul(ex.mul(tot.reciprocal()).unsqueeze(-1))
             out = y if out is None else out.add(y)
         assert out is not None
         return out
@@ -116,3 +129,30 @@ def gpt_oss_from_hf(
     ws.update(own)
     return GptOss(cfg, DictWeights(ws), max_context, float(config.get("swiglu_alpha", 1.702)),
                   float(config.get("swiglu_limit", 7.0)))  # fmt: skip
+
+
+class GgufNames:
+    """A GPT-OSS GGUF source under the names ``Decoder`` reads: llama.cpp calls the norm
+    before the MLP ``post_attention_norm`` (the decoder's ``ffn_norm``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def _name(name: str) -> str:
+        return name.replace(".ffn_norm.", ".post_attention_norm.")
+
+    def has(self, name: str) -> bool:
+        return bool(self.inner.has(self._name(name)))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.inner.shape(self._name(name)))
+
+    def get(self, g: Graph, name: str) -> Tensor:
+        return self.inner.get(g, self._name(name))
+
+    def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:
+        return self.inner.rows(g, self._name(name), idx)

@@ -188,6 +188,10 @@ def _load_gguf(path: str, backend: str, max_context: int | None, quiet: bool,
     moe = bool(f.arch_key("expert_count"))
     if arch in _GGUF_LLAMA and not moe:
         model = Llama(config_from_gguf(f), weights, max_context)
+    elif arch == "gpt-oss":
+        from .gpt_oss import GgufNames, GptOss
+
+        model = GptOss(gguf_config(f), GgufNames(weights), max_context)
     elif arch in GGUF_ARCHS:
         model = Decoder(gguf_config(f), weights, max_context)
     else:
