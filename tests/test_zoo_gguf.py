@@ -24,7 +24,7 @@ from test_zoo_decoders import (  # noqa: E402
 )
 
 _ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
-         "qwen2_moe": "QWEN2MOE", "mixtral": "LLAMA"}  # fmt: skip
+         "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "mixtral": "LLAMA"}  # fmt: skip
 
 
 def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -68,6 +68,10 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False)
     if arch == "mixtral":
         w.add_expert_count(c.num_local_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
+    if arch == "qwen3_moe":
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if arch == "qwen2_moe":
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
@@ -116,6 +120,7 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False)
              pytest.param("gemma3", marks=pytest.mark.slow),
              pytest.param("phi3", marks=pytest.mark.slow),
              pytest.param("qwen2_moe", marks=pytest.mark.slow),
+             pytest.param("qwen3_moe", marks=pytest.mark.slow),
              pytest.param("mixtral", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_gguf_f32_matches_transformers(arch: str, tmp_path) -> None:
@@ -256,3 +261,37 @@ def test_gguf_gpt_oss_mxfp4_experts(backend: str, tmp_path) -> None:
         assert _rel(s.forward(PROMPT), ref[-1]) <= 1e-4
         s.reset()
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+
+
+@pytest.mark.parametrize(
+    "backend", ["interp", pytest.param("compiled", marks=[needs_compiled, pytest.mark.slow])]
+)
+@pytest.mark.usefixtures("fast_compile")
+def test_gguf_moe_step_reads_only_routed_packed_experts(backend: str, tmp_path) -> None:
+    """Every byte of each expert a one-token step does not route to is 0xFF in the file
+    (MXFP4 blocks of scale 2^127 and code -6: -inf when decoded): the logits still match, so
+    the step gathered only its routed experts' packed blocks."""
+    hf = make_hf("gpt_oss", tmp_path / "hf", intermediate_size=64)
+    routed: dict[int, set[int]] = {}
+    for i, layer in enumerate(hf.model.layers):
+        layer.mlp.router.register_forward_hook(
+            lambda m, a, out, i=i: routed.__setitem__(i, set(out[2].flatten().tolist()))
+        )
+    path = str(tmp_path / "oss.gguf")
+    write_gpt_oss_gguf(hf, path)
+    ref = hf_logits(hf, [7])[-1]
+    reader = gguf.GGUFReader(path)
+    spans = {t.name: (int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
+    del reader
+    with open(path, "r+b") as fh:
+        for i, used in routed.items():
+            unused = sorted(set(range(4)) - used)
+            assert unused  # top-2 of 4 experts
+            for kind in ("gate", "up", "down"):
+                start, size = spans[f"blk.{i}.ffn_{kind}_exps.weight"]
+                per = size // 4
+                for e in unused:
+                    fh.seek(start + e * per)
+                    fh.write(b"\xff" * per)
+    got = load(path, backend=backend, max_context=16).forward([7])
+    assert np.isfinite(got).all() and _rel(got, ref) <= 1e-4
