@@ -429,6 +429,7 @@ class PlanCache:
         that are bytes of a mapped file are stored as references to it (``externalize``)."""
         self._ensure_root()
         plan, files = externalize(plan, sources)
+        files += self._entry_files(plan)
         path, meta_path = self._paths(key.digest)
         blobs = []
         plan, weights = _weights_file(plan, f"{key.digest}.weights")
@@ -449,6 +450,15 @@ class PlanCache:
         _write_atomic(meta_path, [text])
         self.evict(keep=key.digest)
         return path
+
+    def _entry_files(self, plan: Any) -> list[mapped.FileId]:
+        """The weights files of other entries that ``plan`` refers to (by a name relative to
+        this folder: a plan made of cached plans, such as one of their variants). They are
+        checked like model files: when one is rebuilt or evicted, this entry is too."""
+        from .plan import FileWeight
+
+        names = {w.path for w in plan.weights if isinstance(w, FileWeight)}
+        return [mapped.file_id(self.root / n) for n in sorted(names) if not os.path.isabs(n)]
 
     def get_or_build(self, key: Key, build: Callable[[], Any]) -> tuple[Path, Any]:
         """``(plan file, None)`` on a hit; on a miss ``build()`` runs and returns a Plan, or a

@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 # Pre-tokenizer regexes of byte-level BPE vocabularies, by GGUF ``tokenizer.ggml.pre``
 _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -115,12 +117,11 @@ class Tokenizer:
             tk.pre_tokenizer = byte_level
         tk.decoder = decoders.ByteLevel()
         if types is not None:
-            special = [
-                AddedToken(tokens[i], special=True, normalized=False)
-                for i, t in enumerate(types)
-                if int(t) in (_CONTROL, _USER_DEFINED)
-            ]
-            tk.add_special_tokens(special)
+            kinds = np.asarray(types)
+            ids = np.flatnonzero((kinds == _CONTROL) | (kinds == _USER_DEFINED))
+            tk.add_special_tokens(
+                [AddedToken(tokens[i], special=True, normalized=False) for i in ids.tolist()]
+            )
         eos = f.get("tokenizer.ggml.eos_token_id")
         eot = f.get("tokenizer.ggml.eot_token_id")
         eos_ids = [int(e) for e in (eos, eot) if e is not None]

@@ -10,11 +10,15 @@ every expression on each run).
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
 import mmap
 import os
 import struct
 import weakref
+import zlib
 from typing import Any
 
 import ml_dtypes
@@ -142,6 +146,91 @@ class _Cursor:
         return arr
 
 
+# metadata, metadata types, tensor infos (name, dims, ggml type, offset), header end
+_Header = tuple[
+    dict[str, Any], dict[str, tuple[int, int | None]], list[tuple[str, tuple[int, ...], int, int]],
+    int,
+]  # fmt: skip
+
+
+class _HeaderCache:
+    """Parsed GGUF headers kept beside the plan cache (``<plan cache>/headers``), so a warm
+    start does not walk a 49k-token vocabulary string by string in Python. An entry is used
+    only for a file of the same size whose header bytes have the CRC-32 recorded (a file
+    rewritten in place within one timestamp tick is still seen); anything else, and any
+    unreadable entry, parses the file again. ``LUMINAL_PLAN_CACHE=0`` turns it off."""
+
+    FORMAT = 1
+
+    def _path(self, path: str) -> str | None:
+        from .. import plan_cache
+
+        try:
+            if not plan_cache.enabled():
+                return None
+        except ValueError:
+            return None  # the plan cache reports a bad switch; this cache stays out of it
+        real = os.path.realpath(path)
+        name = hashlib.sha1(real.encode()).hexdigest()[:24]
+        return os.path.join(plan_cache.cache_root(), "headers", name + ".json")
+
+    def load(self, path: str, mm: mmap.mmap) -> _Header | None:
+        where = self._path(path)
+        if where is None:
+            return None
+        try:
+            with open(where, "rb") as fh:
+                d = json.loads(fh.read())
+            end = int(d["end"])
+            if (d["format"] != self.FORMAT or d["size"] != len(mm) or not 0 < end <= len(mm)
+                    or zlib.crc32(memoryview(mm)[:end]) != d["crc32"]):  # fmt: skip
+                return None
+            metadata, types = {}, {}
+            for key, vtype, etype, value in d["metadata"]:
+                types[key] = (vtype, etype)
+                metadata[key] = _decode_value(value)
+            infos = [(n, tuple(dims), code, off) for n, dims, code, off in d["tensors"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return metadata, types, infos, end
+
+    def store(self, path: str, mm: mmap.mmap, header: _Header) -> None:
+        where = self._path(path)
+        if where is None:
+            return
+        metadata, types, infos, end = header
+        d = {
+            "format": self.FORMAT, "size": len(mm), "end": end,
+            "crc32": zlib.crc32(memoryview(mm)[:end]),
+            "metadata": [[k, *types[k], _encode_value(v)] for k, v in metadata.items()],
+            "tensors": [[n, list(dims), code, off] for n, dims, code, off in infos],
+        }  # fmt: skip
+        tmp = f"{where}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            with open(tmp, "w") as fh:
+                json.dump(d, fh)
+            os.replace(tmp, where)  # readers see a whole entry or none
+        except OSError:  # a read-only or full disk: parse every time, as without the cache
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _encode_value(v: Any) -> Any:
+    if isinstance(v, np.ndarray):  # numeric arrays: their bytes (exact, and fast to load)
+        return {"dtype": v.dtype.str, "data": base64.b64encode(v.tobytes()).decode()}
+    return v
+
+
+def _decode_value(v: Any) -> Any:
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["data"]), np.dtype(v["dtype"])).copy()
+    return v
+
+
+_headers = _HeaderCache()
+
+
 class GGUFFile:
     """A mapped GGUF file: ``metadata`` (key -> Python value), ``tensors`` (name -> info),
     ``array(name)`` (raw mapped data), ``architecture``. The header is parsed here (the
@@ -168,32 +257,17 @@ class GGUFFile:
                 f"{self.path}: GGUF version {version} is not supported (2 and 3 are; a "
                 "big-endian file reads as a huge version)"
             )
-        n_tensors, n_kv = c.scalar("Q", "tensor count"), c.scalar("Q", "metadata count")
-        if n_tensors > size or n_kv > size:
-            raise GGUFError(f"{self.path}: corrupt GGUF file ({n_tensors} tensors, {n_kv} keys)")
-        self.metadata: dict[str, Any] = {}
+        self.metadata: dict[str, Any]
         # key -> (GGUF value type, element type of an array or None): what a writer copying
         # the metadata needs
-        self.metadata_types: dict[str, tuple[int, int | None]] = {}
-        for _ in range(n_kv):
-            key = c.string("metadata key")
-            vtype = c.scalar("I", key)
-            etype = None
-            if vtype == 9 and c.pos + 4 <= c.size:
-                (etype,) = struct.unpack_from("<I", self._mm, c.pos)
-            self.metadata_types[key] = (vtype, etype)
-            self.metadata[key] = c.value(vtype, key)
-        infos = []
-        for _ in range(n_tensors):
-            name = c.string("tensor name")
-            nd = c.scalar("I", name)
-            if nd > 8:
-                raise GGUFError(f"{self.path}: corrupt GGUF file (tensor {name!r}: {nd} dims)")
-            dims = tuple(c.scalar("Q", name) for _ in range(nd))
-            code, off = c.scalar("I", name), c.scalar("Q", name)
-            infos.append((name, dims, code, off))
+        self.metadata_types: dict[str, tuple[int, int | None]]
+        header = _headers.load(self.path, self._mm)
+        if header is None:
+            header = self._parse_header(c, size)
+            _headers.store(self.path, self._mm, header)
+        self.metadata, self.metadata_types, infos, header_end = header
         align = int(self.metadata.get("general.alignment", 32) or 32)
-        start = (c.pos + align - 1) // align * align
+        start = (header_end + align - 1) // align * align
         self.tensors: dict[str, GGUFTensor] = {}
         for name, dims, code, off in infos:
             if code not in _GGML_TYPES:
@@ -219,6 +293,32 @@ class GGUFFile:
             else:
                 data = raw.reshape(*np_shape[:-1], dims[0] // block * type_size)
             self.tensors[name] = GGUFTensor(name, code, dims, begin, n_bytes, data)
+
+    def _parse_header(self, c: _Cursor, size: int) -> _Header:
+        """Metadata, metadata types, tensor infos and the header's end, read from the file."""
+        n_tensors, n_kv = c.scalar("Q", "tensor count"), c.scalar("Q", "metadata count")
+        if n_tensors > size or n_kv > size:
+            raise GGUFError(f"{self.path}: corrupt GGUF file ({n_tensors} tensors, {n_kv} keys)")
+        metadata: dict[str, Any] = {}
+        types: dict[str, tuple[int, int | None]] = {}
+        for _ in range(n_kv):
+            key = c.string("metadata key")
+            vtype = c.scalar("I", key)
+            etype = None
+            if vtype == 9 and c.pos + 4 <= c.size:
+                (etype,) = struct.unpack_from("<I", self._mm, c.pos)
+            types[key] = (vtype, etype)
+            metadata[key] = c.value(vtype, key)
+        infos = []
+        for _ in range(n_tensors):
+            name = c.string("tensor name")
+            nd = c.scalar("I", name)
+            if nd > 8:
+                raise GGUFError(f"{self.path}: corrupt GGUF file (tensor {name!r}: {nd} dims)")
+            dims = tuple(c.scalar("Q", name) for _ in range(nd))
+            code, off = c.scalar("I", name), c.scalar("Q", name)
+            infos.append((name, dims, code, off))
+        return metadata, types, infos, c.pos
 
     @property
     def architecture(self) -> str:

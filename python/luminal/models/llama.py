@@ -293,7 +293,8 @@ class LlamaSession:
         self.graph = self.runner.graph
         self.prefill_min = prefill_min
         self.prefill_runner: Runner | None = None
-        self.plan: Any = None  # the plan with both variants, once the prefill one exists
+        self._merged_plan: Any = None  # the plan with both variants (see ``plan``)
+        self._plan_path: Any = None
         self._executor: Any = None
         self.cache = model.new_cache()
         self.pos = 0
@@ -335,20 +336,45 @@ class LlamaSession:
         return True
 
     def _one_plan(self, pmin: int) -> None:
-        """The decode and prefill plans as one plan whose variants are chosen by ``seq``."""
-        from .. import runtime
-        from ..plan import by_dim
+        """The decode and prefill plans as one plan whose variants are chosen by ``seq``. With
+        both from the plan cache, the merged plan is cached too (keyed by theirs): a warm start
+        maps it in C++ and never parses a plan in Python."""
+        from .. import plan_cache, runtime
 
         parts = [r._plan for r in (self.runner, self.prefill_runner) if r is not None]
-        plans = [p.plan for p in parts]
-        lo = next(d.min for d in plans[0].dims if d.name == "seq")
-        self.plan = by_dim(plans, "seq", [lo, pmin])
-        # cached plans refer to weight files beside them (the plan cache's folder)
         paths = [getattr(p, "path", None) for p in parts]
-        base = os.path.dirname(os.fspath(paths[0])) if paths[0] is not None else "."
-        self._executor = runtime.Executor(self.plan, base_dir=base)
+        names = [os.path.basename(os.fspath(p)) for p in paths if p is not None]
+        cache = plan_cache.default_cache()
+        if cache is not None and len(names) == len(parts):
+            what = {"variants_of": names, "by": "seq", "from": pmin}
+            key = plan_cache.make_key(what, "cpu")
+            path, _ = cache.get_or_build(key, lambda: self._merged([p.plan for p in parts], pmin))
+            self._plan_path, self._merged_plan = path, None
+            self._executor = runtime.Executor(path)
+        else:
+            self._merged_plan = self._merged([p.plan for p in parts], pmin)
+            # cached plans refer to weight files beside them (the plan cache's folder)
+            base = os.path.dirname(os.fspath(paths[0])) if paths[0] is not None else "."
+            self._executor = runtime.Executor(self._merged_plan, base_dir=base)
         for p in parts:  # the merged plan runs; theirs no longer
             p._executor = None
+
+    @staticmethod
+    def _merged(plans: list[Any], pmin: int) -> Any:
+        from ..plan import by_dim
+
+        lo = next(d.min for d in plans[0].dims if d.name == "seq")
+        return by_dim(plans, "seq", [lo, pmin])
+
+    @property
+    def plan(self) -> Any:
+        """The plan with both variants once the prefill one exists (read from the plan cache
+        when it came from there), else None."""
+        if self._merged_plan is None and self._plan_path is not None:
+            from ..plan import Plan
+
+            return Plan.load(self._plan_path)
+        return self._merged_plan
 
     def _key(self, graph: str, **options: Any) -> dict[str, Any] | None:
         fn = getattr(self.model, "cache_key", None)
