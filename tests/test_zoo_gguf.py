@@ -23,8 +23,9 @@ from test_zoo_decoders import (  # noqa: E402
     needs_compiled,
 )
 
-_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
-         "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "mixtral": "LLAMA"}  # fmt: skip
+_ARCH = {"qwen3": "QWEN3", "gemma": "GEMMA", "gpt_neox": "GPTNEOX", "gemma2": "GEMMA2",
+         "gemma3": "GEMMA3", "phi3": "PHI3", "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE",
+         "mixtral": "LLAMA"}  # fmt: skip
 
 
 def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -49,16 +50,21 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False)
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    if arch != "gpt_neox":  # GPT-NeoX has no grouped heads (its converter writes none)
+        w.add_head_count_kv(c.num_key_value_heads)
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w.add_key_length(hd)
     w.add_value_length(hd)
     rp = c.rope_parameters if isinstance(c.rope_parameters, dict) else {}
     rp = rp.get("full_attention", rp)  # Gemma 3: the global layers' (GGUF keeps one base)
     w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
     if rp.get("partial_rotary_factor", 1.0) != 1.0:
         w.add_rope_dimension_count(int(hd * rp["partial_rotary_factor"]))
+    if arch == "gpt_neox":
+        w.add_layer_norm_eps(c.layer_norm_eps)
+        w.add_parallel_residual(c.use_parallel_residual)
+    else:
+        w.add_layer_norm_rms_eps(c.rms_norm_eps)
     if arch == "gemma2":
         w.add_sliding_window(c.sliding_window)
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
@@ -104,6 +110,11 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False)
         if arch == "mixtral" and k.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in k else c.num_key_value_heads
             a = _llama_permute(a, heads)
+        if arch == "gpt_neox" and gname.endswith(("attn_qkv.weight", "attn_qkv.bias")):
+            # per head [q | k | v] -> [all q | all k | all v], as the converter does
+            hd = c.hidden_size // c.num_attention_heads
+            a = a.reshape(c.num_attention_heads, 3, hd, *a.shape[1:]).swapaxes(0, 1)
+            a = a.reshape(3 * c.hidden_size, *a.shape[3:])
         if arch.startswith("gemma") and k.endswith("norm.weight"):
             a = a + 1.0
         if gname.endswith("ffn_gate_inp_shexp.weight"):
@@ -116,7 +127,9 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False)
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3", pytest.param("gemma2", marks=pytest.mark.slow),
+    "arch", ["qwen3", pytest.param("gemma", marks=pytest.mark.slow),
+             pytest.param("gpt_neox", marks=pytest.mark.slow),
+             pytest.param("gemma2", marks=pytest.mark.slow),
              pytest.param("gemma3", marks=pytest.mark.slow),
              pytest.param("phi3", marks=pytest.mark.slow),
              pytest.param("qwen2_moe", marks=pytest.mark.slow),

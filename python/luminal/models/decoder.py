@@ -651,7 +651,8 @@ def hf_weights(
     return out
 
 
-GGUF_ARCHS = ("qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "llama", "gpt-oss")
+GGUF_ARCHS = ("qwen3", "gemma", "gemma2", "gemma3", "phi3", "gptneox", "qwen2moe", "qwen3moe",
+              "llama", "gpt-oss")  # fmt: skip
 
 
 def gguf_config(f: Any) -> DecoderConfig:
@@ -678,6 +679,7 @@ def gguf_config(f: Any) -> DecoderConfig:
     head_dim = int(f.arch_key("attention.key_length", hidden // heads))
     window = f.arch_key("attention.sliding_window")
     gemma = arch.startswith("gemma")
+    neox = arch == "gptneox"
     types = ["full"] * n
     if arch in ("gemma2", "gpt-oss"):
         types = ["sliding" if i % 2 == 0 else "full" for i in range(n)]
@@ -703,9 +705,16 @@ def gguf_config(f: Any) -> DecoderConfig:
         # llama.cpp permutes Llama q/k rows for adjacent-pair RoPE; the others keep halves
         rope_interleaved=arch == "llama",
         rope_theta_local=10000.0 if arch == "gemma3" else None,
-        norm_eps=float(f.arch_key("attention.layer_norm_rms_epsilon", 1e-6)),
+        norm="layer" if neox else "rms",
+        norm_eps=float(
+            f.arch_key(
+                "attention.layer_norm_epsilon" if neox else "attention.layer_norm_rms_epsilon", 1e-6
+            )
+        ),  # fmt: skip
         qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
-        act="gelu_tanh" if gemma else "silu",
+        act="gelu_tanh" if gemma else ("gelu" if neox else "silu"),
+        gated=not neox,
+        parallel_residual=neox and bool(f.arch_key("use_parallel_residual", True)),
         sandwich_norms=arch in ("gemma2", "gemma3"),
         sliding_window=int(window) if window and "sliding" in types else None,
         layer_types=types,
