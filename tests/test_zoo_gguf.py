@@ -6,6 +6,8 @@ dequantized at load by ``gguf.quants``, packed experts gathered by id included."
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -60,6 +62,15 @@ def write_gguf(hf, arch: str, path: str, quant: bool = False, f16: bool = False)
     w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
     if rp.get("partial_rotary_factor", 1.0) != 1.0:
         w.add_rope_dimension_count(int(hd * rp["partial_rotary_factor"]))
+    if rp.get("rope_type") == "longrope":  # Phi-3: the factors as tensors
+        orig = c.original_max_position_embeddings
+        w.add_rope_scaling_orig_ctx_len(orig)
+        scale = c.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
+        for kind in ("long", "short"):
+            w.add_tensor(
+                f"rope_factors_{kind}.weight", np.asarray(rp[f"{kind}_factor"], np.float32)
+            )
     if arch == "gpt_neox":
         w.add_layer_norm_eps(c.layer_norm_eps)
         w.add_parallel_residual(c.use_parallel_residual)

@@ -97,3 +97,20 @@ def test_bad_scalings_are_named() -> None:
                          "original_max_position_embeddings": 8}, 64)  # fmt: skip
     assert s is not None and s["rope_type"] == "longrope" and s["factor"] == 8.0
     assert resolve_scaling({"rope_type": "default", "rope_theta": 1e4}, 64) is None
+
+
+@pytest.mark.slow
+def test_phi3_longrope_gguf(tmp_path) -> None:
+    """Phi-3 LongRoPE from GGUF (factors as ``rope_factors_long`` / ``_short`` tensors, the
+    attention factor in ``rope.scaling.attn_factor``), as transformers on both sides of the
+    switch."""
+    from test_zoo_gguf import write_gguf
+
+    hf = _make("longrope", tmp_path / "hf")
+    write_gguf(hf, "phi3", str(tmp_path / "m.gguf"))
+    s = load(tmp_path / "m.gguf", backend="interp")
+    assert s.config.rope_scaling["rope_type"] == "longrope"
+    g = s.model.build(logits="all")
+    out = g.run({"tokens": np.asarray(LONG, np.int32), **s.model.new_cache()}, pos=0)
+    assert _rel(out["logits"], hf_logits(hf, LONG)) <= 1e-4
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)

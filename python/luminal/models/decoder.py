@@ -730,9 +730,24 @@ def gguf_config(f: Any) -> DecoderConfig:
 
 
 def _gguf_rope_scaling(f: Any) -> dict[str, Any] | None:
-    """``rope.scaling.*`` as a ``resolve_scaling`` dict: linear (the default type when only a
-    factor is stored) or YaRN (its original context; GPT-OSS does not round YaRN's ramp ends,
-    as its reference implementation)."""
+    """``rope.scaling.*`` as a ``resolve_scaling`` dict: LongRoPE (``rope_factors_long`` /
+    ``_short`` tensors, as llama.cpp's Phi-3 converter writes them), linear (the default type
+    when only a factor is stored) or YaRN (its original context; GPT-OSS does not round YaRN's
+    ramp ends, as its reference implementation)."""
+    if "rope_factors_long.weight" in f.tensors:  # Phi-3 LongRoPE: its factors as tensors
+        orig = f.arch_key("rope.scaling.original_context_length")
+        if orig is None:
+            raise ValueError(f"{f.path}: LongRoPE needs rope.scaling.original_context_length")
+        lr: dict[str, Any] = {
+            "rope_type": "longrope",
+            "long_factor": [float(v) for v in f.array("rope_factors_long.weight").reshape(-1)],
+            "short_factor": [float(v) for v in f.array("rope_factors_short.weight").reshape(-1)],
+            "original_max_position_embeddings": int(orig),
+            "factor": int(f.arch_key("context_length", orig)) / int(orig),
+        }
+        if f.arch_key("rope.scaling.attn_factor") is not None:
+            lr["attention_factor"] = float(f.arch_key("rope.scaling.attn_factor"))
+        return lr
     factor = f.arch_key("rope.scaling.factor")
     kind = f.arch_key("rope.scaling.type") or ("linear" if factor else None)
     if not kind or kind == "none" or not factor or float(factor) == 1.0:
