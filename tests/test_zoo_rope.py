@@ -43,6 +43,10 @@ CASES: dict[str, tuple[str, dict]] = {
                                           long_factor=[1.0 + 0.9 * i for i in range(8)]))),
     "dynamic": ("qwen2", dict(max_position_embeddings=ORIG,
                               rope_scaling=dict(rope_type="dynamic", factor=2.0))),
+    # Gemma 3's real configs: linear scaling on the global layers only, local layers plain
+    "gemma3_linear": ("gemma3", dict(rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
     "llama_yarn": ("llama", dict(rope_scaling=dict(
         rope_type="yarn", factor=2.0, original_max_position_embeddings=ORIG))),
 }  # fmt: skip
