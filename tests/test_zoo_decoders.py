@@ -355,3 +355,53 @@ def test_gemma3_multimodal_folder_runs_its_language_model(tmp_path) -> None:
     out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
     assert _rel(out["logits"], hf_logits(hf, PROMPT)) <= 1e-4
     assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)
+
+
+def write_gpt_oss_mxfp4(hf, path) -> None:
+    """``hf`` saved as an MXFP4 checkpoint the way OpenAI's release stores its experts:
+    ``*_blocks`` (experts, out, in / 32, 16) u8 and ``*_scales`` (experts, out, in / 32) e8m0,
+    quantized by ``gguf.quants``; ``hf``'s experts are set to the quantized values."""
+    import json
+
+    import gguf
+
+    from luminal.loaders.safetensors import save_safetensors
+
+    mx = gguf.GGMLQuantizationType.MXFP4
+    sd = {}
+    for k, v in hf.state_dict().items():
+        a = v.float().numpy()
+        if not k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            sd[k] = a
+            continue
+        t = np.ascontiguousarray(a.swapaxes(1, 2))  # (experts, out, in)
+        q = gguf.quants.quantize(t, mx)
+        deq = gguf.quants.dequantize(q, mx).reshape(t.shape)
+        q = q.reshape(*t.shape[:2], -1, 17)  # ggml blocks: scale, byte j = elements j, j + 16
+        codes = np.concatenate([q[..., 1:] & 15, q[..., 1:] >> 4], -1)
+        sd[k + "_blocks"] = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+        sd[k + "_scales"] = np.ascontiguousarray(q[..., 0])
+        v.copy_(torch.from_numpy(deq.swapaxes(1, 2)))
+    path.mkdir(parents=True)
+    save_safetensors(path / "model.safetensors", sd)
+    cfg = hf.config.to_dict()
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    "backend", ["interp", pytest.param("compiled", marks=[needs_compiled, pytest.mark.slow])]
+)
+@pytest.mark.usefixtures("fast_compile")
+def test_gpt_oss_mxfp4_checkpoint(backend: str, tmp_path) -> None:
+    """A transformers MXFP4 GPT-OSS folder: the expert blocks enter the graph packed (gathered
+    by expert id); logits and greedy tokens equal transformers loading the same folder (which
+    dequantizes it on a CPU)."""
+    hf = make_hf("gpt_oss", tmp_path / "bf16", intermediate_size=64)
+    write_gpt_oss_mxfp4(hf, tmp_path / "mx")
+    ref = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32)
+    s = load(tmp_path / "mx", backend=backend, max_context=32)
+    assert s.model.weights.packed["blk.0.ffn_down_exps.weight"][0] == "MXFP4"
+    assert _rel(s.forward(PROMPT), hf_logits(ref.eval(), PROMPT)[-1]) <= 1e-4
+    s.reset()
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)

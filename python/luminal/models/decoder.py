@@ -399,15 +399,30 @@ class Decoder:
         row of the (experts, rows * cols) view, so only routed experts are read."""
         w = self.weights
         n, rows, cols = w.shape(name)
-        f = getattr(w, "file", None)  # a GGUF source: its packed blocks are gathered as rows
-        if f is not None and getattr(w, "dequant", "") == "graph":
+        packed = self._packed(name)
+        if packed is not None:  # block-quantized: the packed blocks are gathered as rows
             from ..loaders import quants
 
+            kind, raw = packed
+            picked = quants.quantized_rows(g, name, kind, raw, (n, rows * cols), e)
+            return picked.reshape(e.shape[0], rows, cols)
+        return embedding(e, w.get(g, name).reshape(n, rows * cols)).reshape(e.shape[0], rows, cols)
+
+    def _packed(self, name: str) -> tuple[str, np.ndarray] | None:
+        """(format, bytes) of a block-quantized weight that enters the graph packed: a GGUF
+        tensor of a block format, or one the source holds packed (``packed``)."""
+        from ..loaders import quants
+
+        w = self.weights
+        own = getattr(w, "packed", None)
+        if own is not None and name in own:
+            return own[name]
+        f = getattr(w, "file", None)
+        if f is not None and getattr(w, "dequant", "") == "graph":
             kind = f.type_name(name)
             if kind in quants.FORMATS:
-                picked = quants.quantized_rows(g, name, kind, f.raw(name), (n, rows * cols), e)
-                return picked.reshape(e.shape[0], rows, cols)
-        return embedding(e, w.get(g, name).reshape(n, rows * cols)).reshape(e.shape[0], rows, cols)
+                return kind, f.raw(name)
+        return None
 
     def _cache(self, g: Graph, name: str, new: Tensor, seq: Any, pos: Any, total: Any) -> Tensor:
         """Write ``new`` (seq, width) at rows pos.. of the cache; rows 0 .. pos+seq-1 after."""

@@ -63,8 +63,14 @@ class GptOss(Decoder):
         out: Tensor | None = None
         hr, hc = h.unsqueeze(1), h.unsqueeze(-1)  # (seq, 1, hidden), (seq, hidden, 1)
         fused = w.has(p + "oss_gate_up.weight")  # transformers: (in, out), gate/up interleaved
+        packed = w.has(p + "ffn_gate_up_exps.weight")  # transformers MXFP4: (out, in) blocks
         for ex, e in zip(exps, experts, strict=True):
-            if fused:
+            if packed:
+                gu = matmul(self._expert(g, p + "ffn_gate_up_exps.weight", e), hc)
+                gu = gu.reshape(seq, -1).add(self._rows(g, p + "oss_gate_up.bias", e))
+                n = gu.shape[1] // 2
+                gate, up = gu.slice(1, 0, n, 2), gu.slice(1, 1, n, 2)
+            elif fused:
                 gu = matmul(hr, self._rows(g, p + "oss_gate_up.weight", e)).reshape(seq, -1)
                 gu = gu.add(self._rows(g, p + "oss_gate_up.bias", e))
                 n = gu.shape[1] // 2
@@ -79,7 +85,10 @@ class GptOss(Decoder):
             gate = clamp(gate, max=self.limit)
             up = clamp(up, -self.limit, self.limit)
             act = up.add(1.0).mul(gate.mul(sigmoid(gate.mul(self.alpha))))
-            if fused:
+            if packed:
+                y = matmul(self._expert(g, p + "ffn_down_exps.weight", e), act.unsqueeze(-1))
+                y = y.reshape(seq, -1).add(self._rows(g, p + "oss_down.bias", e))
+            elif fused:
                 y = matmul(act.unsqueeze(1), self._rows(g, p + "oss_down.weight", e))
                 y = y.reshape(seq, -1).add(self._rows(g, p + "oss_down.bias", e))
             else:
@@ -111,24 +120,75 @@ _OSS_NAMES = {
 def gpt_oss_from_hf(
     config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None
 ) -> GptOss:
+    """GPT-OSS from a transformers folder: bf16 / f32 experts, or an MXFP4 checkpoint
+    (``quantization_config.quant_method: mxfp4``, experts as ``*_blocks`` / ``*_scales``),
+    whose blocks enter the graph packed and are gathered by expert id."""
     cfg = hf_config(config)
-    if config.get("quantization_config"):
-        raise NotImplementedError(
-            "gpt_oss: quantized (mxfp4) transformers checkpoints are not supported; "
-            "dequantize to bf16 first"
-        )
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    if quant not in (None, "mxfp4"):
+        raise NotImplementedError(f"gpt_oss: {quant!r}-quantized checkpoints (mxfp4 only)")
     rest, own = {}, {}
+    packed: dict[str, tuple[str, np.ndarray]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for k, a in arrays.items():
         parts = k.split(".")
         body = ".".join(parts[3:])
         if k.startswith("model.layers.") and body in _OSS_NAMES:
             own[f"blk.{parts[2]}.{_OSS_NAMES[body]}"] = a
-        else:
+        elif k.startswith("model.layers.") and body in _MXFP4_NAMES:
+            name = f"blk.{parts[2]}.{_MXFP4_NAMES[body]}"
+            scales = arrays.get(k.removesuffix("_blocks") + "_scales")
+            if scales is None:
+                raise KeyError(f"gpt_oss: {k} has no scales ({k.removesuffix('_blocks')}_scales)")
+            packed[name] = ("MXFP4", mxfp4_blocks(a, scales))
+            shapes[name] = (a.shape[0], a.shape[1], a.shape[2] * a.shape[3] * 2)
+            own["packed_source." + k] = a  # named for the plan cache's weight identity
+        elif not k.endswith("_scales"):
             rest[k] = a
     ws = hf_weights(cfg, rest, bool(config.get("tie_word_embeddings", False)))
     ws.update(own)
-    return GptOss(cfg, DictWeights(ws), max_context, float(config.get("swiglu_alpha", 1.702)),
+    src = PackedWeights(ws, packed, shapes) if packed else DictWeights(ws)
+    return GptOss(cfg, src, max_context, float(config.get("swiglu_alpha", 1.702)),
                   float(config.get("swiglu_limit", 7.0)))  # fmt: skip
+
+
+_MXFP4_NAMES = {
+    "mlp.experts.gate_up_proj_blocks": "ffn_gate_up_exps.weight",
+    "mlp.experts.down_proj_blocks": "ffn_down_exps.weight",
+}
+
+
+def mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """transformers' MXFP4 experts (``blocks`` (..., groups, 16) u8 holding elements 2j / 2j+1
+    in byte j's low / high nibble, ``scales`` (..., groups) e8m0) as ggml's block_mxfp4
+    bytes (scale, then byte j holding elements j / j + 16), which ``loaders.quants`` reads."""
+    b = np.asarray(blocks, np.uint8)
+    s = np.asarray(scales, np.uint8)
+    if b.shape[-1] != 16 or b.shape[:-1] != s.shape:
+        raise ValueError(f"mxfp4: blocks {b.shape} do not match scales {s.shape}")
+    codes = np.empty((*b.shape[:-1], 32), np.uint8)
+    codes[..., 0::2], codes[..., 1::2] = b & 15, b >> 4
+    out = np.empty((*b.shape[:-1], 17), np.uint8)
+    out[..., 0] = s
+    out[..., 1:] = codes[..., :16] | (codes[..., 16:] << 4)
+    return out.reshape(-1)
+
+
+class PackedWeights(DictWeights):
+    """Arrays plus block-quantized tensors that enter the graph packed (``Decoder._packed``):
+    name -> (format, bytes), with their logical shapes."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], packed: dict[str, tuple[str, np.ndarray]],
+                 shapes: dict[str, tuple[int, ...]]) -> None:  # fmt: skip
+        super().__init__(arrays)
+        self.packed = packed
+        self.shapes = shapes
+
+    def has(self, name: str) -> bool:
+        return name in self.packed or super().has(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name] if name in self.packed else super().shape(name)
 
 
 class GgufNames:
