@@ -55,7 +55,7 @@ def test_quantized_gemv_matches_dequantized_reference(fmt: str, rows: int, cols:
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 def test_quantized_gemv_takes_the_vector_form(fmt: str) -> None:
     src = _sources(_gemv(fmt, 48, 128)[0])
-    assert "lm_f32x16" in src and "lm_vsum_f32" in src
+    assert "lm_f32v" in src and "lm_vsum_f32" in src
     # the nibble selection folded away: no runtime divisor, no table reads
     assert "lm_imod(" not in src
 

@@ -1,11 +1,12 @@
-"""Explicit 16-lane vectors for the inner loop of a split sum (schedule.py's blocked reductions:
-a GEMV over quantized weights, a long row sum).
+"""Explicit native-width vectors for the inner loop of a split sum (schedule.py's blocked
+reductions: a GEMV over quantized weights, a long row sum).
 
 GCC sizes a loop's vectors by its narrowest type: an inner loop of 16 that mixes bytes (packed
 weights) with floats becomes 128-bit vectors, four per float value, with the widening done in
 pieces, about 4x the instructions of one 512-bit vector per value. Written with the compiler's
-vector extension (portable C for GCC and Clang; the prelude widens loads with AVX-512 where the
-target has it), every value of the loop body is one 16-lane vector or one scalar.
+vector extension (portable C for GCC and Clang; the prelude widens loads with AVX-512 or AVX2
+where the target has them), every value of the loop body is one vector of the target's native
+width (``LM_VL`` lanes) or one scalar.
 
 ``blocked_sum`` returns None when the body holds something this form does not cover (gathers,
 masks, comparisons, transcendental ops, loads that are not unit-stride in the inner variable);
@@ -24,63 +25,74 @@ from ...graph.ops import COMMUTATIVE, Op
 if TYPE_CHECKING:
     from ..cstyle import Emitter
 
-LANES = 16
+# the inner sums this form takes are multiples of the widest native vector (16 floats, 512 bits),
+# so the lane count of every target (LM_VL in the prelude: 16, 8 or 4) divides them
+BLOCK_LANES = 16
 
 # loads the prelude widens to 16 x i32 (integers) or 16 x f32 (floats)
 _INT_LOADS = {dt.u8: "u8", dt.i8: "i8", dt.i32: "i32"}
 _FLOAT_LOADS = {dt.f32: "f32", dt.f16: "f16", dt.bf16: "bf16"}
 
 VECTOR_HELPERS = r"""
-typedef float lm_f32x16 __attribute__((vector_size(64)));
-typedef int32_t lm_i32x16 __attribute__((vector_size(64)));
-typedef uint32_t lm_u32x16 __attribute__((vector_size(64)));
-static inline lm_f32x16 lm_vload_f32(const float *p) { lm_f32x16 v; memcpy(&v, p, 64); return v; }
-static inline lm_i32x16 lm_vload_i32(const int32_t *p) { lm_i32x16 v; memcpy(&v, p, 64); return v; }
-static inline lm_f32x16 lm_vload_bf16(const uint16_t *p) {
-  lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = (int32_t)((uint32_t)p[l] << 16);
-  return (lm_f32x16)v;
+/* LM_VL lanes: the compile target's native vector width (512, 256 or 128 bits). GCC splits
+   wider generic vectors into native pieces badly (a modulo or a scalar operand lane by lane,
+   accumulators through memory: 5x slower on an AVX2 CPU than native-width code). */
+#if defined(__AVX512F__)
+#define LM_VL 16
+#elif defined(__AVX__)
+#define LM_VL 8
+#else
+#define LM_VL 4
+#endif
+typedef float lm_f32v __attribute__((vector_size(4 * LM_VL)));
+typedef int32_t lm_i32v __attribute__((vector_size(4 * LM_VL)));
+typedef uint32_t lm_u32v __attribute__((vector_size(4 * LM_VL)));
+static inline lm_f32v lm_vload_f32(const float *p) { lm_f32v v; memcpy(&v, p, sizeof v); return v; }
+static inline lm_i32v lm_vload_i32(const int32_t *p) { lm_i32v v; memcpy(&v, p, sizeof v); return v; }
+static inline lm_f32v lm_vload_bf16(const uint16_t *p) {
+  lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = (int32_t)((uint32_t)p[l] << 16);
+  return (lm_f32v)v;
 }
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* one widening load each; __builtin_convertvector from a byte vector is extracted byte by byte
    by GCC 12 */
-static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { return (lm_i32x16)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-static inline lm_i32x16 lm_vload_i8(const int8_t *p) { return (lm_i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { return (lm_i32x16)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
-static inline lm_i32x16 lm_vload_i16(const int16_t *p) { return (lm_i32x16)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
-static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { return (lm_f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-static inline float lm_vsum_f32(lm_f32x16 v) { return _mm512_reduce_add_ps((__m512)v); }
+static inline lm_i32v lm_vload_u8(const uint8_t *p) { return (lm_i32v)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline lm_i32v lm_vload_i8(const int8_t *p) { return (lm_i32v)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline lm_i32v lm_vload_u16(const uint16_t *p) { return (lm_i32v)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
+static inline lm_i32v lm_vload_i16(const int16_t *p) { return (lm_i32v)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
+static inline lm_f32v lm_vload_f16(const uint16_t *p) { return (lm_f32v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline float lm_vsum_f32(lm_f32v v) { return _mm512_reduce_add_ps((__m512)v); }
 #elif defined(__AVX2__)
 #include <immintrin.h>
-/* two 8-lane widening loads per 16-lane vector (a per-lane loop is not vectorized) */
-static inline lm_i32x16 lm_vjoin_i(__m256i lo, __m256i hi) { lm_i32x16 v; memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32); return v; }
-static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { __m128i b = _mm_loadu_si128((const __m128i *)p); return lm_vjoin_i(_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))); }
-static inline lm_i32x16 lm_vload_i8(const int8_t *p) { __m128i b = _mm_loadu_si128((const __m128i *)p); return lm_vjoin_i(_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))); }
-static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { return lm_vjoin_i(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8)))); }
-static inline lm_i32x16 lm_vload_i16(const int16_t *p) { return lm_vjoin_i(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(p + 8)))); }
+static inline lm_i32v lm_vload_u8(const uint8_t *p) { return (lm_i32v)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline lm_i32v lm_vload_i8(const int8_t *p) { return (lm_i32v)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline lm_i32v lm_vload_u16(const uint16_t *p) { return (lm_i32v)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline lm_i32v lm_vload_i16(const int16_t *p) { return (lm_i32v)_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)p)); }
 #if defined(__F16C__)
-static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))); lm_f32x16 v; memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32); return v; }
+static inline lm_f32v lm_vload_f16(const uint16_t *p) { return (lm_f32v)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #else
-static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { lm_f32x16 v; for (int l = 0; l < 16; ++l) v[l] = lm_f16_to_f32(p[l]); return v; }
+static inline lm_f32v lm_vload_f16(const uint16_t *p) { lm_f32v v; for (int l = 0; l < LM_VL; ++l) v[l] = lm_f16_to_f32(p[l]); return v; }
 #endif
-static inline float lm_vsum_f32(lm_f32x16 v) {
-  for (int w = 8; w >= 1; w /= 2) for (int l = 0; l < w; ++l) v[l] += v[l + w];
-  return v[0];
+static inline float lm_vsum_f32(lm_f32v v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 #else
-static inline lm_i32x16 lm_vload_u8(const uint8_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
-static inline lm_i32x16 lm_vload_i8(const int8_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
-static inline lm_i32x16 lm_vload_u16(const uint16_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
-static inline lm_i32x16 lm_vload_i16(const int16_t *p) { lm_i32x16 v; for (int l = 0; l < 16; ++l) v[l] = p[l]; return v; }
-static inline lm_f32x16 lm_vload_f16(const uint16_t *p) { lm_f32x16 v; for (int l = 0; l < 16; ++l) v[l] = lm_f16_to_f32(p[l]); return v; }
-static inline float lm_vsum_f32(lm_f32x16 v) {
-  for (int w = 8; w >= 1; w /= 2) for (int l = 0; l < w; ++l) v[l] += v[l + w];
+static inline lm_i32v lm_vload_u8(const uint8_t *p) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = p[l]; return v; }
+static inline lm_i32v lm_vload_i8(const int8_t *p) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = p[l]; return v; }
+static inline lm_i32v lm_vload_u16(const uint16_t *p) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = p[l]; return v; }
+static inline lm_i32v lm_vload_i16(const int16_t *p) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = p[l]; return v; }
+static inline lm_f32v lm_vload_f16(const uint16_t *p) { lm_f32v v; for (int l = 0; l < LM_VL; ++l) v[l] = lm_f16_to_f32(p[l]); return v; }
+static inline float lm_vsum_f32(lm_f32v v) {
+  for (int w = LM_VL / 2; w >= 1; w /= 2) for (int l = 0; l < w; ++l) v[l] += v[l + w];
   return v[0];
 }
 #endif
 """
 
-_VT = {"f": "lm_f32x16", "i": "lm_i32x16"}
+_VT = {"f": "lm_f32v", "i": "lm_i32v"}
 
 
 class _Unsupported(Exception):
@@ -171,13 +183,13 @@ class _Vec:
                 return f"({ctype(v.dtype)})({a})", "s"
             if v.dtype is dt.f32:
                 return (
-                    (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32x16)", "f")
+                    (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32v)", "f")
                 )
             if v.dtype is dt.i32:
                 # a vector of narrower integers already holds their values as i32
                 if kind == "i":
                     return a, "i"
-                return f"__builtin_convertvector({a}, lm_i32x16)", "i"  # truncates, as C does
+                return f"__builtin_convertvector({a}, lm_i32v)", "i"  # truncates, as C does
             raise _Unsupported
         if isinstance(v, K.Alu):
             return self._alu(v)
@@ -207,14 +219,14 @@ class _Vec:
             if not (isinstance(c, K.Const) and int(c.value) > 0 and ka == "i"):
                 raise _Unsupported
             if _nonneg(v.srcs[0]):
-                return f"(lm_i32x16)((lm_u32x16)({a}) % {int(c.value)}u)", kind
+                return f"(lm_i32v)((lm_u32v)({a}) % {int(c.value)}u)", kind
             return f"({a} % {int(c.value)})", kind
         if v.op not in COMMUTATIVE:
             raise _Unsupported
         # wrap-around arithmetic, as the scalar code does it (signed overflow is undefined)
-        ua = f"(lm_u32x16)({a})" if ka == "i" else f"(uint32_t)({a})"
-        ub = f"(lm_u32x16)({b})" if kb == "i" else f"(uint32_t)({b})"
-        return f"(lm_i32x16)({ua} {'+' if v.op is Op.ADD else '*'} {ub})", kind
+        ua = f"(lm_u32v)({a})" if ka == "i" else f"(uint32_t)({a})"
+        ub = f"(lm_u32v)({b})" if kb == "i" else f"(uint32_t)({b})"
+        return f"(lm_i32v)({ua} {'+' if v.op is Op.ADD else '*'} {ub})", kind
 
 
 def _unroll(extent: object) -> int:
@@ -245,22 +257,24 @@ def _terms(body: K.Value, limit: int = 4) -> list[K.Value]:
 
 
 def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
-    """``v`` (a float sum over blocks of an inner sum of ``LANES``-multiple length) with the
-    inner body as vector code, or None (nothing emitted) when the body is not covered."""
+    """``v`` (a float sum over blocks of an inner sum of ``BLOCK_LANES``-multiple length) with
+    the inner body as vector code, or None (nothing emitted) when the body is not covered. The
+    lane count is the C compiler's (``LM_VL``), so the accumulator count is a C constant."""
     inner = v.body
     assert isinstance(inner, K.Reduce)
     g = inner.extent
-    if v.dtype is not dt.f32 or not isinstance(g, int) or g % LANES or g > 4 * LANES:
+    if v.dtype is not dt.f32 or not isinstance(g, int) or g % BLOCK_LANES or g > 4 * BLOCK_LANES:
         return None
     from ..cstyle import _c_name, cexpr
 
     saved, n_saved, scope = list(em.lines), em.n, dict(em.scopes[-1])
     accv, acc = em.tmp(), em.tmp()
     ro, ri = _c_name(v.var), _c_name(inner.var)
-    chunks, unroll = g // LANES, _unroll(v.extent)
+    chunks, unroll = f"({g} / LM_VL)", _unroll(v.extent)
     n_terms = len(_terms(inner.body))
     em.hoist(inner.body, frozenset({v.var.name, inner.var.name}), ind)
-    em.lines.append(f"{ind}lm_f32x16 {accv}[{chunks * unroll * n_terms}] = {{{{0}}}};")
+    n_acc = f"{unroll * n_terms} * {chunks}"
+    em.lines.append(f"{ind}lm_f32v {accv}[{n_acc}] = {{{{0}}}};")
     em.lines.append(
         f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(v.extent)}; {ro} += {unroll}) {{"
     )
@@ -272,9 +286,9 @@ def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
         em.made.append(body)
         em.hoist(body, frozenset({inner.var.name}), ind + "  ")
         i2 = ind + "    "
-        # the lane variable holds the first index of the current 16: every load's index is
+        # the lane variable holds the first index of the current LM_VL: every load's index is
         # unit-stride in it, so the scalar index expression addresses lane 0
-        em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += {LANES}) {{")
+        em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += LM_VL) {{")
         vec = _Vec(em, inner.var, i2)
         terms = _terms(body)
         assert len(terms) == n_terms
@@ -294,8 +308,7 @@ def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
                 return
         em.lines += vec.lines
         for t, (x, _) in enumerate(xs):
-            slot = (u * n_terms + t) * chunks
-            em.lines.append(f"{i2}{accv}[{slot} + {ri} / {LANES}] += {x};")
+            em.lines.append(f"{i2}{accv}[{u * n_terms + t} * {chunks} + {ri} / LM_VL] += {x};")
         em.lines.append(f"{ind}  }}")
 
     for u in range(unroll):
@@ -308,6 +321,8 @@ def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
         em.scopes[-1].update(scope)
         return None
     em.lines.append(f"{ind}}}")
-    total = " + ".join(f"{accv}[{j}]" for j in range(chunks * unroll * n_terms))
-    em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({total});")
+    tot, j = em.tmp(), em.tmp()
+    em.lines.append(f"{ind}lm_f32v {tot} = {accv}[0];")
+    em.lines.append(f"{ind}for (int {j} = 1; {j} < {n_acc}; ++{j}) {tot} += {accv}[{j}];")
+    em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({tot});")
     return acc
