@@ -182,9 +182,7 @@ class _Vec:
             if kind == "s":
                 return f"({ctype(v.dtype)})({a})", "s"
             if v.dtype is dt.f32:
-                return (
-                    (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32v)", "f")
-                )
+                return (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32v)", "f")
             if v.dtype is dt.i32:
                 # a vector of narrower integers already holds their values as i32
                 if kind == "i":
