@@ -27,10 +27,15 @@ from ..functional import (
     argmax,
     embedding,
     eq,
+    ge,
     gelu,
+    gt,
     layer_norm,
     linear,
+    logical_and,
+    logical_or,
     matmul,
+    maximum,
     rms_norm,
     rope_positions,
     sigmoid,
@@ -192,9 +197,12 @@ class Decoder:
         return {}
 
     # ------------------------------------------------------------------ graph
-    def build(self, logits: str = "last", name: str | None = None, min_seq: int = 1) -> Graph:
+    def build(
+        self, logits: str = "last", name: str | None = None, min_seq: int = 1, images: bool = False
+    ) -> Graph:
         """Inputs ``tokens`` i32 (seq,) and the caches; dims ``seq`` (``min_seq`` .. ctx) and
-        ``pos``; outputs ``logits`` ((1 or seq), vocab) and ``<cache>_new``."""
+        ``pos``; outputs ``logits`` ((1 or seq), vocab) and ``<cache>_new``. ``images`` adds
+        image embeddings (``_image_inputs``) and image blocks that attend bidirectionally."""
         if logits not in ("last", "all"):
             raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
         if not 1 <= min_seq <= self.ctx:
@@ -207,11 +215,15 @@ class Decoder:
         x = w.rows(g, "token_embd.weight", tokens)
         if c.embed_scale is not None:
             x = x.mul(c.embed_scale)
+        blocks = None
+        if images:
+            x, blocks = self._image_inputs(g, x, seq)
         positions = rope_positions(g, seq, pos)
         total = sym.add(pos, seq)
         tables = {kind: self._rope_table(positions, total, kind, theta)
                   for kind, theta in self._rope_bases().items()}  # fmt: skip
-        masks = {kind: self._mask(g, kind, seq, pos, total) for kind in set(c.layer_types)}
+        masks = {kind: self._mask(g, kind, seq, pos, total, blocks)
+                 for kind in set(c.layer_types)}  # fmt: skip
         for i in range(c.n_layers):
             kind = c.layer_types[i]
             cos, sin = tables[kind if kind in tables else "full"]
@@ -251,16 +263,43 @@ class Decoder:
             bases["sliding"] = c.rope_theta_local
         return bases
 
-    def _mask(self, g: Graph, kind: str, seq: Any, pos: Any, total: Any) -> Tensor:
+    def _image_inputs(self, g: Graph, x: Tensor, seq: Any) -> tuple[Tensor, Tensor]:
+        """Inputs ``image_features`` f32 (img_rows, hidden), ``image_index`` i32 (seq,): the
+        feature row each position takes instead of its token embedding (-1: keep it), and
+        ``blocks`` i32 (seq,): the image block of each position (-1: text)."""
+        c = self.config
+        rows = sym.dim("img_rows", 1, self.ctx)
+        feats = g.input("image_features", (rows, c.hidden_size), dt.f32)
+        index = g.input("image_index", (seq,), dt.i32)
+        blocks = g.input("blocks", (seq,), dt.i32)
+        picked = embedding(maximum(index, 0), feats)
+        is_img = ge(index, 0).unsqueeze(-1).expand(seq, c.hidden_size)
+        return where(is_img, picked, x), blocks
+
+    def _mask(
+        self, g: Graph, kind: str, seq: Any, pos: Any, total: Any, blocks: Tensor | None = None
+    ) -> Tensor:
         """Query i (absolute position pos + i) sees key j when j <= pos + i and, in a sliding
-        layer, pos + i - j < window."""
+        layer, pos + i - j < window. With ``blocks`` (this step's image block per position),
+        positions of one image block also see each other (later ones too)."""
         i, j = sym.index_var(0, seq), sym.index_var(1, total)
         at = sym.add(pos, i)
-        expr = sym.lt(j, sym.add(at, 1))
+        causal = sym.lt(j, sym.add(at, 1))
+        window = None
         if kind == "sliding":
             assert self.config.sliding_window is not None
-            expr = sym.logical_and(expr, sym.lt(sym.add(at, -self.config.sliding_window), j))
-        return iota(g, (seq, total), expr).cast(dt.bool_)
+            window = sym.lt(sym.add(at, -self.config.sliding_window), j)
+        if blocks is None:
+            expr = causal if window is None else sym.logical_and(causal, window)
+            return iota(g, (seq, total), expr).cast(dt.bool_)
+        b1 = blocks.add(1)  # 0: text; the cached keys (padding) read 0 too
+        q = b1.unsqueeze(1).expand(seq, total)
+        k = b1.pad_dim(0, pos, 0).unsqueeze(0).expand(seq, total)
+        same = logical_and(eq(q, k), gt(q, 0))
+        m = logical_or(iota(g, (seq, total), causal).cast(dt.bool_), same)
+        if window is not None:
+            m = logical_and(m, iota(g, (seq, total), window).cast(dt.bool_))
+        return m
 
     def _norm(self, g: Graph, x: Tensor, name: str, dim: int) -> Tensor:
         c, w = self.config, self.weights

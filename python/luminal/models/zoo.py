@@ -75,11 +75,13 @@ class LMSession(LlamaSession):
         max_new_tokens: int = 32,
         sampler: Callable[[np.ndarray], int] | None = None,
         stop: Sequence[int] | None = None,
+        images: np.ndarray | None = None,
     ) -> Iterator[int]:
         """New token ids after ``prompt`` (text needs a tokenizer), greedy unless a
         ``sampler`` is given, up to ``max_new_tokens`` or a stop id (default: the tokenizer's
         EOS ids; the stop id is not yielded). Continues from the cache: ``reset()`` first for
-        a fresh conversation."""
+        a fresh conversation. ``images`` (pixels) go with a prompt holding their image tokens,
+        for models that take images."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
@@ -98,7 +100,7 @@ class LMSession(LlamaSession):
             )
         if not max_new_tokens:
             return
-        logits = self.forward(ids)
+        logits = self._prefill(ids, images)
         for n in range(budget):
             nxt = pick(logits)
             if nxt in stops:
@@ -113,9 +115,15 @@ class LMSession(LlamaSession):
         max_new_tokens: int = 32,
         sampler: Callable[[np.ndarray], int] | None = None,
         stop: Sequence[int] | None = None,
+        images: np.ndarray | None = None,
     ) -> list[int]:
         """``list(stream(...))``: the generated ids (decode them with ``tokenizer.decode``)."""
-        return list(self.stream(prompt, max_new_tokens, sampler, stop))
+        return list(self.stream(prompt, max_new_tokens, sampler, stop, images))
+
+    def _prefill(self, ids: list[int], images: np.ndarray | None) -> np.ndarray:
+        if images is not None:
+            raise ValueError(f"{self.config.arch}: this model takes no images")
+        return self.forward(ids)
 
 
 class Encoder(Embedder):
@@ -248,6 +256,13 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
         from .gpt_oss import gpt_oss_from_hf
 
         model = gpt_oss_from_hf(config, arrays, max_context)
+    elif mt == "gemma3" and "vision_config" in config:
+        from .gemma3_vision import Gemma3Session, tower_from_hf
+
+        model = decoder_from_hf(config, arrays, max_context)
+        return Gemma3Session(model, tower_from_hf(config, arrays),
+                             int(config.get("image_token_index", config.get("image_token_id", -1))),
+                             _tokenizer_of_dir(path), backend, quiet)  # fmt: skip
     elif mt in HF_ARCHS or mt == "gemma3":
         model = decoder_from_hf(config, arrays, max_context)
     else:
