@@ -25,6 +25,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.ops import Leaf
 from ..tensor import Graph, Tensor
+from .call import _BITS_VIEWED, Call, prepare, to_numpy, to_torch
 from .convert import Ctx, convert_call
 from .symbols import Dims, Unsupported, bare_symbol
 
@@ -60,12 +61,14 @@ class Env:
     def __init__(self, binders: dict[str, tuple[int, int | None]]) -> None:
         self.binders = binders  # dim name -> (argument index, axis or None for a SymInt arg)
         self.dims: dict[str, int] = {}
+        self._sizes = [(n, i, a) for n, (i, a) in binders.items() if a is not None]
+        self._ints = [(n, i) for n, (i, a) in binders.items() if a is None]
 
     def bind(self, args: Sequence[Any]) -> None:
-        self.dims = {
-            name: int(args[i]) if axis is None else int(args[i].shape[axis])
-            for name, (i, axis) in self.binders.items()
-        }
+        dims = {name: args[i].shape[axis] for name, i, axis in self._sizes}  # torch.Size: ints
+        for name, i in self._ints:
+            dims[name] = int(args[i])
+        self.dims = dims
 
 
 def binders_for(gm: GraphModule) -> dict[str, tuple[int, int | None]]:
@@ -298,27 +301,6 @@ def _op_name(target: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- running
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype is torch.bfloat16:
-        import ml_dtypes
-
-        return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    if not (t.requires_grad or t.is_conj() or t.is_neg()):
-        return t.numpy()  # the common case: shares memory, no new tensor
-    return t.detach().resolve_conj().resolve_neg().numpy()
-
-
-_BITS_VIEWED = {torch.bfloat16: np.int16, torch.float8_e4m3fn: np.uint8,
-                torch.float8_e5m2: np.uint8}  # fmt: skip
-
-
-def to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    ints = _BITS_VIEWED.get(dtype)
-    if ints is not None:  # numpy has no such dtype: move the bits
-        return torch.from_numpy(a.view(ints)).view(dtype)
-    return torch.from_numpy(a)  # shares the plan's output array: no copy
-
-
 def _weight_key(t: torch.Tensor) -> tuple:
     try:
         version = t._version
@@ -329,7 +311,10 @@ def _weight_key(t: torch.Tensor) -> tuple:
 
 class LuminalPartition(torch.nn.Module):
     """A converted submodule: compiled on its first call (weights come from that call's
-    arguments), recompiled only if a weight tensor is replaced or changed in place."""
+    arguments), recompiled only if a weight tensor is replaced or changed in place.
+
+    FX calls it through ``__call__``, which is ``forward`` itself: a partition has no hooks,
+    and ``nn.Module.__call__``'s dispatch would cost more than the rest of the glue."""
 
     def __init__(self, built: Built, env: Env, eager: GraphModule) -> None:
         super().__init__()
@@ -337,11 +322,15 @@ class LuminalPartition(torch.nn.Module):
         self.env = env
         self.eager = eager  # kept so a failing plan build can still run correctly
         self.cg: Any = None
+        self.call: Call | None = None  # the prepared fast path, once the plan is built
         self.failed = False
         self.weight_keys: list[tuple] = []
         self.plan_dims: list[str] = []
+        self.out_names: list[str] = []  # the plan's outputs in the order the native run has them
+        self.plain_out = False
 
     def _compile(self, args: Sequence[Any]) -> None:
+        self.call = None
         for k, w in self.built.weights:
             a = to_numpy(args[k])
             w.set(a if a.flags.c_contiguous else a.copy())  # ascontiguousarray makes 0-d 1-d
@@ -349,8 +338,33 @@ class LuminalPartition(torch.nn.Module):
         stats.plans += 1
         self.weight_keys = [_weight_key(args[k]) for k, _ in self.built.weights]
         self.plan_dims = list(self.cg.executor.dims)
+        self.call = prepare(self.cg.executor, self.built.inputs, self.built.scalars,
+                            [(k, args[k]) for k, _ in self.built.weights],
+                            {k: args[k].dtype for k, _ in self.built.inputs})  # fmt: skip
+        self.out_names = list(self.cg.executor.outputs)
+        outs = self.built.outputs
+        self.plain_out = self.out_names == [o[1] if o[0] == "t" else None for o in outs] and all(
+            o[3] is None and o[2] not in _BITS_VIEWED for o in outs
+        )
 
     def forward(self, *args: Any) -> Any:
+        call = self.call
+        if call is not None and call.weights_same(args):
+            try:
+                res = call.run(args, self.env.dims)
+            except (ValueError, TypeError, RuntimeError) as e:  # e.g. a size outside a range
+                return self._give_up("running a partition failed", e, args)
+            if self.plain_out:  # one dense tensor per output, in torch's layout and order
+                ts = list(map(torch.from_numpy, res))
+                return tuple(ts) if self.built.tuple_out else ts[0]
+            named = dict(zip(self.out_names, res, strict=True))
+            got = [self._out(o, named, args) for o in self.built.outputs]
+            return tuple(got) if self.built.tuple_out else got[0]
+        return self._forward_general(args)
+
+    __call__ = forward
+
+    def _forward_general(self, args: Sequence[Any]) -> Any:
         if self.failed:
             return self.eager(*args)
         if self.cg is None or self._weights_changed(args):
@@ -358,6 +372,8 @@ class LuminalPartition(torch.nn.Module):
                 self._compile(args)
             except Exception as e:  # a plan that cannot be built must not break the model
                 return self._give_up("compiling a partition failed", e, args)
+            if self.call is not None:
+                return self.forward(*args)
         inputs = {name: to_numpy(args[k]) for k, name in self.built.inputs}
         for k, name in self.built.scalars:
             inputs[name] = np.asarray(float(args[k]), np.float32)
@@ -370,30 +386,20 @@ class LuminalPartition(torch.nn.Module):
         return tuple(outs) if self.built.tuple_out else outs[0]
 
     def _weights_changed(self, args: Sequence[Any]) -> bool:
-        # every call checks every weight: the common case (nothing changed) stays a few
-        # attribute reads per weight, not a tuple and a try block each
-        try:
-            for (k, _), (tid, ptr, version) in zip(self.built.weights, self.weight_keys):
-                t = args[k]
-                if id(t) != tid or t._version != version or t.data_ptr() != ptr:
-                    return True
-        except RuntimeError:  # an inference tensor has no version counter
-            return any(_weight_key(args[k]) != key
-                       for (k, _), key in zip(self.built.weights, self.weight_keys))  # fmt: skip
-        return False
+        return any(_weight_key(args[k]) != key
+                   for (k, _), key in zip(self.built.weights, self.weight_keys))  # fmt: skip
 
     def _give_up(self, what: str, e: Exception, args: Sequence[Any]) -> Any:
         msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         warn_once(f"{what}:{msg}", f"luminal: {what} ({msg}); it runs in eager PyTorch")
         self.failed = True
+        self.call = None
         stats.failed_plans += 1
         return self.eager(*args)
 
     def _out(self, o: tuple, res: dict[str, np.ndarray], args: Sequence[Any]) -> Any:
         kind, env = o[0], self.env.dims
         if kind == "t":
-            if o[3] is None and o[2] not in _BITS_VIEWED:
-                return torch.from_numpy(res[o[1]])
             t = to_torch(res[o[1]], o[2])
             return t if o[3] is None else t.permute(o[3])
         if kind == "s":

@@ -1,0 +1,106 @@
+"""The per-call path of a compiled partition: tensors in and out without copies, weights
+checked for replacement and in-place change, inputs of every layout and dtype."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import luminal.torch_backend as lt  # noqa: E402
+from luminal.torch_backend import luminal_backend  # noqa: E402
+from luminal.torch_backend.partition import LuminalPartition  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    lt.reset_stats()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 5)).eval()
+
+
+def _partitions_seen(f, *args):
+    """Call ``f`` and return the LuminalPartitions it ran (each with its prepared call)."""
+    seen = []
+    call = LuminalPartition.__call__
+
+    def spy(self, *a):
+        seen.append(self)
+        return call(self, *a)
+
+    LuminalPartition.__call__ = spy
+    try:
+        f(*args)
+    finally:
+        LuminalPartition.__call__ = call
+    return seen
+
+
+def test_fast_path_shares_memory_and_outputs_are_fresh():
+    m = _net()
+    f = torch.compile(m, backend=luminal_backend, dynamic=True)
+    with torch.no_grad():
+        x = torch.randn(3, 7)
+        a = f(x)
+        parts = _partitions_seen(f, x)
+        assert parts and all(p.call is not None for p in parts)
+        b = f(x)
+        assert a.data_ptr() != b.data_ptr()  # each call owns new output memory
+        a.zero_()
+        torch.testing.assert_close(b, m(x), atol=1e-5, rtol=1e-4)
+        for n in (2, 4, 9):  # other sizes: the shapes table grows, nothing recompiles
+            x = torch.randn(n, 7)
+            torch.testing.assert_close(f(x), m(x), atol=1e-5, rtol=1e-4)
+    assert lt.stats.plans == 1
+
+
+def test_weights_replaced_or_changed_recompile():
+    m = _net()
+    f = torch.compile(m, backend=luminal_backend, dynamic=True)
+    x = torch.randn(4, 7)
+    with torch.no_grad():
+        f(x)
+        m[0].weight.data = torch.randn(13, 7)  # new memory, same object, version unchanged
+        torch.testing.assert_close(f(x), m(x), atol=1e-5, rtol=1e-4)
+        m[2].bias = nn.Parameter(torch.randn(5))  # a new object
+        torch.testing.assert_close(f(x), m(x), atol=1e-5, rtol=1e-4)
+        m[2].weight.add_(1.0)  # in place: the version counter moves
+        torch.testing.assert_close(f(x), m(x), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(f(x), m(x), atol=1e-5, rtol=1e-4)  # unchanged: no rebuild
+    assert lt.stats.plans == 4
+
+
+def test_inputs_of_any_layout_and_grad_flag():
+    m = _net()
+    f = torch.compile(m, backend=luminal_backend, dynamic=True)
+    with torch.no_grad():
+        f(torch.randn(5, 7))
+        t = torch.randn(7, 6).t()  # a transposed view: copied to row-major on the way in
+        torch.testing.assert_close(f(t), m(t), atol=1e-5, rtol=1e-4)
+        s = torch.randn(12, 7)[::2]  # a strided slice
+        torch.testing.assert_close(f(s), m(s), atol=1e-5, rtol=1e-4)
+        g = torch.randn(5, 7, requires_grad=True)  # no_grad: runs in luminal all the same
+        torch.testing.assert_close(f(g), m(g), atol=1e-5, rtol=1e-4)
+    assert not lt.stats.fallbacks
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_and_outputs(dtype):
+    class Half(nn.Module):
+        def forward(self, x, y):
+            return (x * y + 1).relu(), x.float().sum(-1)
+
+    f = torch.compile(Half(), backend=luminal_backend, dynamic=True)
+    with torch.no_grad():
+        for n in (3, 11):
+            x, y = torch.randn(n, 9).to(dtype), torch.randn(n, 9).to(dtype)
+            (a, s), (ea, es) = f(x, y), Half()(x, y)
+            assert a.dtype == dtype and s.dtype == torch.float32
+            torch.testing.assert_close(a, ea, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(s, es, atol=2e-2, rtol=2e-2)
+    assert not lt.stats.fallbacks and lt.stats.plans == 1
