@@ -22,7 +22,8 @@ from ..functional._nnbase import bool_to_bias, fmax
 from ..graph import dtypes as dt
 from ..tensor import Graph, Tensor
 from .base import DictWeights
-from .decoder import Decoder, DecoderConfig, _topk, hf_config, hf_weights
+from .decoder import Decoder, DecoderConfig, _topk
+from .decoder_configs import hf_config, hf_weights
 
 
 class GptOss(Decoder):

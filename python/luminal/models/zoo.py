@@ -21,7 +21,8 @@ import numpy as np
 
 from .base import DictWeights
 from .bert import Embedder
-from .decoder import GGUF_ARCHS, HF_ARCHS, Decoder, hf_config
+from .decoder import Decoder
+from .decoder_configs import GGUF_ARCHS, HF_ARCHS, hf_config
 from .llama import LlamaSession
 
 # GGUF general.architecture -> what reads it
@@ -185,7 +186,7 @@ def _load_gguf(path: str, backend: str, max_context: int | None, quiet: bool,
                dequant: str) -> LMSession:  # fmt: skip
     from ..loaders.gguf import GGUFFile, GGUFWeights
     from ..tokenizer import Tokenizer
-    from .decoder import gguf_config
+    from .decoder_configs import gguf_config
     from .llama import Llama, config_from_gguf
 
     f = GGUFFile(path)
@@ -282,7 +283,7 @@ def decoder_from_hf(
     config: dict[str, Any], arrays: dict[str, np.ndarray], max_context: int | None = None
 ) -> Decoder:
     """A ``Decoder`` from a transformers config dict and its arrays."""
-    from .decoder import hf_weights
+    from .decoder_configs import hf_weights
 
     cfg = hf_config(config)
     tied = bool(config.get("tie_word_embeddings", config.get("model_type", "").startswith("gemma")))
