@@ -174,3 +174,25 @@ def test_gguf_header_is_parsed_once_and_checked_by_its_bytes(
     entry.unlink()
     GGUFFile(p)
     assert len(parsed) == 4 and not entry.exists()
+
+
+def test_graphs_built_from_a_gguf_file_are_freed(tmp_path: Path) -> None:
+    """The weight source remembers the tensor it built per graph without keeping the graph
+    (and the weights a compile folded into it) alive."""
+    import gc
+    import weakref
+
+    from luminal.loaders.gguf import GGUFFile, GGUFWeights
+
+    p = tmp_path / "m.gguf"
+    _write_gguf(p, "one")
+    ws = GGUFWeights(GGUFFile(p))
+    g = luminal.Graph("g")
+    a, b = ws.get(g, "output_norm.weight"), ws.get(g, "output_norm.weight")
+    assert a.node is b.node and a.layout == b.layout  # built once per graph
+    g.output("y", a.mul(2.0))
+    np.testing.assert_allclose(g.run({})["y"], 2 * np.arange(32, dtype=np.float32))
+    dead = weakref.ref(g)
+    del g, a, b
+    gc.collect()
+    assert dead() is None

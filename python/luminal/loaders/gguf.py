@@ -432,7 +432,10 @@ class GGUFWeights:
                     f"{f.path}: tensor {name!r} uses quantization {kind}, which luminal does not "
                     f"support (supported: {', '.join([*_FLOAT_TYPES, *quants.FORMATS])})"
                 )
-        self._cache: weakref.WeakKeyDictionary[Graph, dict[str, Tensor]] = (
+        # per graph: weight name -> (node id, layout) of the tensor built for it. Not the
+        # Tensor: its node refers to the graph, so the weak key would never die and every
+        # graph built from this file (with its folded weights) would stay in memory.
+        self._cache: weakref.WeakKeyDictionary[Graph, dict[str, tuple[int, Any]]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -475,9 +478,12 @@ class GGUFWeights:
 
     def get(self, g: Graph, name: str) -> Tensor:
         per_graph = self._cache.setdefault(g, {})
-        if name not in per_graph:
-            per_graph[name] = self._build(g, name)
-        return per_graph[name]
+        hit = per_graph.get(name)
+        if hit is not None:
+            return Tensor(g.nodes[hit[0]], hit[1])
+        t = self._build(g, name)
+        per_graph[name] = (t.node.id, t.layout)
+        return t
 
     def _build(self, g: Graph, name: str) -> Tensor:
         if name in self.lowp:

@@ -9,6 +9,7 @@ is available and with the reference interpreter otherwise, and says which.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import sys
@@ -159,6 +160,12 @@ class Runner:
             return cg.plan, weights
 
         path, _ = cache.get_or_build(full, build)
+        if built:
+            # the graph and the compile's products (folded weights: 0.4 GB for SmolLM2's
+            # prefill) hold reference cycles; the stored plan is what runs, so free them now
+            # rather than at some later collection, while the plan's mapped weights load
+            del _
+            gc.collect()
         # the plan file runs (mapped): this process holds no copy of the weights it made
         plan = CachedPlan(path)
         # a missing runtime raises ImportError here, not later; the executor (its kernels'
