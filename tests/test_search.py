@@ -141,3 +141,40 @@ def test_sum_of_batched_products_is_not_a_gemm_over_an_outer_loop():
     wv = rng.standard_normal((3, 64, 40)).astype(np.float32)
     y = lm.compile(g).run({"o": ov, "w": wv})["y"]
     np.testing.assert_allclose(y, np.einsum("hsk,hkn->sn", ov, wv), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_range_whose_ends_want_other_programs_is_split(bias, tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    g = _mm_graph(bias)
+    low = lower(g)
+
+    def measure(sub, dims):
+        n = dims["seq"]
+        if any(isinstance(s, K.LibCall) for s in sub.kernels):
+            return 50e-6 + 0.1e-6 * n  # a fixed cost (say, a weight copy), cheap rows
+        return 2e-6 * n  # a generated kernel that redoes its weight work per row
+
+    chosen = select.choose_library_calls(low, measure, "test")
+    # the lines cross at n = 50 / 1.9 = 26.3: the generated kernel up to 26, the call after
+    gens = [s for s in chosen.kernels if isinstance(s, K.Kernel) and s.when == ("seq", 1, 26)]
+    libs = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
+    assert len(gens) == 1 and gens[0].name == low.kernels[0].name
+    assert [c.when for c in libs] == [("seq", 27, 4096)]
+    assert all(s.when is not None for s in chosen.kernels)
+    plan = build_plan(chosen, "mm")
+    assert " when " in plan.describe()
+    ex = lm.load(plan.to_bytes())
+    for s in (1, 26, 27, 300):
+        a = rand(s, 64)
+        np.testing.assert_allclose(
+            ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
+        )
+    # a split plan is a variant of by_dim like any other: its conditions and the variant's hold
+    merged = lm.plan.by_dim([plan, plan], "seq", [1, 100])
+    ex = lm.load(merged.to_bytes())
+    for s in (1, 27, 99, 100, 150):
+        a = rand(s, 64)
+        np.testing.assert_allclose(
+            ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
+        )

@@ -177,6 +177,9 @@ class Kernel:
     reads: list[int] = field(default_factory=list)
     # set by the search (compiler/search/schedules.py); None: the default schedule rules
     schedule: Schedule | None = None
+    # (dim, lo, hi): runs only where lo <= dim <= hi (the search kept another program for the
+    # rest of the dim's range, compiler/search/select.py); None: always
+    when: tuple[str, int, int] | None = None
 
     def verify(self) -> None:
         """Check dtypes and variable scoping of the value tree."""
@@ -419,6 +422,7 @@ class LibCall:
     fields: dict[str, sint | float]
     args: list[int]
     out: int
+    when: tuple[str, int, int] | None = None  # as Kernel.when
 
     def verify(self) -> None:
         if self.out not in self.args:

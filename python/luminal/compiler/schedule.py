@@ -19,6 +19,7 @@ computed in one inner loop so each byte is loaded and unpacked once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..graph import symbolic as sym
 from ..graph.ops import Op
@@ -193,8 +194,7 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
     value = _rebuild(k.value, {}, sched.split)
     if value is k.value and sched == k.schedule:
         return k
-    return K.Kernel(k.name, k.shape, k.out, value, k.dtype, k.scatter_row, k.scatter_rows,
-                    k.row_dims, k.reads, sched)  # fmt: skip
+    return replace(k, value=value, schedule=sched)
 
 
 def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule]:

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from .model import (
     Copy,
+    Expr,
     FileWeight,
     InlineWeight,
     KernelFormat,
@@ -124,10 +125,12 @@ def by_dim(plans: Sequence[PlanData], dim: str, starts: Sequence[int]) -> PlanDa
                                        code=code))  # fmt: skip
         upto = starts[i + 1] if i + 1 < len(starts) else None
         when = _condition(at, starts[i] if i else None, upto)
+        index = {x.name: j for j, x in enumerate(p.dims)}
         for s in p.steps:
-            if s.when is not None:
-                raise PlanError("by_dim: a plan whose steps already have conditions")
-            out.steps.append(_moved(s, bmap, kmap, when))
+            # a step with a condition of its own (a part of the range its program chose
+            # another kernel for) runs where both hold
+            both = when if s.when is None else _both(s.when, when, index)
+            out.steps.append(_moved(s, bmap, kmap, both))
         for w in p.weights:
             if isinstance(w, (InlineWeight, FileWeight)):
                 out.weights.append(replace(w, buffer=bmap[w.buffer]))
@@ -135,6 +138,14 @@ def by_dim(plans: Sequence[PlanData], dim: str, starts: Sequence[int]) -> PlanDa
     ends = [*starts[1:], hi + 1]
     out.metadata["variants"] = f"{dim}: " + ", ".join(f"[{a}, {b})" for a, b in zip(starts, ends))
     return out
+
+
+def _both(a: Expr, b: Postfix, index: dict[str, int]) -> Postfix:
+    first = [(int(Op.CONST), a)] if isinstance(a, int) else a.to_postfix(index)
+    prog = [*first, *b.to_postfix(index)]
+    if b.program:
+        prog.append((int(Op.MUL), 0))
+    return Postfix(tuple((int(o), int(x)) for o, x in prog))
 
 
 def _moved(s: Step, bmap: dict[int, int], kmap: dict[int, int], when: Postfix) -> Step:

@@ -11,6 +11,7 @@ import numpy as np
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
 from ..compiler.memory import plan_memory
+from ..graph import symbolic as sym
 from ..plan import InlineWeight, KernelFormat, Launch, LibCall, Plan, Role
 
 _ROLE = {"input": Role.input, "output": Role.output, "weight": Role.weight, "scratch": Role.scratch}
@@ -26,6 +27,16 @@ class Launchable:
     args: list[int]
     grid: tuple
     block: tuple
+
+
+def _condition(low: Lowered, when: tuple[str, int, int] | None) -> sym.sint | None:
+    """A step's ``when`` (dim, lo, hi) as the plan's condition: None where it always holds."""
+    if when is None:
+        return None
+    name, lo, hi = when
+    d = low.dims[name]
+    cond = sym.logical_and(sym.lt(lo - 1, d), sym.lt(d, hi + 1))
+    return None if cond == 1 else cond
 
 
 def assemble_plan(
@@ -56,13 +67,16 @@ def assemble_plan(
     for i in range(len(low.kernels)):
         if i in libcalls:
             lc = libcalls[i]
-            plan.steps.append(LibCall(lc.func, dict(lc.fields), list(lc.args)))
+            plan.steps.append(
+                LibCall(lc.func, dict(lc.fields), list(lc.args), _condition(low, lc.when))
+            )
             continue
         k = next(pending)
         kid = kernel_ids.get((k.format, k.code))
         if kid is None:
             kid = kernel_ids[(k.format, k.code)] = plan.add_kernel(k.name, k.format, k.name, k.code)
-        plan.steps.append(Launch(kid, k.args, k.grid, k.block))
+        when = _condition(low, low.kernels[i].when)
+        plan.steps.append(Launch(kid, k.args, k.grid, k.block, when=when))
     for b in low.buffers:
         if b.role == "weight":
             if b.name not in low.weights:

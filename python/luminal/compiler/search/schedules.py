@@ -59,6 +59,8 @@ def _choose(
         return kern
     unsplit = replace(kern, schedule=K.Schedule(split=0))
     reference = subprogram(low, [unsplit])
+    if kern.when is not None:  # runs for a part of the range: measured within it
+        dims = representative_dims(reference)
     if estimate(subprogram(low, [kern]), dims, tuner.cost) * 1e6 < flags.SEARCH_MIN_US.as_float():
         return kern  # too small for a measured choice to pay for its compile time
     ref_sig = signature(_applied(unsplit), names)

@@ -8,6 +8,13 @@ The tuner (tuner.py) ranks, measures, checks the kept program against the genera
 on random inputs, and caches the decision on disk by (kernel, alternative, sizes, target), so
 a second compile is fast and the choice is deterministic once cached. ``LUMINAL_DEBUG>=3``
 prints every decision.
+
+A choice is timed at both ends of its dim's range. When one program wins at the smallest size
+and another at the representative one, and the kept one is ``SPLIT_LOSS`` times slower than
+the best at either end (a GEMV that dequantizes its weights per row, against a dequantized copy
+and a GEMM: one token and 256), the range is split where the two programs' times, linear in
+the dim between the two measured sizes, cross; each part is decided on its own, and its steps
+carry ``when`` (they run only for their part: plan format 3 conditions).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from .tuner import Candidate, Timing, Tuner, sub_fingerprint
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
 MIN_GEMM_WORK = 1 << 15
 REPRESENTATIVE_DIM = 256
+# the minimax choice's loss (its time over the best at its worse end) above which the range
+# is split: below it one program serves the whole range without a second compile
+SPLIT_LOSS = 1.25
 
 Step = K.Kernel | K.LibCall
 # measure(lowered_subprogram, dims) -> median seconds (or a Timing with the outputs)
@@ -44,11 +54,20 @@ def representative_dims(low: Lowered) -> dict[str, int]:
     return {n: min(max(each, d.lo), d.hi) for n, d in low.dims.items()}
 
 
+def restricted(dims: dict[str, sym.Expr], when: tuple[str, int, int] | None) -> dict[str, sym.Expr]:
+    """``dims`` with the dim of ``when`` narrowed to its range."""
+    if when is None:
+        return dict(dims)
+    name, lo, hi = when
+    return {**dims, name: sym.dim(name, lo, hi)}
+
+
 def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] = ()) -> Lowered:
     """Just ``steps`` with the buffers they touch: what they read before writing becomes an
     input, what they write an output. Buffers are renumbered in order of use (so identical
     layers give identical programs) and named after their id in ``low`` (so two cut-outs that
-    read the same buffers in another order get the same random inputs)."""
+    read the same buffers in another order get the same random inputs). Steps that run for a
+    part of a dim's range only (``when``) are cut out with that part as the dim's range."""
     buffers = list(low.buffers) + list(extra)
     used: list[int] = []
     written: set[int] = set()
@@ -74,7 +93,9 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
             row = K.remap_buffers(s.scatter_row, ids) if s.scatter_row is not None else None
             value = canonical_vars(K.remap_buffers(s.value, ids), [0])
             new_steps.append(replace(s, value=value, out=ids[s.out], scatter_row=row))
-    return Lowered(new_bufs, new_steps, dict(low.dims), {})  # type: ignore[arg-type]
+    whens = {s.when for s in steps}
+    dims = restricted(low.dims, whens.pop() if len(whens) == 1 else None)
+    return Lowered(new_bufs, new_steps, dims, {})  # type: ignore[arg-type]
 
 
 def canonical_vars(
@@ -163,10 +184,70 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
             sub_o = subprogram(low, [kern_o])
             cost_o = estimate(sub_o, dims, tuner.cost)
             cands.append(Candidate("generated,order=1", sub_o, cost_o, kern_o))
-        chosen = tuner.choose(kern.name, "gemm", dims, sub_gen, cands)
-        if isinstance(chosen.payload, K.Kernel):
-            steps.append(chosen.payload)
-        else:
-            buffers += extra
-            steps += chosen.payload
+        chosen, record = tuner.decide(kern.name, "gemm", dims, sub_gen, cands)
+        parts = _split(sub_gen, dims, record)
+        picks: list[tuple[Candidate, tuple[str, int, int] | None]] = [(chosen, None)]
+        if parts is not None:
+            picks = []
+            for rng in parts:
+                part = [replace(c, sub=_narrowed(c.sub, rng)) for c in cands]
+                ref = part[0].sub
+                label = f"{kern.name}[{rng[0]} {rng[1]}..{rng[2]}]"
+                picks.append(
+                    (tuner.choose(label, "gemm", representative_dims(ref), ref, part), rng)
+                )
+        added = False
+        for pick, when in picks:
+            if isinstance(pick.payload, K.Kernel):
+                steps.append(replace(pick.payload, when=when))
+                continue
+            if not added:
+                buffers += extra
+                added = True
+            steps += [replace(s, when=when) for s in pick.payload]
     return Lowered(buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]
+
+
+def _narrowed(sub: Lowered, when: tuple[str, int, int]) -> Lowered:
+    return replace(sub, dims=restricted(sub.dims, when))
+
+
+def _split(
+    sub: Lowered, dims: dict[str, int], record: dict | None
+) -> list[tuple[str, int, int]] | None:
+    """The two parts of the range of the one free dim of the kernel cut out as ``sub`` to
+    decide apart (see the module doc), or None. Each candidate's time is taken as linear in the
+    dim through its two measurements; the parts meet where the small-end winner's line crosses
+    the representative winner's."""
+    shapes = [k.shape for k in sub.kernels if isinstance(k, K.Kernel)] + [
+        b.shape for b in sub.buffers
+    ]
+    used = {v.name for shape in shapes for v in sym.free_dims(shape)}
+    free = [n for n, d in sub.dims.items() if d.hi > d.lo and n in used]
+    if record is None or len(free) != 1:
+        return None
+    name, d = free[0], sub.dims[free[0]]
+    n0, n1 = max(d.lo, 1), dims[name]
+    timed = [c for c in record["candidates"] if c["seconds"] and c.get("small_seconds")]
+    if n1 <= n0 + 1 or len(timed) < 2:
+        return None
+    at_rep = min(timed, key=lambda c: c["seconds"])
+    at_small = min(timed, key=lambda c: c["small_seconds"])
+    if at_rep is at_small:
+        return None
+    kept = record["candidates"][record["choice"]]
+    if kept["seconds"] is None or kept.get("small_seconds") is None:
+        return None
+    loss = max(kept["seconds"] / at_rep["seconds"],
+               kept["small_seconds"] / at_small["small_seconds"])  # fmt: skip
+    if loss < SPLIT_LOSS:
+        return None
+
+    def line(c: dict) -> tuple[float, float]:  # time = a + b * n
+        b = (c["seconds"] - c["small_seconds"]) / (n1 - n0)
+        return c["small_seconds"] - b * n0, b
+
+    (a_s, b_s), (a_r, b_r) = line(at_small), line(at_rep)
+    cross = (a_r - a_s) / (b_s - b_r) if b_s > b_r else (n0 * n1) ** 0.5
+    t = min(max(int(cross) + 1, n0 + 1), n1)
+    return [(name, d.lo, t - 1), (name, t, d.hi)]

@@ -236,6 +236,19 @@ class Tuner:
     ) -> Candidate:
         """The candidate to keep for kernel ``name`` (``kind`` names the search in messages).
         A candidate whose ``sub`` is ``reference`` needs no check."""
+        return self.decide(name, kind, dims, reference, candidates, default)[0]
+
+    def decide(
+        self,
+        name: str,
+        kind: str,
+        dims: dict[str, int],
+        reference: Lowered,
+        candidates: Sequence[Candidate],
+        default: int = 0,
+    ) -> tuple[Candidate, dict[str, Any] | None]:
+        """``choose``, with the decision's record (per candidate its ``seconds`` at ``dims``
+        and ``small_seconds`` at the smallest dims; None when the budget was spent)."""
         if not candidates:
             raise ValueError(f"search for {name}: no candidates")
         key = cache_key(
@@ -250,12 +263,12 @@ class Tuner:
             self._count("cached")
             chosen = candidates[hit["choice"]]
             self._say(f"{name} [{kind}]: cached -> {chosen.label}")
-            return chosen
+            return chosen, hit
         if self._spent >= self.budget_s:
             self._count("over_budget")
             self._say(f"{name} [{kind}]: search budget ({self.budget_s:g} s) spent -> "
                       f"{candidates[default].label}")  # fmt: skip
-            return candidates[default]
+            return candidates[default], None
         t0 = time.perf_counter()
         try:
             record = self._search(name, dims, reference, candidates, default)
@@ -275,7 +288,7 @@ class Tuner:
                 rows.append(f"#{r['rank']} {c.label} {_fmt_time(r['seconds'])}x{r['runs']}{v}")
         self._say(f"{name} [{kind}]: {len(candidates)} considered: {' | '.join(rows)} "
                   f"-> {chosen.label}")  # fmt: skip
-        return chosen
+        return chosen, record
 
     def _search(
         self,
