@@ -205,8 +205,9 @@ def test_gguf_f16_matches_transformers_on_rounded_weights(tmp_path) -> None:
 
 def write_gpt_oss_gguf(hf, path: str) -> None:
     """GPT-OSS as llama.cpp's converter writes it: separate gate / up expert matrices (the
-    interleaved columns split, (out, in) layout) with biases, MXFP4 experts, attention sinks,
-    YaRN metadata. The model's experts are set to their MXFP4 values (the reference)."""
+    interleaved columns split, (out, in) layout) with biases, MXFP4 experts and Q8_0 attention
+    projections (its MXFP4_MOE type), attention sinks, YaRN metadata. The model's quantized
+    weights are set to their dequantized values (the reference)."""
     torch = pytest.importorskip("torch")
     c = hf.config
     mx = gguf.GGMLQuantizationType.MXFP4
@@ -253,6 +254,12 @@ def write_gpt_oss_gguf(hf, path: str) -> None:
             v.copy_(torch.from_numpy(deq.swapaxes(1, 2)))
         elif k.endswith("mlp.experts.down_proj_bias"):
             w.add_tensor(f"blk.{blk}.ffn_down_exps.bias", a)
+        elif k.endswith("_proj.weight") and "self_attn" in k:  # Q8_0, as llama.cpp's MXFP4_MOE
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            q = gguf.quants.quantize(np.ascontiguousarray(a), q8)
+            w.add_tensor(tmap.get_name(k, try_suffixes=(".weight",)), q, raw_shape=q.shape,
+                         raw_dtype=q8)  # fmt: skip
+            v.copy_(torch.from_numpy(gguf.quants.dequantize(q, q8).reshape(a.shape)))
         else:
             gname = tmap.get_name(k, try_suffixes=(".weight", ".bias"))
             assert gname is not None, k
@@ -276,6 +283,7 @@ def test_gguf_gpt_oss_mxfp4_experts(backend: str, tmp_path) -> None:
     s = load(path, backend=backend, max_context=32)
     assert type(s.model).__name__ == "GptOss" and s.model.config.layer_types == ["sliding", "full"]
     assert s.model.weights.file.type_name("blk.0.ffn_down_exps.weight") == "MXFP4"
+    assert s.model.weights.file.type_name("blk.1.attn_q.weight") == "Q8_0"
     ref = hf_logits(hf, PROMPT)
     if backend == "interp":
         g = s.model.build(logits="all")
