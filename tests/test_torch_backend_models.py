@@ -132,3 +132,29 @@ def test_generate_greedy_matches_eager(kind):
                 warm = lt.stats.compiles
     assert warm <= 3 and lt.stats.compiles == warm, "no compile after the warm-up prompts"
     assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)]
+)
+def test_half_precision_model_runs_in_luminal(dtype):
+    """A Llama whose weights and activations are bf16 (f16): called with default arguments it
+    runs in luminal, as close to the float32 model as eager PyTorch in that dtype is."""
+    m32 = _model("llama")
+    m = _model("llama")
+    m.load_state_dict(m32.state_dict())
+    m.to(dtype)
+    f = torch.compile(m, backend="luminal", dynamic=True)
+    with torch.no_grad():
+        f(input_ids=torch.randint(0, 100, (2, 4)))
+        for b, s in ((2, 5), (3, 9)):
+            ids = torch.randint(0, 100, (b, s))
+            got, heavy = _heavy_aten(lambda ids=ids: f(input_ids=ids))
+            assert heavy == [], f"ran in ATen: {heavy}"
+            assert got.logits.dtype == dtype and got.past_key_values.layers[0].keys.dtype == dtype
+            ref, want = m32(input_ids=ids).logits, m(input_ids=ids).logits
+            err = (got.logits.float() - ref).abs().max().item()
+            eager_err = (want.float() - ref).abs().max().item()
+            assert err <= 2 * eager_err + 1e-3, (err, eager_err)
+    assert lt.stats.compiles == 1 and lt.stats.plans == 1
+    assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0

@@ -13,6 +13,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -26,6 +27,8 @@ _numpy = torch.Tensor.numpy
 # numpy has no such dtype: the bits cross as integers of the same width
 _BITS_VIEWED = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8,
                 torch.float8_e5m2: torch.uint8}  # fmt: skip
+_ML_DTYPES = {torch.bfloat16: ml_dtypes.bfloat16, torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+              torch.float8_e5m2: ml_dtypes.float8_e5m2}  # fmt: skip
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -36,6 +39,18 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if not (t.requires_grad or t.is_conj() or t.is_neg()):
         return t.numpy()  # the common case: shares memory, no new tensor
     return t.detach().resolve_conj().resolve_neg().numpy()
+
+
+def plan_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy array over ``t``'s memory in the dtype luminal's runtime checks (ml_dtypes' for
+    bf16 / fp8)."""
+    a = to_numpy(t)
+    return a.view(_ML_DTYPES[t.dtype]) if t.dtype in _ML_DTYPES else a
+
+
+def weight_array(t: torch.Tensor) -> np.ndarray:
+    a = plan_array(t)
+    return a if a.flags.c_contiguous else a.copy()  # ascontiguousarray makes 0-d 1-d
 
 
 def to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -25,7 +25,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.ops import Leaf
 from ..tensor import Graph, Tensor
-from .call import _BITS_VIEWED, Call, prepare, to_numpy, to_torch
+from .call import _BITS_VIEWED, Call, plan_array, prepare, to_torch, weight_array
 from .convert import Ctx, convert_call
 from .symbols import Dims, Unsupported, bare_symbol
 
@@ -332,8 +332,7 @@ class LuminalPartition(torch.nn.Module):
     def _compile(self, args: Sequence[Any]) -> None:
         self.call = None
         for k, w in self.built.weights:
-            a = to_numpy(args[k])
-            w.set(a if a.flags.c_contiguous else a.copy())  # ascontiguousarray makes 0-d 1-d
+            w.set(weight_array(args[k]))
         self.cg = lm_compile(self.built.graph)
         stats.plans += 1
         self.weight_keys = [_weight_key(args[k]) for k, _ in self.built.weights]
@@ -374,7 +373,7 @@ class LuminalPartition(torch.nn.Module):
                 return self._give_up("compiling a partition failed", e, args)
             if self.call is not None:
                 return self.forward(*args)
-        inputs = {name: to_numpy(args[k]) for k, name in self.built.inputs}
+        inputs = {name: plan_array(args[k]) for k, name in self.built.inputs}
         for k, name in self.built.scalars:
             inputs[name] = np.asarray(float(args[k]), np.float32)
         dims = {n: self.env.dims[n] for n in self.plan_dims}
