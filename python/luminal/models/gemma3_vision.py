@@ -27,7 +27,7 @@ from ..graph import symbolic as sym
 from ..tensor import Graph, Tensor
 from .base import DictWeights, Runner
 from .decoder import F32Weights
-from .zoo import LMSession
+from .session import LMSession
 
 
 @dataclass
