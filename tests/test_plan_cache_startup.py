@@ -170,8 +170,10 @@ def test_gguf_header_is_parsed_once_and_checked_by_its_bytes(
     (entry,) = (Path(os.environ["LUMINAL_PLAN_CACHE_DIR"]) / "headers").iterdir()
     entry.write_text("{broken")
     assert GGUFFile(p).get("tokenizer.ggml.tokens")[3] == "two" and len(parsed) == 3
+    assert entry.exists()
+    pc.PlanCache().clear()  # `luminal cache clear` empties it too
+    assert not entry.exists()
     monkeypatch.setenv("LUMINAL_PLAN_CACHE", "0")
-    entry.unlink()
     GGUFFile(p)
     assert len(parsed) == 4 and not entry.exists()
 

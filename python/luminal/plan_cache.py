@@ -537,7 +537,8 @@ class PlanCache:
                     p.unlink()
 
     def clear(self) -> int:
-        """Removes every entry; returns how many there were."""
+        """Removes every entry, and the parsed GGUF headers kept beside them
+        (``headers/``, see ``loaders.gguf``); returns how many entries there were."""
         if not self.root.is_dir():
             return 0
         n = 0
@@ -545,6 +546,11 @@ class PlanCache:
             for p in self.root.iterdir():
                 if p.suffix in (".lmp", ".json", ".weights", ".tmp", ".lock") and p.name != ".lock":
                     n += p.suffix == ".json"
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+            headers = self.root / "headers"
+            for p in headers.iterdir() if headers.is_dir() else []:
+                if p.suffix in (".json", ".tmp"):
                     with contextlib.suppress(OSError):
                         p.unlink()
         return n
