@@ -327,3 +327,49 @@ def test_gguf_moe_step_reads_only_routed_packed_experts(backend: str, tmp_path) 
                     fh.write(b"\xff" * per)
     got = load(path, backend=backend, max_context=16).forward([7])
     assert np.isfinite(got).all() and _rel(got, ref) <= 1e-4
+
+
+def test_gguf_gpt2_matches_transformers(tmp_path) -> None:
+    """GPT-2 from GGUF as llama.cpp's converter writes it (Conv1D weights transposed to
+    (out, in), the output head a copy of the token embedding; F16 matrices)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if ".ln_" in n:
+                p.normal_(1.0 if n.endswith("weight") else 0.0, 0.3)
+            elif n.endswith("bias"):
+                p.normal_(0, 0.3)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, 2)
+    path = str(tmp_path / "gpt2.gguf")
+    w = gguf.GGUFWriter(path, "gpt2")
+    w.add_block_count(2)
+    w.add_context_length(64)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(256)
+    w.add_head_count(4)
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    for k, v in hf.state_dict().items():
+        if k.endswith((".attn.bias", ".attn.masked_bias")) or k == "lm_head.weight":
+            continue
+        a = v.numpy()
+        if k.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            a = np.ascontiguousarray(a.T).astype(np.float16)
+            v.copy_(torch.from_numpy(a.T.astype(np.float32)))  # the reference rounds too
+        name = tmap.get_name(k, try_suffixes=(".weight", ".bias"))
+        w.add_tensor(name, a)
+        if name == "token_embd.weight":
+            w.add_tensor("output.weight", a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    s = load(path, backend="interp")
+    assert type(s.model).__name__ == "GPT2"
+    g = s.model.build(logits="all")
+    out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
+    assert _rel(out["logits"], hf_logits(hf, PROMPT)) <= 1e-4
+    assert s.generate(PROMPT, 16, stop=[]) == hf_greedy(hf, PROMPT, 16)

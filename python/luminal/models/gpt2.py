@@ -122,3 +122,63 @@ def from_hf(
         for k, v in arrays.items()
     }
     return GPT2(GPT2Config.from_hf(config), DictWeights(ws), max_context)
+
+
+# transformers name -> GGUF name (llama.cpp's converter); Conv1D weights are stored (out, in)
+_GGUF_TOP = {"transformer.wte.weight": "token_embd.weight",
+             "transformer.wpe.weight": "position_embd.weight",
+             "transformer.ln_f.weight": "output_norm.weight",
+             "transformer.ln_f.bias": "output_norm.bias"}  # fmt: skip
+_GGUF_LAYER = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+               "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # fmt: skip
+
+
+class GgufGpt2Weights:
+    """A GPT-2 GGUF source under transformers' names, Conv1D weights seen as (in, out)
+    through a transposed view (no copy; block formats stay packed in the graph)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def _name(name: str) -> tuple[str, bool]:
+        if name in _GGUF_TOP:
+            return _GGUF_TOP[name], False
+        parts = name.split(".")
+        if parts[:2] != ["transformer", "h"] or len(parts) < 5:
+            raise KeyError(f"gpt2: no GGUF tensor for {name!r}")
+        mod, leaf = ".".join(parts[3:-1]), parts[-1]
+        if mod not in _GGUF_LAYER:
+            raise KeyError(f"gpt2: no GGUF tensor for {name!r}")
+        return f"blk.{parts[2]}.{_GGUF_LAYER[mod]}.{leaf}", leaf == "weight" and "ln_" not in mod
+
+    def has(self, name: str) -> bool:
+        try:
+            return bool(self.inner.has(self._name(name)[0]))
+        except KeyError:
+            return False
+
+    def get(self, g: Graph, name: str) -> Tensor:
+        gname, conv = self._name(name)
+        t = self.inner.get(g, gname)
+        t = t.cast(dt.f32) if t.dtype is not dt.f32 else t
+        return t.permute(1, 0) if conv else t
+
+
+def gpt2_from_gguf(f: Any, weights: Any, max_context: int | None = None) -> GPT2:
+    """GPT-2 from a GGUF file (``general.architecture = gpt2``)."""
+
+    def need(key: str) -> Any:
+        v = f.arch_key(key)
+        if v is None:
+            raise ValueError(f"{f.path}: metadata gpt2.{key} is missing")
+        return v
+
+    cfg = GPT2Config(int(f.shape("token_embd.weight")[0]), int(need("context_length")),
+                     int(need("embedding_length")), int(need("block_count")),
+                     int(need("attention.head_count")),
+                     float(f.arch_key("attention.layer_norm_epsilon", 1e-5)))  # fmt: skip
+    return GPT2(cfg, GgufGpt2Weights(weights), max_context)  # type: ignore[arg-type]

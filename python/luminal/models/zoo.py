@@ -98,6 +98,10 @@ def _load_gguf(path: str, backend: str, max_context: int | None, quiet: bool,
     moe = bool(f.arch_key("expert_count"))
     if arch in _GGUF_LLAMA and not moe:
         model = Llama(config_from_gguf(f), weights, max_context)
+    elif arch == "gpt2":
+        from .gpt2 import gpt2_from_gguf
+
+        model = gpt2_from_gguf(f, weights, max_context)
     elif arch == "gpt-oss":
         from .gpt_oss import GgufNames, GptOss
 
@@ -105,7 +109,7 @@ def _load_gguf(path: str, backend: str, max_context: int | None, quiet: bool,
     elif arch in GGUF_ARCHS:
         model = Decoder(gguf_config(f), weights, max_context)
     else:
-        supported = sorted(set(_GGUF_LLAMA + GGUF_ARCHS))
+        supported = sorted(set(_GGUF_LLAMA + GGUF_ARCHS + ("gpt2",)))
         raise NotImplementedError(
             f"{path}: GGUF architecture {arch!r} is not supported "
             f"(supported: {', '.join(supported)})"
