@@ -1,6 +1,7 @@
 """The YOLOv8-style detector (``models/yolo.py``) against a PyTorch reference written here
 the way ultralytics writes its modules (Conv-BN-SiLU, C2f, SPPF, upsample + concat neck,
-the decoupled ``Detect`` head with DFL decoding), with ultralytics' state-dict names: random
+the decoupled ``Detect`` head with DFL decoding; YOLO11's C3k2, C2PSA and depthwise head),
+with ultralytics' state-dict names: random
 weights and batch-norm statistics, saved as safetensors + config.json, loaded with
 ``luminal.models.load``; decoded detections equal (interpreter and compiled), and NMS."""
 
@@ -20,19 +21,23 @@ from test_zoo_decoders import _rel, fast_compile, needs_compiled  # noqa: E402, 
 
 
 class Conv(nn.Module):
-    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1) -> None:
+    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, g: int = 1,
+                 act: bool = True) -> None:  # fmt: skip
         super().__init__()
-        self.conv = nn.Conv2d(c1, c2, k, s, k // 2, bias=False)
+        self.conv = nn.Conv2d(c1, c2, k, s, k // 2, groups=g, bias=False)
         self.bn = nn.BatchNorm2d(c2, eps=0.001, momentum=0.03)
+        self.act = act
 
     def forward(self, x):
-        return nn.functional.silu(self.bn(self.conv(x)))
+        y = self.bn(self.conv(x))
+        return nn.functional.silu(y) if self.act else y
 
 
 class Bottleneck(nn.Module):
-    def __init__(self, c: int, shortcut: bool) -> None:
+    def __init__(self, c: int, shortcut: bool, e: float = 1.0) -> None:
         super().__init__()
-        self.cv1, self.cv2, self.add = Conv(c, c, 3), Conv(c, c, 3), shortcut
+        h = int(c * e)
+        self.cv1, self.cv2, self.add = Conv(c, h, 3), Conv(h, c, 3), shortcut
 
     def forward(self, x):
         return x + self.cv2(self.cv1(x)) if self.add else self.cv2(self.cv1(x))
@@ -64,7 +69,8 @@ class SPPF(nn.Module):
 
 
 class Detect(nn.Module):
-    def __init__(self, nc: int, ch: list[int], strides: list[int], reg_max: int = 16) -> None:
+    def __init__(self, nc: int, ch: list[int], strides: list[int], reg_max: int = 16,
+                 legacy: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.nc, self.reg_max, self.no, self.strides = nc, reg_max, nc + 4 * reg_max, strides
         c2, c3 = max(16, ch[0] // 4, reg_max * 4), max(ch[0], min(nc, 100))
@@ -72,9 +78,17 @@ class Detect(nn.Module):
             nn.Sequential(Conv(x, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1))
             for x in ch
         )
-        self.cv3 = nn.ModuleList(
-            nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch
-        )
+        if legacy:  # YOLOv8
+            self.cv3 = nn.ModuleList(
+                nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch
+            )
+        else:  # YOLO11: depthwise (DWConv) + pointwise pairs
+            self.cv3 = nn.ModuleList(
+                nn.Sequential(nn.Sequential(Conv(x, x, 3, g=x), Conv(x, c3, 1)),
+                              nn.Sequential(Conv(c3, c3, 3, g=c3), Conv(c3, c3, 1)),
+                              nn.Conv2d(c3, nc, 1))
+                for x in ch
+            )  # fmt: skip
         self.dfl = nn.Module()
         self.dfl.conv = nn.Conv2d(reg_max, 1, 1, bias=False).requires_grad_(False)
         self.dfl.conv.weight.data[:] = torch.arange(reg_max, dtype=torch.float).view(1, -1, 1, 1)
@@ -130,15 +144,114 @@ class YoloRef(nn.Module):
         return m[22]([saved[15], saved[18], saved[21]])
 
 
+class C3k(nn.Module):
+    def __init__(self, c1: int, c2: int) -> None:
+        super().__init__()
+        h = c2 // 2
+        self.cv1, self.cv2, self.cv3 = Conv(c1, h), Conv(c1, h), Conv(2 * h, c2)
+        self.m = nn.Sequential(Bottleneck(h, True), Bottleneck(h, True))
+
+    def forward(self, x):
+        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+class C3k2(nn.Module):
+    def __init__(self, c1: int, c2: int, n: int, c3k: bool, e: float = 0.5) -> None:
+        super().__init__()
+        self.c = int(c2 * e)
+        self.cv1, self.cv2 = Conv(c1, 2 * self.c), Conv((2 + n) * self.c, c2)
+        self.m = nn.ModuleList(
+            C3k(self.c, self.c) if c3k else Bottleneck(self.c, True, 0.5) for _ in range(n)
+        )
+
+    forward = C2f.forward
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.kd = int(self.hd * 0.5)
+        self.qkv = Conv(dim, dim + 2 * self.kd * heads, 1, act=False)
+        self.proj = Conv(dim, dim, 1, act=False)
+        self.pe = Conv(dim, dim, 3, g=dim, act=False)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        qkv = self.qkv(x).view(b, self.heads, 2 * self.kd + self.hd, h * w)
+        q, k, v = qkv.split([self.kd, self.kd, self.hd], dim=2)
+        attn = ((q.transpose(-2, -1) @ k) * self.kd**-0.5).softmax(dim=-1)
+        x = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+        return self.proj(x)
+
+
+class PSABlock(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.attn = Attention(c, c // 64)
+        self.ffn = nn.Sequential(Conv(c, 2 * c), Conv(2 * c, c, act=False))
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.ffn(x)
+
+
+class C2PSA(nn.Module):
+    def __init__(self, c1: int, n: int) -> None:
+        super().__init__()
+        self.c = c1 // 2
+        self.cv1, self.cv2 = Conv(c1, 2 * self.c), Conv(2 * self.c, c1)
+        self.m = nn.Sequential(*(PSABlock(self.c) for _ in range(n)))
+
+    def forward(self, x):
+        a, b = self.cv1(x).split((self.c, self.c), 1)
+        return self.cv2(torch.cat((a, self.m(b)), 1))
+
+
+class Yolo11Ref(nn.Module):
+    """YOLO11 as ultralytics' yolo11.yaml lays it out (layers 0-23, concat sources 6/4/13/10)."""
+
+    def __init__(self, cfg: YoloConfig) -> None:
+        super().__init__()
+        c, n = cfg.ch, cfg.n(2)
+        c3, c4, c5 = c(256), c(512), c(1024)
+        up = nn.Upsample(None, 2, "nearest")
+        layers = [
+            Conv(3, c(64), 3, 2), Conv(c(64), c(128), 3, 2), C3k2(c(128), c3, n, False, 0.25),
+            Conv(c3, c3, 3, 2), C3k2(c3, c4, n, False, 0.25), Conv(c4, c4, 3, 2),
+            C3k2(c4, c4, n, True), Conv(c4, c5, 3, 2), C3k2(c5, c5, n, True), SPPF(c5, c5),
+            C2PSA(c5, n), up, nn.Identity(), C3k2(c5 + c4, c4, n, False), up, nn.Identity(),
+            C3k2(c4 + c4, c3, n, False), Conv(c3, c3, 3, 2), nn.Identity(),
+            C3k2(c3 + c4, c4, n, False), Conv(c4, c4, 3, 2), nn.Identity(),
+            C3k2(c4 + c5, c5, n, True),
+            Detect(cfg.nc, [c3, c4, c5], [8, 16, 32], cfg.reg_max, legacy=False),
+        ]  # fmt: skip
+        self.model = nn.ModuleList(layers)
+
+    def forward(self, x):
+        m, saved = self.model, {}
+        for i in range(11):
+            x = m[i](x)
+            saved[i] = x
+        for i, src in ((12, 6), (15, 4), (18, 13), (21, 10)):
+            x = m[i + 1](torch.cat([m[i - 1](x), saved[src]], 1))
+            saved[i + 1] = x
+        return m[23]([saved[16], saved[19], saved[22]])
+
+
 CFG = dict(model_type="yolov8", nc=5, depth_multiple=0.33, width_multiple=0.0625, reg_max=16,
            imgsz=[64, 96])  # fmt: skip
 
 
-def _make(tmp_path) -> torch.nn.Module:
+CFG11 = dict(CFG, model_type="yolo11", depth_multiple=0.5, width_multiple=0.125)
+
+
+def _make(tmp_path, cfg: dict = CFG) -> torch.nn.Module:
     from luminal.loaders.safetensors import save_safetensors
 
     torch.manual_seed(0)
-    ref = YoloRef(YoloConfig.from_dict(CFG)).eval()
+    v11 = cfg["model_type"] == "yolo11"
+    ref = (Yolo11Ref if v11 else YoloRef)(YoloConfig.from_dict(cfg, v11)).eval()
     with torch.no_grad():  # batch norms with real statistics, so folding them shows
         for name, b in ref.named_buffers():
             if name.endswith("running_mean"):
@@ -152,7 +265,7 @@ def _make(tmp_path) -> torch.nn.Module:
                 p.normal_(0, 1.0)
     sd = {k: v.numpy() for k, v in ref.state_dict().items() if "num_batches" not in k}
     save_safetensors(tmp_path / "model.safetensors", sd)
-    (tmp_path / "config.json").write_text(json.dumps(CFG))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
     return ref
 
 
@@ -178,11 +291,21 @@ def test_yolo_matches_reference(tmp_path) -> None:
         d.forward(np.zeros((1, 3, 64, 64), np.float32))
 
 
+def test_yolo11_matches_reference(tmp_path) -> None:
+    """YOLO11: C3k2 with bottleneck and C3k inner blocks, C2PSA attention, depthwise head."""
+    ref = _make(tmp_path, CFG11)
+    d = load(tmp_path, backend="interp")
+    assert type(d.model).__name__ == "Yolo11"
+    x = _pixels(2)
+    assert _rel(d.forward(x), _ref(ref, x)) <= 1e-4
+
+
 @needs_compiled
 @pytest.mark.slow
 @pytest.mark.usefixtures("fast_compile")
-def test_yolo_compiled_matches_reference(tmp_path) -> None:
-    ref = _make(tmp_path)
+@pytest.mark.parametrize("cfg", [CFG, CFG11], ids=["yolov8", "yolo11"])
+def test_yolo_compiled_matches_reference(tmp_path, cfg: dict) -> None:
+    ref = _make(tmp_path, cfg)
     d = load(tmp_path, backend="compiled")
     assert d.backend == "compiled"
     for batch in (1, 3):

@@ -1,4 +1,4 @@
-"""A YOLOv8-style detector: CSP backbone (Conv-BN-SiLU, C2f blocks, SPPF), a PAN neck
+"""YOLO detectors (YOLOv8, and YOLO11 in ``Yolo11``): CSP backbone (Conv-BN-SiLU, C2f blocks, SPPF), a PAN neck
 (nearest 2x upsampling, concatenation) and the anchor-free decoupled head (per level a box
 branch predicting a distribution over ``reg_max`` distances per side, and a class branch).
 
@@ -11,7 +11,7 @@ numpy on the graph's output).
 
 Weights keep ultralytics' state-dict names (``model.<layer>.cv1.conv.weight``,
 ``model.<layer>.bn.running_var``, ``model.22.cv2.<level>.2.bias``), read from a folder with a
-``config.json`` (``model_type: yolov8``, ``nc``, ``depth_multiple``, ``width_multiple``,
+``config.json`` (``model_type: yolov8`` or ``yolo11``, ``nc``, ``depth_multiple``, ``width_multiple``,
 ``max_channels``, ``reg_max``, ``imgsz``) and safetensors. Batch norms become a scale and shift
 of the convolution before them and are folded into its weights before compiling.
 """
@@ -33,6 +33,8 @@ from .decoder import F32Weights
 # ultralytics' model scales: (depth multiple, width multiple, max channels)
 SCALES = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 768),
           "l": (1.00, 1.00, 512), "x": (1.00, 1.25, 512)}  # fmt: skip
+SCALES_11 = {"n": (0.50, 0.25, 1024), "s": (0.50, 0.50, 1024), "m": (0.50, 1.00, 512),
+             "l": (1.00, 1.00, 512), "x": (1.00, 1.50, 512)}  # fmt: skip
 BN_EPS = 1e-3  # ultralytics' Conv uses BatchNorm2d(eps=0.001)
 
 
@@ -53,11 +55,12 @@ class YoloConfig:
             raise ValueError(f"yolo: nc and reg_max must be >= 1, got {self.nc}, {self.reg_max}")
 
     @staticmethod
-    def from_dict(c: dict[str, Any]) -> YoloConfig:
+    def from_dict(c: dict[str, Any], v11: bool = False) -> YoloConfig:
+        scales = SCALES_11 if v11 else SCALES
         if c.get("scale") is not None:
-            if c["scale"] not in SCALES:
-                raise ValueError(f"yolo: scale {c['scale']!r} (known: {', '.join(SCALES)})")
-            d, w, m = SCALES[c["scale"]]
+            if c["scale"] not in scales:
+                raise ValueError(f"yolo: scale {c['scale']!r} (known: {', '.join(scales)})")
+            d, w, m = scales[c["scale"]]
         else:
             d, w, m = c.get("depth_multiple", 0.33), c.get("width_multiple", 0.25), 1024
         imgsz = c.get("imgsz", 640)
@@ -84,18 +87,20 @@ class YoloV8:
         self.weights = weights
 
     # -------------------------------------------------------------- modules
-    def _conv(self, g: Graph, x: Tensor, p: str, stride: int = 1) -> Tensor:
-        """Conv (no bias) + batch norm + SiLU; the norm is a per-channel scale of the kernel
-        and a shift (weight-only expressions, folded before compiling)."""
+    def _conv(self, g: Graph, x: Tensor, p: str, stride: int = 1, act: bool = True) -> Tensor:
+        """Conv (no bias) + batch norm + SiLU (``act``); the norm is a per-channel scale of
+        the kernel and a shift (weight-only expressions, folded before compiling). Grouped
+        (depthwise) when the kernel has fewer input channels than x."""
         w = self.weights
         k = w.get(g, p + "conv.weight")
         s = w.get(g, p + "bn.weight").mul(
             w.get(g, p + "bn.running_var").add(BN_EPS).sqrt().reciprocal()
         )
         shift = w.get(g, p + "bn.bias").add(w.get(g, p + "bn.running_mean").mul(s).mul(-1.0))
-        ks = k.shape[-1]
-        assert isinstance(ks, int)
-        return silu(conv2d(x, k.mul(s.reshape(-1, 1, 1, 1)), shift, stride, ks // 2))
+        ks, cin, cx = k.shape[-1], k.shape[1], x.shape[1]
+        assert isinstance(ks, int) and isinstance(cin, int) and isinstance(cx, int)
+        y = conv2d(x, k.mul(s.reshape(-1, 1, 1, 1)), shift, stride, ks // 2, 1, cx // cin)
+        return silu(y) if act else y
 
     def _c2f(self, g: Graph, x: Tensor, p: str, n: int, shortcut: bool) -> Tensor:
         y = self._conv(g, x, p + "cv1.")
@@ -145,7 +150,14 @@ class YoloV8:
         for i, x in enumerate(levels):
             box = self._conv(g, self._conv(g, x, f"{p}cv2.{i}.0."), f"{p}cv2.{i}.1.")
             box = conv2d(box, w.get(g, f"{p}cv2.{i}.2.weight"), w.get(g, f"{p}cv2.{i}.2.bias"))
-            cls = self._conv(g, self._conv(g, x, f"{p}cv3.{i}.0."), f"{p}cv3.{i}.1.")
+            if w.has(f"{p}cv3.{i}.0.0.conv.weight"):  # YOLO11: depthwise + pointwise pairs
+                cls = x
+                for j in range(2):
+                    cls = self._conv(
+                        g, self._conv(g, cls, f"{p}cv3.{i}.{j}.0."), f"{p}cv3.{i}.{j}.1."
+                    )
+            else:
+                cls = self._conv(g, self._conv(g, x, f"{p}cv3.{i}.0."), f"{p}cv3.{i}.1.")
             cls = conv2d(cls, w.get(g, f"{p}cv3.{i}.2.weight"), w.get(g, f"{p}cv3.{i}.2.bias"))
             hw = x.shape[2] * x.shape[3]
             outs.append(cat([box, cls], 1).reshape(batch, 4 * rm + c.nc, hw))
@@ -188,7 +200,9 @@ def _up2(x: Tensor) -> Tensor:
 
 
 def yolo_from_dir(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> YoloV8:
-    return YoloV8(YoloConfig.from_dict(config), F32Weights(DictWeights(arrays)))
+    cls = Yolo11 if config.get("model_type") == "yolo11" else YoloV8
+    return cls(YoloConfig.from_dict(config, config.get("model_type") == "yolo11"),
+               F32Weights(DictWeights(arrays)))  # fmt: skip
 
 
 def nms(
@@ -263,3 +277,76 @@ class Detector:
 
     def detect(self, pixels: np.ndarray, conf: float = 0.25, iou: float = 0.45) -> list[np.ndarray]:
         return nms(self.forward(pixels), conf, iou)
+
+
+class Yolo11(YoloV8):
+    """YOLO11 (ultralytics' yolo11.yaml): C3k2 blocks (C2f whose inner blocks are
+    bottlenecks or, where the weights hold them, C3k blocks), SPPF then C2PSA (attention over
+    the stride-32 grid), the same PAN neck, and a detect head whose class branch is depthwise
+    + pointwise convolutions. Layers 0-23; concat sources 6, 4, 13, 10."""
+
+    def _bottleneck(self, g: Graph, x: Tensor, p: str) -> Tensor:
+        return x.add(self._conv(g, self._conv(g, x, p + "cv1."), p + "cv2."))
+
+    def _c3k2(self, g: Graph, x: Tensor, p: str, n: int) -> Tensor:
+        y = self._conv(g, x, p + "cv1.")
+        half = y.shape[1]
+        assert isinstance(half, int)
+        ys = [y.slice(1, 0, half // 2), y.slice(1, half // 2, half // 2)]
+        for i in range(n):
+            b = f"{p}m.{i}."
+            if self.weights.has(b + "m.0.cv1.conv.weight"):  # C3k: a C3 of two bottlenecks
+                h = self._conv(g, ys[-1], b + "cv1.")
+                for j in range(2):
+                    h = self._bottleneck(g, h, f"{b}m.{j}.")
+                h = self._conv(g, cat([h, self._conv(g, ys[-1], b + "cv2.")], 1), b + "cv3.")
+            else:
+                h = self._bottleneck(g, ys[-1], b)
+            ys.append(h)
+        return self._conv(g, cat(ys, 1), p + "cv2.")
+
+    def _c2psa(self, g: Graph, x: Tensor, p: str, n: int) -> Tensor:
+        y = self._conv(g, x, p + "cv1.")
+        c2 = y.shape[1]
+        assert isinstance(c2, int)
+        c = c2 // 2
+        a, b = y.slice(1, 0, c), y.slice(1, c, c)
+        for i in range(n):
+            q = f"{p}m.{i}."
+            b = b.add(self._psa_attention(g, b, q + "attn.", c))
+            b = b.add(self._conv(g, self._conv(g, b, q + "ffn.0."), q + "ffn.1.", act=False))
+        return self._conv(g, cat([a, b], 1), p + "cv2.")
+
+    def _psa_attention(self, g: Graph, x: Tensor, p: str, dim: int) -> Tensor:
+        heads = dim // 64  # ultralytics' rule; the weights do not say
+        if heads < 1:
+            raise ValueError(f"yolo11: C2PSA over {dim} channels has no attention head (< 64)")
+        hd = dim // heads
+        kd = int(hd * 0.5)
+        b, _, h, w = x.shape
+        n = h * w
+        qkv = self._conv(g, x, p + "qkv.", act=False).reshape(b, heads, 2 * kd + hd, n)
+        q, k, v = qkv.slice(2, 0, kd), qkv.slice(2, kd, kd), qkv.slice(2, 2 * kd, hd)
+        attn = softmax(q.permute(0, 1, 3, 2).matmul(k).mul(kd**-0.5), -1)  # (b, heads, n, n)
+        out = v.matmul(attn.permute(0, 1, 3, 2)).reshape(b, dim, h, w)
+        out = out.add(self._conv(g, v.reshape(b, dim, h, w), p + "pe.", act=False))
+        return self._conv(g, out, p + "proj.", act=False)
+
+    def build(self, name: str = "yolo11") -> Graph:
+        c = self.config
+        g = Graph(name)
+        batch = sym.dim("batch", 1, 1024)
+        x = g.input("pixels", (batch, c.num_channels, *c.imgsz))
+        m, n = "model.", c.n(2)
+        x = self._conv(g, self._conv(g, x, m + "0.", 2), m + "1.", 2)
+        x = self._c3k2(g, x, m + "2.", n)
+        p3 = self._c3k2(g, self._conv(g, x, m + "3.", 2), m + "4.", n)
+        p4 = self._c3k2(g, self._conv(g, p3, m + "5.", 2), m + "6.", n)
+        x = self._c3k2(g, self._conv(g, p4, m + "7.", 2), m + "8.", n)
+        p5 = self._c2psa(g, self._sppf(g, x, m + "9."), m + "10.", n)
+        h4 = self._c3k2(g, cat([_up2(p5), p4], 1), m + "13.", n)
+        o3 = self._c3k2(g, cat([_up2(h4), p3], 1), m + "16.", n)
+        o4 = self._c3k2(g, cat([self._conv(g, o3, m + "17.", 2), h4], 1), m + "19.", n)
+        o5 = self._c3k2(g, cat([self._conv(g, o4, m + "20.", 2), p5], 1), m + "22.", n)
+        g.output("detections", self._detect(g, [o3, o4, o5], batch, m + "23."))
+        return g

@@ -61,7 +61,7 @@ def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return config, arrays
 
 
-SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit", "yolov8",
+SUPPORTED_HF = ("llama", "bert", "gpt2", *HF_ARCHS, "gemma3", "resnet", "vit", "yolov8", "yolo11",
                 "whisper")  # fmt: skip
 
 
@@ -139,7 +139,7 @@ def _load_hf(path: str, backend: str, max_context: int | None, quiet: bool) -> A
                 pre = json.load(fh)
         whisper = whisper_from_hf(config, arrays, pre)
         return WhisperSession(whisper, _tokenizer_of_dir(path), backend, quiet)
-    if mt == "yolov8":
+    if mt in ("yolov8", "yolo11"):
         from .yolo import Detector, yolo_from_dir
 
         return Detector(yolo_from_dir(config, arrays), backend, quiet)
