@@ -1,6 +1,7 @@
-"""YOLO detectors (YOLOv8, and YOLO11 in ``Yolo11``): CSP backbone (Conv-BN-SiLU, C2f blocks, SPPF), a PAN neck
-(nearest 2x upsampling, concatenation) and the anchor-free decoupled head (per level a box
-branch predicting a distribution over ``reg_max`` distances per side, and a class branch).
+"""YOLO detectors (YOLOv8; YOLO11 in ``Yolo11``): a CSP backbone (Conv-BN-SiLU, C2f
+blocks, SPPF), a PAN neck (nearest 2x upsampling, concatenation) and the anchor-free
+decoupled head (per level a box branch predicting a distribution over ``reg_max`` distances
+per side, and a class branch).
 
 The graph runs everything up to decoded detections: output ``detections`` (batch, 4 + classes,
 anchors) holds each anchor's box as centre x, centre y, width, height in input pixels
@@ -11,8 +12,8 @@ numpy on the graph's output).
 
 Weights keep ultralytics' state-dict names (``model.<layer>.cv1.conv.weight``,
 ``model.<layer>.bn.running_var``, ``model.22.cv2.<level>.2.bias``), read from a folder with a
-``config.json`` (``model_type: yolov8`` or ``yolo11``, ``nc``, ``depth_multiple``, ``width_multiple``,
-``max_channels``, ``reg_max``, ``imgsz``) and safetensors. Batch norms become a scale and shift
+``config.json`` (``model_type: yolov8`` or ``yolo11``, ``nc``, ``depth_multiple``,
+``width_multiple``, ``max_channels``, ``reg_max``, ``imgsz``) and safetensors. Batch norms become a scale and shift
 of the convolution before them and are folded into its weights before compiling.
 """
 
