@@ -157,6 +157,25 @@ def test_scatter_add_index_add_index_put():
     )
 
 
+def test_index_put_after_none():
+    """cache[:, :, pos] = new (a KV cache write), and += with negative and repeated positions."""
+    cache = rand(3, 5, 50, 7)
+    pos = np.array([4, 17, -1], np.int64)
+    check_op(
+        "index_put",
+        lambda c, p, v: c.index_put((None, None, p), v),
+        lambda c, p, v: torch.ops.aten.index_put(c, [None, None, p], v),
+        [cache, pos, rand(3, 5, 3, 7)],
+    )
+    check_op(
+        "index_put",
+        lambda c, p, v: c.index_put((None, p), v, accumulate=True),
+        lambda c, p, v: torch.ops.aten.index_put(c, [None, p], v, accumulate=True),
+        [rand(3, 50, 7), np.array([2, -3, 2, 0], np.int64), rand(3, 4, 7)],
+        rtol=1e-5,
+    )
+
+
 def test_masked_fill():
     x = rand(3, 50)
     x[0, 0], x[1, 1] = np.inf, np.nan

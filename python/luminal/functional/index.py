@@ -219,16 +219,29 @@ def index_add(
 
 
 def index_put(
-    input: Tensor, indices: Sequence[Tensor], values: Any, accumulate: bool = False
+    input: Tensor, indices: Sequence[Tensor | None], values: Any, accumulate: bool = False
 ) -> Tensor:  # noqa: A002
-    """``x[idx] = values`` for one index tensor over dim 0 (rows): one SCATTER."""
+    """``x[..., idx, ...] = values`` (``+=`` with ``accumulate``) for one integer index tensor,
+    at dim 0 or after ``None`` entries (a KV cache's ``cache[:, :, pos] = new``): one SCATTER."""
     x = need_tensor("index_put", input)
-    if len(indices) != 1:
-        raise ValueError(
-            f"index_put: only one index tensor (over dim 0) is supported, got {len(indices)}"
-        )
-    idx = _need_index("index_put", indices[0])
+    d = 0
+    while d < len(indices) and indices[d] is None:
+        d += 1
+    if d == len(indices) or any(i is not None for i in indices[d + 1 :]):
+        raise ValueError("index_put: exactly one index tensor is supported (None elsewhere), got "
+                         f"{[None if i is None else 'tensor' for i in indices]}")  # fmt: skip
+    if d >= x.ndim:
+        raise ValueError(f"index_put: index at dim {d} of input {shape_str(x.shape)}")
+    idx = _need_index("index_put", indices[d])
+    if d:  # the same write with the indexed dim moved first (views: no copies)
+        v = values
+        if isinstance(values, Tensor):  # broadcast to x[:d] + idx + x[d+1:], then idx first
+            full = tuple(x.shape[:d]) + tuple(idx.shape) + tuple(x.shape[d + 1 :])
+            v = _indexed_first(values.cast(x.dtype).expand(full), d, idx.ndim)
+        out = index_put(movedim(x, d, 0), [idx], v, accumulate)
+        return movedim(out, 0, d)
     if accumulate:
+        idx = _wrap(idx, x.shape[0], index_dtype(x.shape[0]))
         flat = idx.reshape(-1) if idx.ndim != 1 else idx
         v = values if isinstance(values, Tensor) else const(x.graph, values, x.dtype)
         v = (
@@ -241,6 +254,12 @@ def index_put(
     v = v.cast(x.dtype).expand(tuple(idx.shape) + tuple(x.shape[1:]))
     idx = _wrap(idx, x.shape[0], index_dtype(x.shape[0]))
     return Tensor(x.graph.add_op(Op.SCATTER, [x.edge, idx.edge, v.edge]))
+
+
+def _indexed_first(v: Tensor, d: int, k: int) -> Tensor:
+    """``v`` (dims: d leading, k indexed, the rest) with its k indexed dims moved first."""
+    order = list(range(d, d + k)) + list(range(d)) + list(range(d + k, v.ndim))
+    return v.permute(order)
 
 
 def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:  # noqa: A002

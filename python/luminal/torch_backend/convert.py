@@ -593,8 +593,9 @@ def _scatter_add(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor) -> Te
 @op(aten.index_put.default)
 def _index_put(cx: Ctx, x: Tensor, indices: Sequence[Any], values: Any, accumulate: bool = False
                ) -> Tensor:  # fmt: skip
-    if len(indices) != 1 or indices[0] is None or indices[0].dtype is dt.bool_:
-        raise Unsupported("index_put with other than one integer index over dim 0")
+    given = [i for i in indices if i is not None]
+    if len(given) != 1 or given[0].dtype is dt.bool_ or indices[-1] is None:
+        raise Unsupported("index_put with other than one integer index (None before it)")
     return F.index_put(x, list(indices), values, accumulate)
 
 
