@@ -13,8 +13,9 @@ numpy on the graph's output).
 Weights keep ultralytics' state-dict names (``model.<layer>.cv1.conv.weight``,
 ``model.<layer>.bn.running_var``, ``model.22.cv2.<level>.2.bias``), read from a folder with a
 ``config.json`` (``model_type: yolov8`` or ``yolo11``, ``nc``, ``depth_multiple``,
-``width_multiple``, ``max_channels``, ``reg_max``, ``imgsz``) and safetensors. Batch norms become a scale and shift
-of the convolution before them and are folded into its weights before compiling.
+``width_multiple``, ``max_channels``, ``reg_max``, ``imgsz``) and safetensors. Batch norms
+become a scale and shift of the convolution before them and are folded into its weights
+before compiling.
 """
 
 from __future__ import annotations
