@@ -109,7 +109,8 @@ def test_identical_layers_share_one_measurement(monkeypatch):
     t, log = _fake_tuner("split=16")
     out = schedules.choose_schedules(low, t, _signature)
     per_kernel = len(log)
-    assert per_kernel >= 2 and t.stats.searched == 1 and t.stats.cached == 2
+    # the other two layers take the first one's decision without asking the tuner again
+    assert per_kernel >= 2 and t.stats.searched == 1 and t.stats.cached == 0
     assert all(k.schedule == K.Schedule(16) for k in out.kernels)
 
 

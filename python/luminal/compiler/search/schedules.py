@@ -20,7 +20,7 @@ from ..lower import Lowered
 from ..schedule import alternatives, apply
 from .cost import estimate
 from .select import Step, representative_dims, subprogram
-from .tuner import Candidate, Tuner
+from .tuner import Candidate, Tuner, sub_fingerprint
 
 # signature(scheduled kernel, dim names): equal for kernels that generate the same code
 Signature = Callable[[K.Kernel, list[str]], Hashable]
@@ -35,8 +35,11 @@ def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowere
     dims = representative_dims(low)
     names = sorted(low.dims)
     steps: list[Step] = []
+    # identical kernels (a model's layers) get one decision: candidates are rendered to tell
+    # equal schedules apart, which costs more than the decision's cache lookup
+    memo: dict[str, K.Schedule | None] = {}
     for kern in low.kernels:
-        steps.append(_choose(low, kern, tuner, signature, dims, names))
+        steps.append(_choose(low, kern, tuner, signature, dims, names, memo))
     return Lowered(low.buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]
 
 
@@ -53,12 +56,34 @@ def _choose(
     signature: Signature,
     dims: dict[str, int],
     names: list[str],
+    memo: dict[str, K.Schedule | None],
 ) -> Step:
-    scheds = alternatives(kern, tuner.space)
-    if not isinstance(kern, K.Kernel) or not scheds:
+    if not isinstance(kern, K.Kernel):
         return kern
     unsplit = replace(kern, schedule=K.Schedule(split=0))
     reference = subprogram(low, [unsplit])
+    ranges = sorted((n, d.lo, d.hi) for n, d in reference.dims.items())
+    key = f"{sub_fingerprint(reference)}|{kern.schedule}|{ranges}"
+    if key not in memo:
+        chosen = _decide(low, kern, tuner, signature, dims, names, reference)
+        memo[key] = chosen.schedule if isinstance(chosen, K.Kernel) else None
+    sched = memo[key]
+    return kern if sched is None or sched == kern.schedule else replace(kern, schedule=sched)
+
+
+def _decide(
+    low: Lowered,
+    kern: K.Kernel,
+    tuner: Tuner,
+    signature: Signature,
+    dims: dict[str, int],
+    names: list[str],
+    reference: Lowered,
+) -> Step:
+    scheds = alternatives(kern, tuner.space)
+    if not scheds:
+        return kern
+    unsplit = replace(kern, schedule=K.Schedule(split=0))
     if kern.when is not None:  # runs for a part of the range: measured within it
         dims = representative_dims(reference)
     if estimate(subprogram(low, [kern]), dims, tuner.cost) * 1e6 < flags.SEARCH_MIN_US.as_float():
