@@ -397,6 +397,10 @@ def test_gpt_oss_mxfp4_checkpoint(backend: str, tmp_path) -> None:
     """A transformers MXFP4 GPT-OSS folder: the expert blocks enter the graph packed (gathered
     by expert id); logits and greedy tokens equal transformers loading the same folder (which
     dequantizes it on a CPU)."""
+    from luminal.models.gpt_oss import mxfp4_blocks
+
+    with pytest.raises(ValueError, match="do not match scales"):
+        mxfp4_blocks(np.zeros((2, 3, 16), np.uint8), np.zeros((2, 4), np.uint8))
     hf = make_hf("gpt_oss", tmp_path / "bf16", intermediate_size=64)
     write_gpt_oss_mxfp4(hf, tmp_path / "mx")
     ref = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32)

@@ -369,6 +369,8 @@ def test_gguf_gpt2_matches_transformers(tmp_path) -> None:
     w.close()
     s = load(path, backend="interp")
     assert type(s.model).__name__ == "GPT2"
+    with pytest.raises(ValueError, match="gpt2: this model takes no images"):
+        s.generate(PROMPT, 1, images=np.zeros((1, 3, 8, 8), np.float32))
     g = s.model.build(logits="all")
     out = g.run({"tokens": np.asarray(PROMPT, np.int32), **s.model.new_cache()}, pos=0)
     assert _rel(out["logits"], hf_logits(hf, PROMPT)) <= 1e-4

@@ -101,6 +101,10 @@ def test_bad_scalings_are_named() -> None:
                          "original_max_position_embeddings": 8}, 64)  # fmt: skip
     assert s is not None and s["rope_type"] == "longrope" and s["factor"] == 8.0
     assert resolve_scaling({"rope_type": "default", "rope_theta": 1e4}, 64) is None
+    from luminal.models.rope import inv_freq
+
+    with pytest.raises(ValueError, match="longrope: 1 long factors for 8 rotated dims"):
+        inv_freq(8, 1e4, s, long=True)
 
 
 @pytest.mark.slow

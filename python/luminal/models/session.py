@@ -105,5 +105,6 @@ class LMSession(LlamaSession):
 
     def _prefill(self, ids: list[int], images: np.ndarray | None) -> np.ndarray:
         if images is not None:
-            raise ValueError(f"{self.config.arch}: this model takes no images")
+            arch = getattr(self.config, "arch", type(self.model).__name__.lower())
+            raise ValueError(f"{arch}: this model takes no images")
         return self.forward(ids)
