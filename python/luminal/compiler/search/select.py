@@ -144,6 +144,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     dims = representative_dims(low)
     steps: list[Step] = []
     buffers = list(low.buffers)
+    memo: dict[str, list[tuple[str, tuple[str, int, int] | None]]] = {}
     for kern in low.kernels:
         alt = None
         if isinstance(kern, K.Kernel):
@@ -166,46 +167,66 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                     alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch"
                 )
             )
-        # cut out, buffers renumbered, so identical layers share one decision
-        sub_gen = subprogram(low, [kern])
-        cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost), kern)]
         prefix = "copy+" if alt.copies else ""
         suffix = "+epilogue" if alt.epilogue else ""
         variants = tuner.variants(alt.call) if tuner.variants is not None else []
+        options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
         for label, call in [(alt.call.func, alt.call), *variants]:
             lib_steps: list[Step] = [*alt.copies, call, *([alt.epilogue] if alt.epilogue else [])]
-            sub_lib = subprogram(low, lib_steps, buffers[len(low.buffers) :] + extra)
-            cost = estimate(sub_lib, dims, tuner.cost)
-            cands.append(Candidate(prefix + label + suffix, sub_lib, cost, lib_steps))
+            options.append((prefix + label + suffix, lib_steps))
         # the generated kernel in the other task order too: few rows by a large weight (a
         # short sequence's projections) read the weight once instead of once per row
         if any(s.order == 1 for s in alternatives(kern, tuner.space)):
-            kern_o = replace(kern, schedule=K.Schedule(order=1))
-            sub_o = subprogram(low, [kern_o])
-            cost_o = estimate(sub_o, dims, tuner.cost)
-            cands.append(Candidate("generated,order=1", sub_o, cost_o, kern_o))
-        chosen, record = tuner.decide(kern.name, "gemm", dims, sub_gen, cands)
-        parts = _split(sub_gen, dims, record)
-        picks: list[tuple[Candidate, tuple[str, int, int] | None]] = [(chosen, None)]
-        if parts is not None:
-            picks = []
-            for rng in parts:
-                part = [replace(c, sub=_narrowed(c.sub, rng)) for c in cands]
-                ref = part[0].sub
-                label = f"{kern.name}[{rng[0]} {rng[1]}..{rng[2]}]"
-                picks.append(
-                    (tuner.choose(label, "gemm", representative_dims(ref), ref, part), rng)
-                )
+            options.append(("generated,order=1", replace(kern, schedule=K.Schedule(order=1))))
+        # cut out, buffers renumbered, so identical layers share one decision (and take it
+        # without cutting out and estimating their candidates again)
+        sub_gen = subprogram(low, [kern])
+        key = f"{sub_fingerprint(sub_gen)}|{[o[0] for o in options]}"
+        if key not in memo:
+            memo[key] = _decide(low, buffers, extra, sub_gen, options, tuner, dims, kern.name)
+        payloads = dict(options)
+        picks = [(payloads[label], when) for label, when in memo[key]]
         added = False
-        for pick, when in picks:
-            if isinstance(pick.payload, K.Kernel):
-                steps.append(replace(pick.payload, when=when))
+        for payload, when in picks:
+            if isinstance(payload, K.Kernel):
+                steps.append(replace(payload, when=when))
                 continue
             if not added:
                 buffers += extra
                 added = True
-            steps += [replace(s, when=when) for s in pick.payload]
+            steps += [replace(s, when=when) for s in payload]
     return Lowered(buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]
+
+
+def _decide(
+    low: Lowered,
+    buffers: list[BufferInfo],
+    extra: list[BufferInfo],
+    sub_gen: Lowered,
+    options: list[tuple[str, K.Kernel | list[Step]]],
+    tuner: Tuner,
+    dims: dict[str, int],
+    name: str,
+) -> list[tuple[str, tuple[str, int, int] | None]]:
+    """The labels of ``options`` to keep, each with the part of the range it runs for."""
+    cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost), options[0][1])]
+    for label, payload in options[1:]:
+        if isinstance(payload, K.Kernel):
+            sub = subprogram(low, [payload])
+        else:
+            sub = subprogram(low, payload, buffers[len(low.buffers) :] + extra)
+        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), payload))
+    chosen, record = tuner.decide(name, "gemm", dims, sub_gen, cands)
+    parts = _split(sub_gen, dims, record)
+    if parts is None:
+        return [(chosen.label, None)]
+    picks: list[tuple[str, tuple[str, int, int] | None]] = []
+    for rng in parts:
+        part = [replace(c, sub=_narrowed(c.sub, rng)) for c in cands]
+        ref = part[0].sub
+        label = f"{name}[{rng[0]} {rng[1]}..{rng[2]}]"
+        picks.append((tuner.choose(label, "gemm", representative_dims(ref), ref, part).label, rng))
+    return picks
 
 
 def _narrowed(sub: Lowered, when: tuple[str, int, int]) -> Lowered:
