@@ -40,7 +40,7 @@ from ..lower import Lowered
 from ..target import CostModel, ScheduleSpace
 
 # bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers;
-# v3: symbolic dims are measured at their smallest values too; v4: CPU vector code at the
+# v3: symbolic dims are measured at their smallest values too; v4: vector code at the
 # target's native width)
 CACHE_VERSION = "tuner-v4"
 
