@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,3 +199,80 @@ def test_graphs_built_from_a_gguf_file_are_freed(tmp_path: Path) -> None:
     del g, a, b
     gc.collect()
     assert dead() is None
+
+
+def _write_llama_gguf(path: Path) -> None:
+    """A 1-layer Llama in GGUF: Q8_0 projections, an MXFP4 one (no exact numpy fold here),
+    F32 norms, a tied Q8_0 embedding."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(3)
+    hidden, ffn, vocab = 64, 96, 40
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(32)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    q8, mx = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.MXFP4
+
+    def mat(name: str, rows: int, cols: int, qtype: Any = q8) -> None:
+        data = (rng.standard_normal((rows, cols)) * 0.2).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    mat("token_embd.weight", vocab, hidden)
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    p = "blk.0."
+    for n, r, c in (("attn_q", hidden, hidden), ("attn_k", 32, hidden), ("attn_v", 32, hidden),
+                    ("attn_output", hidden, hidden), ("ffn_gate", ffn, hidden),
+                    ("ffn_down", hidden, ffn)):  # fmt: skip
+        mat(p + n + ".weight", r, c)
+    mat(p + "ffn_up.weight", ffn, hidden, mx)
+    for n in ("attn_norm", "ffn_norm"):
+        w.add_tensor(p + n + ".weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_prefill_weights_are_folded_by_numpy_where_exact(tmp_path: Path) -> None:
+    """``build_prefill`` takes GGUF weights of formats whose numpy dequantization is the
+    graph's, bit for bit, as f32 arrays instead of interpreting their expressions at fold time:
+    the same graph values, so the same logits as folding every expression."""
+    from luminal.compiler.fold import fold_weights
+    from luminal.loaders.gguf import GGUFFile, GGUFWeights
+    from luminal.models.llama import Llama, config_from_gguf
+
+    p = tmp_path / "tiny.gguf"
+    _write_llama_gguf(p)
+    f = GGUFFile(p)
+    ws = GGUFWeights(f)
+    q = ws.f32("blk.0.attn_q.weight")
+    g = luminal.Graph("w")
+    g.output("w", ws.get(g, "blk.0.attn_q.weight"))
+    assert q is not None and np.array_equal(q, g.run({})["w"])
+    assert ws.f32("blk.0.ffn_up.weight") is None  # MXFP4: folded from its expression
+    norm = ws.f32("output_norm.weight")
+    assert norm is not None and np.shares_memory(norm, f.data)  # f32 in the file: mapped
+    model = Llama(config_from_gguf(f), ws, 32)
+    real, taken = ws.f32, []
+
+    def counting(name: str) -> np.ndarray | None:
+        out = real(name)
+        if out is not None:
+            taken.append(name)
+        return out
+
+    ws.f32 = counting  # type: ignore[method-assign]
+    fast = model.build_prefill(4)
+    assert "blk.0.attn_q.weight" in taken and "blk.0.ffn_up.weight" not in taken
+    assert "token_embd.weight" not in taken  # the tied head stays packed
+    slow = fold_weights(model.build(name="llama_prefill", min_seq=4), None,
+                        keep=["token_embd.weight"])  # fmt: skip
+    ids = np.array([3, 17, 5, 22, 9, 1], np.int32)
+    feeds = {"tokens": ids, **model.new_cache()}
+    a, b = fast.run(feeds, pos=0), slow.run(feeds, pos=0)
+    np.testing.assert_array_equal(a["logits"], b["logits"])

@@ -35,6 +35,8 @@ class GGUFError(ValueError):
 
 
 _FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+# block formats whose graph dequantization gives exactly gguf.quants.dequantize's values
+_EXACT_F32 = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 
 
 # ggml tensor types: code -> (name, values per block, bytes per block) (ggml.h, ggml-quants.h)
@@ -464,6 +466,19 @@ class GGUFWeights:
             fmt, shape = self.lowp[name]
             return lowp.get(fmt).dequantize(self.parts(name)).reshape(shape)
         return self.file.dequantize(name)
+
+    def f32(self, name: str) -> np.ndarray | None:
+        """The f32 array that evaluating ``get(name)``'s dequantization gives, computed by the
+        numpy reference (``gguf.quants``) where that is bit-exact with the graph expression
+        (float types and the block formats ``_EXACT_F32``, checked on random blocks in
+        tests/test_loaders.py); None for other weights. What folding the expression at
+        compile time would make, without interpreting it."""
+        if name in self.lowp or name not in self.file.tensors:
+            return None
+        kind = self.file.type_name(name)
+        if kind not in _FLOAT_TYPES and kind not in _EXACT_F32:
+            return None
+        return np.ascontiguousarray(self.file.dequantize(name), dtype=np.float32)
 
     def identity(self) -> str:
         """The file's identity (path, size, mtime, inode) and the dequantization mode: what

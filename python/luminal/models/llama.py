@@ -19,7 +19,9 @@ update the same cache arrays.
 
 from __future__ import annotations
 
+import copy
 import os
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -175,9 +177,11 @@ class Llama:
         cache. Costs 4 bytes per folded weight value (SmolLM2-135M: about 0.4 GB)."""
         from ..compiler.fold import fold_weights
 
-        graph = self.build(name=name, min_seq=min_seq)
         # the head multiplies one row (the last position's): reading it packed is cheaper
         head = "token_embd.weight" if self.tied else "output.weight"
+        model = copy.copy(self)
+        model.weights = _Folded(self.weights, keep={head})
+        graph = model.build(name=name, min_seq=min_seq)
         return fold_weights(graph, progress, keep=[head])
 
     def _freq_factors(self, g: Graph, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -251,6 +255,46 @@ class Llama:
         updated = Tensor(g.add_op(Op.SCATTER, [cache.edge, rows.edge, new.edge]))
         g.output(name + "_new", updated, updates=name)
         return updated.slice(0, 0, total)
+
+
+class _Folded:
+    """A weight source whose weights enter the graph as the f32 arrays that folding their
+    dequantization would give, where the source computes those directly (``f32(name)``: a
+    GGUF file's formats whose numpy dequantization is bit-exact with the graph's): numpy in
+    one pass per tensor instead of the reference interpreter over each expression (SmolLM2:
+    ~3 s against ~14 s). Other weights, and those in ``keep``, come from the source as they
+    are (``fold_weights`` folds what is left)."""
+
+    def __init__(self, source: Any, keep: set[str]) -> None:
+        self.source, self.keep = source, keep
+        self._f32 = getattr(source, "f32", None)
+        # per graph: name -> (node id, layout) of the weight made here (not the Tensor: it
+        # would keep the graph alive)
+        self._made: weakref.WeakKeyDictionary[Graph, dict[str, tuple[int, Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def has(self, name: str) -> bool:
+        return bool(self.source.has(name))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.source.shape(name))
+
+    def get(self, g: Graph, name: str) -> Tensor:
+        made = self._made.setdefault(g, {})
+        if name in made:
+            return Tensor(g.nodes[made[name][0]], made[name][1])
+        data = None
+        if self._f32 is not None and name not in self.keep and name not in g.inputs:
+            data = self._f32(name)
+        if data is None:  # as the source makes it (an input it registered: its own way)
+            return self.source.get(g, name)
+        t = g.weight(name, data=data)
+        made[name] = (t.node.id, t.layout)
+        return t
+
+    def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:
+        return self.source.rows(g, name, idx)
 
 
 # Prompts of at least this many tokens run on the prefill plan (``Llama.build_prefill``).
