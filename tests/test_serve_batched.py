@@ -110,3 +110,64 @@ def test_batched_decode_bad_arguments() -> None:
     runner = bd.runner("interp")
     with pytest.raises(ValueError, match="context limit of 8"):
         bd.step(runner, bd.new_cache(), [1], [8], [0])
+    with pytest.raises(ValueError, match="rows must be a positive int"):
+        BatchedDecoder(model, 2, rows=0)
+    with pytest.raises(ValueError, match="1..2 rows"):
+        bd.step(runner, bd.new_cache(), [1, 2, 3], [0, 1, 2], [0, 0, 0])
+    with pytest.raises(ValueError, match="picks must be"):
+        bd.step(runner, bd.new_cache(), [1], [0], [0], picks=[1])
+    with pytest.raises(ValueError, match="slots must be in"):
+        bd.step(runner, bd.new_cache(), [1], [0], [2])
+
+
+@pytest.mark.parametrize(("backend", "fold"), [("interp", False), ("compiled", True)])
+def test_prompts_as_rows_of_one_step(backend: str, fold: bool) -> None:
+    """Chunked prefill: prompt tokens of several sequences (several rows per slot) go through
+    the step beside decode rows; the picked rows' logits equal per-sequence sessions'."""
+    model = tiny_llama(dtype=np.float16 if fold else np.float32)
+    bd = BatchedDecoder(model, slots=3, fold=fold, rows=9)
+    runner = bd.runner(backend)
+    cache = bd.new_cache()
+    for a in cache.values():
+        a[...] = 1e3
+    prompts = [[4, 8, 15, 16, 23, 42, 5], [7, 7, 1], [2, 9, 30, 31, 11, 6, 3, 12, 40, 1, 2]]
+    slots = [2, 0, 1]
+    refs = [LlamaSession(model, backend, prefill_min=None) for _ in prompts]
+    fed = [0, 0, 0]
+    last: list[int | None] = [None, None, None]
+    while any(x is None for x in last) or min(fed) < 10:
+        toks, pos, ids, picks, whose = [], [], [], [], []
+        for i, p in enumerate(prompts):  # a decode row for each sequence past its prompt
+            if last[i] is not None:
+                picks.append(len(toks))
+                whose.append(i)
+                toks.append(last[i])
+                pos.append(fed[i])
+                ids.append(slots[i])
+        chunk: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):  # then prompt tokens, 4 rows at most per step
+            room = bd.rows - len(toks)
+            if last[i] is None and room > 0:
+                take = p[fed[i] : fed[i] + min(room, 4)]
+                chunk[i] = take
+                toks += take
+                pos += list(range(fed[i], fed[i] + len(take)))
+                ids += [slots[i]] * len(take)
+                if fed[i] + len(take) == len(p):
+                    picks.append(len(toks) - 1)
+                    whose.append(i)
+        out = bd.step(runner, cache, toks, pos, ids, picks)
+        assert out.shape == (len(picks), model.config.vocab_size)
+        for i, take in chunk.items():
+            want = refs[i].forward(take)
+            fed[i] += len(take)
+            if fed[i] == len(prompts[i]):
+                row = out[whose.index(i)]
+                np.testing.assert_allclose(row, want.reshape(-1), rtol=1e-4, atol=1e-4)
+                last[i] = int(np.argmax(row))
+        for k, i in enumerate(whose):
+            if i not in chunk:
+                want = refs[i].forward([last[i]])
+                np.testing.assert_allclose(out[k], want.reshape(-1), rtol=1e-4, atol=1e-4)
+                fed[i] += 1
+                last[i] = int(np.argmax(out[k]))

@@ -1,16 +1,20 @@
 """A batched decode graph for Llama-family models: one plan step advances many sequences by
-one token each (continuous batching).
+one token each (continuous batching) and takes prompt tokens of new ones (chunked prefill).
 
-Inputs: ``tokens``, ``positions`` and ``slots`` (i32, shape (batch,)): sequence i feeds token
-``tokens[i]`` at position ``positions[i]`` and owns KV-cache slot ``slots[i]``. Each layer's
+Inputs: ``tokens``, ``positions`` and ``slots`` (i32, shape (batch,)): row i feeds token
+``tokens[i]`` at position ``positions[i]`` of the sequence in KV-cache slot ``slots[i]``.
+Several rows may belong to one slot (consecutive prompt tokens): every row's key and value
+is written before any row attends, and the mask keeps each row causal. Each layer's
 caches ``k_cache_<l>`` / ``v_cache_<l>`` hold every slot: shape (slots * ctx, kv_width), slot
 s in rows ``s * ctx .. s * ctx + ctx - 1`` (``BatchedDecoder.slot_view`` gives one slot as
 the (ctx, kv_width) cache a ``LlamaSession`` uses, so prefills write into it directly). The
 new keys/values are written by SCATTER at rows ``slots * ctx + positions``; attention
 gathers rows ``slots * ctx + j`` for ``j < kv`` and masks ``j > positions[i]``, so each
-sequence sees its own history only. ``batch`` (1..slots) and ``kv`` (1..ctx: the longest
-sequence's length after this step) are symbolic dims of one plan. Output ``logits``
-(batch, vocab) and the updated caches (written in place).
+sequence sees its own history only. ``picks`` (i32, shape (picked,)): the rows whose logits
+are wanted (a prompt's inner tokens need none, and the vocabulary projection is the widest
+one). ``batch`` (1..rows), ``picked`` (1..rows) and ``kv`` (1..ctx: the longest sequence's
+length after this step) are symbolic dims of one plan. Output ``logits`` (picked, vocab) and
+the updated caches (written in place).
 """
 
 from __future__ import annotations
@@ -32,15 +36,23 @@ from ..tensor import Graph, Tensor
 class BatchedDecoder:
     """The batched decode graph of ``model`` for up to ``slots`` sequences, and its runner."""
 
-    def __init__(self, model: Llama, slots: int, fold: bool = False) -> None:
-        """``fold``: the plan's weights are folded to f32 at build time (``compiler.fold``,
+    def __init__(
+        self, model: Llama, slots: int, fold: bool = False, rows: int | None = None
+    ) -> None:
+        """``rows``: tokens one step takes at most (default ``slots``: one per sequence;
+        more leave room for prompt tokens). ``fold``: the plan's weights are folded to f32 at build time (``compiler.fold``,
         as ``Llama.build_prefill`` does), so its projections are GEMMs over the batch rows
         instead of kernels that dequantize every weight again for each sequence; right for
         larger batches, at 4 bytes per weight."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
+        if rows is None:
+            rows = slots
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be a positive int, got {rows!r}")
         self.model = model
         self.slots = slots
+        self.rows = rows
         self.fold = fold
         self.ctx = model.ctx
 
@@ -57,9 +69,10 @@ class BatchedDecoder:
         return {n: a[lo : lo + self.ctx] for n, a in cache.items()}
 
     def cache_key(self) -> dict[str, Any] | None:
+        opts: dict[str, Any] = {"slots": self.slots, "rows": self.rows, "picks": True}
         if self.fold:
-            return self.model.cache_key("batched_decode", slots=self.slots, fold=True)
-        return self.model.cache_key("batched_decode", slots=self.slots)
+            opts["fold"] = True
+        return self.model.cache_key("batched_decode", **opts)
 
     def runner(self, backend: str = "auto", quiet: bool = True) -> Runner:
         build = self.build_folded if self.fold else self.build
@@ -74,11 +87,13 @@ class BatchedDecoder:
         m, c, w = self.model, self.model.config, self.model.weights
         ctx = self.ctx
         g = Graph(name)
-        b = sym.dim("batch", 1, self.slots)
+        b = sym.dim("batch", 1, self.rows)
+        n_out = sym.dim("picked", 1, self.rows)
         kv = sym.dim("kv", 1, ctx)
         tokens = g.input("tokens", (b,), dt.i32)
         positions = g.input("positions", (b,), dt.i32)
         slots = g.input("slots", (b,), dt.i32)
+        picks = g.input("picks", (n_out,), dt.i32)
         x = w.rows(g, "token_embd.weight", tokens)  # (b, hidden)
         if w.has("rope_freqs.weight"):
             cos, sin = m._freq_factors(g, positions)
@@ -112,6 +127,7 @@ class BatchedDecoder:
             gate = m._proj(g, h, p + "ffn_gate")
             up = m._proj(g, h, p + "ffn_up")
             x = x.add(m._proj(g, silu(gate).mul(up), p + "ffn_down"))
+        x = Tensor(g.add_op(Op.GATHER, [x.edge, picks.edge]))  # (picked, hidden)
         x = rms_norm(x, c.hidden_size, w.get(g, "output_norm.weight"), c.rms_eps)
         head = w.get(g, "token_embd.weight" if m.tied else "output.weight")
         g.output("logits", linear(x, head))
@@ -145,16 +161,38 @@ class BatchedDecoder:
         return np.asarray(logits)
 
     def step(
-        self, runner: Runner, cache: dict[str, np.ndarray], tokens: Any, positions: Any, slots: Any
+        self,
+        runner: Runner,
+        cache: dict[str, np.ndarray],
+        tokens: Any,
+        positions: Any,
+        slots: Any,
+        picks: Any = None,
     ) -> np.ndarray:
-        """One decode step of every listed sequence; the logits (batch, vocab)."""
-        toks = np.ascontiguousarray(tokens, np.int32)
-        pos = np.ascontiguousarray(positions, np.int32)
-        ids = np.ascontiguousarray(slots, np.int32)
+        """One step over the listed rows (token, position, slot); the logits (len(picks),
+        vocab) of the rows ``picks`` (default: every row)."""
+        toks = np.ascontiguousarray(tokens, np.int32).reshape(-1)
+        pos = np.ascontiguousarray(positions, np.int32).reshape(-1)
+        ids = np.ascontiguousarray(slots, np.int32).reshape(-1)
+        n = toks.size
+        if not 1 <= n <= self.rows or pos.size != n or ids.size != n:
+            raise ValueError(
+                f"a step takes 1..{self.rows} rows of equal length tokens, positions and "
+                f"slots (got {toks.size}, {pos.size}, {ids.size})"
+            )
+        sel = np.arange(n, dtype=np.int32) if picks is None else np.asarray(picks, np.int32)
+        sel = np.ascontiguousarray(sel.reshape(-1))
+        if sel.size < 1 or sel.min() < 0 or sel.max() >= n:
+            raise ValueError(f"picks must be 1+ row indices in [0, {n}), got {sel.tolist()}")
+        if ids.min() < 0 or ids.max() >= self.slots:
+            raise ValueError(f"slots must be in [0, {self.slots}), got {ids.tolist()}")
+        if pos.min() < 0:
+            raise ValueError(f"positions must be >= 0, got {pos.tolist()}")
         kv = int(pos.max()) + 1
         if kv > self.ctx:
             raise ValueError(f"context full: a sequence reached the context limit of {self.ctx}")
-        out = runner({"tokens": toks, "positions": pos, "slots": ids, **cache}, kv=kv)
+        feeds = {"tokens": toks, "positions": pos, "slots": ids, "picks": sel, **cache}
+        out = runner(feeds, kv=kv, picked=int(sel.size))
         for n, a in cache.items():
             got = out[n + "_new"]
             if got is not a:
