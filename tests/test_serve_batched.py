@@ -137,7 +137,7 @@ def test_prompts_as_rows_of_one_step(backend: str, fold: bool) -> None:
     last: list[int | None] = [None, None, None]
     while any(x is None for x in last) or min(fed) < 10:
         toks, pos, ids, picks, whose = [], [], [], [], []
-        for i, p in enumerate(prompts):  # a decode row for each sequence past its prompt
+        for i in range(len(prompts)):  # a decode row for each sequence past its prompt
             if last[i] is not None:
                 picks.append(len(toks))
                 whose.append(i)

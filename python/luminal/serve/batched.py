@@ -40,10 +40,10 @@ class BatchedDecoder:
         self, model: Llama, slots: int, fold: bool = False, rows: int | None = None
     ) -> None:
         """``rows``: tokens one step takes at most (default ``slots``: one per sequence;
-        more leave room for prompt tokens). ``fold``: the plan's weights are folded to f32 at build time (``compiler.fold``,
-        as ``Llama.build_prefill`` does), so its projections are GEMMs over the batch rows
-        instead of kernels that dequantize every weight again for each sequence; right for
-        larger batches, at 4 bytes per weight."""
+        more leave room for prompt tokens). ``fold``: the plan's weights are folded to f32
+        at build time (``compiler.fold``, as ``Llama.build_prefill`` does), so its
+        projections are GEMMs over the batch rows instead of kernels that dequantize every
+        weight again for each sequence; right for larger batches, at 4 bytes per weight."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         if rows is None:
