@@ -30,6 +30,7 @@ from luminal.serve.limits import Limits  # noqa: E402
 from luminal.serve.metrics import Metrics  # noqa: E402
 
 CTX = 96
+STEP = 8  # tokens per batched step: most prompts take several steps
 MODEL = "tiny-llama"
 EMBED = "minilm"
 
@@ -104,11 +105,14 @@ class Running:
         limits: Limits,
         backend: str = "auto",
         f32_batch: int = 0,
+        step_tokens: int = STEP,
     ) -> None:
         self.metrics = Metrics()
         self.llm = None
         if model_dir is not None:
-            self.llm = LLMEngine(model_dir, MODEL, limits, self.metrics, backend, True, f32_batch)
+            self.llm = LLMEngine(
+                model_dir, MODEL, limits, self.metrics, backend, True, f32_batch, step_tokens
+            )
             self.llm.start()
         self.embed = None
         if embed_dir is not None:

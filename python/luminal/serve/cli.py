@@ -62,6 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decode steps of N+ sequences run on a plan with weights folded to "
         "f32 (GEMMs; 4 bytes per weight); 1: every step, 0: never",
     )
+    p.add_argument(
+        "--step-tokens",
+        type=int,
+        default=64,
+        metavar="N",
+        help="tokens one batched step takes: each decoding sequence's next token, then "
+        "prompt tokens of new requests up to N (chunked prefill; at least --max-seqs)",
+    )
     p.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
     p.add_argument(
         "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
@@ -105,6 +113,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
             args.backend,
             args.quiet,
             args.f32_batch,
+            args.step_tokens,
         )
         llm.start()
     if not args.no_embed:

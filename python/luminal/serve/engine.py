@@ -3,9 +3,12 @@ one thread) and ``EmbedEngine`` (sentence embeddings), each able to drop its mod
 idle period and load it again from the plan cache on the next request.
 
 Continuous batching: one engine thread owns the KV caches (``max_seqs`` slots) and loops:
-cancelled sequences free their slots; waiting requests are prefilled one by one into free
-slots (the first token comes from the prefill's logits); then every running sequence
-advances one token in one run of the batched decode plan. A finished request (EOS, stop
+cancelled sequences free their slots; waiting requests take free slots; then one run of the
+batched plan takes every decoding sequence's next token and, in the rows left of
+``step_tokens``, the next prompt tokens of the sequences still being prefilled, oldest first
+(chunked prefill: prompts that arrive together are prefilled together, and a long prompt
+does not stall the streams already decoding). A sequence whose prompt is complete samples
+its first token from that step's logits. A finished request (EOS, stop
 string, max_tokens, context full) or a cancelled one (client gone, shutdown) frees its slot
 at once, and the next step runs without it. Events go back to each request's asyncio queue
 through its event loop. Plan runs release the GIL, so the HTTP side stays responsive.
@@ -81,7 +84,6 @@ class Loaded:
     decoder: BatchedDecoder
     runner: Any  # packed weights (None when every step runs on runner_f32)
     runner_f32: Any  # weights folded to f32 (None: off)
-    prefill: Any  # a LlamaSession: prefills one sequence into its slot
     cache: dict[str, np.ndarray]
 
 
@@ -102,7 +104,7 @@ class GenRequest:
     arrived: float = field(default_factory=time.perf_counter)
     # engine-side state
     slot: int = -1
-    pos: int = 0
+    pos: int = 0  # tokens in its KV-cache slot (prompt tokens fed, then generated ones)
     last: int = 0
     generated: int = 0
     tokens: list[int] = field(default_factory=list)
@@ -139,14 +141,19 @@ class LLMEngine:
         backend: str = "auto",
         quiet: bool = False,
         f32_batch: int = 0,
+        step_tokens: int = 64,
     ) -> None:
-        """``f32_batch``: decode steps of at least this many sequences run on a second
-        batched plan whose weights are folded to f32 (GEMMs over the batch rows; 4 bytes per
-        weight) instead of dequantizing each weight again per sequence; 1: every step, 0:
-        never."""
+        """``f32_batch``: steps of at least this many tokens run on a second batched plan
+        whose weights are folded to f32 (GEMMs over the rows; 4 bytes per weight) instead of
+        dequantizing each weight again per row; 1: every step, 0: never. ``step_tokens``:
+        tokens one step takes at most (at least ``limits.max_seqs``): one per decoding
+        sequence, the rest prompt tokens."""
         if isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0:
             raise ValueError(f"f32_batch must be an int >= 0, got {f32_batch!r}")
+        if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
+            raise ValueError(f"step_tokens must be a positive int, got {step_tokens!r}")
         self.f32_batch = f32_batch
+        self.rows = max(step_tokens, limits.max_seqs)
         self.path = path
         self.name = name
         self.limits = limits
@@ -173,22 +180,17 @@ class LLMEngine:
         self.thread.start()
 
     def _load(self) -> None:
-        from ..models.llama import LlamaSession
-
         t0 = time.perf_counter()
         model = load_llm(self.path, self.limits.max_context)
         if model.ctx < self.limits.max_context:
             log(f"{self.name}: the model's context is {model.ctx} tokens (below --ctx)")
-        decoder = BatchedDecoder(model, self.limits.max_seqs)
+        decoder = BatchedDecoder(model, self.limits.max_seqs, rows=self.rows)
         runner = decoder.runner(self.backend, self.quiet) if self.f32_batch != 1 else None
         runner_f32 = None
-        if self.f32_batch and self.f32_batch <= self.limits.max_seqs:
-            folded = BatchedDecoder(model, self.limits.max_seqs, fold=True)
+        if self.f32_batch and self.f32_batch <= self.rows:
+            folded = BatchedDecoder(model, self.limits.max_seqs, fold=True, rows=self.rows)
             runner_f32 = folded.runner(self.backend, self.quiet)
-        prefill = LlamaSession(model, self.backend, self.quiet)
-        prefill.compile_prefill()
-        prefill.cache = {}
-        self.loaded = Loaded(model, decoder, runner, runner_f32, prefill, decoder.new_cache())
+        self.loaded = Loaded(model, decoder, runner, runner_f32, decoder.new_cache())
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
         self.last_request = time.monotonic()  # idle time counts from here
@@ -318,31 +320,53 @@ class LLMEngine:
         if lo is None:
             return
         for r in admit:
-            if r.cancelled.is_set():
-                self._release(r)
-                continue
-            logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt)
-            r.pos = len(r.prompt)
             r.streamer = self.tokenizer.streamer()
-            self.metrics.prompt_tokens.inc(len(r.prompt))
-            self._advance(r, logits)
         with self.cv:
             running = [r for r in self.active.values() if not r.cancelled.is_set()]
         if not running:
             return
+        # rows: each decoding sequence's next token, then prompt tokens, oldest request first
+        toks: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        picks: list[int] = []
+        picked: list[tuple[GenRequest, bool]] = []  # (request, its prompt is now complete)
+        for r in running:
+            if r.pos >= len(r.prompt):
+                picks.append(len(toks))
+                picked.append((r, False))
+                toks.append(r.last)
+                pos.append(r.pos)
+                slots.append(r.slot)
+        feeding: list[tuple[GenRequest, int]] = []
+        for r in running:
+            room = self.rows - len(toks)
+            if r.pos >= len(r.prompt) or room <= 0:
+                continue
+            take = min(room, len(r.prompt) - r.pos)
+            toks += r.prompt[r.pos : r.pos + take]
+            pos += range(r.pos, r.pos + take)
+            slots += [r.slot] * take
+            feeding.append((r, take))
+            if r.pos + take == len(r.prompt):
+                picks.append(len(toks) - 1)
+                picked.append((r, True))
+        if not toks:
+            return
         t0 = time.perf_counter()
-        f32 = lo.runner_f32 is not None and (lo.runner is None or len(running) >= self.f32_batch)
+        f32 = lo.runner_f32 is not None and (lo.runner is None or len(toks) >= self.f32_batch)
         logits = lo.decoder.step(
-            lo.runner_f32 if f32 else lo.runner,
-            lo.cache,
-            [r.last for r in running],
-            [r.pos for r in running],
-            [r.slot for r in running],
-        )
+            lo.runner_f32 if f32 else lo.runner, lo.cache, toks, pos, slots, picks or [0]
+        )  # a step of inner prompt tokens only still takes one pick: its logits go unused
         self.metrics.step.observe(time.perf_counter() - t0)
-        self.metrics.batch.observe(len(running))
-        for r, row in zip(running, logits, strict=True):
-            r.pos += 1
+        self.metrics.batch.observe(len(set(slots)))
+        self.metrics.step_tokens.observe(len(toks))
+        for r, take in feeding:
+            r.pos += take
+            self.metrics.prompt_tokens.inc(take)
+        for (r, prefilled), row in zip(picked, logits[: len(picked)], strict=True):
+            if not prefilled:
+                r.pos += 1
             self._advance(r, row)
 
     def _release(self, r: GenRequest) -> None:

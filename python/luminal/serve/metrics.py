@@ -46,12 +46,18 @@ class Metrics:
         )
         self.batch = Histogram(
             "luminal_batch_size",
-            "sequences per batched decode step",
+            "sequences per batched step",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=r,
         )
+        self.step_tokens = Histogram(
+            "luminal_step_tokens",
+            "tokens per batched step (decode tokens and prompt tokens)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
         self.step = Histogram(
-            "luminal_decode_step_seconds", "one batched decode step", buckets=_LATENCY, registry=r
+            "luminal_decode_step_seconds", "one batched step", buckets=_LATENCY, registry=r
         )
         self.loaded = Gauge(
             "luminal_model_loaded", "1 while a model's plans are loaded", ["model"], registry=r
