@@ -297,6 +297,93 @@ def test_sixteen_concurrent_streams(server: Running, reference: Any) -> None:
     assert total > le1
 
 
+def test_concurrent_prompts_equal_the_same_served_one_by_one(
+    server: Running, reference: Any
+) -> None:
+    # prompt lengths from 1 token to several steps' worth, more requests than slots: prompts
+    # are prefilled in chunks, beside other streams' decode tokens, in whichever slots
+    prompts = ["word " * k + "end" for k in (0, 3, 9, 17, 30, 44, 5, 23)]
+
+    def complete(p: str) -> str:
+        r = server.client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0)
+        return str(r.choices[0].text)
+
+    alone = [complete(p) for p in prompts]
+    assert alone == [reference(reference.tokenizer.encode(p), 8) for p in prompts]
+    together: list[str | None] = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        together[i] = complete(prompts[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert together == alone
+
+
+def test_cancel_during_prefill_frees_the_slots(server: Running, reference: Any) -> None:
+    """Requests cancelled while their prompts are part-way into their slots end without
+    text and free the slots; the requests beside them are unaffected."""
+    import asyncio
+
+    from luminal.sampling import Sampler
+    from luminal.serve.engine import GenRequest
+
+    eng = server.llm
+    assert eng is not None and eng.loaded is not None
+    tok = reference.tokenizer
+    short = [tok.encode("A short one"), tok.encode("And another")]
+    long = [tok.encode("word " * 50), tok.encode("thing " * 50)]
+    assert all(len(p) > 3 * STEP for p in long)
+    loop = asyncio.new_event_loop()  # run below, once, to deliver the events
+    reqs = [GenRequest(p, 6, Sampler(0.0), [], loop) for p in short + long]
+    seen: list[int] = []
+    decoder = eng.loaded.decoder
+    step = decoder.step
+
+    def watch(*args: Any, **kw: Any) -> Any:  # runs in the engine thread before each step
+        r = reqs[2]
+        if 0 < r.pos < len(r.prompt) and not r.cancelled.is_set():
+            seen.append(r.pos)
+            reqs[2].cancel()
+            reqs[3].cancel()
+        return step(*args, **kw)
+
+    decoder.step = watch  # type: ignore[method-assign]
+    try:
+        with eng.cv:  # all four are admitted in one iteration
+            for r in reqs:
+                eng.submit(r)
+        deadline = time.monotonic() + 30
+        while server.health()["models"][MODEL]["active"] or eng.pending:
+            assert time.monotonic() < deadline, "a cancelled request still holds its slot"
+            time.sleep(0.02)
+    finally:
+        del decoder.step
+    assert seen, "the long prompt was never seen part-way through its prefill"
+
+    loop.run_until_complete(asyncio.sleep(0.01))
+
+    def events(r: GenRequest) -> list[tuple[str, Any]]:
+        out = []
+        while not r.events.empty():
+            out.append(r.events.get_nowait())
+        return out
+
+    for r, p in zip(reqs[:2], short, strict=True):
+        ev = events(r)
+        assert ev[-1] == ("done", "length")
+        assert "".join(v for k, v in ev if k == "text") == reference(p, 6)
+    for r in reqs[2:]:
+        assert r.generated == 0 and not any(k == "text" for k, _ in events(r))
+    loop.close()
+    # the freed slots serve the next requests (stale rows of the cancelled prompts masked)
+    r2 = server.client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, temperature=0)
+    assert r2.choices[0].text == reference(tok.encode("Hi"), 5)
+
+
 def _completion_tokens(server: Running) -> float:
     m = httpx.get(server.url + "/metrics").text
     return float(
