@@ -248,6 +248,12 @@ def main() -> int:
         default=4,
         help="luminal serve --f32-batch (steps of N+ sequences on the f32 plan)",
     )
+    p.add_argument(
+        "--step-tokens",
+        type=int,
+        default=64,
+        help="luminal serve --step-tokens (tokens per batched step: chunked prefill)",
+    )
     p.add_argument("--idle", type=float, default=3.0, help="luminal serve --idle-unload")
     p.add_argument("--no-llamacpp", action="store_true")
     a = p.parse_args()
@@ -280,6 +286,8 @@ def main() -> int:
             "--quiet",
             "--f32-batch",
             str(a.f32_batch),
+            "--step-tokens",
+            str(a.step_tokens),
         ]
 
     # one luminal process: its first start compiles the plans unless cached (the cache key
@@ -374,6 +382,7 @@ def main() -> int:
         "threads": a.threads,
         "max_tokens": a.max_tokens,
         "f32_batch": a.f32_batch,
+        "step_tokens": a.step_tokens,
         f"agg_tok_s_{hi}": round(lum[hi].tok_s, 1),
         f"agg_tok_s_{lo}": round(lum[lo].tok_s, 1),
         f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),
