@@ -1,7 +1,11 @@
-"""Split sums rendered as explicit 16-lane vectors (codegen/c_vector.py) and the kernel-IR
+"""Split sums rendered as explicit native-width vectors (codegen/cpu/vector.py) and the kernel-IR
 constant folding the renderers run first (compiler/kfold.py): quantized GEMVs in every GGUF
 format match the dequantized reference at odd row counts, the vector form is taken where it
 applies and declined (scalar loop, same result) where it does not."""
+
+import platform
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -115,3 +119,25 @@ def test_fold_keeps_float_semantics() -> None:
     # bool arithmetic is logical in the renderers: never folded numerically
     b = K.Alu(Op.ADD, (K.Const(True, dt.bool_), K.Const(True, dt.bool_)), dt.bool_)
     assert fold(b) == b
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or shutil.which("cc") is None,
+    reason="needs an x86-64 C compiler",
+)
+@pytest.mark.parametrize("march,lanes", [("x86-64", 4), ("x86-64-v3", 8), ("x86-64-v4", 16)])
+def test_vector_kernels_compile_for_every_vector_width(tmp_path, march, lanes):
+    # the host runs only its own width: the others are compiled (not run) here, so a machine
+    # with another vector ISA gets code that builds
+    g, _ = _gemv("Q4_1", 48, 128)
+    low = lower(graph_passes(g))
+    (k,) = [k for k in schedule(low.kernels) if isinstance(k, K.Kernel)]
+    src = render_kernel(k, sorted(low.dims)).source
+    path = tmp_path / "k.c"
+    path.write_text(src + f'\n_Static_assert(LM_VL == {lanes}, "lanes");\n')
+    r = subprocess.run(
+        ["cc", "-O1", f"-march={march}", "-c", "-o", str(tmp_path / "k.o"),
+         "-Werror=implicit-function-declaration", str(path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
