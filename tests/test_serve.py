@@ -384,6 +384,96 @@ def test_cancel_during_prefill_frees_the_slots(server: Running, reference: Any) 
     assert r2.choices[0].text == reference(tok.encode("Hi"), 5)
 
 
+def test_n_choices(server: Running, reference: Any) -> None:
+    ids = reference.tokenizer.encode("Once upon a time")
+    r = server.client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0, n=2
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    assert [c.text for c in r.choices] == [reference(ids, 6)] * 2
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 12
+    # sampled with a seed: choice i is what n=1 gives with seed + i
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 8, "temperature": 1.5}
+    msgs = [{"role": "user", "content": "Say something"}]
+    many = server.client.chat.completions.create(messages=msgs, n=3, seed=11, **kw)
+    singles = [
+        server.client.chat.completions.create(messages=msgs, seed=11 + i, **kw)
+        .choices[0]
+        .message.content
+        for i in range(3)
+    ]
+    assert [c.message.content for c in many.choices] == singles
+    assert len(set(singles)) > 1  # the choices differ
+    streamed: dict[int, str] = {}
+    reasons: dict[int, str | None] = {}
+    for chunk in server.client.chat.completions.create(
+        messages=msgs, n=3, seed=11, stream=True, **kw
+    ):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+    assert [streamed[i] for i in range(3)] == singles
+    assert all(reasons[i] for i in range(3))
+
+
+def test_logprobs(server: Running, reference: Any, tiny_dir: str) -> None:
+    prompt = "The quick brown fox"
+    tok = reference.tokenizer
+    ids = tok.encode(prompt)
+    r = server.client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3
+    )
+    c = r.choices[0]
+    lp = c.logprobs
+    assert c.text == reference(ids, 6)
+    assert "".join(lp.tokens) == c.text and len(lp.tokens) == 6
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    for t, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert x <= 0 and len(top) == 3
+        assert max(top.values()) == pytest.approx(x)  # greedy: the likeliest token
+        assert top[t] == pytest.approx(x)
+    # the first token's log-probability from the model itself
+    model, _ = load_hf_dir(tiny_dir, CTX)
+    logits = np.asarray(LlamaSession(model, "interp").forward(ids), np.float64).reshape(-1)
+    want = -np.log(np.exp(logits - logits.max()).sum())  # the argmax's log-softmax
+    assert lp.token_logprobs[0] == pytest.approx(want, abs=1e-3)
+    # chat, streamed: each token's logprobs come with its text
+    msgs = [{"role": "user", "content": "Write a haiku about compilers"}]
+    want_text = reference(tok.encode(tok.apply_chat_template(msgs)), 5)
+    text, content = "", []
+    for chunk in server.client.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+    ):
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            if ch.logprobs is not None and ch.logprobs.content:
+                content += ch.logprobs.content
+    assert text == want_text
+    assert "".join(e.token for e in content) == text
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
+    assert all(bytes(e.bytes).decode() == e.token for e in content)
+
+
+def test_echo(server: Running, reference: Any) -> None:
+    prompt = "Echo this back"
+    ids = reference.tokenizer.encode(prompt)
+    want = prompt + reference(ids, 5)
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 5, "temperature": 0, "echo": True}
+    r = server.client.completions.create(prompt=prompt, **kw)
+    assert r.choices[0].text == want
+    streamed = "".join(c.choices[0].text for c in server.client.completions.create(
+        prompt=prompt, stream=True, **kw))  # fmt: skip
+    assert streamed == want
+    by_ids = server.client.completions.create(prompt=ids, **kw)
+    assert by_ids.choices[0].text == reference.tokenizer.decode(ids) + reference(ids, 5)
+
+
 def _completion_tokens(server: Running) -> float:
     m = httpx.get(server.url + "/metrics").text
     return float(
@@ -476,7 +566,33 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 41}, 400, "limit is 40"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, 400, "top_p"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n must be 1"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 5}, 400, "n must be in [1, 4]"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, 400, "n must be in"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
+    (
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1},
+        400,
+        "echo with logprobs",
+    ),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix"),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+        400,
+        "top_logprobs needs logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "logprobs": True,
+            "top_logprobs": 21,
+        },
+        400,
+        "top_logprobs",
+    ),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["a"] * 5}, 400, "stop"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "one prompt"),

@@ -11,8 +11,8 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -223,8 +223,9 @@ def create_app(
     async def chat(request: Request) -> Response:
         body = await read_body(request, ChatRequest, limits.max_request_bytes)
         eng = srv.llm_for(body.model)
-        if body.logprobs:
-            raise APIError(400, "logprobs are not supported", "logprobs")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        top = (body.top_logprobs or 0) if body.logprobs else None
         msgs = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in body.messages
@@ -237,19 +238,16 @@ def create_app(
             ) from None
         ids = eng.tokenizer.encode(text)
         mx = body.max_completion_tokens or body.max_tokens
-        return await _generate(srv, eng, request, body, ids, mx, chat=True)
+        return await _generate(srv, eng, request, body, ids, mx, top, None)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await read_body(request, CompletionRequest, limits.max_request_bytes)
         eng = srv.llm_for(body.model)
-        for flag, bad in (
-            ("echo", body.echo),
-            ("logprobs", body.logprobs is not None),
-            ("suffix", body.suffix is not None),
-        ):
-            if bad:
-                raise APIError(400, f"{flag} is not supported", flag)
+        if body.suffix is not None:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if body.echo and body.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported", "echo")
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], int):
             ids = [int(t) for t in p]
@@ -265,7 +263,11 @@ def create_app(
             if len(texts) != 1:
                 raise APIError(400, f"one prompt per request (got {len(texts)})", "prompt")
             ids = eng.tokenizer.encode(str(texts[0]))
-        return await _generate(srv, eng, request, body, ids, body.max_tokens, chat=False)
+        echo: str | None = None
+        if body.echo:  # the prompt as sent, or its token ids decoded
+            first = p[0] if isinstance(p, list) and p and isinstance(p[0], str) else p
+            echo = first if isinstance(first, str) else str(eng.tokenizer.decode(ids))
+        return await _generate(srv, eng, request, body, ids, body.max_tokens, body.logprobs, echo)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
@@ -316,6 +318,73 @@ async def _idle_embedder(srv: Server) -> None:
         await asyncio.to_thread(srv.embed.maybe_unload)
 
 
+class _Gone(Exception):
+    """The client of a non-streaming request disconnected."""
+
+
+async def _events(
+    reqs: list[GenRequest], request: Request | None = None
+) -> AsyncGenerator[tuple[int, str, Any], None]:
+    """The events of ``reqs`` as ``(index, kind, value)`` in the order they come, until each
+    has ended; with ``request``, raises ``_Gone`` once its client disconnects."""
+    merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
+
+    async def pump(i: int, r: GenRequest) -> None:
+        while True:
+            kind, value = await r.events.get()
+            merged.put_nowait((i, kind, value))
+            if kind in ("done", "error"):
+                return
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+    left = len(reqs)
+    try:
+        while left:
+            try:
+                i, kind, value = await asyncio.wait_for(merged.get(), 0.5)
+            except TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    raise _Gone() from None
+                continue
+            if kind in ("done", "error"):
+                left -= 1
+            yield i, kind, value
+    finally:
+        for t in tasks:
+            t.cancel()
+        for r in reqs:
+            r.cancel()  # no-op once done; frees the slots of the unfinished ones
+
+
+def _token_text(eng: LLMEngine, tok: int) -> str:
+    return str(eng.tokenizer.decode([tok]))
+
+
+def _chat_logprobs(eng: LLMEngine, recs: list[Any]) -> dict[str, Any]:
+    def one(tok: int, lp: float) -> dict[str, Any]:
+        t = _token_text(eng, tok)
+        return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+
+    content = [
+        {**one(tok, lp), "top_logprobs": [one(t, x) for t, x in top]} for tok, lp, top in recs
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _completion_logprobs(eng: LLMEngine, recs: list[Any], offset: int) -> dict[str, Any]:
+    tokens = [_token_text(eng, tok) for tok, _, _ in recs]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp for _, lp, _ in recs],
+        "top_logprobs": [{_token_text(eng, t): x for t, x in top} for _, _, top in recs],
+        "text_offset": offsets,
+    }
+
+
 async def _generate(
     srv: Server,
     eng: LLMEngine,
@@ -323,11 +392,17 @@ async def _generate(
     body: Any,
     ids: list[int],
     max_tokens: int | None,
-    chat: bool,
+    top_logprobs: int | None,
+    echo: str | None,
 ) -> Response:
+    """A chat completion (``body`` a ``ChatRequest``) or a completion: ``body.n`` sequences
+    of the prompt ``ids``, each in its own slot; ``echo``: the prompt text that the
+    completion text begins with."""
     limits = srv.limits
-    if body.n != 1:
-        raise APIError(400, f"n must be 1 (got {body.n})", "n")
+    chat = isinstance(body, ChatRequest)
+    n = body.n
+    if not 1 <= n <= limits.max_seqs:
+        raise APIError(400, f"n must be in [1, {limits.max_seqs}] (got {n})", "n")
     stops = body.stops()
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise APIError(400, f"stop takes up to {MAX_STOPS} non-empty strings", "stop")
@@ -348,11 +423,18 @@ async def _generate(
             "context_length_exceeded",
         )
     budget = min(max_tokens or limits.max_tokens, eng.ctx - len(ids))
-    sampler = Sampler(float(body.temperature), 0, float(body.top_p), body.seed)
-    req = GenRequest(ids, budget, sampler, stops, asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    reqs = []
+    for i in range(n):  # with a seed, choice i samples with seed + i: n distinct choices
+        seed = None if body.seed is None else body.seed + i
+        sampler = Sampler(float(body.temperature), 0, float(body.top_p), seed)
+        reqs.append(GenRequest(ids, budget, sampler, stops, loop, top_logprobs))
     try:
-        eng.submit(req)
+        for r in reqs:
+            eng.submit(r)
     except QueueFull:
+        for r in reqs:
+            r.cancel()
         raise APIError(
             429,
             "the server is at its queue limit; retry shortly",
@@ -361,53 +443,61 @@ async def _generate(
             {"Retry-After": "1"},
         ) from None
     except ShuttingDown:
+        for r in reqs:
+            r.cancel()
         raise APIError(503, "the server is shutting down", None, "shutting_down") from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     usage_of = lambda: {  # noqa: E731
         "prompt_tokens": len(ids),
-        "completion_tokens": req.generated,
-        "total_tokens": len(ids) + req.generated,
+        "completion_tokens": sum(r.generated for r in reqs),
+        "total_tokens": len(ids) + sum(r.generated for r in reqs),
     }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _stream(req, rid, created, eng.name, chat, include_usage, usage_of),
+            _stream(eng, reqs, rid, created, chat, include_usage, usage_of, top_logprobs, echo),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    parts: list[str] = []
-    reason = None
+    parts: list[list[str]] = [[echo] if echo else [] for _ in reqs]
+    recs: list[list[Any]] = [[] for _ in reqs]
+    reasons: list[str | None] = [None] * n
     try:
-        while reason is None:
-            try:
-                kind, value = await asyncio.wait_for(req.events.get(), 0.5)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    req.cancel()
-                    return Response(status_code=499)
-                continue
-            if kind == "text":
-                parts.append(value)
-            elif kind == "done":
-                reason = value
-            else:
-                raise APIError(500, f"generation failed: {value}")
-    finally:
-        req.cancel()  # no-op once done; frees the slot if the handler is cancelled
-    text = "".join(parts)
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
+        async with aclosing(_events(reqs, request)) as events:
+            async for i, kind, value in events:
+                if kind == "text":
+                    parts[i].append(value)
+                elif kind == "logprob":
+                    recs[i].append(value)
+                elif kind == "done":
+                    reasons[i] = value
+                else:
+                    raise APIError(500, f"generation failed: {value}")
+    except _Gone:
+        return Response(status_code=499)
+    choices = []
+    for i in range(n):
+        text = "".join(parts[i])
+        choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": reasons[i]}
+        if top_logprobs is not None:
+            choice["logprobs"] = (
+                _chat_logprobs(eng, recs[i])
+                if chat
+                else _completion_logprobs(eng, recs[i], len(echo or ""))
+            )
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choices.append(choice)
     return JSONResponse(
         {
             "id": rid,
             "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": eng.name,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_of(),
         }
     )
@@ -418,18 +508,31 @@ def _sse(obj: Any) -> bytes:
 
 
 async def _stream(
-    req: GenRequest,
+    eng: LLMEngine,
+    reqs: list[GenRequest],
     rid: str,
     created: int,
-    model: str,
     chat: bool,
     include_usage: bool,
     usage_of: Any,
+    top_logprobs: int | None,
+    echo: str | None,
 ) -> AsyncIterator[bytes]:
+    """SSE chunks of ``reqs`` (choice ``index`` each): text as it comes, the logprobs of its
+    tokens with it, a last chunk with the finish reason, then the usage if asked for."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    offsets = [len(echo or "")] * len(reqs)
+    held: list[list[Any]] = [[] for _ in reqs]  # logprobs waiting for their text
 
-    def chunk(text: str | None, reason: str | None, first: bool = False) -> bytes:
-        c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+    def chunk(i: int, text: str | None, reason: str | None, first: bool = False) -> bytes:
+        c: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": reason}
+        if top_logprobs is not None and (held[i] or text):
+            if chat:
+                c["logprobs"] = _chat_logprobs(eng, held[i])
+            else:
+                c["logprobs"] = _completion_logprobs(eng, held[i], offsets[i])
+                offsets[i] += sum(len(t) for t in c["logprobs"]["tokens"])
+            held[i] = []
         if chat:
             delta: dict[str, Any] = {}
             if first:
@@ -443,7 +546,7 @@ async def _stream(
             "id": rid,
             "object": obj,
             "created": created,
-            "model": model,
+            "model": eng.name,
             "choices": [c],
         }
         if include_usage:
@@ -451,29 +554,34 @@ async def _stream(
         return _sse(out)
 
     try:
-        if chat:
-            yield chunk("", None, first=True)
-        while True:
-            kind, value = await req.events.get()
-            if kind == "text":
-                yield chunk(value, None)
-            elif kind == "done":
-                yield chunk(None, value)
-                break
-            else:
-                yield _sse(error_body(500, f"generation failed: {value}"))
-                break
+        for i in range(len(reqs)):
+            if chat:
+                yield chunk(i, "", None, first=True)
+            elif echo:
+                yield chunk(i, echo, None)
+        async with aclosing(_events(reqs)) as events:
+            async for i, kind, value in events:
+                if kind == "text":
+                    yield chunk(i, value, None)
+                elif kind == "logprob":
+                    held[i].append(value)
+                elif kind == "done":
+                    yield chunk(i, None, value)
+                else:
+                    yield _sse(error_body(500, f"generation failed: {value}"))
+                    break
         if include_usage:
             yield _sse(
                 {
                     "id": rid,
                     "object": obj,
                     "created": created,
-                    "model": model,
+                    "model": eng.name,
                     "choices": [],
                     "usage": usage_of(),
                 }
             )
         yield b"data: [DONE]\n\n"
     finally:
-        req.cancel()  # the client went away (or we are done): free the slot
+        for r in reqs:
+            r.cancel()  # the client went away (or we are done): free the slots

@@ -92,13 +92,16 @@ class Loaded:
 class GenRequest:
     """One generation request. The engine thread fills ``events`` (an asyncio queue of the
     handler's loop) with ``("text", piece)``, then one ``("done", finish_reason)`` or
-    ``("error", message)``."""
+    ``("error", message)``. With ``top_logprobs`` (an int >= 0) each generated token first
+    sends ``("logprob", (token, logprob, [(token, logprob), ...]))``: its log-probability
+    under the model and the ``top_logprobs`` likeliest tokens."""
 
     prompt: list[int]
     max_tokens: int
     sampler: Sampler
     stop: list[str]
     loop: asyncio.AbstractEventLoop
+    top_logprobs: int | None = None
     events: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
@@ -395,6 +398,8 @@ class LLMEngine:
             return
         r.tokens.append(tok)
         r.last = tok
+        if r.top_logprobs is not None:
+            r._emit("logprob", _logprobs(logits, tok, r.top_logprobs))
         r.text += r.streamer.push(tok)
         stop_at = _first_stop(r.text, r.stop, r.sent)
         if stop_at is not None:
@@ -416,6 +421,19 @@ class LLMEngine:
             r.sent = len(r.text)
         r._emit("done", reason)
         self._release(r)
+
+
+def _logprobs(logits: np.ndarray, tok: int, top: int) -> tuple[int, float, list[Any]]:
+    """``tok``'s log-probability under ``logits`` and the ``top`` likeliest tokens'."""
+    x = np.asarray(logits, np.float64).reshape(-1)
+    m = float(x.max())
+    lse = m + float(np.log(np.exp(x - m).sum()))
+    best: list[Any] = []
+    if top:
+        ids = np.argpartition(-x, top - 1)[:top]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = [(int(t), float(x[t]) - lse) for t in ids]
+    return tok, float(x[tok]) - lse, best
 
 
 def _first_stop(text: str, stops: list[str], since: int) -> int | None:

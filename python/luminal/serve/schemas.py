@@ -55,12 +55,13 @@ class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt]
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
     suffix: StrictStr | None = None
 
 
