@@ -25,7 +25,8 @@ from .elementwise import _eq
 from .movement import movedim
 
 __all__ = [
-    "embedding", "gather", "getitem", "index_add", "index_put", "index_select", "masked_fill",
+    "embedding", "gather", "getitem", "index_add", "index_put", "index_put_flat", "index_select",
+    "masked_fill",
     "one_hot", "scatter", "scatter_add", "take", "take_along_dim",
 ]  # fmt: skip
 
@@ -233,6 +234,8 @@ def index_put(
     if d >= x.ndim:
         raise ValueError(f"index_put: index at dim {d} of input {shape_str(x.shape)}")
     idx = _need_index("index_put", indices[d])
+    if d and idx.ndim == 1 and not accumulate and isinstance(values, Tensor):
+        return _put_flat(x, x.reshape(-1), d, idx, values)
     if d:  # the same write with the indexed dim moved first (views: no copies)
         v = values
         if isinstance(values, Tensor):  # broadcast to x[:d] + idx + x[d+1:], then idx first
@@ -254,6 +257,37 @@ def index_put(
     v = v.cast(x.dtype).expand(tuple(idx.shape) + tuple(x.shape[1:]))
     idx = _wrap(idx, x.shape[0], index_dtype(x.shape[0]))
     return Tensor(x.graph.add_op(Op.SCATTER, [x.edge, idx.edge, v.edge]))
+
+
+def index_put_flat(flat: Tensor, shape: Sequence[sint], indices: Sequence[Tensor | None],
+                   values: Tensor) -> Tensor:  # fmt: skip
+    """``index_put(flat.reshape(shape), indices, values)`` as one SCATTER into ``flat`` itself
+    (1-D, e.g. a graph input): an output that ``updates`` that input is then written in place.
+    One 1-D index tensor after ``None`` entries; returns the result with ``shape``."""
+    f = need_tensor("index_put_flat", flat)
+    if f.ndim != 1:
+        raise ValueError(f"index_put_flat: flat must be 1-D, got {shape_str(f.shape)}")
+    d = 0
+    while d < len(indices) and indices[d] is None:
+        d += 1
+    if d == len(indices) or any(i is not None for i in indices[d + 1 :]):
+        raise ValueError("index_put_flat: exactly one index tensor is supported (None before it)")
+    idx = _need_index("index_put_flat", indices[d])
+    if idx.ndim != 1:
+        raise ValueError(f"index_put_flat: the index must be 1-D, got {shape_str(idx.shape)}")
+    return _put_flat(f.reshape(list(shape)), f, d, idx, need_tensor("index_put_flat", values))
+
+
+def _put_flat(x: Tensor, flat: Tensor, d: int, idx: Tensor, values: Tensor) -> Tensor:
+    """x[.., idx, ..] = values along dim ``d``, as a SCATTER into ``flat`` (x's memory)."""
+    k = idx.shape[0]
+    full = tuple(x.shape[:d]) + (k,) + tuple(x.shape[d + 1 :])
+    pos = _wrap(idx, x.shape[d], index_dtype(x.shape[d]))
+    pos = pos.reshape([1] * d + [k] + [1] * (x.ndim - d - 1)).expand(full)
+    at, _ = _flat_index("index_put", x, d, pos)
+    src = values.cast(x.dtype).expand(full)
+    out = Tensor(x.graph.add_op(Op.SCATTER, [flat.edge, at.edge, src.edge]))
+    return out.reshape(x.shape)
 
 
 def _indexed_first(v: Tensor, d: int, k: int) -> Tensor:

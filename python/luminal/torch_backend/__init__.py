@@ -87,7 +87,9 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
         weights = set()
     fw = functools.partial(_compile_aten, weight_positions=weights, n_inputs=len(phs))
     try:
-        return aot_autograd(fw_compiler=fw, decompositions=_decompositions())(gm, example_inputs)
+        return aot_autograd(
+            fw_compiler=fw, decompositions=_decompositions(), keep_inference_input_mutations=True
+        )(gm, example_inputs)
     except _TRACE_ERRORS as e:  # tracing to ATen failed on a data-dependent size: eager runs it
         msg = str(e).splitlines()[0][:200] if str(e) else ""
         warn_once(f"aot:{msg}", f"luminal: tracing this graph to ATen failed "

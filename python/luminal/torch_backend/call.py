@@ -23,6 +23,7 @@ _is = operator.is_
 _version = operator.attrgetter("_version")
 _data_ptr = torch.Tensor.data_ptr
 _numpy = torch.Tensor.numpy
+_contiguous = torch.Tensor.is_contiguous
 
 # numpy has no such dtype: the bits cross as integers of the same width
 _BITS_VIEWED = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8,
@@ -77,7 +78,7 @@ class Call:
     """A compiled partition's run, prepared once (see ``prepare``)."""
 
     __slots__ = ("rt", "native_shapes", "dim_names", "inputs", "order", "is_out", "shapes",
-                 "out_dtypes", "wget", "ws", "versions", "ptrs")  # fmt: skip
+                 "out_dtypes", "in_place", "wget", "ws", "versions", "ptrs")  # fmt: skip
 
     def __init__(self, executor: Any, inputs: Sequence[tuple[int, str]],
                  scalars: Sequence[tuple[int, str]], weights: Sequence[tuple[int, torch.Tensor]],
@@ -92,6 +93,7 @@ class Call:
         order: list[int] = []
         self.out_dtypes: list[np.dtype] = []
         n_in = sum(io.role == Role.input for io in ios)
+        in_pos: dict[str, int] = {}
         for io in ios:
             if io.role == Role.input:
                 if io.name in where:
@@ -99,11 +101,21 @@ class Call:
                     self.inputs.append((k, _input_converter(in_dtypes[k])))
                 else:
                     self.inputs.append((scalar_at[io.name], _scalar))
+                in_pos[io.name] = len(self.inputs) - 1
                 order.append(len(self.inputs) - 1)
+        for io in ios:
+            if io.role == Role.input:
+                continue
+            if io.updates is not None:  # written through the input's own array
+                order.insert(ios.index(io), in_pos[io.updates])
             else:
-                order.append(n_in + len(self.out_dtypes))
+                order.insert(ios.index(io), n_in + len(self.out_dtypes))
                 self.out_dtypes.append(_np_bits(io.np_dtype) if io.raw else io.np_dtype)
-        self.is_out = [io.role != Role.input for io in ios]
+        self.is_out = [io.role != Role.input and io.updates is None for io in ios]
+        updated = [where[io.updates] for io in ios if io.updates is not None]
+        # the kernels write these arguments' memory: a copy on the way in would lose the write
+        self.in_place = operator.itemgetter(*updated) if len(updated) > 1 else (
+            (lambda args, k=updated[0]: (args[k],)) if updated else None)  # fmt: skip
         # None: inputs come first, the arrays need no reordering
         self.order = None if order == list(range(len(ios))) else order
         self.shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
@@ -152,6 +164,8 @@ class Call:
         except RuntimeError:  # an input that requires grad, or has a lazy conj/neg bit
             arrays = [to_numpy(args[k]) if conv is _numpy else conv(args[k])
                       for k, conv in self.inputs]  # fmt: skip
+        if self.in_place is not None and not all(map(_contiguous, self.in_place(args))):
+            raise ValueError("a tensor the plan updates in place is not contiguous")
         outs = list(map(np.empty, shapes, self.out_dtypes))
         arrays += outs
         if self.order is not None:
@@ -164,7 +178,7 @@ def prepare(executor: Any, inputs: Sequence[tuple[int, str]], scalars: Sequence[
             weights: Sequence[tuple[int, torch.Tensor]],
             in_dtypes: dict[int, torch.dtype]) -> Call | None:  # fmt: skip
     """The prepared run of ``executor``'s plan, or None when the plan needs what only the
-    general path does (4-bit packed buffers, in-place updates)."""
-    if any(io.packed or io.updates is not None for io in executor._io):
+    general path does (4-bit packed buffers)."""
+    if any(io.packed for io in executor._io):
         return None
     return Call(executor, inputs, scalars, weights, in_dtypes)

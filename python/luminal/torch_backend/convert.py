@@ -44,6 +44,10 @@ class Ctx:
         self.g = graph
         self.dims = dims
         self.val: Any = None  # node.meta["val"] of the node being converted
+        # id of the tensor a written graph input is read as -> that 1-D input (see partition)
+        self.flat_inputs: dict[int, Tensor] = {}
+        # id of a SCATTER node into such an input -> (that input's node, the layout read back)
+        self.flat_writes: dict[int, tuple[Any, Any]] = {}
 
     def shape(self, k: int | None = None) -> tuple[Any, ...]:
         v = self.val if k is None else self.val[k]
@@ -596,6 +600,11 @@ def _index_put(cx: Ctx, x: Tensor, indices: Sequence[Any], values: Any, accumula
     given = [i for i in indices if i is not None]
     if len(given) != 1 or given[0].dtype is dt.bool_ or indices[-1] is None:
         raise Unsupported("index_put with other than one integer index (None before it)")
+    flat = cx.flat_inputs.get(id(x))
+    if flat is not None and given[0].ndim == 1 and not accumulate and isinstance(values, Tensor):
+        out = F.index_put_flat(flat, x.shape, list(indices), values)  # can update in place
+        cx.flat_writes[id(out.node)] = (flat.node, out.layout)
+        return out
     return F.index_put(x, list(indices), values, accumulate)
 
 

@@ -98,6 +98,7 @@ class Built:
     scalars: list[tuple[int, str]]  # (placeholder index, input name) of run-time floats
     outputs: list[Any]  # per output: ("t", name, torch dtype) | ("s", sint) | ("v", value)
     tuple_out: bool
+    updated: list[int]  # placeholder indices of inputs the plan writes in place (copy_ into)
     failed: dict[Node, str]  # tolerant builds only: node -> why it cannot convert
 
 
@@ -120,10 +121,24 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
     outputs: list[Any] = []
     tuple_out = True
     storages: dict[Any, int] = {}  # fake storage of each tensor placeholder -> its index
+    mutated = mutated_inputs(gm)
+    updated: list[int] = []
+    ph_index: dict[Node, int] = {}
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
-            env[node] = _placeholder(g, dims, node, val, k, weight_names, inputs, weights, scalars)
+            ph_index[node] = k
+            if node in mutated:
+                flat = _flat_input(g, dims, node, val)
+                if flat is _MISSING:
+                    env[node] = flat
+                else:
+                    env[node] = flat.reshape(dims.shape(val))
+                    cx.flat_inputs[id(env[node])] = flat
+                    inputs.append((k, node.name))
+            else:
+                env[node] = _placeholder(g, dims, node, val, k, weight_names, inputs, weights,
+                                         scalars)  # fmt: skip
             if isinstance(val, torch.Tensor):
                 storages.setdefault(StorageWeakRef(val.untyped_storage()), k)
             k += 1
@@ -139,7 +154,11 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
                 if _has_missing((args, kwargs)):
                     raise Unsupported(_DOWNSTREAM)
                 cx.val = val
-                env[node] = convert_call(cx, node.target, args, kwargs)
+                if node.target is torch.ops.aten.copy_.default and node.args[0] in mutated:
+                    env[node] = _write_in_place(cx, node, args)
+                    updated.append(ph_index[node.args[0]])
+                else:
+                    env[node] = convert_call(cx, node.target, args, kwargs)
             except Unsupported as e:
                 if not tolerant:
                     raise Unsupported(f"{_op_name(node.target)}: {e}") from e
@@ -155,7 +174,7 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
                 outputs.append(_output(g, dims, env, storages, r, j) if not tolerant else None)
         else:
             raise Unsupported(f"FX node kind {node.op}")
-    return Built(g, dims, inputs, weights, scalars, outputs, tuple_out, failed)
+    return Built(g, dims, inputs, weights, scalars, outputs, tuple_out, updated, failed)
 
 
 def _attr_tensor(gm: GraphModule, node: Node) -> torch.Tensor | None:
@@ -166,6 +185,56 @@ def _attr_tensor(gm: GraphModule, node: Node) -> torch.Tensor | None:
     except AttributeError:
         return None
     return obj if isinstance(obj, torch.Tensor) else None
+
+
+def mutated_inputs(gm: GraphModule) -> set[Node]:
+    """Placeholders an ``aten.copy_`` writes (AOTAutograd keeps inference input mutations in
+    the graph): contiguous tensors the plan can update in place, e.g. a StaticCache's."""
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default:
+            dst = n.args[0]
+            if not isinstance(dst, Node):
+                continue
+            val = dst.meta.get("val")
+            if dst.op == "placeholder" and isinstance(val, torch.Tensor) and \
+                    val.is_contiguous() and val.dtype.itemsize >= 1:  # fmt: skip
+                out.add(dst)
+    return out
+
+
+def _flat_input(g: Graph, dims: Dims, node: Node, val: torch.Tensor) -> Any:
+    """A written input as the 1-D array it is in memory (read through a reshape): a SCATTER
+    into it then updates the caller's tensor in place."""
+    try:
+        shape, dtype = dims.shape(val), dt.to_dtype(val.dtype)
+    except (Unsupported, TypeError, ValueError, KeyError):
+        return _MISSING
+    n: sym.sint = 1
+    for s in shape:
+        n = sym.mul(n, s)
+    return g.input(node.name, (n,), dtype)
+
+
+def _write_in_place(cx: Ctx, node: Node, args: tuple) -> Tensor:
+    """``copy_(input, value)`` as an in-place plan output when ``value`` is a SCATTER into that
+    input (a cache write); anything else is left to eager PyTorch."""
+    dst, src = args[0], args[1]
+    if not isinstance(src, Tensor) or tuple(src.shape) != tuple(dst.shape):
+        raise Unsupported("copy_ into an input from a value of another shape")
+    name = str(getattr(node.args[0], "name", ""))
+    into, layout = cx.flat_writes.get(id(src.node), (None, None))
+    flat = cx.flat_inputs.get(id(dst))
+    if flat is None or into is not flat.node or src.layout != layout:
+        # e.g. a counter += 1: eager PyTorch copies it (an in-place whole overwrite measured
+        # wrong tokens in a StaticCache decode; not understood yet)
+        raise Unsupported("copy_ into an input of a value that is not a write into it")
+    new = Tensor(src.node)  # a write into the input: that SCATTER read whole
+    try:
+        cx.g.output(f"_upd_{name}", new, updates=name)
+    except ValueError as e:  # not a scatter into that input: a whole new value
+        raise Unsupported(f"copy_ into an input: {e}") from e
+    return src
 
 
 def _is_size(dims: Dims, val: Any) -> bool:
@@ -340,7 +409,8 @@ class LuminalPartition(torch.nn.Module):
         self.call = prepare(self.cg.executor, self.built.inputs, self.built.scalars,
                             [(k, args[k]) for k, _ in self.built.weights],
                             {k: args[k].dtype for k, _ in self.built.inputs})  # fmt: skip
-        self.out_names = list(self.cg.executor.outputs)
+        ex = self.cg.executor
+        self.out_names = [n for n in ex.outputs if n not in ex.updates]  # in-place: no array
         outs = self.built.outputs
         self.plain_out = self.out_names == [o[1] if o[0] == "t" else None for o in outs] and all(
             o[3] is None and o[2] not in _BITS_VIEWED for o in outs
@@ -426,6 +496,7 @@ class _Support(OperatorSupportBase):
 
 def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> GraphModule:
     """Replace the convertible parts of ``gm`` with LuminalPartitions; warn once per eager op."""
+    weight_names = weight_names - {n.name for n in mutated_inputs(gm)}  # read at every call
     trial = build(gm, weight_names, shape_env, tolerant=True)
     bound = set(env.binders)
     for node, why in trial.failed.items():
@@ -473,7 +544,7 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
         except Unsupported as e:
             warn_once(f"part:{e}", f"luminal: {e}; that part of the graph runs in eager PyTorch")
             continue
-        if all(o[0] in ("alias", "s", "v") for o in built.outputs):
+        if all(o[0] in ("alias", "s", "v") for o in built.outputs) and not built.updated:
             continue  # views of inputs and sizes only: nothing for a plan to compute
         stats.partitions += 1
         stats.partition_sizes.append(sum(n.op == "call_function" for n in sub.graph.nodes))
