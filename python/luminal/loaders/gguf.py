@@ -24,6 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .. import flags
 from ..functional import embedding
 from ..graph import dtypes as dt
 from ..tensor import Graph, Tensor
@@ -165,16 +166,17 @@ class _HeaderCache:
     FORMAT = 1
 
     def _path(self, path: str) -> str | None:
-        from .. import plan_cache
-
-        try:
-            if not plan_cache.enabled():
-                return None
-        except ValueError:
-            return None  # the plan cache reports a bad switch; this cache stays out of it
+        # the plan cache's switch and folder, read from the flags (the plan cache module sits
+        # above the loaders in the layer order)
+        if flags.PLAN_CACHE.get().strip().lower() in ("0", "off", "false", "no"):
+            return None
+        root = flags.PLAN_CACHE_DIR.get() or os.path.join(
+            flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal"),
+            "plans",
+        )
         real = os.path.realpath(path)
         name = hashlib.sha1(real.encode()).hexdigest()[:24]
-        return os.path.join(plan_cache.cache_root(), "headers", name + ".json")
+        return os.path.join(root, "headers", name + ".json")
 
     def load(self, path: str, mm: mmap.mmap) -> _Header | None:
         where = self._path(path)
