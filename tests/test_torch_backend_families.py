@@ -113,8 +113,8 @@ def test_family_runs_in_luminal(kind):
 
 def test_static_cache_generate():
     """generate(cache_implementation="static"): eager's greedy tokens, the key/value writes are
-    in-place plan updates (only the cache's 0-d length counters are copied by eager PyTorch),
-    and later prompts and decode positions compile nothing."""
+    in-place plan updates (the cache's 0-d length counters are computed by the plan and copied
+    back by eager PyTorch), and later prompts and decode positions compile nothing."""
     m = _model("llama", attn="eager")
     c = _model("llama", attn="eager")
     c.load_state_dict(m.state_dict())
@@ -132,7 +132,7 @@ def test_static_cache_generate():
             assert torch.equal(got, m.generate(ids, **kw))
             assert heavy == [], f"ran in ATen: {heavy}"
     assert lt.stats.compiles == warm, "no compile after the first prompt"
-    assert set(lt.stats.eager_ops) <= {"aten.copy_.default"}
-    # one 0-d length counter per layer and graph: a key or value write would add more
-    assert lt.stats.eager_ops.get("aten.copy_.default", 0) <= 2 * warm
-    assert lt.stats.failed_plans == 0
+    # the prefill graph creates the cache (transformers initializes it lazily); the decode graph
+    # writes 2 layers' keys and values into it in place
+    assert lt.stats.in_place >= 4
+    assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0

@@ -41,6 +41,7 @@ class Stats:
     eager_ops: dict[str, int] = field(default_factory=dict)  # op -> nodes left to eager
     fallbacks: list[str] = field(default_factory=list)  # why something ran in eager, per event
     partition_sizes: list[int] = field(default_factory=list)  # ATen nodes per luminal partition
+    in_place: int = 0  # inputs that plans update in place (StaticCache key / value writes)
 
 
 stats = Stats()
@@ -103,6 +104,9 @@ class Built:
 
 
 _DOWNSTREAM = "an argument luminal cannot hold"  # not this op's fault: not reported
+# an input mutation the plan cannot write in place: the plan computes the new value and eager
+# PyTorch copies it into the input, as AOTAutograd's epilogue would (not reported either)
+_EAGER_COPY = "a new value for an input, copied by eager PyTorch"
 _MISSING = object()  # a value luminal cannot hold (SymFloat, an unconverted result, ...)
 
 
@@ -228,7 +232,7 @@ def _write_in_place(cx: Ctx, node: Node, args: tuple) -> Tensor:
     if flat is None or into is not flat.node or src.layout != layout:
         # e.g. a counter += 1: eager PyTorch copies it (an in-place whole overwrite measured
         # wrong tokens in a StaticCache decode; not understood yet)
-        raise Unsupported("copy_ into an input of a value that is not a write into it")
+        raise Unsupported(_EAGER_COPY)
     new = Tensor(src.node)  # a write into the input: that SCATTER read whole
     try:
         cx.g.output(f"_upd_{name}", new, updates=name)
@@ -500,7 +504,7 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
     trial = build(gm, weight_names, shape_env, tolerant=True)
     bound = set(env.binders)
     for node, why in trial.failed.items():
-        if why == _DOWNSTREAM:
+        if why in (_DOWNSTREAM, _EAGER_COPY):
             continue
         name = _op_name(node.target)
         stats.eager_ops[name] = stats.eager_ops.get(name, 0) + 1
@@ -547,6 +551,7 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
         if all(o[0] in ("alias", "s", "v") for o in built.outputs) and not built.updated:
             continue  # views of inputs and sizes only: nothing for a plan to compute
         stats.partitions += 1
+        stats.in_place += len(built.updated)
         stats.partition_sizes.append(sum(n.op == "call_function" for n in sub.graph.nodes))
         setattr(fused, node.target, LuminalPartition(built, env, sub))
     fused.recompile()
