@@ -64,15 +64,16 @@ def _scores(rep: Mapping[int, float], small: Mapping[int, float]) -> dict[int, f
 
 @dataclass
 class Timing:
-    """A measurement: median seconds over ``runs`` runs and, when the runner keeps them, the
-    outputs of a run on the seeded inputs of ``random_inputs`` (used for the check)."""
+    """A measurement: seconds of one run (the target says how it is taken from ``runs`` runs)
+    and, when the runner keeps them, the outputs of a run on the seeded inputs of
+    ``random_inputs`` (used for the check)."""
 
     seconds: float
     runs: int = 1
     outputs: dict[str, np.ndarray] | None = None
 
 
-# measure(subprogram, dims) -> median seconds, or a Timing with the outputs
+# measure(subprogram, dims) -> seconds, or a Timing with the outputs
 Measure = Callable[[Lowered, dict[str, int]], "float | Timing"]
 # evaluate(subprogram, dims) -> outputs on the seeded inputs of random_inputs
 Evaluate = Callable[[Lowered, dict[str, int]], dict[str, np.ndarray]]
