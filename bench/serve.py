@@ -254,6 +254,9 @@ def main() -> int:
         default=64,
         help="luminal serve --step-tokens (tokens per batched step: chunked prefill)",
     )
+    p.add_argument(
+        "--prefill", choices=["chunked", "serial"], default="serial", help="luminal serve --prefill"
+    )
     p.add_argument("--idle", type=float, default=3.0, help="luminal serve --idle-unload")
     p.add_argument("--no-llamacpp", action="store_true")
     a = p.parse_args()
@@ -288,6 +291,8 @@ def main() -> int:
             str(a.f32_batch),
             "--step-tokens",
             str(a.step_tokens),
+            "--prefill",
+            a.prefill,
         ]
 
     # one luminal process: its first start compiles the plans unless cached (the cache key
@@ -383,6 +388,7 @@ def main() -> int:
         "max_tokens": a.max_tokens,
         "f32_batch": a.f32_batch,
         "step_tokens": a.step_tokens,
+        "prefill": a.prefill,
         f"agg_tok_s_{hi}": round(lum[hi].tok_s, 1),
         f"agg_tok_s_{lo}": round(lum[lo].tok_s, 1),
         f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),

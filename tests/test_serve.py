@@ -106,12 +106,21 @@ class Running:
         backend: str = "auto",
         f32_batch: int = 0,
         step_tokens: int = STEP,
+        prefill: str = "chunked",
     ) -> None:
         self.metrics = Metrics()
         self.llm = None
         if model_dir is not None:
             self.llm = LLMEngine(
-                model_dir, MODEL, limits, self.metrics, backend, True, f32_batch, step_tokens
+                model_dir,
+                MODEL,
+                limits,
+                self.metrics,
+                backend,
+                True,
+                f32_batch,
+                step_tokens,
+                prefill,
             )
             self.llm.start()
         self.embed = None
@@ -321,6 +330,36 @@ def test_concurrent_prompts_equal_the_same_served_one_by_one(
     for t in threads:
         t.join(timeout=60)
     assert together == alone
+
+
+def test_serial_prefill_gives_the_same_text(tiny_dir: str, reference: Any) -> None:
+    # prompts prefilled one by one through the prefill plan instead of as rows of the steps
+    limits = Limits(max_context=CTX, max_tokens=40, max_seqs=4)
+    s = Running(tiny_dir, None, limits, f32_batch=3, prefill="serial")
+    try:
+        assert s.llm is not None and s.llm.loaded is not None
+        assert s.llm.loaded.prefill is not None
+        prompts = ["word " * k + "end" for k in (0, 9, 30, 44, 5, 23)]
+        got: list[str | None] = [None] * len(prompts)
+
+        def run(i: int) -> None:
+            r = s.client.completions.create(
+                model=MODEL, prompt=prompts[i], max_tokens=8, temperature=0
+            )
+            got[i] = r.choices[0].text
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert got == [reference(reference.tokenizer.encode(p), 8) for p in prompts]
+    finally:
+        s.stop()
+    with pytest.raises(ValueError, match="prefill must be"):
+        LLMEngine(tiny_dir, MODEL, limits, Metrics(), prefill="both")
+    with pytest.raises(ValueError, match="step_tokens must be"):
+        LLMEngine(tiny_dir, MODEL, limits, Metrics(), step_tokens=0)
 
 
 def test_cancel_during_prefill_frees_the_slots(server: Running, reference: Any) -> None:

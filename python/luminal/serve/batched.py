@@ -37,13 +37,20 @@ class BatchedDecoder:
     """The batched decode graph of ``model`` for up to ``slots`` sequences, and its runner."""
 
     def __init__(
-        self, model: Llama, slots: int, fold: bool = False, rows: int | None = None
+        self,
+        model: Llama,
+        slots: int,
+        fold: bool = False,
+        rows: int | None = None,
+        picks: bool = True,
     ) -> None:
         """``rows``: tokens one step takes at most (default ``slots``: one per sequence;
-        more leave room for prompt tokens). ``fold``: the plan's weights are folded to f32
-        at build time (``compiler.fold``, as ``Llama.build_prefill`` does), so its
-        projections are GEMMs over the batch rows instead of kernels that dequantize every
-        weight again for each sequence; right for larger batches, at 4 bytes per weight."""
+        more leave room for prompt tokens). ``picks``: the plan computes logits for the
+        picked rows only (False: for every row; ``step`` then selects). ``fold``: the
+        plan's weights are folded to f32 at build time (``compiler.fold``, as
+        ``Llama.build_prefill`` does), so its projections are GEMMs over the batch rows
+        instead of kernels that dequantize every weight again for each sequence; right for
+        larger batches, at 4 bytes per weight."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         if rows is None:
@@ -53,6 +60,7 @@ class BatchedDecoder:
         self.model = model
         self.slots = slots
         self.rows = rows
+        self.picks = picks
         self.fold = fold
         self.ctx = model.ctx
 
@@ -69,7 +77,7 @@ class BatchedDecoder:
         return {n: a[lo : lo + self.ctx] for n, a in cache.items()}
 
     def cache_key(self) -> dict[str, Any] | None:
-        opts: dict[str, Any] = {"slots": self.slots, "rows": self.rows, "picks": True}
+        opts: dict[str, Any] = {"slots": self.slots, "rows": self.rows, "picks": self.picks}
         if self.fold:
             opts["fold"] = True
         return self.model.cache_key("batched_decode", **opts)
@@ -88,12 +96,10 @@ class BatchedDecoder:
         ctx = self.ctx
         g = Graph(name)
         b = sym.dim("batch", 1, self.rows)
-        n_out = sym.dim("picked", 1, self.rows)
         kv = sym.dim("kv", 1, ctx)
         tokens = g.input("tokens", (b,), dt.i32)
         positions = g.input("positions", (b,), dt.i32)
         slots = g.input("slots", (b,), dt.i32)
-        picks = g.input("picks", (n_out,), dt.i32)
         x = w.rows(g, "token_embd.weight", tokens)  # (b, hidden)
         if w.has("rope_freqs.weight"):
             cos, sin = m._freq_factors(g, positions)
@@ -127,7 +133,9 @@ class BatchedDecoder:
             gate = m._proj(g, h, p + "ffn_gate")
             up = m._proj(g, h, p + "ffn_up")
             x = x.add(m._proj(g, silu(gate).mul(up), p + "ffn_down"))
-        x = Tensor(g.add_op(Op.GATHER, [x.edge, picks.edge]))  # (picked, hidden)
+        if self.picks:
+            picks = g.input("picks", (sym.dim("picked", 1, self.rows),), dt.i32)
+            x = Tensor(g.add_op(Op.GATHER, [x.edge, picks.edge]))  # (picked, hidden)
         x = rms_norm(x, c.hidden_size, w.get(g, "output_norm.weight"), c.rms_eps)
         head = w.get(g, "token_embd.weight" if m.tied else "output.weight")
         g.output("logits", linear(x, head))
@@ -174,16 +182,16 @@ class BatchedDecoder:
         toks = np.ascontiguousarray(tokens, np.int32).reshape(-1)
         pos = np.ascontiguousarray(positions, np.int32).reshape(-1)
         ids = np.ascontiguousarray(slots, np.int32).reshape(-1)
-        n = toks.size
-        if not 1 <= n <= self.rows or pos.size != n or ids.size != n:
+        rows = toks.size
+        if not 1 <= rows <= self.rows or pos.size != rows or ids.size != rows:
             raise ValueError(
                 f"a step takes 1..{self.rows} rows of equal length tokens, positions and "
                 f"slots (got {toks.size}, {pos.size}, {ids.size})"
             )
-        sel = np.arange(n, dtype=np.int32) if picks is None else np.asarray(picks, np.int32)
+        sel = np.arange(rows, dtype=np.int32) if picks is None else np.asarray(picks, np.int32)
         sel = np.ascontiguousarray(sel.reshape(-1))
-        if sel.size < 1 or sel.min() < 0 or sel.max() >= n:
-            raise ValueError(f"picks must be 1+ row indices in [0, {n}), got {sel.tolist()}")
+        if sel.size < 1 or sel.min() < 0 or sel.max() >= rows:
+            raise ValueError(f"picks must be 1+ row indices in [0, {rows}), got {sel.tolist()}")
         if ids.min() < 0 or ids.max() >= self.slots:
             raise ValueError(f"slots must be in [0, {self.slots}), got {ids.tolist()}")
         if pos.min() < 0:
@@ -191,10 +199,14 @@ class BatchedDecoder:
         kv = int(pos.max()) + 1
         if kv > self.ctx:
             raise ValueError(f"context full: a sequence reached the context limit of {self.ctx}")
-        feeds = {"tokens": toks, "positions": pos, "slots": ids, "picks": sel, **cache}
-        out = runner(feeds, kv=kv, picked=int(sel.size))
+        feeds = {"tokens": toks, "positions": pos, "slots": ids, **cache}
+        if self.picks:
+            out = runner({**feeds, "picks": sel}, kv=kv, picked=int(sel.size))
+        else:
+            out = runner(feeds, kv=kv)
         for n, a in cache.items():
             got = out[n + "_new"]
             if got is not a:
                 a[...] = got
-        return np.asarray(out["logits"])
+        logits = np.asarray(out["logits"])
+        return logits if self.picks else logits[sel]

@@ -70,6 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tokens one batched step takes: each decoding sequence's next token, then "
         "prompt tokens of new requests up to N (chunked prefill; at least --max-seqs)",
     )
+    p.add_argument(
+        "--prefill",
+        choices=["chunked", "serial"],
+        default="serial",
+        help="serial: each prompt alone through the prefill plan, between steps; chunked: "
+        "prompt tokens are rows of the batched steps (--step-tokens), prefilled together",
+    )
     p.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
     p.add_argument(
         "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
@@ -114,6 +121,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
             args.quiet,
             args.f32_batch,
             args.step_tokens,
+            args.prefill,
         )
         llm.start()
     if not args.no_embed:

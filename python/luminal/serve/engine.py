@@ -8,7 +8,9 @@ batched plan takes every decoding sequence's next token and, in the rows left of
 ``step_tokens``, the next prompt tokens of the sequences still being prefilled, oldest first
 (chunked prefill: prompts that arrive together are prefilled together, and a long prompt
 does not stall the streams already decoding). A sequence whose prompt is complete samples
-its first token from that step's logits. A finished request (EOS, stop
+its first token from that step's logits. ``prefill="serial"`` instead prefills each new
+request alone, whole, with ``LlamaSession``'s prefill plan before the step. A finished
+request (EOS, stop
 string, max_tokens, context full) or a cancelled one (client gone, shutdown) frees its slot
 at once, and the next step runs without it. Events go back to each request's asyncio queue
 through its event loop. Plan runs release the GIL, so the HTTP side stays responsive.
@@ -84,6 +86,7 @@ class Loaded:
     decoder: BatchedDecoder
     runner: Any  # packed weights (None when every step runs on runner_f32)
     runner_f32: Any  # weights folded to f32 (None: off)
+    prefill: Any  # a LlamaSession for prefill="serial" (None: chunked prefill)
     cache: dict[str, np.ndarray]
 
 
@@ -145,18 +148,24 @@ class LLMEngine:
         quiet: bool = False,
         f32_batch: int = 0,
         step_tokens: int = 64,
+        prefill: str = "chunked",
     ) -> None:
         """``f32_batch``: steps of at least this many tokens run on a second batched plan
         whose weights are folded to f32 (GEMMs over the rows; 4 bytes per weight) instead of
         dequantizing each weight again per row; 1: every step, 0: never. ``step_tokens``:
         tokens one step takes at most (at least ``limits.max_seqs``): one per decoding
-        sequence, the rest prompt tokens."""
+        sequence, the rest prompt tokens. ``prefill``: ``"chunked"`` (prompt tokens are rows
+        of the batched steps) or ``"serial"`` (each prompt alone through the prefill plan,
+        between steps)."""
         if isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0:
             raise ValueError(f"f32_batch must be an int >= 0, got {f32_batch!r}")
         if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
             raise ValueError(f"step_tokens must be a positive int, got {step_tokens!r}")
+        if prefill not in ("chunked", "serial"):
+            raise ValueError(f"prefill must be 'chunked' or 'serial', got {prefill!r}")
         self.f32_batch = f32_batch
-        self.rows = max(step_tokens, limits.max_seqs)
+        self.serial = prefill == "serial"
+        self.rows = max(step_tokens, limits.max_seqs)  # serial: the same plans, rows unused
         self.path = path
         self.name = name
         self.limits = limits
@@ -183,6 +192,8 @@ class LLMEngine:
         self.thread.start()
 
     def _load(self) -> None:
+        from ..models.llama import LlamaSession
+
         t0 = time.perf_counter()
         model = load_llm(self.path, self.limits.max_context)
         if model.ctx < self.limits.max_context:
@@ -193,7 +204,12 @@ class LLMEngine:
         if self.f32_batch and self.f32_batch <= self.rows:
             folded = BatchedDecoder(model, self.limits.max_seqs, fold=True, rows=self.rows)
             runner_f32 = folded.runner(self.backend, self.quiet)
-        self.loaded = Loaded(model, decoder, runner, runner_f32, decoder.new_cache())
+        session = None
+        if self.serial:
+            session = LlamaSession(model, self.backend, self.quiet)
+            session.compile_prefill()
+            session.cache = {}
+        self.loaded = Loaded(model, decoder, runner, runner_f32, session, decoder.new_cache())
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
         self.last_request = time.monotonic()  # idle time counts from here
@@ -324,6 +340,15 @@ class LLMEngine:
             return
         for r in admit:
             r.streamer = self.tokenizer.streamer()
+            if lo.prefill is None:
+                continue
+            if r.cancelled.is_set():
+                self._release(r)
+                continue
+            logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt)
+            r.pos = len(r.prompt)
+            self.metrics.prompt_tokens.inc(len(r.prompt))
+            self._advance(r, logits)
         with self.cv:
             running = [r for r in self.active.values() if not r.cancelled.is_set()]
         if not running:
