@@ -63,8 +63,9 @@ OPS = _float_ops()
 BY_NAME = {_name(op): op for op in OPS}
 
 # A fixed sample for the default run (each sample compiles a plan: keep it short)
-DEFAULT = ["tan", "atan2", "cummax", "var_mean"]
-EXTRA = ["lgamma", "addmv", "index_select", "nn.functional.pad.constant", "hypot", "acos"]
+DEFAULT = ["tan", "atan2", "cummax", "var_mean", "ldexp", "diagonal"]
+EXTRA = ["lgamma", "addmv", "index_select", "nn.functional.pad.constant", "hypot", "acos",
+         "trace", "linalg.diagonal", "diagonal_copy"]  # fmt: skip
 # the slow run: every 16th op of the database and the default sample
 SLOW = sorted(set(DEFAULT + EXTRA) | {_name(op) for op in OPS[::16]})
 

@@ -297,6 +297,20 @@ def _std(cx: Ctx, x: Tensor, dim: Any = None, *, correction: Any = None, keepdim
     return F.std(x, _dims_arg(dim), keepdim=keepdim, correction=correction)
 
 
+@op(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(cx: Ctx, x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    return F.diagonal(x, offset, dim1, dim2)
+
+
+@op(aten.ldexp.Tensor)
+def _ldexp(cx: Ctx, x: Any, other: Any) -> Tensor:
+    """x * 2**other, in x's floating dtype (exp2 of an integer exponent is exact)."""
+    x = _need(x, "input")
+    out = cx.dtype
+    e = other.cast(out) if isinstance(other, Tensor) else x._lift(float(other)).cast(out)
+    return F.mul(x.cast(out), F.exp2(e))
+
+
 @op(aten.linalg_vector_norm.default)
 def _vector_norm(cx: Ctx, x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,  # noqa: A002
                  *, dtype: Any = None) -> Tensor:  # fmt: skip
