@@ -2,8 +2,10 @@
 
     python bench/overhead.py [--steps 1000] [--repeat 2000]
 
-Prints a table; the last line is JSON with per_step_us, run_call_us, torch_per_op_us.
-Goals: under 0.5 µs per step and under 10 µs per run() call.
+Prints a table; the last line is JSON with per_step_us, run_call_us, torch_per_op_us and
+torch_glue_us (a ``torch.compile(backend="luminal")`` partition call's cost beyond its native
+plan run, for a Linear 16-32-16 MLP: see bench/torch_backend.py's ``glue_us``).
+Goals: under 0.5 µs per step and under 10 µs per run() call or partition call.
 """
 
 from __future__ import annotations
@@ -72,11 +74,14 @@ def main() -> None:
     a, b = torch.ones(1), torch.ones(1)
     torch_op = per_call_us(lambda: torch.add(a, b), args.repeat * 5)
 
+    glue = torch_glue_us(args.repeat // 10 or 1)
+
     rows = [
         ("luminal per step (C++ dispatch)", per_step),
         ("luminal run() call, 1 step", run_call),
         (f"luminal run() call, {args.steps} steps", many_call),
         ("torch eager per op (add, 1 elem)", torch_op),
+        ("torch.compile partition glue", glue),
     ]
     print(f"{'measure':<40} {'µs':>10}")
     for name, us in rows:
@@ -88,11 +93,33 @@ def main() -> None:
                 "per_step_us": round(per_step, 4),
                 "run_call_us": round(run_call, 3),
                 "torch_per_op_us": round(torch_op, 3),
+                "torch_glue_us": round(glue, 2),
                 "steps": args.steps,
                 "threads": os.environ.get("LUMINAL_NUM_THREADS", os.cpu_count()),
             }
         )
     )
+
+
+def torch_glue_us(repeat: int) -> float:
+    """Median over 5 rounds of bench/torch_backend.py's ``glue_us`` for a small MLP."""
+    import sys
+
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import luminal.torch_backend as lt
+    from torch_backend import _glue_us
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).eval()
+    x = torch.randn(8, 16)
+    f = torch.compile(m, backend=lt.luminal_backend, dynamic=True)
+    with torch.no_grad():
+        f(x)
+        rounds = [_glue_us(lambda: f(x), repeat) for _ in range(5)]
+    return statistics.median(r for r in rounds if r is not None)
 
 
 if __name__ == "__main__":
