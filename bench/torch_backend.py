@@ -177,8 +177,10 @@ def _glue_us(call: Callable[[], Any], repeat: int) -> float | None:
     return round(statistics.median(a - b for a, b in zip(spans, inner, strict=True)) * 1e6, 1)
 
 
-def bench_generate(backend: str, new_tokens: int, repeat: int) -> dict[str, Any]:
-    """Greedy generate() of a small Llama, the forward compiled as transformers documents."""
+def bench_generate(backend: str, new_tokens: int, repeat: int, cache: str = "dynamic"
+                   ) -> dict[str, Any]:  # fmt: skip
+    """Greedy generate() of a small Llama, the forward compiled as transformers documents;
+    ``cache="static"``: a StaticCache (luminal writes its keys and values in place)."""
     import transformers as tf
 
     torch._dynamo.reset()
@@ -192,7 +194,10 @@ def bench_generate(backend: str, new_tokens: int, repeat: int) -> dict[str, Any]
     ids = torch.randint(1, 1000, (1, 16))
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
               min_new_tokens=new_tokens)  # fmt: skip
-    row: dict[str, Any] = {"model": "generate", "backend": backend}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    name = "generate" if cache == "dynamic" else f"generate_{cache}"
+    row: dict[str, Any] = {"model": name, "backend": backend}
     with torch.no_grad():
         want = m.generate(ids, **kw)
         if backend != "eager":
@@ -223,7 +228,7 @@ def _ratios(rows: list[dict[str, Any]], shapes: list[tuple[int, int]]) -> dict[s
         ind = by.get((model, "inductor"))
         if backend != "luminal" or ind is None:
             continue
-        keys = ["tok_s"] if model == "generate" else [f"ms_b{b}s{s}" for b, s in shapes]
+        keys = ["tok_s"] if model.startswith("generate") else [f"ms_b{b}s{s}" for b, s in shapes]
         for k in keys:
             a, b = r.get(k), ind.get(k)
             if a and b:
@@ -242,6 +247,8 @@ def main() -> None:
     ap.add_argument("--backends", default="eager,inductor,luminal")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--generate", type=int, default=32, help="new tokens (0 skips generate)")
+    ap.add_argument("--generate-cache", default="dynamic", choices=["dynamic", "static"],
+                    help="generate()'s KV cache: DynamicCache or StaticCache")  # fmt: skip
     args = ap.parse_args()
     shapes = [(2, 16), (4, 32)]  # sizes 0 and 1 are specialized by dynamo: avoid them
     models = _models()
@@ -255,7 +262,7 @@ def main() -> None:
                              f"{str(e).splitlines()[0][:120]}"})  # fmt: skip
     for backend in args.backends.split(",") if args.generate else []:
         try:
-            rows.append(bench_generate(backend, args.generate, args.repeat))
+            rows.append(bench_generate(backend, args.generate, args.repeat, args.generate_cache))
         except Exception as e:  # noqa: BLE001
             rows.append({"model": "generate", "backend": backend, "error": f"{type(e).__name__}: "
                          f"{str(e).splitlines()[0][:120]}"})  # fmt: skip
@@ -264,19 +271,19 @@ def main() -> None:
         + [f"ms_b{b}s{s}" for b, s in shapes]
         + ["max_abs_err", "recompiles", "glue_us", "tok_s"]
     )
-    print(f"{'model':<7} {'backend':<9} " + " ".join(f"{k:>12}" for k in keys) + "  vs eager")
+    print(f"{'model':<15} {'backend':<9} " + " ".join(f"{k:>12}" for k in keys) + "  vs eager")
     eager = {r["model"]: r for r in rows if r["backend"] == "eager" and "error" not in r}
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:<7} {r['backend']:<9} error: {r['error']}")
+            print(f"{r['model']:<15} {r['backend']:<9} error: {r['error']}")
             continue
-        k = "tok_s" if r["model"] == "generate" else keys[2]
+        k = "tok_s" if r["model"].startswith("generate") else keys[2]
         base = eager.get(r["model"], {}).get(k)
         ratio = ""
         if base and r.get(k):
             ratio = f"{(r[k] / base) if k == 'tok_s' else (base / r[k]):.2f}x"
         cells = " ".join(f"{_fmt(r.get(k)):>12}" for k in keys)
-        print(f"{r['model']:<7} {r['backend']:<9} {cells}  {ratio}")
+        print(f"{r['model']:<15} {r['backend']:<9} {cells}  {ratio}")
     summary = {
         "bench": "torch_backend",
         "machine": {
