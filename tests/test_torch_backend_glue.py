@@ -104,3 +104,34 @@ def test_half_inputs_and_outputs(dtype):
             torch.testing.assert_close(a, ea, atol=2e-2, rtol=2e-2)
             torch.testing.assert_close(s, es, atol=2e-2, rtol=2e-2)
     assert not lt.stats.fallbacks and lt.stats.plans == 1
+
+
+class _Cache(nn.Module):
+    """A buffer written at positions along dim 1 (as a StaticCache is), read before and after
+    the write, and a 0-d counter: the writes must persist in the module's own tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(2, 9, 4))
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x, pos):
+        before = self.cache.sum(1, keepdim=True)
+        self.cache.index_copy_(1, pos, x)
+        self.count += 1
+        return self.cache * 2 + before + self.count
+
+
+def test_input_writes_persist_in_place():
+    m, ref = _Cache(), _Cache()
+    f = torch.compile(m, backend=luminal_backend, dynamic=True)
+    ptr = m.cache.data_ptr()
+    with torch.no_grad():
+        for pos in ([0, 3], [5], [1, 7, 8], [3]):
+            p = torch.tensor(pos)
+            x = torch.randn(2, len(pos), 4)
+            torch.testing.assert_close(f(x, p), ref(x, p), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(m.cache, ref.cache)
+            torch.testing.assert_close(m.count, ref.count)
+    assert m.cache.data_ptr() == ptr
+    assert lt.stats.in_place >= 1 and not lt.stats.fallbacks and not lt.stats.eager_ops

@@ -400,6 +400,7 @@ class LuminalPartition(torch.nn.Module):
         self.weight_keys: list[tuple] = []
         self.plan_dims: list[str] = []
         self.out_names: list[str] = []  # the plan's outputs in the order the native run has them
+        self.copy_back: list[tuple[str, int]] = []  # (output, argument) of unaliased updates
         self.plain_out = False
 
     def _compile(self, args: Sequence[Any]) -> None:
@@ -415,6 +416,10 @@ class LuminalPartition(torch.nn.Module):
                             {k: args[k].dtype for k, _ in self.built.inputs})  # fmt: skip
         ex = self.cg.executor
         self.out_names = [n for n in ex.outputs if n not in ex.updates]  # in-place: no array
+        # a written input the plan could not alias (its old value is read after the write):
+        # the new value comes back as an array and is copied into the tensor here
+        at = {f"_upd_{name}": k for k, name in self.built.inputs}
+        self.copy_back = [(n, at[n]) for n in self.out_names if n in at]
         outs = self.built.outputs
         self.plain_out = self.out_names == [o[1] if o[0] == "t" else None for o in outs] and all(
             o[3] is None and o[2] not in _BITS_VIEWED for o in outs
@@ -431,9 +436,15 @@ class LuminalPartition(torch.nn.Module):
                 ts = list(map(torch.from_numpy, res))
                 return tuple(ts) if self.built.tuple_out else ts[0]
             named = dict(zip(self.out_names, res, strict=True))
+            self._copy_back(named, args)
             got = [self._out(o, named, args) for o in self.built.outputs]
             return tuple(got) if self.built.tuple_out else got[0]
         return self._forward_general(args)
+
+    def _copy_back(self, res: dict[str, np.ndarray], args: Sequence[Any]) -> None:
+        for name, k in self.copy_back:
+            t = args[k]
+            t.copy_(to_torch(res[name], t.dtype).view(t.shape))
 
     __call__ = forward
 
@@ -455,6 +466,7 @@ class LuminalPartition(torch.nn.Module):
             res = self.cg.run(inputs, **dims)
         except (ValueError, TypeError, RuntimeError) as e:  # e.g. a size outside a dim's range
             return self._give_up("running a partition failed", e, args)
+        self._copy_back(res, args)
         outs = [self._out(o, res, args) for o in self.built.outputs]
         return tuple(outs) if self.built.tuple_out else outs[0]
 
