@@ -113,8 +113,7 @@ def test_family_runs_in_luminal(kind):
 
 def test_static_cache_generate():
     """generate(cache_implementation="static"): eager's greedy tokens, the key/value writes are
-    in-place plan updates (the cache's 0-d length counters are computed by the plan and copied
-    back by eager PyTorch), and later prompts and decode positions compile nothing."""
+    in-place plan updates, and later prompts and decode positions compile nothing."""
     m = _model("llama", attn="eager")
     c = _model("llama", attn="eager")
     c.load_state_dict(m.state_dict())

@@ -21,9 +21,11 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import compile as lm_compile
+from .. import functional as F
+from ..functional._base import index_dtype
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
-from ..graph.ops import Leaf
+from ..graph.ops import Leaf, Op
 from ..tensor import Graph, Tensor
 from .call import _BITS_VIEWED, Call, plan_array, prepare, to_torch, weight_array
 from .convert import Ctx, convert_call
@@ -229,11 +231,15 @@ def _write_in_place(cx: Ctx, node: Node, args: tuple) -> Tensor:
     name = str(getattr(node.args[0], "name", ""))
     into, layout = cx.flat_writes.get(id(src.node), (None, None))
     flat = cx.flat_inputs.get(id(dst))
-    if flat is None or into is not flat.node or src.layout != layout:
-        # e.g. a counter += 1: eager PyTorch copies it (an in-place whole overwrite measured
-        # wrong tokens in a StaticCache decode; not understood yet)
+    if flat is None:
         raise Unsupported(_EAGER_COPY)
-    new = Tensor(src.node)  # a write into the input: that SCATTER read whole
+    if into is flat.node and src.layout == layout:
+        new = Tensor(src.node)  # a write into the input: that SCATTER read whole
+    else:  # a whole new value (a counter += 1): a SCATTER of every element
+        n = flat.shape[0]
+        every = F.arange(cx.g, n, dtype=index_dtype(n))
+        val = src.cast(dst.dtype).reshape(-1)
+        new = Tensor(cx.g.add_op(Op.SCATTER, [flat.edge, every.edge, val.edge]))
     try:
         cx.g.output(f"_upd_{name}", new, updates=name)
     except ValueError as e:  # not a scatter into that input: a whole new value
