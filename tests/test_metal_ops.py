@@ -145,6 +145,7 @@ def collected(tmp_path_factory: Any) -> dict[str, Any]:
     return got
 
 
+@pytest.mark.slow  # the op suite runs again in a child process (over a minute)
 def test_op_suite_kernels_typecheck(collected: dict[str, Any]) -> None:
     from luminal.codegen.metal import check
 

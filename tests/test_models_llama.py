@@ -266,7 +266,6 @@ def smol():
 SMOL_ATOL = 5e-4
 
 
-@pytest.mark.slow
 def _greedy(s: LlamaSession, ids: list[int], steps: int) -> tuple[list[np.ndarray], list[int]]:
     """The prompt's last logits and ``steps`` greedy decode steps' logits, and the tokens."""
     got = [s.forward(ids)]
@@ -277,6 +276,7 @@ def _greedy(s: LlamaSession, ids: list[int], steps: int) -> tuple[list[np.ndarra
     return got, gen
 
 
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol) -> None:
     """Interpreter, weights dequantized by gguf at load: last prompt position + 3 decode steps
     against transformers on the same dequantized weights (teacher-forced)."""
