@@ -354,6 +354,8 @@ def test_serial_prefill_gives_the_same_text(tiny_dir: str, reference: Any) -> No
         for t in threads:
             t.join(timeout=60)
         assert got == [reference(reference.tokenizer.encode(p), 8) for p in prompts]
+        # such a request is prefilled as rows of the steps even here
+        echo_logprobs_match_the_model(s.client, tiny_dir, reference)
     finally:
         s.stop()
     with pytest.raises(ValueError, match="prefill must be"):
@@ -513,6 +515,37 @@ def test_echo(server: Running, reference: Any) -> None:
     assert by_ids.choices[0].text == reference.tokenizer.decode(ids) + reference(ids, 5)
 
 
+def _log_softmax(logits: Any) -> np.ndarray:
+    x = np.asarray(logits, np.float64).reshape(-1)
+    return np.asarray(x - x.max() - np.log(np.exp(x - x.max()).sum()))
+
+
+def echo_logprobs_match_the_model(client: Any, tiny_dir: str, reference: Any) -> None:
+    """Echo with logprobs: the prompt's tokens (the first without a logprob), each with its
+    log-probability given the tokens before it, then the completion's."""
+    prompt = "The prompt of this request spans more than two steps of rows: " + "word " * 12
+    ids = reference.tokenizer.encode(prompt)
+    assert len(ids) > 2 * STEP
+    kw: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    r = client.completions.create(echo=True, logprobs=2, **kw)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == prompt + reference(ids, 4)
+    assert len(lp.tokens) == len(ids) + 4 and lp.text_offset[0] == 0
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    model, _ = load_hf_dir(tiny_dir, CTX)
+    session = LlamaSession(model, "interp")
+    for j in range(len(ids) - 1):
+        want = _log_softmax(session.forward([ids[j]]))
+        assert lp.token_logprobs[j + 1] == pytest.approx(want[ids[j + 1]], abs=1e-3)
+        assert max(lp.top_logprobs[j + 1].values()) == pytest.approx(want.max(), abs=1e-3)
+    plain = client.completions.create(logprobs=2, **kw).choices[0].logprobs
+    assert lp.token_logprobs[len(ids) :] == pytest.approx(plain.token_logprobs, abs=1e-4)
+
+
+def test_echo_with_logprobs(server: Running, tiny_dir: str, reference: Any) -> None:
+    echo_logprobs_match_the_model(server.client, tiny_dir, reference)
+
+
 def _completion_tokens(server: Running) -> float:
     m = httpx.get(server.url + "/metrics").text
     return float(
@@ -610,9 +643,9 @@ BAD: list[tuple[str, Any, int, str]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
     (
         "/v1/completions",
-        {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1},
+        {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1, "stream": True},
         400,
-        "echo with logprobs",
+        "echo with logprobs is not supported when streaming",
     ),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix"),
     (

@@ -246,8 +246,8 @@ def create_app(
         eng = srv.llm_for(body.model)
         if body.suffix is not None:
             raise APIError(400, "suffix is not supported", "suffix")
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported", "echo")
+        if body.echo and body.logprobs is not None and body.stream:
+            raise APIError(400, "echo with logprobs is not supported when streaming", "echo")
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], int):
             ids = [int(t) for t in p]
@@ -380,7 +380,7 @@ def _completion_logprobs(eng: LLMEngine, recs: list[Any], offset: int) -> dict[s
     return {
         "tokens": tokens,
         "token_logprobs": [lp for _, lp, _ in recs],
-        "top_logprobs": [{_token_text(eng, t): x for t, x in top} for _, _, top in recs],
+        "top_logprobs": [{_token_text(eng, t): x for t, x in top or []} for _, _, top in recs],
         "text_offset": offsets,
     }
 
@@ -428,7 +428,8 @@ async def _generate(
     for i in range(n):  # with a seed, choice i samples with seed + i: n distinct choices
         seed = None if body.seed is None else body.seed + i
         sampler = Sampler(float(body.temperature), 0, float(body.top_p), seed)
-        reqs.append(GenRequest(ids, budget, sampler, stops, loop, top_logprobs))
+        prompt_lps = echo is not None and top_logprobs is not None
+        reqs.append(GenRequest(ids, budget, sampler, stops, loop, top_logprobs, prompt_lps))
     try:
         for r in reqs:
             eng.submit(r)
@@ -462,6 +463,7 @@ async def _generate(
         )
     parts: list[list[str]] = [[echo] if echo else [] for _ in reqs]
     recs: list[list[Any]] = [[] for _ in reqs]
+    prompt_recs: list[list[Any]] = [[] for _ in reqs]
     reasons: list[str | None] = [None] * n
     try:
         async with aclosing(_events(reqs, request)) as events:
@@ -470,6 +472,8 @@ async def _generate(
                     parts[i].append(value)
                 elif kind == "logprob":
                     recs[i].append(value)
+                elif kind == "prompt_logprob":
+                    prompt_recs[i].append(value)
                 elif kind == "done":
                     reasons[i] = value
                 else:
@@ -481,11 +485,14 @@ async def _generate(
         text = "".join(parts[i])
         choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": reasons[i]}
         if top_logprobs is not None:
-            choice["logprobs"] = (
-                _chat_logprobs(eng, recs[i])
-                if chat
-                else _completion_logprobs(eng, recs[i], len(echo or ""))
-            )
+            if chat:
+                choice["logprobs"] = _chat_logprobs(eng, recs[i])
+            elif echo is not None:  # the prompt's tokens first; the first has no logprob
+                lp = _completion_logprobs(eng, [(ids[0], None, None), *prompt_recs[i], *recs[i]], 0)
+                lp["top_logprobs"][0] = None
+                choice["logprobs"] = lp
+            else:
+                choice["logprobs"] = _completion_logprobs(eng, recs[i], 0)
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:

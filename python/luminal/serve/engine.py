@@ -97,7 +97,9 @@ class GenRequest:
     handler's loop) with ``("text", piece)``, then one ``("done", finish_reason)`` or
     ``("error", message)``. With ``top_logprobs`` (an int >= 0) each generated token first
     sends ``("logprob", (token, logprob, [(token, logprob), ...]))``: its log-probability
-    under the model and the ``top_logprobs`` likeliest tokens."""
+    under the model and the ``top_logprobs`` likeliest tokens. ``prompt_logprobs``: first,
+    for each prompt token after the first, ``("prompt_logprob", (token, logprob, top))``
+    (such a request is prefilled as rows of the batched steps, whose logits give them)."""
 
     prompt: list[int]
     max_tokens: int
@@ -105,6 +107,7 @@ class GenRequest:
     stop: list[str]
     loop: asyncio.AbstractEventLoop
     top_logprobs: int | None = None
+    prompt_logprobs: bool = False
     events: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
@@ -340,7 +343,7 @@ class LLMEngine:
             return
         for r in admit:
             r.streamer = self.tokenizer.streamer()
-            if lo.prefill is None:
+            if lo.prefill is None or r.prompt_logprobs:  # the latter: prompt rows' logits
                 continue
             if r.cancelled.is_set():
                 self._release(r)
@@ -358,11 +361,13 @@ class LLMEngine:
         pos: list[int] = []
         slots: list[int] = []
         picks: list[int] = []
-        picked: list[tuple[GenRequest, bool]] = []  # (request, its prompt is now complete)
+        # (request, what the row's logits are for: the next token "decode", the "first"
+        # generated one, or "prompt": the log-probability of the prompt's next token)
+        picked: list[tuple[GenRequest, str]] = []
         for r in running:
             if r.pos >= len(r.prompt):
                 picks.append(len(toks))
-                picked.append((r, False))
+                picked.append((r, "decode"))
                 toks.append(r.last)
                 pos.append(r.pos)
                 slots.append(r.slot)
@@ -376,9 +381,13 @@ class LLMEngine:
             pos += range(r.pos, r.pos + take)
             slots += [r.slot] * take
             feeding.append((r, take))
+            if r.prompt_logprobs:
+                inner = take if r.pos + take < len(r.prompt) else take - 1
+                picks += range(len(toks) - take, len(toks) - take + inner)
+                picked += [(r, "prompt")] * inner
             if r.pos + take == len(r.prompt):
                 picks.append(len(toks) - 1)
-                picked.append((r, True))
+                picked.append((r, "first"))
         if not toks:
             return
         t0 = time.perf_counter()
@@ -389,11 +398,17 @@ class LLMEngine:
         self.metrics.step.observe(time.perf_counter() - t0)
         self.metrics.batch.observe(len(set(slots)))
         self.metrics.step_tokens.observe(len(toks))
+        at = {id(r): r.pos for r, _ in feeding}  # each prompt row's position, in order
         for r, take in feeding:
             r.pos += take
             self.metrics.prompt_tokens.inc(take)
-        for (r, prefilled), row in zip(picked, logits[: len(picked)], strict=True):
-            if not prefilled:
+        for (r, what), row in zip(picked, logits[: len(picked)], strict=True):
+            if what == "prompt":
+                p = at[id(r)] = at[id(r)] + 1
+                if not r.cancelled.is_set():
+                    r._emit("prompt_logprob", _logprobs(row, r.prompt[p], r.top_logprobs or 0))
+                continue
+            if what == "decode":
                 r.pos += 1
             self._advance(r, row)
 
