@@ -178,3 +178,30 @@ def test_a_range_whose_ends_want_other_programs_is_split(bias, tmp_path, monkeyp
         np.testing.assert_allclose(
             ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
         )
+
+
+def test_split_parts_keeping_generated_kernels_of_other_orders_get_their_own_names(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    g = _mm_graph(False)
+    low = lower(g)
+
+    def measure(sub, dims):
+        n = dims["seq"]
+        if any(isinstance(s, K.LibCall) for s in sub.kernels):
+            return 1.0  # never chosen
+        order = sub.kernels[0].schedule.order if sub.kernels[0].schedule else 0
+        return 2e-6 * n if order == 0 else 50e-6 + 0.1e-6 * n  # orders cross at 26.3
+
+    chosen = select.choose_library_calls(low, measure, "test")
+    names = [k.name for k in chosen.kernels]
+    assert len(chosen.kernels) == 2 and len(set(names)) == 2
+    orders = [k.schedule.order if k.schedule else 0 for k in chosen.kernels]
+    assert orders == [0, 1]
+    ex = lm.load(build_plan(chosen, "mm").to_bytes())  # distinct code, distinct entry points
+    for s in (1, 26, 27, 300):
+        a = rand(s, 64)
+        np.testing.assert_allclose(
+            ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
+        )

@@ -137,7 +137,7 @@ class CpuTarget:
         ex = self._executor(low)
         inputs = random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int())
         t = time.perf_counter()
-        outputs = ex.run(inputs, **dims)  # warm-up, and the outputs the search checks
+        outputs = ex.run(inputs, dims)  # warm-up, and the outputs the search checks
         first = time.perf_counter() - t
         if first * 1e3 > flags.SEARCH_MEASURE_MS.as_float():
             return Timing(first, 1, outputs)
@@ -149,11 +149,11 @@ class CpuTarget:
             if cold:
                 evict_caches()
             t = time.perf_counter()
-            ex.run(inputs, **dims)
+            ex.run(inputs, dims)
             times.append(time.perf_counter() - t)
         return Timing(min(times), self.repeats, outputs)
 
     def evaluate(self, low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
         """Outputs of a small plan on the search's seeded inputs (to check a candidate)."""
         ex = self._executor(low)
-        return ex.run(random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int()), **dims)
+        return ex.run(random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int()), dims)

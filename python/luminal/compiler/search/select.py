@@ -189,7 +189,12 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
         added = False
         for payload, when in picks:
             if isinstance(payload, K.Kernel):
-                steps.append(replace(payload, when=when))
+                # a part after the first keeps a generated kernel under a name of its own:
+                # its code may differ from the first part's (another task order)
+                name = payload.name if when is None or when is picks[0][1] else (
+                    f"{payload.name}_{when[0]}{when[1]}"
+                )  # fmt: skip
+                steps.append(replace(payload, when=when, name=name))
                 continue
             if not added:
                 buffers += extra
