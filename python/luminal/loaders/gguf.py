@@ -334,6 +334,13 @@ class GGUFFile:
     def arch_key(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
+    def need_arch_key(self, key: str) -> Any:
+        """``arch_key(key)``, or a ValueError naming the file and the missing key."""
+        v = self.arch_key(key)
+        if v is None:
+            raise ValueError(f"{self.path}: metadata {self.architecture}.{key} is missing")
+        return v
+
     def type_name(self, name: str) -> str:
         return self._tensor(name).type_name
 

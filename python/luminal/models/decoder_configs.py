@@ -230,11 +230,7 @@ def gguf_config(f: Any) -> DecoderConfig:
             f"(supported: {', '.join(GGUF_ARCHS)})"
         )
 
-    def need(key: str) -> Any:
-        v = f.arch_key(key)
-        if v is None:
-            raise ValueError(f"{f.path}: metadata {arch}.{key} is missing")
-        return v
+    need = f.need_arch_key
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     n = int(need("block_count"))

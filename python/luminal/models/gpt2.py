@@ -171,11 +171,7 @@ class GgufGpt2Weights:
 def gpt2_from_gguf(f: Any, weights: Any, max_context: int | None = None) -> GPT2:
     """GPT-2 from a GGUF file (``general.architecture = gpt2``)."""
 
-    def need(key: str) -> Any:
-        v = f.arch_key(key)
-        if v is None:
-            raise ValueError(f"{f.path}: metadata gpt2.{key} is missing")
-        return v
+    need = f.need_arch_key
 
     cfg = GPT2Config(int(f.shape("token_embd.weight")[0]), int(need("context_length")),
                      int(need("embedding_length")), int(need("block_count")),

@@ -470,11 +470,7 @@ def config_from_gguf(f: Any) -> LlamaConfig:
             f"(supported: {', '.join(_GGUF_ARCHS)})"
         )
 
-    def need(key: str) -> Any:
-        v = f.arch_key(key)
-        if v is None:
-            raise ValueError(f"{f.path}: metadata {arch}.{key} is missing")
-        return v
+    need = f.need_arch_key
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     vocab = (
