@@ -72,7 +72,7 @@ def render_steps(
 ) -> tuple[list[Launchable], dict[int, K.LibCall]]:
     """Every step as an MSL launch, except gemm calls kept as library calls (MPS): those
     with ``gemm_impl="mps"`` and those the generated kernel cannot run."""
-    from ..codegen.cuda.gemm import supports
+    from ..codegen.gpu.gemm import supports
     from ..codegen.metal.gemm import MetalGemm, render_gemm
     from ..codegen.metal.kernel import MetalKernel, render_kernel
 

@@ -1,9 +1,7 @@
 """A ``gemm`` library call rendered as a generated tensor-core CUDA kernel (mma.sync, inline PTX).
 
-The descriptor is the one the search writes (compiler/search/gemm.py) and the CPU backend
-runs: row-major ``C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]`` for ``b < batch``, with
-leading dimensions, batch strides and element offsets as expressions over plan dims. The
-operand dtypes come from the buffers: f32 operands use ``mma.m16n8k8`` on TF32 with the
+The descriptor, the tile loops and the epilogue are the shared GPU gemm's
+(``codegen/gpu/gemm.py``). The operand dtypes come from the buffers: f32 operands use ``mma.m16n8k8`` on TF32 with the
 three-pass split (big*big + big*small + small*big), which keeps f32 accuracy; f16 and bf16
 operands use ``mma.m16n8k16`` with f32 accumulation. C may be f32, f16 or bf16.
 
@@ -11,8 +9,7 @@ Schedule: a block computes a BM x BN tile of C with WARPS_M x WARPS_N warps, eac
 TM x TN mma tiles (16 x 8). A and B tiles of BK along k go global -> registers -> shared
 memory (two buffers, so the next tile loads while this one multiplies); shared rows are
 padded so that the fragment reads of a warp hit 32 different banks. Every global read and
-write is bounds-checked, so M, N and K may be anything (odd, 0, symbolic). Grid: x over N
-tiles, y over M tiles, z over the batch (y and z stride when they exceed 65535).
+write is bounds-checked.
 
 The mma helpers live in ``MMA_HELPERS`` so that tests can swap in a host emulation of the
 PTX fragment layouts (tests/test_cuda_gemm.py).
@@ -27,9 +24,13 @@ from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.symbolic import sint
-from ..cstyle import cexpr, store_stmt
+from ..gpu import gemm as G
+from ..gpu.gemm import OPERAND_DTYPES, OUTPUT_DTYPES, gemm_fields, supports
+from ..gpu.kernel import dim_lines
+from .dialect import CUDA
 
-_MAX_GRID_YZ = 65535
+__all__ = ["MMA_HELPERS", "OPERAND_DTYPES", "OUTPUT_DTYPES", "GemmConfig", "GemmKernel",
+           "choose_config", "gemm_fields", "render_gemm", "supports"]  # fmt: skip
 
 MMA_HELPERS = r"""
 #ifndef LM_MMA
@@ -58,11 +59,6 @@ LM_FN void lm_mma_bf16(float *d, const uint32_t *a, const uint32_t *b) {
 #endif
 """
 
-OPERAND_DTYPES = (dt.f32, dt.f16, dt.bf16)
-OUTPUT_DTYPES = (dt.f32, dt.f16, dt.bf16)
-_INT_FIELDS = ("m", "n", "k", "lda", "ldb", "ldc", "batch", "stride_a", "stride_b", "stride_c",
-               "a_offset", "b_offset", "c_offset")  # fmt: skip
-
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -85,57 +81,6 @@ class GemmConfig:
         return 32 * self.warps_m * self.warps_n
 
 
-def gemm_fields(lc: K.LibCall) -> dict[str, sint | float]:
-    """The descriptor with the CPU backend's defaults filled in (packed row-major)."""
-    f = dict(lc.fields)
-    unknown = set(f) - set(_INT_FIELDS) - {"trans_a", "trans_b", "alpha", "beta"}
-    if unknown:
-        raise ValueError(f"gemm {lc.name}: unknown descriptor fields {sorted(unknown)}")
-    for req in ("m", "n", "k"):
-        if req not in f:
-            raise ValueError(f"gemm {lc.name}: descriptor lacks {req!r}")
-    for t in ("trans_a", "trans_b"):
-        v = f.get(t, 0)
-        if v not in (0, 1):
-            raise ValueError(f"gemm {lc.name}: {t} must be 0 or 1, got {v!r}")
-        f[t] = int(v)
-    m, n, k = f["m"], f["n"], f["k"]
-    f.setdefault("lda", m if f["trans_a"] else k)
-    f.setdefault("ldb", k if f["trans_b"] else n)
-    f.setdefault("ldc", n)
-    for name in ("batch",):
-        f.setdefault(name, 1)
-    for name in ("stride_a", "stride_b", "stride_c", "a_offset", "b_offset", "c_offset"):
-        f.setdefault(name, 0)
-    f.setdefault("alpha", 1.0)
-    f.setdefault("beta", 0.0)
-    for name in ("alpha", "beta"):
-        if not isinstance(f[name], (int, float)):
-            raise ValueError(f"gemm {lc.name}: {name} must be a number, not {f[name]!r}")
-    for name in _INT_FIELDS:
-        if isinstance(f[name], float):
-            raise ValueError(f"gemm {lc.name}: field {name!r} must be an integer expression")
-    return f
-
-
-def supports(lc: K.LibCall, dtypes: Mapping[int, dt.DType]) -> str | None:
-    """None when this renderer can run ``lc``, else why not."""
-    if lc.func != "gemm":
-        return f"no generated kernel for library function {lc.func!r}"
-    if len(lc.args) != 3:
-        return "gemm needs 3 buffers (A, B, C)"
-    a, b, c = (dtypes[x] for x in lc.args)
-    if a is not b or a not in OPERAND_DTYPES:
-        return f"operands {a.name} x {b.name} (need both f32, f16 or bf16)"
-    if c not in OUTPUT_DTYPES:
-        return f"output {c.name}"
-    try:
-        gemm_fields(lc)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
 def choose_config(fields: Mapping[str, sint | float], operand: dt.DType) -> GemmConfig:
     """Tile shape from the largest M the plan allows: small M (decode) gets short, wide tiles
     so more of N is spread over blocks; otherwise 128 x 128 tiles."""
@@ -155,10 +100,6 @@ class GemmKernel:
     block: tuple[int, int, int]
     schedule: str
     config: GemmConfig
-
-
-def _c(e: sint | float) -> str:
-    return cexpr(e)  # type: ignore[arg-type]
 
 
 def render_gemm(
@@ -186,34 +127,17 @@ def render_gemm(
     la, lb = cfg.bm * cfg.bk // cfg.threads, cfg.bn * cfg.bk // cfg.threads
     alpha, beta = float(f["alpha"]), float(f["beta"])  # type: ignore[arg-type]
     ctype = {dt.f32: "float", dt.f16: "uint16_t", dt.bf16: "uint16_t"}[cdt]
-    params = [f"{ctype} *__restrict__ b0", f"const {st} *__restrict__ b1",
-              f"const {st} *__restrict__ b2"]  # fmt: skip
-    params += [f"const int64_t lm_dim{i}" for i in range(len(dim_names))]
-    L: list[str] = []
+    params = [CUDA.param(0, ctype, True), CUDA.param(1, st, True), CUDA.param(2, st, True)]
+    L = [CUDA.frame(lc.name, params, len(dim_names), cfg.threads),
+         *dim_lines(CUDA, dim_names, "int64_t"), *G.field_lines(f)]  # fmt: skip
     add = L.append
-    add(f'extern "C" __global__ void __launch_bounds__({cfg.threads}) {lc.name}'
-        f"({', '.join(params)}) {{")  # fmt: skip
-    for i, name in enumerate(dim_names):
-        add(f"  const int64_t d_{name} = lm_dim{i}; (void)d_{name};")
-    for name, var in (("m", "M"), ("n", "N"), ("k", "K"), ("lda", "LDA"), ("ldb", "LDB"),
-                      ("ldc", "LDC"), ("batch", "BATCH"), ("stride_a", "SA"), ("stride_b", "SB"),
-                      ("stride_c", "SC"), ("a_offset", "OA"), ("b_offset", "OB"),
-                      ("c_offset", "OC")):  # fmt: skip
-        add(f"  const int64_t {var} = (int64_t)({_c(f[name])});")
     add(f"  __shared__ __align__(16) {st} As[2][{cfg.bm}][{ld_s}];")
     add(f"  __shared__ __align__(16) {st} Bs[2][{cfg.bn}][{ld_s}];")
     add("  const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;")
     add(f"  const int wm = warp / {cfg.warps_n}, wn = warp % {cfg.warps_n};")
     add("  const int g = lane >> 2, t = lane & 3;")
-    add(f"  const int64_t tiles_m = (M + {cfg.bm - 1}) / {cfg.bm};")
     add(f"  const int64_t KT = (K + {cfg.bk - 1}) / {cfg.bk};")
-    add(f"  const int64_t n0 = (int64_t)blockIdx.x * {cfg.bn};")
-    add("  for (int64_t bz = blockIdx.z; bz < BATCH; bz += gridDim.z)")
-    add("  for (int64_t by = blockIdx.y; by < tiles_m; by += gridDim.y) {")
-    add(f"    const int64_t m0 = by * {cfg.bm};")
-    add(f"    const {st} *A = b1 + OA + bz * SA;")
-    add(f"    const {st} *B = b2 + OB + bz * SB;")
-    add(f"    {ctype} *C = b0 + OC + bz * SC;")
+    L += G.tile_loops(CUDA, cfg.bm, cfg.bn, st, ctype)
     add(f"    float acc[{cfg.tm}][{cfg.tn}][4];")
     add(f"    for (int i = 0; i < {cfg.tm}; ++i) for (int j = 0; j < {cfg.tn}; ++j)"
         " for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;")  # fmt: skip
@@ -224,37 +148,22 @@ def render_gemm(
     # contiguous axis so neighbouring threads read neighbouring addresses
     def load(kt: str) -> list[str]:
         out = [f"      const int64_t k0 = ({kt}) * {cfg.bk};"]
-        if f["trans_a"] == 0:  # A[m][k], k contiguous
-            r, c, addr = f"e / {cfg.bk}", f"e % {cfg.bk}", "(m0 + r) * LDA + k0 + c"
-        else:  # A stored [k][m]
-            r, c, addr = f"e % {cfg.bm}", f"e / {cfg.bm}", "(k0 + c) * LDA + m0 + r"
-        out += ["#pragma unroll", f"      for (int i = 0; i < {la}; ++i) {{",
-                f"        const int e = tid + i * {cfg.threads}, r = {r}, c = {c};",
-                f"        ra[i] = (m0 + r < M && k0 + c < K) ? A[{addr}] : {zero};",
-                "      }"]  # fmt: skip
-        if f["trans_b"] == 0:  # B[k][n], n contiguous
-            r, c, addr = f"e % {cfg.bn}", f"e / {cfg.bn}", "(k0 + c) * LDB + n0 + r"
-        else:  # B stored [n][k]
-            r, c, addr = f"e / {cfg.bk}", f"e % {cfg.bk}", "(n0 + r) * LDB + k0 + c"
-        out += ["#pragma unroll", f"      for (int i = 0; i < {lb}; ++i) {{",
-                f"        const int e = tid + i * {cfg.threads}, r = {r}, c = {c};",
-                f"        rb[i] = (n0 + r < N && k0 + c < K) ? B[{addr}] : {zero};",
-                "      }"]  # fmt: skip
+        for x, reg, n in (("A", "ra", la), ("B", "rb", lb)):
+            r, c, ok, addr = G.operand_map(f, x, cfg.bm if x == "A" else cfg.bn, cfg.bk)
+            out += ["#pragma unroll", f"      for (int i = 0; i < {n}; ++i) {{",
+                    f"        const int e = tid + i * {cfg.threads}, r = {r}, c = {c};",
+                    f"        {reg}[i] = ({ok}) ? {x}[{addr}] : {zero};",
+                    "      }"]  # fmt: skip
         return out
 
     def store(buf: str) -> list[str]:
-        ra_rc = (f"e / {cfg.bk}", f"e % {cfg.bk}") if f["trans_a"] == 0 else \
-            (f"e % {cfg.bm}", f"e / {cfg.bm}")  # fmt: skip
-        rb_rc = (f"e % {cfg.bn}", f"e / {cfg.bn}") if f["trans_b"] == 0 else \
-            (f"e / {cfg.bk}", f"e % {cfg.bk}")  # fmt: skip
-        return [
-            "#pragma unroll",
-            f"      for (int i = 0; i < {la}; ++i) {{ const int e = tid + i * {cfg.threads}; "
-            f"As[{buf}][{ra_rc[0]}][{ra_rc[1]}] = ra[i]; }}",
-            "#pragma unroll",
-            f"      for (int i = 0; i < {lb}; ++i) {{ const int e = tid + i * {cfg.threads}; "
-            f"Bs[{buf}][{rb_rc[0]}][{rb_rc[1]}] = rb[i]; }}",
-        ]
+        out = []
+        for x, reg, n in (("A", "ra", la), ("B", "rb", lb)):
+            r, c, _, _ = G.operand_map(f, x, cfg.bm if x == "A" else cfg.bn, cfg.bk)
+            out += ["#pragma unroll",
+                    f"      for (int i = 0; i < {n}; ++i) {{ const int e = tid + i * {cfg.threads}; "
+                    f"{x}s[{buf}][{r}][{c}] = {reg}[i]; }}"]  # fmt: skip
+        return out
 
     add("    {")
     L += load("0")
@@ -337,22 +246,10 @@ def render_gemm(
     add("        for (int q = 0; q < 4; ++q) {")
     add(f"          const int64_t r = m0 + wm * {cfg.tm * 16} + i * 16 + g + (q >> 1) * 8;")
     add(f"          const int64_t c = n0 + wn * {cfg.tn * 8} + j * 8 + 2 * t + (q & 1);")
-    add("          if (r >= M || c >= N) continue;")
-    add(f"          float v = acc[i][j][q]{'' if alpha == 1.0 else f' * {alpha!r}f'};")
-    if beta != 0.0:
-        old = {dt.f32: "C[r * LDC + c]", dt.f16: "lm_f16_to_f32(C[r * LDC + c])",
-               dt.bf16: "lm_bf16_to_f32(C[r * LDC + c])"}[cdt]  # fmt: skip
-        add(f"          v += {beta!r}f * {old};")
-    add("          " + store_stmt("C", "r * LDC + c", "v", cdt))
+    L += G.epilogue("acc[i][j][q]", alpha, beta, cdt, "          ")
     add("        }")
     add("  }")
     add("}")
-    m, n, batch = f["m"], f["n"], f["batch"]
-    grid = (
-        sym.ceildiv(n, cfg.bn),  # type: ignore[arg-type]
-        sym.minimum(sym.ceildiv(m, cfg.bm), _MAX_GRID_YZ),  # type: ignore[arg-type]
-        sym.minimum(batch, _MAX_GRID_YZ),  # type: ignore[arg-type]
-    )
     source = prelude + MMA_HELPERS + "\n".join(L) + "\n"
-    return GemmKernel(lc.name, source, [c_id, a_id, b_id], grid, (cfg.threads, 1, 1),
+    return GemmKernel(lc.name, source, [c_id, a_id, b_id], G.grid(f, cfg.bm, cfg.bn), (cfg.threads, 1, 1),
                       f"mma-{op.name}-{cfg.bm}x{cfg.bn}x{cfg.bk}", cfg)  # fmt: skip

@@ -1,15 +1,13 @@
 """A ``gemm`` library call rendered as a Metal kernel on the simdgroup matrices (8x8 MMA).
 
-The descriptor is the one every target reads (``codegen/cuda/gemm.py``'s ``gemm_fields``):
-row-major ``C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]`` with leading dimensions, batch
-strides and element offsets as expressions over plan dims. A threadgroup computes a BM x BN
+The descriptor, the tile loops over C, the operand tiles' element map and the epilogue are
+the shared GPU gemm's (``codegen/gpu/gemm.py``). A threadgroup computes a BM x BN
 tile of C (``schedule.GemmTile``, ranked by the cost model): A and B tiles of BK along k go
 global -> threadgroup memory (bounds-checked, zero-filled), each simdgroup multiplies its
 tm x tn 8x8 matrices with ``simdgroup_multiply_accumulate`` into f32 accumulators, and the
-accumulators are staged in threadgroup memory so the store is bounds-checked too: M, N and K
-may be anything (odd, 0, symbolic). f16 operands stay half in threadgroup memory; bf16 ones
-widen to f32 (Metal's bfloat matrices need MSL 3.1). Grid: x over N tiles, y over M tiles,
-z over the batch (y and z stride when they exceed 65535).
+accumulators are staged in threadgroup memory so the store is bounds-checked too. f16
+operands stay half in threadgroup memory; bf16 ones widen to f32 (Metal's bfloat matrices
+need MSL 3.1).
 """
 
 from __future__ import annotations
@@ -19,17 +17,12 @@ from dataclasses import dataclass
 
 from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
-from ...graph import symbolic as sym
 from ...graph.symbolic import sint
-from ..cstyle import cexpr, store_stmt
-from ..cuda.gemm import gemm_fields, supports
-from .kernel import PRELUDE, dim_lines, frame
+from ..gpu import gemm as G
+from ..gpu.gemm import gemm_fields, supports
+from ..gpu.kernel import dim_lines
+from .kernel import METAL, PRELUDE
 from .schedule import GemmTile, choose_tile
-
-_MAX_GRID_YZ = 65535
-_FIELDS = (("m", "M"), ("n", "N"), ("k", "K"), ("lda", "LDA"), ("ldb", "LDB"), ("ldc", "LDC"),
-           ("batch", "BATCH"), ("stride_a", "SA"), ("stride_b", "SB"), ("stride_c", "SC"),
-           ("a_offset", "OA"), ("b_offset", "OB"), ("c_offset", "OC"))  # fmt: skip
 
 
 @dataclass
@@ -41,10 +34,6 @@ class MetalGemm:
     block: tuple[int, int, int]
     schedule: str
     tile: GemmTile
-
-
-def _c(e: sint | float) -> str:
-    return cexpr(e)  # type: ignore[arg-type]
 
 
 def render_gemm(
@@ -71,45 +60,25 @@ def render_gemm(
     bm, bn, bk, nt = t.bm, t.bn, t.bk, t.threads
     alpha, beta = float(f["alpha"]), float(f["beta"])  # type: ignore[arg-type]
     ctype = "float" if cdt is dt.f32 else "uint16_t"
-    params = [f"device {ctype} *b0 [[buffer(0)]]", f"device const {glob} *b1 [[buffer(1)]]",
-              f"device const {glob} *b2 [[buffer(2)]]"]  # fmt: skip
-    L = [frame(lc.name, params, 3)]
+    params = [METAL.param(0, ctype, False), METAL.param(1, glob, False),
+              METAL.param(2, glob, False)]  # fmt: skip
+    L = [METAL.frame(lc.name, params, len(dim_names), nt)]
     add = L.append
     add(f"  threadgroup {tt} As[{bm * bk}];  // [BM][BK]")
     add(f"  threadgroup {tt} Bs[{bk * bn}];  // [BK][BN]")
     add(f"  threadgroup float Cs[{bm * bn}];  // [BM][BN]")
-    L += dim_lines(dim_names, "int64_t")
-    for name, var in _FIELDS:
-        add(f"  const int64_t {var} = (int64_t)({_c(f[name])});")
+    L += dim_lines(METAL, dim_names, "int64_t") + G.field_lines(f)
     add("  const int tid = (int)lm_tid.x;")
     add(f"  const int wm = (int)lm_sg / {t.sg_n}, wn = (int)lm_sg % {t.sg_n};")
-    add(f"  const int64_t tiles_m = (M + {bm - 1}) / {bm};")
-    add(f"  const int64_t n0 = (int64_t)lm_tg.x * {bn};")
-    add("  for (int64_t bz = lm_tg.z; bz < BATCH; bz += lm_ntg.z)")
-    add("  for (int64_t by = lm_tg.y; by < tiles_m; by += lm_ntg.y) {")
-    add(f"    const int64_t m0 = by * {bm};")
-    add(f"    device const {glob} *A = b1 + OA + bz * SA;")
-    add(f"    device const {glob} *B = b2 + OB + bz * SB;")
-    add(f"    device {ctype} *C = b0 + OC + bz * SC;")
+    L += G.tile_loops(METAL, bm, bn, glob, ctype)
     add(f"    simdgroup_float8x8 acc[{t.tm}][{t.tn}];")
     add(f"    for (int i = 0; i < {t.tm}; ++i) for (int j = 0; j < {t.tn}; ++j) "
         "acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);")  # fmt: skip
     add(f"    for (int64_t k0 = 0; k0 < K; k0 += {bk}) {{")
-    # the thread-to-element map follows each operand's contiguous axis in global memory
-    if f["trans_a"] == 0:  # A[m][k]
-        r, c, addr = f"e / {bk}", f"e % {bk}", "(m0 + r) * LDA + k0 + c"
-    else:  # A stored [k][m]
-        r, c, addr = f"e % {bm}", f"e / {bm}", "(k0 + c) * LDA + m0 + r"
-    add(f"      for (int e = tid; e < {bm * bk}; e += {nt}) {{ const int r = {r}, c = {c};")
-    add(f"        As[r * {bk} + c] = (m0 + r < M && k0 + c < K) ? ({tt})"
-        f"{conv.format(f'A[{addr}]')} : ({tt})0; }}")  # fmt: skip
-    if f["trans_b"] == 0:  # B[k][n]
-        r, c, addr = f"e / {bn}", f"e % {bn}", "(k0 + r) * LDB + n0 + c"
-    else:  # B stored [n][k]
-        r, c, addr = f"e % {bk}", f"e / {bk}", "(n0 + c) * LDB + k0 + r"
-    add(f"      for (int e = tid; e < {bk * bn}; e += {nt}) {{ const int r = {r}, c = {c};")
-    add(f"        Bs[r * {bn} + c] = (k0 + r < K && n0 + c < N) ? ({tt})"
-        f"{conv.format(f'B[{addr}]')} : ({tt})0; }}")  # fmt: skip
+    for x, outer, put in (("A", bm, f"As[r * {bk} + c]"), ("B", bn, f"Bs[c * {bn} + r]")):
+        r, c, ok, addr = G.operand_map(f, x, outer, bk)
+        add(f"      for (int e = tid; e < {outer * bk}; e += {nt}) {{ const int r = {r}, c = {c};")
+        add(f"        {put} = ({ok}) ? ({tt}){conv.format(f'{x}[{addr}]')} : ({tt})0; }}")
     add("      threadgroup_barrier(mem_flags::mem_threadgroup);")
     add(f"      for (int kk = 0; kk < {bk}; kk += 8) {{")
     add(f"        simdgroup_matrix<{tt}, 8, 8> a[{t.tm}], b[{t.tn}];")
@@ -128,23 +97,11 @@ def render_gemm(
     add("    threadgroup_barrier(mem_flags::mem_threadgroup);")
     add(f"    for (int e = tid; e < {bm * bn}; e += {nt}) {{")
     add(f"      const int64_t r = m0 + e / {bn}, c = n0 + e % {bn};")
-    add("      if (r >= M || c >= N) continue;")
-    add(f"      float v = Cs[e]{'' if alpha == 1.0 else f' * {alpha!r}f'};")
-    if beta != 0.0:
-        old = {dt.f32: "C[r * LDC + c]", dt.f16: "lm_f16_to_f32(C[r * LDC + c])",
-               dt.bf16: "lm_bf16_to_f32(C[r * LDC + c])"}[cdt]  # fmt: skip
-        add(f"      v += {beta!r}f * {old};")
-    add("      " + store_stmt("C", "r * LDC + c", "v", cdt))
+    L += G.epilogue("Cs[e]", alpha, beta, cdt, "      ")
     add("    }")
     add("    threadgroup_barrier(mem_flags::mem_threadgroup);  // Cs is reused by the next tile")
     add("  }")
     add("}")
-    m, n, batch = f["m"], f["n"], f["batch"]
-    grid = (
-        sym.ceildiv(n, bn),  # type: ignore[arg-type]
-        sym.minimum(sym.ceildiv(m, bm), _MAX_GRID_YZ),  # type: ignore[arg-type]
-        sym.minimum(batch, _MAX_GRID_YZ),  # type: ignore[arg-type]
-    )
     source = PRELUDE + "\n".join(L) + "\n"
-    return MetalGemm(lc.name, source, [c_id, a_id, b_id], grid, (nt, 1, 1),
+    return MetalGemm(lc.name, source, [c_id, a_id, b_id], G.grid(f, bm, bn), (nt, 1, 1),
                      f"simdgroup-{op.name}-{bm}x{bn}x{bk}", t)  # fmt: skip

@@ -13,41 +13,35 @@ ABI::
 
 buffers first (output first, then what it reads), then every plan dim, in plan order, in one
 constant buffer (the runtime binds it with ``setBytes``; at least one slot). Grids count
-threadgroups, as CUDA's count blocks. The thread mappings are the CUDA renderer's
-(``choose_schedule``: thread, row, element, scatter); the threadgroup size of each is the
-one the Metal cost model ranks first (``schedule.py``). Metal has no 64-bit floats: an f64
-kernel is refused with its name.
+threadgroups, as CUDA's count blocks. The thread mappings (thread, row, element, scatter)
+are the shared GPU core's (``codegen/gpu/kernel.py``) in Metal's names; Metal adds
+``softmax_row`` (below). The threadgroup size of each is the one the Metal cost model ranks
+first (``schedule.py``). Metal has no 64-bit floats: an f64 kernel is refused with its name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from ...compiler import kernel_ir as K
 from ...compiler.kfold import folded
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import Op
-from ...graph.symbolic import sint
-from ..cstyle import (
-    Emitter,
-    _c_name,
-    cexpr,
-    ctype,
-    reduce_init,
-    reduce_update,
-    storage_ctype,
-    store_stmt,
-)
-from ..cuda.kernel import (
-    _exprs,
-    _fits_i32,
-    _flat_store_index,
-    _numel,
-    _unflatten_lines,
+from ..cstyle import _c_name, cexpr, store_stmt
+from ..gpu.kernel import (
+    SUBGROUP,
+    Dialect,
+    GpuEmitter,
+    Rendered,
+    assemble,
     choose_schedule,
+    flat_store_index,
+    index_type,
     kernel_buffers,
+    numel,
+    render,
+    unflatten_lines,
 )
 from ..prelude import SHARED_HELPERS
 
@@ -101,19 +95,42 @@ POSITIONS = (
     "uint lm_lane [[thread_index_in_simdgroup]]",
     "uint lm_sg [[simdgroup_index_in_threadgroup]]",
 )
-SIMD = 32  # threads per simdgroup on Apple GPUs
 # types Metal's simd_* functions take (no 64-bit types)
 _SIMD_TYPES = ("float", "int32_t", "uint32_t", "int16_t", "uint16_t", "int8_t", "uint8_t")
 
 
-@dataclass
-class MetalKernel:
-    name: str
-    source: str
-    args: list[int]  # buffer ids: output first, then the buffers it reads
-    grid: tuple[sint, sint, sint]  # threadgroups
-    block: tuple[int, int, int]  # threads per threadgroup
-    schedule: str
+class MetalDialect(Dialect):
+    name = "Metal"
+    group, local, groups = "lm_tg", "lm_tid", "lm_ntg"
+    lane, subgroup = "lm_lane", "lm_sg"
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup)"
+    shared = "threadgroup"
+    global_ = "device "
+
+    def param(self, slot: int, ctype: str, restrict: bool) -> str:
+        return f"device {'' if slot == 0 else 'const '}{ctype} *b{slot} [[buffer({slot})]]"
+
+    def frame(self, name: str, params: Sequence[str], n_dims: int, threads: int) -> str:
+        """Buffer parameters, the dims buffer, the thread positions."""
+        allp = [*params, f"constant int64_t *lm_dims [[buffer({len(params)})]]", *POSITIONS]
+        return f"kernel void {name}({', '.join(allp)}) {{"
+
+    def dim(self, i: int) -> str:
+        return f"lm_dims[{i}]"
+
+    def subgroup_reduce(self, acc: str, op: Op, t: str, d: dt.DType) -> str | None:
+        if t not in _SIMD_TYPES:
+            return None
+        if op is Op.SUM_REDUCE:
+            return f"{acc} = simd_sum({acc});"
+        if t == "float":  # simd_max may drop NaN: the max propagates it
+            return (f"{{ const bool lm_nan = simd_any({acc} != {acc}); {acc} = simd_max({acc});"
+                    f" if (lm_nan) {acc} = NAN; }}")  # fmt: skip
+        return f"{acc} = simd_max({acc});"
+
+
+METAL = MetalDialect()
+MetalKernel = Rendered
 
 
 def unsupported(k: K.Kernel) -> str | None:
@@ -122,82 +139,6 @@ def unsupported(k: K.Kernel) -> str | None:
     if k.dtype is dt.f64 or any(v.dtype is dt.f64 for t in trees for v in K.walk(t)):
         return "Metal has no 64-bit floats (f64)"
     return None
-
-
-def frame(name: str, params: Sequence[str], n_bufs: int) -> str:
-    """The kernel's head: buffer parameters, the dims buffer, the thread positions."""
-    allp = [*params, f"constant int64_t *lm_dims [[buffer({n_bufs})]]", *POSITIONS]
-    return f"kernel void {name}({', '.join(allp)}) {{"
-
-
-def dim_lines(dim_names: Sequence[str], ix: str) -> list[str]:
-    return [f"  const {ix} d_{n} = ({ix})lm_dims[{i}]; (void)d_{n};"
-            for i, n in enumerate(dim_names)]  # fmt: skip
-
-
-class MetalEmitter(Emitter):
-    """The C emitter with Metal's reductions: one met outside any loop or branch is shared
-    by the threadgroup (simdgroup functions, then one partial per simdgroup)."""
-
-    simd_reductions = False  # the CPU's vector idioms; Metal reductions are simd_* calls
-    fast_exp2 = False  # exp2 is a hardware instruction on the GPU
-
-    def __init__(
-        self, ptr_of: Callable[[int], str], index_type: str, threads: int, block_reduce: bool
-    ) -> None:
-        super().__init__(ptr_of)
-        self.index_type = index_type
-        self.threads = threads
-        self.block_reduce = block_reduce
-        # threadgroup arrays, declared at the top of the kernel (Metal allows them only there)
-        self.shared: list[str] = []
-
-    def _emit(self, v: K.Value, ind: str) -> str:
-        if isinstance(v, K.Reduce) and self.block_reduce and len(self.scopes) == 1:
-            return self._group_reduce(v, ind)
-        return super()._emit(v, ind)
-
-    def _group_reduce(self, v: K.Reduce, ind: str) -> str:
-        t, init = ctype(v.dtype), reduce_init(v.op, v.dtype)
-        self.hoist(v.body, frozenset({v.var.name}), ind)
-        acc, sh = self.tmp(), self.tmp()
-        rv, ix, n = _c_name(v.var), self.index_type, self.threads
-        L = self.lines.append
-        L(f"{ind}{t} {acc} = {init};")
-        L(f"{ind}for ({ix} {rv} = ({ix})lm_tid.x; {rv} < {cexpr(v.extent)}; {rv} += {n}) {{")
-
-        def body() -> None:
-            x = self.emit(v.body, ind + "  ")
-            L(f"{ind}  {acc} = {reduce_update(v.op, v.dtype, acc, x)};")
-
-        self.block(body)
-        L(f"{ind}}}")
-        fold = f"{acc} = {reduce_update(v.op, v.dtype, acc, f'{sh}[j]')};"
-        if t in _SIMD_TYPES:
-            # within a simdgroup by its functions (every lane runs them), then the groups'
-            # partials through threadgroup memory, folded by every thread
-            if v.op is Op.SUM_REDUCE:
-                L(f"{ind}{acc} = simd_sum({acc});")
-            elif t == "float":  # simd_max may drop NaN: the max propagates it
-                L(f"{ind}{{ const bool lm_nan = simd_any({acc} != {acc}); {acc} = simd_max({acc});"
-                  f" if (lm_nan) {acc} = NAN; }}")  # fmt: skip
-            else:
-                L(f"{ind}{acc} = simd_max({acc});")
-            groups = max(1, n // SIMD)
-            self.shared.append(f"  threadgroup {t} {sh}[{groups}];")
-            L(f"{ind}if (lm_lane == 0) {sh}[lm_sg] = {acc};")
-            L(f"{ind}threadgroup_barrier(mem_flags::mem_threadgroup);")
-            L(f"{ind}{acc} = {init};")
-            L(f"{ind}for (int j = 0; j < {groups}; ++j) {fold}")
-        else:  # 64-bit integers: a tree in threadgroup memory
-            self.shared.append(f"  threadgroup {t} {sh}[{n}];")
-            L(f"{ind}{sh}[lm_tid.x] = {acc};")
-            L(f"{ind}threadgroup_barrier(mem_flags::mem_threadgroup);")
-            upd = reduce_update(v.op, v.dtype, f"{sh}[lm_tid.x]", f"{sh}[lm_tid.x + s]")
-            L(f"{ind}for (uint s = {n // 2}; s > 0; s >>= 1) {{ if (lm_tid.x < s) "
-              f"{sh}[lm_tid.x] = {upd}; threadgroup_barrier(mem_flags::mem_threadgroup); }}")  # fmt: skip
-            L(f"{ind}{acc} = {sh}[0];")
-        return acc
 
 
 def render_kernel(
@@ -211,98 +152,22 @@ def render_kernel(
         raise ValueError(f"kernel {k.name}: cannot run on Metal: {why}")
     k = folded(k)
     schedule = schedule or ("softmax_row" if softmax_rows(k) else choose_schedule(k))
-    args, dtypes = kernel_buffers(k)
-    slot = {b: i for i, b in enumerate(args)}
-    shape, n = k.shape, len(k.shape)
-    numel = _numel(shape)
-    exprs: list[sint] = [*shape, numel, _flat_store_index(shape), *_exprs(k.value)]
-    if k.scatter_row is not None:
-        exprs += _exprs(k.scatter_row) + [k.scatter_rows]
-    ix = "int32_t" if _fits_i32(exprs) else "int64_t"
-    params = []
-    for b, i in slot.items():
-        const = "" if i == 0 else "const "
-        params.append(f"device {const}{storage_ctype(dtypes[b])} *b{i} [[buffer({i})]]")
     if threads is None:
         threads = SOFTMAX_THREADS if schedule == "softmax_row" else choose_threads(k, schedule)
     if schedule == "scatter" and k.dtype.packed:
         threads = 1  # neighbouring 4-bit elements share a byte: one thread writes them all
-    em = MetalEmitter(lambda b: f"b{slot[b]}", ix, threads, schedule in ("row", "element"))
-    if schedule == "softmax_row":
-        em.block_reduce = False  # the score's own reductions run in the thread of its key
-    ind = "  "
-    body: list[str] = []
-
-    def store(val: str, ind: str) -> str:
-        return ind + store_stmt("b0", cexpr(_flat_store_index(shape)), val, k.dtype)
-
-    grid: sint
-    if schedule == "thread":
-        per = 2 if k.dtype.packed else 1
-        grid = sym.ceildiv(numel, threads * per)
-        body.append(f"  const {ix} t0 = ({ix})lm_tg.x * {threads} + ({ix})lm_tid.x;")
-        body.append(
-            f"  for ({ix} t = t0 * {per}; t < t0 * {per} + {per} && t < {cexpr(numel)}; ++t) {{"
-        )
-        body += _unflatten_lines("t", shape, 0, ix, "    ", "")
-        em.lines = []
-        em.block(lambda: em.lines.append(store(em.emit(k.value, "    "), "    ")))
-        body += em.lines + ["  }"]
-    elif schedule == "row":
-        grid = _numel(shape[:-1])
-        body.append(f"  const {ix} t = ({ix})lm_tg.x;")
-        body += _unflatten_lines("t", shape[:-1], 0, ix, ind, "")
-        em.lines = []
-        em.hoist(k.value, frozenset({f"_i{n - 1}"}), ind)
-        last = f"i{n - 1}"
-        em.lines.append(f"  for ({ix} {last} = ({ix})lm_tid.x; {last} < {cexpr(shape[-1])}; "
-                        f"{last} += {threads}) {{")  # fmt: skip
-        em.block(lambda: em.lines.append(store(em.emit(k.value, "    "), "    ")))
-        body += em.lines + ["  }"]
-    elif schedule == "element":
-        grid = numel
-        body.append(f"  const {ix} t = ({ix})lm_tg.x;")
-        body += _unflatten_lines("t", shape, 0, ix, ind, "")
-        em.lines = []
-        val = em.emit(k.value, ind)
-        body += em.lines
-        body.append(f"  if (lm_tid.x == 0) {store(val, '')}")
-    elif schedule == "softmax_row":
-        grid = _numel(shape[:-1])
-        body.append(f"  const {ix} t = ({ix})lm_tg.x;")
-        body += _unflatten_lines("t", shape[:-1], 0, ix, ind, "")
-        body += _softmax_row(em, k, ix, threads)
-    elif schedule == "scatter":
-        assert k.scatter_row is not None
-        rows_shape, inner_shape = shape[: k.row_dims], shape[k.row_dims :]
-        inner_n, rows_n = _numel(inner_shape), _numel(rows_shape)
-        grid = 1 if threads == 1 else sym.ceildiv(inner_n, threads)
-        row_size = cexpr(inner_n)
-        inner_flat = cexpr(_flat_store_index(inner_shape, k.row_dims))
-        body.append(f"  for ({ix} u = ({ix})lm_tg.x * {threads} + ({ix})lm_tid.x; "
-                    f"u < {row_size}; u += ({ix})lm_ntg.x * {threads}) {{")  # fmt: skip
-        body += _unflatten_lines("u", inner_shape, k.row_dims, ix, "    ", "u")
-        body.append(f"    for ({ix} r = 0; r < {cexpr(rows_n)}; ++r) {{")
-        body += _unflatten_lines("r", rows_shape, 0, ix, "      ", "r")
-
-        def sbody() -> None:
-            val = em.emit(k.value, "      ")
-            assert k.scatter_row is not None
-            row = em.emit(k.scatter_row, "      ")
-            em.lines.append(f"      {{ const int64_t row = (int64_t)({row});")
-            em.lines.append(f"        if (row >= 0 && row < {cexpr(k.scatter_rows)}) "
-                            + store_stmt("b0", f"row * {row_size} + {inner_flat}", val, k.dtype)
-                            + " }")  # fmt: skip
-
-        em.lines = []
-        em.block(sbody)
-        body += em.lines + ["    }", "  }"]
-    else:
-        raise ValueError(f"unknown Metal schedule {schedule!r}")
-    lines = [frame(k.name, params, len(args)), *em.shared, *dim_lines(dim_names, ix), *body, "}"]
-    return MetalKernel(
-        k.name, PRELUDE + "\n".join(lines) + "\n", args, (grid, 1, 1), (threads, 1, 1), schedule
-    )
+    if schedule != "softmax_row":
+        return render(METAL, k, dim_names, PRELUDE, schedule, threads)
+    args, dtypes = kernel_buffers(k)
+    slot = {b: i for i, b in enumerate(args)}
+    # the score's own reductions run in the thread of its key
+    em = GpuEmitter(lambda b: f"b{slot[b]}", METAL, index_type(k), threads, False)
+    ix = em.index_type
+    body = [f"  const {ix} t = ({ix})lm_tg.x;"]
+    body += unflatten_lines("t", k.shape[:-1], 0, ix, "  ", "")
+    body += _softmax_row(em, k, ix, threads)
+    source = assemble(METAL, k, PRELUDE, args, dtypes, em, body, dim_names)
+    return Rendered(k.name, source, args, (numel(k.shape[:-1]), 1, 1), (threads, 1, 1), schedule)
 
 
 SOFTMAX_THREADS = 64  # threads of a softmax row: one key each per tile, columns strided
@@ -323,7 +188,7 @@ def softmax_rows(k: K.Kernel) -> bool:
     )
 
 
-def _softmax_row(em: MetalEmitter, k: K.Kernel, ix: str, threads: int) -> list[str]:
+def _softmax_row(em: GpuEmitter, k: K.Kernel, ix: str, threads: int) -> list[str]:
     """An online softmax over tiles of ``threads`` keys: each thread scores one key of the
     tile; the tile's max and sum are threadgroup reductions; the running sums are rescaled
     when the max grows; each thread accumulates its columns (strided by ``threads``) of the
@@ -334,7 +199,7 @@ def _softmax_row(em: MetalEmitter, k: K.Kernel, ix: str, threads: int) -> list[s
     last, jv, ext = f"i{n - 1}", _c_name(v.var), cexpr(v.extent)
     cols = -(-sym.upper_bound(k.shape[-1]) // threads)
     width = cexpr(k.shape[-1])
-    groups = max(1, threads // SIMD)
+    groups = max(1, threads // SUBGROUP)
     em.shared += [f"  threadgroup float lm_ps[{threads}];",
                   f"  threadgroup float lm_pm[{groups}];", f"  threadgroup float lm_pl[{groups}];"]  # fmt: skip
     out = ["  float lm_m = -INFINITY, lm_l = 0.0f;",
@@ -379,7 +244,7 @@ def _softmax_row(em: MetalEmitter, k: K.Kernel, ix: str, threads: int) -> list[s
         emit(v.weight, "        ", f"lm_acc[{c}] += lm_pj * {{}};")
         out.append("      } }")
     out += ["    }", f"    {bar}  // lm_ps and the partials are rewritten by the next tile", "  }"]
-    flat = cexpr(_flat_store_index(k.shape))
+    flat = cexpr(flat_store_index(k.shape))
     for c in range(cols):
         out.append(f"  {{ const {ix} {last} = {c * threads} + ({ix})lm_tid.x;")
         out.append(
