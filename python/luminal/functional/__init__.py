@@ -5,7 +5,8 @@ Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, selec
 ``activation``, ``reduce`` (reductions, scans, softmax), ``movement`` (views, cat, pad),
 ``index`` (x[...], gather/scatter, embedding), ``creation`` (``arange(g, ...)``, ``zeros``...),
 ``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling),
-``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma).
+``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma),
+``ordering`` (sort, topk, median, logcumsumexp).
 """
 
 import sys
@@ -21,6 +22,7 @@ from . import (
     linalg,
     movement,
     nn,
+    ordering,
     reduce,
     special,
     transcendental,
@@ -34,12 +36,13 @@ from .index import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .movement import *  # noqa: F403
 from .nn import *  # noqa: F403
+from .ordering import *  # noqa: F403
 from .reduce import *  # noqa: F403
 from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
 
-_TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn, reduce,
-           special, transcendental)  # fmt: skip
+_TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn,
+           ordering, reduce, special, transcendental)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})
 
 _register(sys.modules[__name__])  # Tensor's methods delegate to this package

@@ -44,6 +44,7 @@ class Ctx:
         self.g = graph
         self.dims = dims
         self.val: Any = None  # node.meta["val"] of the node being converted
+        self.node: Any = None  # that FX node (a converter may look at its users)
         # id of the tensor a written graph input is read as -> that 1-D input (see partition)
         self.flat_inputs: dict[int, Tensor] = {}
         # id of a SCATTER node into such an input -> (that input's node, the layout read back)
@@ -796,3 +797,6 @@ def _match(cx: Ctx, out: Any, val: Any) -> Any:
         # a mismatch is a converter bug; eager is right, so never return this value
         raise Unsupported(f"converted shape {out.shape} differs from torch's {tuple(val.shape)}")
     return out.cast(dt.to_dtype(val.dtype))
+
+
+from . import convert_extra as _extra  # noqa: E402,F401 - registers more converters in TABLE

@@ -159,7 +159,7 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
             try:
                 if _has_missing((args, kwargs)):
                     raise Unsupported(_DOWNSTREAM)
-                cx.val = val
+                cx.val, cx.node = val, node
                 if node.target is torch.ops.aten.copy_.default and node.args[0] in mutated:
                     env[node] = _write_in_place(cx, node, args)
                     updated.append(ph_index[node.args[0]])
