@@ -1,12 +1,16 @@
 #include "executor.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <fcntl.h>
 #include <map>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 namespace luminal {
@@ -321,6 +325,26 @@ void Executor::set_profiling(bool on) {
 std::vector<std::pair<int64_t, int64_t>> Executor::profile() const {
   std::lock_guard<std::mutex> lock(const_cast<std::mutex &>(mu_));
   return prof_;
+}
+
+void prepare(const std::vector<std::shared_ptr<const Plan>> &plans, const std::string &backend,
+             unsigned jobs) {
+  if (jobs == 0) jobs = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::exception_ptr> errors(plans.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < plans.size();) try {
+        Executor ex(plans[i], backend);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t < std::min<size_t>(jobs, plans.size()); ++t) threads.emplace_back(work);
+  work();
+  for (auto &t : threads) t.join();
+  for (auto &e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 } // namespace luminal

@@ -71,4 +71,10 @@ private:
   size_t arena_size_ = 0;
 };
 
+// Loads the kernels of many plans at once, up to `jobs` plans at a time (0: one per core),
+// and drops the executors: a backend that caches compiled kernels on disk (cpu) then makes
+// each Executor(plan) without compiling. Throws the first plan's error.
+void prepare(const std::vector<std::shared_ptr<const Plan>> &plans, const std::string &backend,
+             unsigned jobs = 0);
+
 } // namespace luminal

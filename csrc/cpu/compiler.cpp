@@ -1,5 +1,8 @@
 #include "compiler.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -7,12 +10,16 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
+#include <sched.h>
 #include <spawn.h>
 #include <sstream>
+#include <string_view>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -41,6 +48,10 @@ const std::vector<std::string> kFlags = {"-O3",
                                          "-shared",
                                          "-fno-tree-loop-if-convert",
                                          "-fPIC"};
+
+// A translation unit above this size is compiled in pieces, one compiler per core: most of a
+// big unit's time is optimization, which is per function.
+constexpr size_t kSplitAboveBytes = 48 * 1024;
 
 uint64_t fnv1a(const std::string &s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -137,8 +148,232 @@ const std::string &toolchain_id() {
   return id;
 }
 
-std::mutex g_compile_mu; // one compile at a time per process; the cache is shared
+// The leading include-guarded block of a source (after blank and #line lines) through its
+// matching #endif: the prelude every generated kernel starts with. Empty when there is none.
+std::string guarded_prelude(const std::string &src) {
+  auto line_end = [&](size_t p) {
+    size_t e = src.find('\n', p);
+    return e == std::string::npos ? src.size() : e + 1;
+  };
+  // "#  word rest" -> (word, rest); empty word when the line is no directive
+  auto directive = [&](size_t p, size_t e) -> std::pair<std::string, std::string> {
+    while (p < e && (src[p] == ' ' || src[p] == '\t')) ++p;
+    if (p == e || src[p] != '#') return {};
+    ++p;
+    while (p < e && (src[p] == ' ' || src[p] == '\t')) ++p;
+    size_t w = p;
+    while (p < e && std::isalpha(static_cast<unsigned char>(src[p]))) ++p;
+    std::string word = src.substr(w, p - w);
+    while (p < e && std::isspace(static_cast<unsigned char>(src[p]))) ++p;
+    size_t r = p;
+    while (p < e && !std::isspace(static_cast<unsigned char>(src[p]))) ++p;
+    return {word, src.substr(r, p - r)};
+  };
+  size_t pos = 0;
+  for (size_t e; pos < src.size(); pos = e) {
+    e = line_end(pos);
+    if (src.find_first_not_of(" \t\r\n", pos) >= e) continue;
+    if (directive(pos, e).first != "line") break;
+  }
+  size_t start = pos, e = line_end(start);
+  auto [w0, guard] = directive(start, e);
+  auto [w1, defined] = directive(e, line_end(e));
+  if (w0 != "ifndef" || w1 != "define" || guard.empty() || guard != defined) return {};
+  int depth = 0;
+  for (size_t p = start; p < src.size(); p = line_end(p)) {
+    std::string w = directive(p, line_end(p)).first;
+    if (w == "if" || w == "ifdef" || w == "ifndef")
+      ++depth;
+    else if (w == "endif" && --depth == 0)
+      return src.substr(start, line_end(p) - start);
+  }
+  return {};
+}
+
+void write_atomic(const std::string &path, const std::string &data) {
+  std::string tmp = path + "." + unique_suffix();
+  write_file(tmp, data);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("cannot write " + path);
+  }
+}
+
+// Precompiled preludes. Parsing the prelude (immintrin.h above all) is most of a small
+// kernel's compile: with the prelude precompiled once, `-include` makes the compiler load it
+// and skip the source's own guarded copy. The object code is the same. Keyed by the prelude
+// text and the toolchain; a precompiled header that fails is not used again in this process.
+std::mutex g_pch_mu;
+std::map<std::string, std::string> g_pch; // header path -> itself, "" when unusable
+
+std::string precompiled_prelude(const std::string &prelude) {
+  if (prelude.empty()) return {};
+  std::string key = hex(fnv1a(prelude, fnv1a(toolchain_id())));
+  std::string dir = cache_dir(), header = dir + "/pch-" + key + ".h", gch = header + ".gch";
+  std::lock_guard<std::mutex> lock(g_pch_mu); // one build; other compiles wait for it
+  if (auto it = g_pch.find(header); it != g_pch.end()) return it->second;
+  std::string &slot = g_pch[header];
+  if (::access(gch.c_str(), R_OK) == 0 && ::access(header.c_str(), R_OK) == 0) return slot = header;
+  try {
+    write_atomic(header, prelude);
+    std::string tmp = dir + "/tmp-pch-" + key + "-" + unique_suffix() + ".gch";
+    auto argv = compiler_argv();
+    for (const auto &f : kFlags)
+      if (f != "-shared") argv.push_back(f);
+    argv.insert(argv.end(), {"-x", "c-header", header, "-o", tmp});
+    int rc = run(argv, tmp + ".log");
+    std::remove((tmp + ".log").c_str());
+    if (rc == 0 && std::rename(tmp.c_str(), gch.c_str()) == 0) return slot = header;
+    std::remove(tmp.c_str());
+  } catch (const Error &) {
+  }
+  return slot = "";
+}
+
+void pch_failed(const std::string &header) {
+  std::lock_guard<std::mutex> lock(g_pch_mu);
+  g_pch[header].clear();
+}
+
+std::string join(const std::vector<std::string> &argv) {
+  std::string cmd;
+  for (const auto &a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  return cmd;
+}
+
+// Runs the compiler on `src` into `out` (a shared library, or with `object` a .o), through
+// the precompiled prelude when there is one. On failure, returns the log of a run without it.
+struct Outcome {
+  int rc;
+  std::vector<std::string> argv;
+  std::string log;
+};
+
+Outcome run_compiler(const std::string &source, const std::string &src, const std::string &out,
+                     bool object) {
+  std::string log = out + ".log";
+  auto argv_for = [&](const std::string &pch) {
+    auto argv = compiler_argv();
+    for (const auto &f : kFlags)
+      if (!(object && f == "-shared")) argv.push_back(f);
+    if (object) argv.push_back("-c");
+    if (!pch.empty()) argv.insert(argv.end(), {"-include", pch});
+    argv.insert(argv.end(), {"-o", out, src});
+    return argv;
+  };
+  std::string pch = precompiled_prelude(guarded_prelude(source));
+  auto argv = argv_for(pch);
+  int rc = run(argv, log);
+  if (rc != 0 && !pch.empty()) { // the source's own error, or a stale header: try without it
+    argv = argv_for("");
+    rc = run(argv, log);
+    if (rc == 0) pch_failed(pch);
+  }
+  Outcome o{rc, argv, read_file(log)};
+  std::remove(log.c_str());
+  return o;
+}
+
+[[noreturn]] void compile_error(const Outcome &o, const std::string &src) {
+  throw Error(o.rc < 0 ? "cannot run the C compiler '" + o.argv[0] +
+                             "' (set $CC to a C compiler): " + join(o.argv)
+                       : "C compiler failed (exit " + std::to_string(o.rc) + "): " + join(o.argv) +
+                             " (source kept at " + src + ")\n" + o.log);
+}
+
+// Splits a translation unit of many kernels (each begins with `#line 1 "...`, and each
+// carries its own guarded prelude) into at most `parts` pieces of similar size. One piece when
+// the source is small or has one kernel.
+std::vector<std::string> split_units(const std::string &source, unsigned parts) {
+  std::vector<size_t> starts;
+  for (size_t p = 0; p < source.size();) {
+    if (source.compare(p, 9, "#line 1 \"") == 0) starts.push_back(p);
+    size_t e = source.find('\n', p);
+    if (e == std::string::npos) break;
+    p = e + 1;
+  }
+  if (parts < 2 || starts.size() < 2 || starts[0] != 0 || source.size() < kSplitAboveBytes)
+    return {source};
+  parts = std::min<unsigned>(parts, unsigned(starts.size()));
+  std::vector<std::string> out;
+  size_t begin = 0, target = source.size() / parts;
+  for (size_t i = 1; i < starts.size(); ++i)
+    if (starts[i] - begin >= target && out.size() + 1 < parts) {
+      out.push_back(source.substr(begin, starts[i] - begin));
+      begin = starts[i];
+    }
+  out.push_back(source.substr(begin));
+  return out;
+}
+
+// Compiles the pieces to objects in parallel and links them into `out`. False when any step
+// fails (the caller then compiles the whole source, whose errors are the ones to show).
+bool compile_split(const std::vector<std::string> &pieces, const std::string &tmp,
+                   const std::string &out) {
+  std::vector<std::string> srcs, objs;
+  std::vector<int> ok(pieces.size(), 0);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    srcs.push_back(tmp + "-" + std::to_string(i) + ".c");
+    objs.push_back(tmp + "-" + std::to_string(i) + ".o");
+    write_file(srcs[i], pieces[i]);
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < pieces.size(); ++i)
+    threads.emplace_back(
+        [&, i] { ok[i] = run_compiler(pieces[i], srcs[i], objs[i], true).rc == 0; });
+  ok[0] = run_compiler(pieces[0], srcs[0], objs[0], true).rc == 0;
+  for (auto &t : threads) t.join();
+  bool all = std::all_of(ok.begin(), ok.end(), [](int v) { return v != 0; });
+  if (all) {
+    auto argv = compiler_argv();
+    argv.insert(argv.end(), kFlags.begin(), kFlags.end());
+    argv.insert(argv.end(), {"-o", out});
+    argv.insert(argv.end(), objs.begin(), objs.end());
+    all = run(argv, tmp + ".link.log") == 0;
+    std::remove((tmp + ".link.log").c_str());
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    std::remove(srcs[i].c_str());
+    std::remove(objs[i].c_str());
+  }
+  return all;
+}
+
+// The cached library of `source`, compiled first when missing (in up to `parts` pieces).
+std::string compiled_library(const std::string &source, unsigned parts) {
+  std::string dir = cache_dir();
+  mkdirs(dir);
+  std::string key = hex(fnv1a(source, fnv1a(toolchain_id())));
+  std::string so = dir + "/cpu-" + key + ".so";
+  if (::access(so.c_str(), R_OK) == 0) return so;
+  std::string tmp = dir + "/tmp-" + key + "-" + unique_suffix();
+  std::string src = tmp + ".c", out = tmp + ".so";
+  auto pieces = split_units(source, parts);
+  if (pieces.size() < 2 || !compile_split(pieces, tmp, out)) {
+    write_file(src, source);
+    Outcome o = run_compiler(source, src, out, false);
+    if (o.rc != 0) {
+      std::remove(out.c_str());
+      compile_error(o, src);
+    }
+    std::remove(src.c_str());
+  }
+  // rename is atomic, so concurrent processes never load a half-written library.
+  if (std::rename(out.c_str(), so.c_str()) != 0)
+    throw Error("cannot move compiled kernels into the cache: " + so);
+  return so;
+}
 } // namespace
+
+unsigned default_jobs() {
+#ifdef __linux__
+  cpu_set_t set; // the cores this process may use, which a container may limit
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return unsigned(CPU_COUNT(&set));
+#endif
+  unsigned n = std::thread::hardware_concurrency();
+  return n ? n : 1;
+}
 
 SharedLib::SharedLib(const std::string &path) : path_(path) {
   handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -156,48 +391,53 @@ void *SharedLib::symbol(const std::string &name) const {
 }
 
 std::shared_ptr<SharedLib> compile_c(const std::string &source) {
-  std::lock_guard<std::mutex> lock(g_compile_mu);
-  std::string dir = cache_dir();
-  mkdirs(dir);
-  std::string key = hex(fnv1a(source, fnv1a(toolchain_id())));
-  std::string so = dir + "/cpu-" + key + ".so";
-  if (::access(so.c_str(), R_OK) != 0) {
-    std::string tmp = dir + "/tmp-" + key + "-" + unique_suffix();
-    std::string src = tmp + ".c", out = tmp + ".so", log = tmp + ".log";
-    write_file(src, source);
-    auto argv = compiler_argv();
-    argv.insert(argv.end(), kFlags.begin(), kFlags.end());
-    argv.insert(argv.end(), {"-o", out, src});
-    int rc = run(argv, log);
-    std::string text = read_file(log);
-    std::remove(log.c_str());
-    if (rc != 0) {
-      std::remove(out.c_str());
-      std::string cmd;
-      for (const auto &a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-      throw Error(rc < 0 ? "cannot run the C compiler '" + argv[0] +
-                               "' (set $CC to a C compiler): " + cmd
-                         : "C compiler failed (exit " + std::to_string(rc) + "): " + cmd +
-                               " (source kept at " + src + ")\n" + text);
-    }
-    std::remove(src.c_str());
-    // rename is atomic, so concurrent processes never load a half-written library.
-    if (std::rename(out.c_str(), so.c_str()) != 0)
-      throw Error("cannot move compiled kernels into the cache: " + so);
+  return std::make_shared<SharedLib>(compiled_library(source, default_jobs()));
+}
+
+std::vector<std::shared_ptr<SharedLib>> compile_many(const std::vector<std::string> &sources,
+                                                     unsigned jobs) {
+  if (jobs == 0) jobs = default_jobs();
+  // one compile per distinct source; the workers take them in order
+  std::map<std::string_view, size_t> first;
+  std::vector<size_t> unique, index(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    auto [it, added] = first.emplace(sources[i], unique.size());
+    if (added) unique.push_back(i);
+    index[i] = it->second;
   }
-  return std::make_shared<SharedLib>(so);
+  std::vector<std::string> paths(unique.size());
+  std::vector<std::exception_ptr> errors(unique.size());
+  unsigned workers = std::min<unsigned>(jobs, unsigned(unique.size()));
+  unsigned parts = std::max(1u, jobs / std::max(1u, unsigned(unique.size())));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t u; (u = next++) < unique.size();) try {
+        paths[u] = compiled_library(sources[unique[u]], parts);
+      } catch (...) {
+        errors[u] = std::current_exception();
+      }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t < workers; ++t) threads.emplace_back(work);
+  work();
+  for (auto &t : threads) t.join();
+  for (auto &e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<std::shared_ptr<SharedLib>> libs(sources.size());
+  std::vector<std::shared_ptr<SharedLib>> loaded(unique.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    auto &lib = loaded[index[i]];
+    if (!lib) lib = std::make_shared<SharedLib>(paths[index[i]]);
+    libs[i] = lib;
+  }
+  return libs;
 }
 
 std::shared_ptr<SharedLib> load_shared_object(const std::string &image) {
-  std::lock_guard<std::mutex> lock(g_compile_mu);
   std::string dir = cache_dir();
   mkdirs(dir);
   std::string so = dir + "/so-" + hex(fnv1a(image)) + "-" + std::to_string(image.size()) + ".so";
-  if (::access(so.c_str(), R_OK) != 0) {
-    std::string tmp = so + "." + unique_suffix();
-    write_file(tmp, image);
-    if (std::rename(tmp.c_str(), so.c_str()) != 0) throw Error("cannot write " + so);
-  }
+  if (::access(so.c_str(), R_OK) != 0) write_atomic(so, image);
   return std::make_shared<SharedLib>(so);
 }
 

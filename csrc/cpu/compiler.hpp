@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace luminal::cpu {
 
@@ -21,8 +22,17 @@ private:
 
 // Compiles one C translation unit with $CC (default "cc") and the fixed flags, caching the
 // result in $LUMINAL_CACHE_DIR (default ~/.cache/luminal) under a hash of source, compiler
-// version, flags and CPU model. Throws Error with the compiler's log on failure.
+// version, flags and CPU model. Throws Error with the compiler's log on failure. A large unit
+// of many kernels is compiled in pieces on all cores.
 std::shared_ptr<SharedLib> compile_c(const std::string &source);
+
+// compile_c for many units at once, up to `jobs` compiler processes at a time (0: one per
+// core); the libraries are in the order of `sources`. Throws the first failure.
+std::vector<std::shared_ptr<SharedLib>> compile_many(const std::vector<std::string> &sources,
+                                                     unsigned jobs = 0);
+
+// The cores this process may run on: compile_many's default number of compiler processes.
+unsigned default_jobs();
 
 // Writes a prebuilt shared object to the cache (keyed by its hash) and loads it.
 std::shared_ptr<SharedLib> load_shared_object(const std::string &image);

@@ -11,6 +11,7 @@ namespace nb = nanobind;
 void init_plan(nb::module_ &m);
 void init_executor(nb::module_ &m);
 void init_cuda(nb::module_ &m);
+void init_compiler(nb::module_ &m);
 
 NB_MODULE(_rt, m) {
   m.doc() = "luminal's native runtime (private; use luminal.runtime).";
@@ -39,4 +40,5 @@ NB_MODULE(_rt, m) {
   init_plan(m);
   init_executor(m);
   init_cuda(m);
+  init_compiler(m);
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the compiler is imported when something is compiled, not wi
     from .compiler.lower import Lowered
     from .graph.graph import Graph
 
-__all__ = ["CompiledGraph", "compile", "build_plan"]
+__all__ = ["CompiledGraph", "compile", "build_plan", "prepare"]
 
 # compile()'s stage messages go to its ``progress`` argument, else to this (the CLI sets it
 # so that compiles made deep inside model code report too)
@@ -53,6 +53,18 @@ def build_plan(
     for st in last:
         st.run(c)
     return cast(Plan, c.product)
+
+
+def prepare(plans: Sequence[Plan], backend: str = "cpu", jobs: int = 0) -> None:
+    """Loads the kernels of all ``plans`` at once, ``jobs`` plans at a time (0: one per
+    core): on cpu the C compiles run in parallel and land in the disk cache, so that an
+    ``Executor`` of each plan afterwards compiles nothing. The search calls it with all
+    candidates of one decision before it measures them one by one."""
+    from . import _rt
+
+    if jobs < 0:
+        raise ValueError(f"prepare: jobs must be >= 0 (0: one per core), not {jobs}")
+    _rt.prepare([_rt.Plan.from_parts(p.parts(), ".") for p in plans], backend, jobs)
 
 
 class CompiledGraph:

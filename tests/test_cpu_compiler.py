@@ -1,0 +1,102 @@
+"""The C compiler behind the cpu backend: the precompiled prelude, pieces of a large unit
+compiled in parallel, and ``luminal.compile.prepare`` (many plans' kernels at once)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from luminal import runtime
+from luminal.codegen.cpu.kernel import PRELUDE
+from luminal.compile import prepare
+from luminal.plan import KernelFormat, Launch, Plan, Role
+
+
+def _chain(n: int, scale: float) -> tuple[Plan, np.ndarray, np.ndarray]:
+    """A plan of n generated-style kernels (each starts with the CPU prelude), applied one
+    after another to x, with its input and expected output."""
+    p = Plan()
+    bufs = [p.add_buffer("x", "f32", Role.input, (37,))]
+    bufs += [p.add_buffer(f"t{i}", "f32", Role.output, (37,)) for i in range(1, n)]
+    bufs.append(p.add_buffer("y", "f32", Role.output, (37,)))
+    for i in range(n):
+        code = PRELUDE + (
+            f"void step{i}(void *const *args, const int64_t *dims, int64_t begin, int64_t end) {{\n"
+            "  const float *x = args[0]; float *y = args[1];\n"
+            f"  for (int64_t j = begin; j < end; ++j) y[j] = lm_maxf(x[j], 0.0f) * {scale}f"
+            f" + lm_exp2f(x[j] * 0.125f) - {i}.0f;\n}}\n"
+        )
+        k = p.add_kernel(f"step{i}", KernelFormat.c_source, f"step{i}", code.encode())
+        p.steps.append(Launch(k, [bufs[i], bufs[i + 1]], grid=(37, 1, 1), block=(8, 1, 1)))
+    xv = np.random.default_rng(n).standard_normal(37).astype(np.float32)
+    want = xv.astype(np.float64)
+    for i in range(n):
+        want = np.maximum(want, 0) * scale + np.exp2(want * 0.125) - i
+    return p, xv, want
+
+
+def _libs(cache: str) -> set[str]:
+    return {os.path.basename(p) for p in glob.glob(os.path.join(cache, "cpu-*.so"))}
+
+
+def _check(plan: Plan, xv: np.ndarray, want: np.ndarray) -> None:
+    got = runtime.Executor(plan).run({"x": xv})["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+
+
+def test_prelude_is_precompiled_once(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    for n, scale in [(1, 0.5), (2, 0.75), (3, 1.25)]:
+        _check(*_chain(n, scale))
+    assert len(_libs(str(tmp_path))) == 3
+    assert len(glob.glob(str(tmp_path / "pch-*.h.gch"))) == 1  # one prelude, one header
+
+
+def test_a_missing_or_corrupt_precompiled_header_is_not_fatal(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    _check(*_chain(1, 0.3))
+    (gch,) = glob.glob(str(tmp_path / "pch-*.h.gch"))
+    with open(gch, "r+b") as f:  # damaged: the compiler must not trust it
+        f.seek(64)
+        f.write(b"\xff" * 4096)
+    _check(*_chain(2, 0.3))
+    for p in glob.glob(str(tmp_path / "pch-*")):  # gone (cache cleared by another process)
+        os.remove(p)
+    _check(*_chain(3, 0.3))
+    _check(*_chain(4, 0.3))
+
+
+def test_a_large_unit_compiles_in_pieces_to_the_same_results(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    plan, xv, want = _chain(12, 0.9)
+    code = sum(len(bytes(k.code)) for k in plan.kernels)
+    assert code > 48 * 1024  # above the size that is split
+    _check(plan, xv, want)
+
+
+def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    cases = [_chain(n, s) for n, s in [(1, 0.4), (2, 0.6), (1, 0.4), (3, 1.1)]]
+    prepare([c[0] for c in cases], jobs=2)
+    made = _libs(str(tmp_path))
+    assert len(made) == 3  # the repeated plan is compiled once
+    for c in cases:
+        _check(*c)
+    assert _libs(str(tmp_path)) == made  # every executor found its kernels compiled
+    prepare([])
+
+
+def test_prepare_reports_bad_input(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    plan = _chain(1, 0.5)[0]
+    with pytest.raises(ValueError, match="jobs must be >= 0"):
+        prepare([plan], jobs=-1)
+    with pytest.raises(RuntimeError, match="nosuch"):
+        prepare([plan], backend="nosuch")
+    bad = _chain(2, 0.5)[0]
+    bad.kernels[0].code = b"void broken(void) { this is not C; }"
+    with pytest.raises(RuntimeError, match="C compiler failed(.|\n)*error"):
+        prepare([plan, bad])
