@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import flags
+from . import flags, progress
 from .compile import PROGRESS
 
 
@@ -39,24 +39,24 @@ def _say(msg: str) -> None:
 @contextmanager
 def _stage(what: str) -> Iterator[None]:
     """Prints the stage and how long it took; ``luminal.compile`` stage lines inside it (its
-    progress hook) print with the time since the stage began."""
+    progress hook) print with the time since the stage began. On a terminal a live status
+    line (``luminal.progress``) shows what runs meanwhile."""
     t0 = time.perf_counter()
-    print(f"luminal: {what} ...", end="", file=sys.stderr, flush=True)
-    pending = True  # the stage line still waits for its time
+    live = progress.enabled()
+    # with a live line below, the stage line is finished at once, not left waiting for its time
+    print(f"luminal: {what} ...", end="\n" if live else "", file=sys.stderr, flush=True)
+    pending = not live  # the stage line still waits for its time
 
     def step(msg: str) -> None:
         nonlocal pending
         head = "\n" if pending else ""
         pending = False
-        print(
-            f"{head}luminal:   {time.perf_counter() - t0:5.1f} s  {msg}",
-            file=sys.stderr,
-            flush=True,
-        )
+        progress.echo(f"{head}luminal:   {time.perf_counter() - t0:5.1f} s  {msg}")
 
     token = PROGRESS.set(step)
     try:
-        yield
+        with progress.task(""):
+            yield
     except BaseException:
         print(" failed" if pending else f"luminal: {what}: failed", file=sys.stderr, flush=True)
         raise

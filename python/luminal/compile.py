@@ -198,14 +198,17 @@ def _compile(
     say: Callable[[str], None],
     load: bool = True,
 ) -> CompiledGraph:
+    from . import progress
     from .compiler import pipeline  # not at import: ``python -m`` runs it as a script
 
     t0 = time.perf_counter()
-    c = pipeline.run(graph, target, search, say)
-    plan = cast(Plan, c.product)
-    say(f"loading the plan ({len(plan.kernels)} kernels; compiled C is cached on disk)")
-    t1 = time.perf_counter()
-    cg = CompiledGraph(plan, backend, lazy=backend != "cpu" or not load)
+    with progress.task(f"compiling {graph.name!r}"):
+        c = pipeline.run(graph, target, search, say, on_stage=progress.update)
+        plan = cast(Plan, c.product)
+        say(f"loading the plan ({len(plan.kernels)} kernels; compiled C is cached on disk)")
+        progress.update("loading the plan", detail=lambda: f"{len(plan.kernels)} kernels")
+        t1 = time.perf_counter()
+        cg = CompiledGraph(plan, backend, lazy=backend != "cpu" or not load)
     level = flags.debug()
     if level >= 1:
         t2 = time.perf_counter()

@@ -26,7 +26,7 @@ from .schedule import schedule
 from .search.egraph import simplify
 from .search.schedules import choose_schedules
 from .search.select import choose_library_calls
-from .search.tuner import Tuner
+from .search.tuner import STATS, Tuner
 from .siblings import merge_sibling_products
 from .stage import stage_strided_reads
 from .target import Target
@@ -187,25 +187,44 @@ def graph_passes(graph: Graph) -> Graph:
     return c.graph
 
 
+# on_stage(stage name, its number, number of stages, a function giving a live count or None)
+OnStage = Callable[[str, int, int, "Callable[[], str] | None"], None]
+
+
 def run(
     graph: Graph,
     target: Target,
     search: bool = True,
     say: Callable[[str], None] | None = None,
     stages: list[Stage] | None = None,
+    on_stage: OnStage | None = None,
 ) -> Compilation:
-    """Runs ``stages`` (default ``STAGES``) on ``graph`` for ``target``."""
+    """Runs ``stages`` (default ``STAGES``) on ``graph`` for ``target``; ``on_stage`` hears
+    of each stage as it starts (the progress line)."""
     c = Compilation(graph, target, search, say or (lambda msg: None))
     level = flags.debug()
-    for st in STAGES if stages is None else stages:
-        if not st.enabled():
-            continue
+    todo = [st for st in (STAGES if stages is None else stages) if st.enabled()]
+    for i, st in enumerate(todo):
+        if on_stage is not None:
+            on_stage(st.name, i + 1, len(todo), _progress_detail(c, st.name))
         t = time.perf_counter()
         st.run(c)
         c.times[st.name] = time.perf_counter() - t
         if level >= 1:
             print(f"luminal: stage {st.name}: {1e3 * c.times[st.name]:.1f} ms", file=sys.stderr)
     return c
+
+
+def _progress_detail(c: Compilation, stage: str) -> Callable[[], str] | None:
+    """The live count the progress line shows during ``stage``."""
+    if stage in ("library_calls", "schedules") and c.search:
+        m0, d0 = STATS.measurements, STATS.searched + STATS.cached
+        return lambda: (f"{STATS.searched + STATS.cached - d0} kernels decided, "
+                        f"{STATS.measurements - m0} measurements")  # fmt: skip
+    if stage in ("loop_rewrites", "plan") and c.low is not None:
+        n = len(c.low.kernels)
+        return lambda: f"{n} kernels"
+    return None
 
 
 def describe(stages: list[Stage] | None = None) -> str:
