@@ -246,7 +246,8 @@ def test_symbolic_m_small_config_and_empty() -> None:
     f = {"m": seq, "n": 67, "k": 29, "lda": 29, "batch": 3, "stride_a": sym.mul(seq, 29),
          "stride_b": 0, "stride_c": sym.mul(seq, 67)}  # fmt: skip
     gk = _check(f, dims={"seq": 5})
-    assert gk.config.bm == 48  # m <= 48: one warp row of three 16-row tiles
+    # m <= 48: one warp row of three 16-row tiles
+    assert gk.schedule == "mma-f32-48x64x16" and gk.block == (128, 1, 1)
     _check(f, dims={"seq": 1})
     # K = 0: C = alpha * 0 + beta * C
     _check({"m": 9, "n": 10, "k": 0, "beta": 0.25})

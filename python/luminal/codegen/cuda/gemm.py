@@ -26,7 +26,7 @@ from ...graph import symbolic as sym
 from ...graph.symbolic import sint
 from ..gpu import gemm as G
 from ..gpu.gemm import OPERAND_DTYPES, OUTPUT_DTYPES, gemm_fields, supports
-from ..gpu.kernel import dim_lines
+from ..gpu.kernel import Rendered, dim_lines
 from .dialect import CUDA
 
 __all__ = ["MMA_HELPERS", "OPERAND_DTYPES", "OUTPUT_DTYPES", "GemmConfig", "GemmKernel",
@@ -91,15 +91,7 @@ def choose_config(fields: Mapping[str, sint | float], operand: dt.DType) -> Gemm
     return GemmConfig(2, 4, 4, 4, bk)
 
 
-@dataclass
-class GemmKernel:
-    name: str
-    source: str
-    args: list[int]  # buffer ids: C, A, B (output first, like every generated kernel)
-    grid: tuple[sint, sint, sint]
-    block: tuple[int, int, int]
-    schedule: str
-    config: GemmConfig
+GemmKernel = Rendered  # its args are C, A, B (output first, like every generated kernel)
 
 
 def render_gemm(
@@ -110,12 +102,8 @@ def render_gemm(
     config: GemmConfig | None = None,
 ) -> GemmKernel:
     """CUDA C for one gemm call (``prelude`` is the CUDA prelude of codegen/cuda.py)."""
-    why = supports(lc, dtypes)
-    if why is not None:
-        raise ValueError(f"gemm {lc.name}: cannot generate a tensor-core kernel: {why}")
-    f = gemm_fields(lc)
-    a_id, b_id, c_id = lc.args
-    op, cdt = dtypes[a_id], dtypes[c_id]
+    g = G.prepare(lc, dtypes, "tensor-core")
+    f, op, cdt, alpha, beta = g.fields, g.operand, g.out, g.alpha, g.beta
     cfg = config or choose_config(f, op)
     f32 = op is dt.f32
     kstep = 8 if f32 else 16
@@ -125,7 +113,6 @@ def render_gemm(
     pad = 4 if f32 else 8  # keeps fragment reads conflict-free and 16-bit pairs 4-byte aligned
     ld_s = cfg.bk + pad
     la, lb = cfg.bm * cfg.bk // cfg.threads, cfg.bn * cfg.bk // cfg.threads
-    alpha, beta = float(f["alpha"]), float(f["beta"])  # type: ignore[arg-type]
     ctype = {dt.f32: "float", dt.f16: "uint16_t", dt.bf16: "uint16_t"}[cdt]
     params = [CUDA.param(0, ctype, True), CUDA.param(1, st, True), CUDA.param(2, st, True)]
     L = [CUDA.frame(lc.name, params, len(dim_names), cfg.threads),
@@ -251,5 +238,11 @@ def render_gemm(
     add("  }")
     add("}")
     source = prelude + MMA_HELPERS + "\n".join(L) + "\n"
-    return GemmKernel(lc.name, source, [c_id, a_id, b_id], G.grid(f, cfg.bm, cfg.bn), (cfg.threads, 1, 1),
-                      f"mma-{op.name}-{cfg.bm}x{cfg.bn}x{cfg.bk}", cfg)  # fmt: skip
+    return Rendered(
+        lc.name,
+        source,
+        [g.c, g.a, g.b],
+        G.grid(f, cfg.bm, cfg.bn),
+        (cfg.threads, 1, 1),
+        f"mma-{op.name}-{cfg.bm}x{cfg.bn}x{cfg.bk}",
+    )

@@ -12,6 +12,7 @@ symbolic). How a tile is multiplied is the backend's (mma.sync fragments, simdgr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
@@ -78,6 +79,32 @@ def supports(lc: K.LibCall, dtypes: Mapping[int, dt.DType]) -> str | None:
     except ValueError as e:
         return str(e)
     return None
+
+
+@dataclass
+class GemmCall:
+    """A gemm call a generated kernel can run: its descriptor (defaults filled in), its
+    buffers and their dtypes."""
+
+    fields: dict[str, sint | float]
+    a: int
+    b: int
+    c: int
+    operand: dt.DType
+    out: dt.DType
+    alpha: float
+    beta: float
+
+
+def prepare(lc: K.LibCall, dtypes: Mapping[int, dt.DType], kind: str) -> GemmCall:
+    """``lc`` checked for a generated ``kind`` kernel (a clear error naming it otherwise)."""
+    why = supports(lc, dtypes)
+    if why is not None:
+        raise ValueError(f"gemm {lc.name}: cannot generate a {kind} kernel: {why}")
+    f = gemm_fields(lc)
+    a, b, c = lc.args
+    alpha, beta = float(f["alpha"]), float(f["beta"])  # type: ignore[arg-type]
+    return GemmCall(f, a, b, c, dtypes[a], dtypes[c], alpha, beta)
 
 
 def _c(e: sint | float) -> str:

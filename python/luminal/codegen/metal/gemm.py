@@ -13,27 +13,15 @@ need MSL 3.1).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
-from ...graph.symbolic import sint
 from ..gpu import gemm as G
-from ..gpu.gemm import gemm_fields, supports
-from ..gpu.kernel import dim_lines
+from ..gpu.kernel import Rendered, dim_lines
 from .kernel import METAL, PRELUDE
 from .schedule import GemmTile, choose_tile
 
-
-@dataclass
-class MetalGemm:
-    name: str
-    source: str
-    args: list[int]  # buffer ids: C, A, B (output first, like every generated kernel)
-    grid: tuple[sint, sint, sint]
-    block: tuple[int, int, int]
-    schedule: str
-    tile: GemmTile
+MetalGemm = Rendered  # its args are C, A, B (output first, like every generated kernel)
 
 
 def render_gemm(
@@ -42,12 +30,8 @@ def render_gemm(
     dim_names: Sequence[str],
     tile: GemmTile | None = None,
 ) -> MetalGemm:
-    why = supports(lc, dtypes)
-    if why is not None:
-        raise ValueError(f"gemm {lc.name}: cannot generate a simdgroup-matrix kernel: {why}")
-    f = gemm_fields(lc)
-    a_id, b_id, c_id = lc.args
-    op, cdt = dtypes[a_id], dtypes[c_id]
+    g = G.prepare(lc, dtypes, "simdgroup-matrix")
+    f, op, cdt, alpha, beta = g.fields, g.operand, g.out, g.alpha, g.beta
     # (global element type, threadgroup element type, global -> threadgroup conversion)
     glob, tt, conv = {
         dt.f32: ("float", "float", "{}"),
@@ -58,7 +42,6 @@ def render_gemm(
     if t.bk % 8:
         raise ValueError(f"gemm tile {t}: bk must be a multiple of 8")
     bm, bn, bk, nt = t.bm, t.bn, t.bk, t.threads
-    alpha, beta = float(f["alpha"]), float(f["beta"])  # type: ignore[arg-type]
     ctype = "float" if cdt is dt.f32 else "uint16_t"
     params = [METAL.param(0, ctype, False), METAL.param(1, glob, False),
               METAL.param(2, glob, False)]  # fmt: skip
@@ -103,5 +86,11 @@ def render_gemm(
     add("  }")
     add("}")
     source = PRELUDE + "\n".join(L) + "\n"
-    return MetalGemm(lc.name, source, [c_id, a_id, b_id], G.grid(f, bm, bn), (nt, 1, 1),
-                     f"simdgroup-{op.name}-{bm}x{bn}x{bk}", t)  # fmt: skip
+    return Rendered(
+        lc.name,
+        source,
+        [g.c, g.a, g.b],
+        G.grid(f, bm, bn),
+        (nt, 1, 1),
+        f"simdgroup-{op.name}-{bm}x{bn}x{bk}",
+    )
