@@ -2,15 +2,18 @@
 // plan loads (all of a plan's kernels as one library), one pipeline state per kernel made once,
 // the steps of a run encoded into one command buffer (one compute encoder; copies as blits),
 // committed and waited for at sync. Buffers are MTLBuffers in shared storage (unified memory:
-// the CPU copies in and out of `contents` directly). Kernels take their buffers at
-// [[buffer(0..n-1)]], then every plan dim (int64) in one constant buffer at [[buffer(n)]], set
-// with setBytes. Gemm library calls run as MPSMatrixMultiplication. Every failing Metal call
-// throws an Error naming the call. Built with ARC (-fobjc-arc).
+// the CPU copies in and out of `contents` directly); mapped weights can back buffers without a
+// copy (map_host). Kernels take their buffers at [[buffer(0..n-1)]], then every plan dim
+// (int64) in one constant buffer at [[buffer(n)]], set with setBytes. Gemm library calls run as
+// MPSMatrixMultiplication. Every failing Metal call throws an Error naming the call. Built with
+// ARC (-fobjc-arc).
 #include "metal_backend.hpp"
 
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 #import <MetalPerformanceShaders/MetalPerformanceShaders.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "../backend.hpp"
+#include "host_map.hpp"
 
 namespace luminal {
 namespace {
@@ -99,6 +103,28 @@ public:
       void *p = [b contents];
       allocs_[reinterpret_cast<uintptr_t>(p)] = Allocation{b, bytes};
       return p;
+    }
+  }
+
+  // The `bytes` read-only host bytes at `host` (weights the caller keeps mapped while this
+  // backend lives) as a shared-storage buffer without a copy: returns `host`, which kernels
+  // then take as any buffer pointer, and free(host) drops only the wrapper. nullptr, with
+  // `why` set, when Metal cannot wrap them: the caller copies them into alloc() memory.
+  void *map_host(const void *host, size_t bytes, std::string *why) {
+    auto at = reinterpret_cast<uintptr_t>(host);
+    size_t len = metal::nocopy_length(at, bytes, size_t(getpagesize()), why);
+    if (len == 0) return nullptr;
+    @autoreleasepool {
+      id<MTLBuffer> b = [device_ newBufferWithBytesNoCopy:const_cast<void *>(host)
+                                                   length:len
+                                                  options:MTLResourceStorageModeShared
+                                              deallocator:nil];
+      if (b == nil) {
+        *why = "newBufferWithBytesNoCopy gave no buffer for " + std::to_string(len) + " bytes";
+        return nullptr;
+      }
+      allocs_[at] = Allocation{b, bytes};
+      return const_cast<void *>(host);
     }
   }
 

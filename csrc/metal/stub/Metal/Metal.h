@@ -76,6 +76,10 @@ typedef enum : NSUInteger {
 @property(readonly) MTLSize maxThreadsPerThreadgroup;
 - (id<MTLCommandQueue>)newCommandQueue;
 - (id<MTLBuffer>)newBufferWithLength:(NSUInteger)length options:(MTLResourceOptions)options;
+- (id<MTLBuffer>)newBufferWithBytesNoCopy:(void *)pointer
+                                   length:(NSUInteger)length
+                                  options:(MTLResourceOptions)options
+                              deallocator:(void (^)(void *pointer, NSUInteger length))deallocator;
 - (id<MTLLibrary>)newLibraryWithSource:(NSString *)source
                                options:(MTLCompileOptions *)options
                                  error:(NSError **)error;
