@@ -14,7 +14,7 @@ a plan's kernels concatenate into one translation unit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...compiler import kernel_ir as K
 from ...compiler.kfold import folded
@@ -163,6 +163,9 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         lines.append("}")
         return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, row_tasks, 1)
     stage = 0  # elements of a task's staged output run (rows.py); 0: plain stores
+    odometer = False
+    window: tuple[list[str], list[str], sint] | None = None  # see _mask_window
+    masked: tuple[sint, K.Value] | None = None
     if n == 0:
         tasks: sint = 1
         lines.append("  for (int64_t t = begin; t < end; ++t) {")
@@ -207,29 +210,41 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                     f"  {storage_ctype(k.dtype)} lm_st[{stage}] __attribute__((aligned(64)));"
                 )
             lines.append(f"  const int lm_nt = {stream_flag(k)};")
-        lines.append("  for (int64_t t = begin; t < end; ++t) {")
-        rem = "t" if single else "q"
         order = k.schedule.order if k.schedule is not None else 0
+        # the outer indices of the first task are divided out once, then advanced like an
+        # odometer: a division chain per task cost more than a short row's work (a conv's
+        # im2col rows of 8-32 elements; 64-bit divides take 40+ cycles on some cores)
+        odometer = single or order != 1 or n < 2
+        t0 = "begin" if odometer else "t"
+        decl = "int64_t" if odometer else "const int64_t"
+        dec: list[str] = []
+        rem = t0 if single else "q"
         if not single and order == 1 and n >= 2:
             # the outer indices vary fastest: consecutive tasks (one thread's share) read the
             # same chunk of columns, whose operands (a weight's rows) stay in cache
             outer: sint = 1
             for sz in shape[:-1]:
                 outer = sym.mul(outer, sz)
-            lines.append(
+            dec.append(
                 f"    const int64_t c = t / {cexpr(outer)}, q = t % {cexpr(outer)}; (void)q;"
             )
         elif not single:
-            lines.append(
-                f"    const int64_t c = t % {cexpr(nchunks)}, q = t / {cexpr(nchunks)}; (void)q;"
+            dec.append(
+                f"    {decl} c = {t0} % {cexpr(nchunks)}, q = {t0} / {cexpr(nchunks)}; (void)q;"
             )
         for j in range(n - 2, -1, -1):
             if j == 0:
-                lines.append(f"    const int64_t i0 = {rem};")
+                dec.append(f"    {decl} i0 = {rem};")
             else:
-                lines.append(f"    const int64_t i{j} = {rem} % {ext[j]};")
-                lines.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
+                dec.append(f"    {decl} i{j} = {rem} % {ext[j]};")
+                dec.append(f"    const int64_t q{j} = {rem} / {ext[j]}; (void)q{j};")
                 rem = f"q{j}"
+        if odometer:
+            lines += [x[2:] for x in dec]
+            lines.append("  for (int64_t t = begin; t < end; ++t) {")
+        else:
+            lines.append("  for (int64_t t = begin; t < end; ++t) {")
+            lines += dec
         # per-row values (a row's max or sum feeding every element) are computed once per row
         em.lines = []
         if single and row_reduce and n >= 2:
@@ -244,11 +259,24 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 em.scopes[-1][body_v] = f"{em.row_cache[r]}[{iv}]"
         if single:
             lo, hi = "0", ext[n - 1]
-            lines.append(f"    for (int64_t {iv} = 0; {iv} < {ext[n - 1]}; ++{iv}) {{")
         else:
             lo, hi = f"c * {chunk}", "hi"
             lines.append(f"    const int64_t hi = lm_min({ext[n - 1]}, (c + 1) * {chunk});")
-            lines.append(f"    for (int64_t {iv} = c * {chunk}; {iv} < hi; ++{iv}) {{")
+        masked = _unmasked(k.value)
+        if (
+            masked is not None
+            and isinstance(inner_ix, sym.Expr)
+            and not red
+            and not caches
+            and em.prefetch is None
+            and k.scatter_row is None
+        ):
+            window = _mask_window(masked[0], inner_ix)
+        if window is None:
+            lines.append(f"    for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+        else:
+            lines += _window_bounds(window, lo, hi)
+            lines.append(f"    for (int64_t {iv} = lm_wlo; {iv} < lm_whi; ++{iv}) {{")
         body_ind = "      "
         loop_close = ["    }", "  }"]
         if stage:
@@ -262,7 +290,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
     for j in range(n):
         lines.append(f"{body_ind}(void){ivars[j]};")
     em.lines = []
-    val = em.emit(k.value, body_ind)
+    val = em.emit(k.value if window is None or masked is None else masked[1], body_ind)
     body = list(em.lines)
     if k.scatter_row is None:
         flat: sint = 0
@@ -270,10 +298,23 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)
         ):
             flat = sym.add(flat, sym.mul(v, st))
-        if stage:
-            body.append(f"{body_ind}{stage_buf}[{ivars[-1]} - {lo}] = {val};")
-        else:
-            body.append(body_ind + store_stmt("b0", cexpr(flat), val, k.dtype))
+
+        def store(x: str, ind: str) -> str:
+            if stage:
+                return f"{ind}{stage_buf}[{ivars[-1]} - {lo}] = {x};"
+            return ind + store_stmt("b0", cexpr(flat), x, k.dtype)
+
+        body.append(store(val, body_ind))
+        if window is not None:
+            # the padding around the window: zeros, in loops without a per-element test
+            zero = f"(({ctype(k.dtype)})0)"
+            iv = ivars[-1]
+            loop_close = [
+                "    }",
+                f"    for (int64_t {iv} = {lo}; {iv} < lm_wlo; ++{iv}) {store(zero, '')}",
+                f"    for (int64_t {iv} = lm_whi; {iv} < {hi}; ++{iv}) {store(zero, '')}",
+                *loop_close[1:],
+            ]
     else:
         em.lines = []
         row = em.emit(k.scatter_row, body_ind)
@@ -288,6 +329,12 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         body.append(f"{body_ind}{{ const int64_t row = (int64_t)({row});")
         body.append(f"{body_ind}  if (row >= 0 && row < {cexpr(k.scatter_rows)}) "
                     + store_stmt("b0", f"row * {cexpr(row_size)} + {cexpr(inner)}", val, k.dtype) + " }")  # fmt: skip
+    if n >= 1 and odometer:
+        # the t loop's closing brace is the last of loop_close that is not the stream fence
+        at = max(i for i, x in enumerate(loop_close) if x == "  }")
+        loop_close = (
+            loop_close[:at] + _advance(n, ext, None if single else cexpr(nchunks)) + loop_close[at:]
+        )
     lines += body + loop_close + ["}"]
     inner_elems = min(sym.upper_bound(shape[-1]), chunk) if n >= 1 else 1
     min_chunk = 1 if n >= 1 and red else max(1, 4096 // max(inner_elems, 1))
@@ -296,3 +343,69 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         # several tasks: keep both on one thread
         min_chunk = 2**62
     return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, tasks, min_chunk)
+
+
+def _advance(n: int, ext: list[str], nchunks: str | None) -> list[str]:
+    """The next task's chunk and outer indices, carried like an odometer (see render_kernel)."""
+    steps = ([("c", nchunks)] if nchunks is not None else []) + [
+        (f"i{j}", ext[j]) for j in range(n - 2, 0, -1)
+    ]
+    last = "++i0;" if n >= 2 else ""
+    out = last
+    for name, e in reversed(steps):
+        out = f"if (++{name} == {e}) {{ {name} = 0; {out} }}"
+    return [f"    {out}"] if out else []
+
+
+def _unmasked(v: K.Value) -> tuple[sint, K.Value] | None:
+    """(mask, value without it) of a value that is zero outside a mask: padding."""
+    if isinstance(v, K.Masked):
+        return v.valid, v.value
+    if isinstance(v, K.Load) and v.valid != 1:
+        return v.valid, replace(v, valid=1)
+    return None
+
+
+def _mask_window(valid: sint, x: sym.Expr) -> tuple[list[str], list[str], sint] | None:
+    """A padding mask as a window of the inner loop: ``valid`` (a product of comparisons) is
+    ``lo_k <= x`` and ``x < hi_k`` for each listed bound (C expressions), times a rest free of
+    ``x``. Then the loop runs the unmasked value over the window and stores zeros around it
+    (a padded conv's copy: the per-element test kept it scalar). None when ``x`` appears
+    otherwise."""
+    los: list[str] = []
+    his: list[str] = []
+    rest: sint = 1
+    for f in sym._factors(valid) if isinstance(valid, sym.Expr) else []:
+        if x not in f.vars():
+            rest = sym.mul(rest, f)
+            continue
+        if f.kind != sym.LT:
+            return None
+        a, b = f.args
+        terms, const = sym._lin(sym.add(a, sym.mul(b, -1)))  # c*x + r < 0
+        c = terms.pop(x, 0)
+        if c == 0 or any(x in t.vars() for t in terms):
+            return None
+        r = sym._from_lin(terms, const)
+        if c == 1:
+            his.append(cexpr(sym.mul(r, -1)))
+        elif c == -1:
+            los.append(cexpr(sym.add(r, 1)))
+        elif c > 0:  # x < ceil(-r / c)
+            his.append(f"(lm_fdiv({cexpr(sym.add(sym.mul(r, -1), -1))}, {c}) + 1)")
+        else:  # x > r / -c
+            los.append(f"(lm_fdiv({cexpr(r)}, {-c}) + 1)")
+    return los, his, rest
+
+
+def _window_bounds(window: tuple[list[str], list[str], sint], lo: str, hi: str) -> list[str]:
+    los, his, rest = window
+    wlo, whi = lo, hi
+    for e in los:
+        wlo = f"lm_max({wlo}, {e})"
+    for e in his:
+        whi = f"lm_min({whi}, {e})"
+    out = [f"    int64_t lm_wlo = lm_min({wlo}, {hi}), lm_whi = lm_max({whi}, lm_wlo);"]
+    if rest != 1:
+        out.append(f"    if (!({cexpr(rest)})) lm_whi = lm_wlo;")
+    return out
