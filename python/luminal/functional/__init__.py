@@ -6,7 +6,8 @@ Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, selec
 ``index`` (x[...], gather/scatter, embedding), ``creation`` (``arange(g, ...)``, ``zeros``...),
 ``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling),
 ``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma),
-``ordering`` (sort, topk, median, logcumsumexp).
+``ordering`` (sort, topk, median, logcumsumexp), ``specfun`` (digamma, polygamma, zeta, Bessel I,
+erfcx, erfinv, ndtri).
 """
 
 import sys
@@ -24,6 +25,7 @@ from . import (
     nn,
     ordering,
     reduce,
+    specfun,
     special,
     transcendental,
 )  # fmt: skip
@@ -38,11 +40,12 @@ from .movement import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .ordering import *  # noqa: F403
 from .reduce import *  # noqa: F403
+from .specfun import *  # noqa: F403
 from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
 
 _TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn,
-           ordering, reduce, special, transcendental)  # fmt: skip
+           ordering, reduce, special, specfun, transcendental)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})
 
 _register(sys.modules[__name__])  # Tensor's methods delegate to this package

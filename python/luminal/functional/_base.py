@@ -182,6 +182,8 @@ def select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
         ci = cond.cast(a.dtype)
         return b.add(a.add(b.mul(-1)).mul(ci))
     g = cond.graph
+    if prod(shape) == 0:  # nothing selected; a reshape of an empty view has no strides
+        return const(g, 0, a.dtype, shape)
     # each side: a 0-d constant is stored once, anything else at the full shape
     sides, offs = [], []
     flat = flat_expr(shape)

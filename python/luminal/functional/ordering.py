@@ -40,6 +40,8 @@ def _sort_axis(name: str, x: Tensor, dim: int) -> tuple[Tensor, int, int]:
     if n > MAX_SORT:
         raise ValueError(f"{name}: the sorted axis has {n} elements; at most {MAX_SORT} "
                          "are supported (a sort compares every pair)")  # fmt: skip
+    if x.numel() == 0:
+        raise ValueError(f"{name}: an empty input {x.shape} has nothing to sort")
     order = [k for k in range(x.ndim) if k != d] + [d]
     return x.permute(order), d, n
 

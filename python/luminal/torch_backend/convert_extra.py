@@ -19,6 +19,8 @@ aten = torch.ops.aten
 
 
 def _static_axis(x: Tensor, dim: int, what: str) -> None:
+    if x.numel() == 0:
+        raise Unsupported(f"{what} of an empty tensor")  # nothing to compute: eager is free
     n = x.shape[x._axis(dim)] if x.ndim else 1
     if not isinstance(n, int) or n > F.MAX_SORT:
         raise Unsupported(f"{what} along an axis of {n} (static and at most {F.MAX_SORT})")
@@ -123,3 +125,29 @@ def _nanmedian_dim(cx: Ctx, x: Tensor, dim: int, keepdim: bool = False) -> tuple
 @op(aten.logcumsumexp.default)
 def _logcumsumexp(cx: Ctx, x: Tensor, dim: int) -> Tensor:
     return F.logcumsumexp(x, dim)
+
+
+# ----------------------------------------------------------------------------- special functions
+for _tgt, _fn in (
+    (aten.digamma.default, F.digamma), (aten.i0.default, F.i0),
+    (aten.special_i0e.default, F.i0e), (aten.special_i1.default, F.i1),
+    (aten.special_i1e.default, F.i1e), (aten.special_erfcx.default, F.erfcx),
+    (aten.special_log_ndtr.default, F.log_ndtr), (aten.erfinv.default, F.erfinv),
+    (aten.special_ndtri.default, F.ndtri),
+    (aten.special_spherical_bessel_j0.default, F.spherical_bessel_j0),
+):  # fmt: skip
+    op(_tgt)(lambda cx, x, _fn=_fn: _fn(x))
+
+
+@op(aten.polygamma.default)
+def _polygamma(cx: Ctx, n: Any, x: Tensor) -> Tensor:
+    if not isinstance(n, int):
+        raise Unsupported("polygamma with a symbolic order")
+    return F.polygamma(n, x)
+
+
+@op(aten.special_zeta.default, aten.special_zeta.self_scalar, aten.special_zeta.other_scalar)
+def _zeta(cx: Ctx, s: Any, q: Any) -> Tensor:
+    if not isinstance(s, Tensor):
+        s = q._lift(s)
+    return F.zeta(s, q)
