@@ -688,7 +688,11 @@ def _layer_norm(cx: Ctx, x: Tensor, shape: Sequence[Any], w: Any, b: Any, eps: f
 @op(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm(cx: Ctx, x: Tensor, w: Any, b: Any, rm: Tensor, rv: Tensor, momentum: float,
                 eps: float) -> tuple:  # fmt: skip
-    return F.batch_norm(x, rm, rv, w, b, False, momentum, eps), None, None
+    out = F.batch_norm(x, rm, rv, w, b, False, momentum, eps)
+    # the saved statistics are empty in inference (read back as such); else backward's only
+    extra = [F.full(cx.g, cx.shape(k), 0, dtype=dt.to_dtype(cx.val[k].dtype))
+             if cx.val[k].numel() == 0 else None for k in (1, 2)]  # fmt: skip
+    return out, *extra
 
 
 @op(aten.native_group_norm.default)

@@ -5,12 +5,16 @@ reductions, special functions, pooling and the remaining copies and views. Same 
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
 import torch
 
 from .. import functional as F
+from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.view import idx_vars
 from ..tensor import Tensor
 from .convert import Ctx, op
 from .symbols import Unsupported
@@ -151,3 +155,149 @@ def _zeta(cx: Ctx, s: Any, q: Any) -> Tensor:
     if not isinstance(s, Tensor):
         s = q._lift(s)
     return F.zeta(s, q)
+
+
+# ----------------------------------------------------------------------------- batch norm
+def _bn_batch(x: Tensor, w: Any, b: Any, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Training-mode batch norm: (out, mean, 1/sqrt(var + eps), unbiased var) per channel."""
+    dims = [0, *range(2, x.ndim)]
+    xf = x.cast(dt.f32) if x.dtype in (dt.f16, dt.bf16) else x
+    mean = F.mean(xf, dims, keepdim=True)
+    cen = F.sub(xf, mean)
+    var = F.mean(F.mul(cen, cen), dims, keepdim=True)
+    rstd = F.rsqrt(F.add(var, eps))
+    out = F.mul(cen, rstd)
+    bshape = [1, x.shape[1]] + [1] * (x.ndim - 2)
+    if w is not None:
+        out = F.mul(out, w.reshape(bshape))
+    if b is not None:
+        out = F.add(out, b.reshape(bshape))
+    n = F._base.prod([x.shape[k] for k in dims])
+    if not isinstance(n, int):
+        raise Unsupported("batch statistics over symbolic sizes")
+    unbiased = F.mul(var, n / (n - 1)) if n > 1 else F.mul(var, math.nan)
+    flat = [x.shape[1]]
+    return out.cast(x.dtype), mean.reshape(flat), rstd.reshape(flat), unbiased.reshape(flat)
+
+
+def _running(r: Any, new: Tensor, momentum: float) -> Any:
+    if r is None:
+        return None
+    return F.add(F.mul(r, 1.0 - momentum), F.mul(new.cast(r.dtype), momentum))
+
+
+def _empty_like_val(cx: Ctx, k: int) -> Tensor:
+    return F.full(cx.g, cx.shape(k), 0, dtype=dt.to_dtype(cx.val[k].dtype))
+
+
+@op(aten._native_batch_norm_legit_functional.default)
+def _bn_functional(cx: Ctx, x: Tensor, w: Any, b: Any, rm: Any, rv: Any, training: bool,
+                   momentum: float, eps: float) -> tuple:  # fmt: skip
+    if not training:
+        out = F.batch_norm(x, rm, rv, w, b, False, momentum, eps)
+        return out, _empty_like_val(cx, 1), _empty_like_val(cx, 2), rm, rv
+    out, mean, rstd, var = _bn_batch(x, w, b, eps)
+    return out, mean, rstd, _running(rm, mean, momentum), _running(rv, var, momentum)
+
+
+@op(aten._native_batch_norm_legit.no_stats)
+def _bn_no_stats(cx: Ctx, x: Tensor, w: Any, b: Any, training: bool, momentum: float,
+                 eps: float) -> tuple:  # fmt: skip
+    out, mean, rstd, _ = _bn_batch(x, w, b, eps)
+    return out, mean, rstd
+
+
+@op(aten._batch_norm_with_update_functional.default)
+def _bn_update_functional(cx: Ctx, x: Tensor, w: Any, b: Any, rm: Tensor, rv: Tensor,
+                          momentum: float, eps: float) -> tuple:  # fmt: skip
+    out, mean, rstd, var = _bn_batch(x, w, b, eps)
+    return (out, mean, rstd, _empty_like_val(cx, 3), _running(rm, mean, momentum),
+            _running(rv, var, momentum))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- copies, creation
+@op(aten.empty_permuted.default, aten.new_empty_strided.default)
+def _empty(cx: Ctx, *args: Any, **kw: Any) -> Tensor:
+    return F.full(cx.g, cx.shape(), 0, dtype=cx.dtype)  # any value is right for empty memory
+
+
+@op(aten.narrow_copy.default)
+def _narrow_copy(cx: Ctx, x: Tensor, dim: int, start: Any, length: Any) -> Tensor:
+    return F.narrow(x, dim, start, length)
+
+
+@op(aten.view_copy.default, aten._reshape_copy.default)
+def _view_copy(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
+    return x.reshape(cx.shape())
+
+
+@op(aten.permute_copy.default)
+def _permute_copy(cx: Ctx, x: Tensor, dims: Any) -> Tensor:
+    return x.permute(list(dims))
+
+
+@op(aten.unbind_copy.int)
+def _unbind_copy(cx: Ctx, x: Tensor, dim: int = 0) -> tuple:
+    return F.unbind(x, dim)
+
+
+@op(aten.angle.default)
+def _angle(cx: Ctx, x: Tensor) -> Tensor:
+    xf = x.cast(cx.dtype)
+    return F.where(F.isnan(xf), math.nan, F.where(F.lt(xf, 0.0), math.pi, 0.0)).cast(cx.dtype)
+
+
+def _norm_start(start: Any, n: Any) -> int:
+    if start is None:
+        return 0
+    if not isinstance(start, int) or not isinstance(n, int):
+        raise Unsupported("a scatter into a slice at a symbolic position")
+    return min(max(start + n if start < 0 else start, 0), n)
+
+
+@op(aten.slice_scatter.default)
+def _slice_scatter(cx: Ctx, x: Tensor, src: Tensor, dim: int = 0, start: Any = None,
+                   end: Any = None, step: int = 1) -> Tensor:  # fmt: skip
+    d = x._axis(dim)
+    n, m = x.shape[d], src.shape[d]
+    s0 = _norm_start(start, n)
+    if not isinstance(m, int):
+        raise Unsupported("a scatter of a symbolic-length slice")
+    if m == 0:
+        return x
+    i = idx_vars((n,))[0]
+    off = sym.add(i, -s0)
+    j = sym.minimum(sym.maximum(sym.floordiv(off, step), 0), m - 1)
+    ge0 = sym.add(1, sym.mul(sym.lt(off, 0), -1))
+    inside = sym.mul(sym.mul(ge0, sym.lt(off, m * step)), sym.eq(sym.mod(off, step), 0))
+    taken = F.index_select(src.cast(x.dtype), d, F._base.iota(cx.g, (n,), j, dt.i64))
+    mask = F._base.iota(cx.g, (n,), inside, dt.i32).cast(dt.bool_)
+    mask = mask.reshape([n if k == d else 1 for k in range(x.ndim)]).expand(x.shape)
+    return F.where(mask, taken, x)
+
+
+@op(aten.diagonal_scatter.default)
+def _diagonal_scatter(cx: Ctx, x: Tensor, src: Tensor, offset: int = 0, dim1: int = 0,
+                      dim2: int = 1) -> Tensor:  # fmt: skip
+    d1, d2 = x._axis(dim1), x._axis(dim2)
+    a, b = x.shape[d1], x.shape[d2]
+    length = src.shape[-1]
+    if not all(isinstance(v, int) for v in (a, b, length)):
+        raise Unsupported("diagonal_scatter over symbolic sizes")
+    if length == 0:
+        return x
+    rest = [k for k in range(x.ndim) if k not in (d1, d2)]
+    t = x.permute(rest + [d1, d2])
+    ia, ib = idx_vars((a, b))
+    n_along = a if offset >= 0 else b  # the source index is the row (column) index
+    k = sym.minimum(idx_vars((n_along,))[0], length - 1)
+    pick = F.index_select(src.cast(x.dtype), -1, F._base.iota(cx.g, (n_along,), k, dt.i64))
+    srcx = pick.unsqueeze(-1) if offset >= 0 else pick.unsqueeze(-2)
+    srcx = srcx.expand(t.shape)
+    on = F._base.iota(cx.g, (a, b), sym.eq(sym.add(ib, sym.mul(ia, -1)), offset), dt.i32)
+    mask = on.cast(dt.bool_).expand(t.shape)
+    out = F.where(mask, srcx, t)
+    inv = [0] * x.ndim
+    for pos, k2 in enumerate(rest + [d1, d2]):
+        inv[k2] = pos
+    return out.permute(inv)
