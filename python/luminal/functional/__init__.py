@@ -20,6 +20,7 @@ from . import (
     creation,
     elementwise,
     index,
+    indexreduce,
     linalg,
     movement,
     nn,
@@ -35,6 +36,7 @@ from .conv import *  # noqa: F403
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .index import *  # noqa: F403
+from .indexreduce import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .movement import *  # noqa: F403
 from .nn import *  # noqa: F403
@@ -44,8 +46,8 @@ from .specfun import *  # noqa: F403
 from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
 
-_TOPICS = (activation, attention, conv, creation, elementwise, index, linalg, movement, nn,
-           ordering, reduce, special, specfun, transcendental)  # fmt: skip
+_TOPICS = (activation, attention, conv, creation, elementwise, index, indexreduce, linalg,
+           movement, nn, ordering, reduce, special, specfun, transcendental)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})
 
 _register(sys.modules[__name__])  # Tensor's methods delegate to this package

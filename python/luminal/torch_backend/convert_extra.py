@@ -301,3 +301,20 @@ def _diagonal_scatter(cx: Ctx, x: Tensor, src: Tensor, offset: int = 0, dim1: in
     for pos, k2 in enumerate(rest + [d1, d2]):
         inv[k2] = pos
     return out.permute(inv)
+
+
+# ----------------------------------------------------------------------------- index reductions
+@op(aten.scatter_reduce.two)
+def _scatter_reduce(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
+                    include_self: bool = True) -> Tensor:  # fmt: skip
+    if reduce == "mean" and not x.dtype.is_float:
+        raise Unsupported("an integer scatter_reduce mean (PyTorch floors it)")
+    return F.scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
+
+
+@op(aten.index_reduce.default)
+def _index_reduce(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
+                  include_self: bool = True) -> Tensor:  # fmt: skip
+    if reduce == "mean" and not x.dtype.is_float:
+        raise Unsupported("an integer index_reduce mean (PyTorch floors it)")
+    return F.index_reduce(x, dim, index, src, reduce, include_self=include_self)
