@@ -106,12 +106,17 @@ SEARCH_SCHEDULES = Flag(
     "LUMINAL_SEARCH_SCHEDULES", "1",
     "0 keeps every kernel's default schedule (no measured split / chunk alternatives)",
 )  # fmt: skip
+SEARCH_FUSION = Flag(
+    "LUMINAL_SEARCH_FUSION", "1",
+    "0 keeps every value a kernel reads through overlapping windows inlined (no measured "
+    "store-first alternative)",
+)  # fmt: skip
 
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
-       SEARCH_SCHEDULES)  # fmt: skip
+       SEARCH_SCHEDULES, SEARCH_FUSION)  # fmt: skip
 
 
 def debug() -> int:

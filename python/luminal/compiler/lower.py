@@ -50,6 +50,9 @@ class Lowered:
     kernels: list[K.Kernel]
     dims: dict[str, sym.Expr]
     weights: dict[str, object] = field(default_factory=dict)  # weight name -> array
+    # inlined nodes a consumer reads through overlapping windows (each element several times,
+    # recomputed per read): whether to store them is the search's choice (search/fusion.py)
+    windowed: tuple[int, ...] = ()
 
     def verify(self) -> None:
         for k in self.kernels:
@@ -131,8 +134,15 @@ def _parts_in_range(parts: list[sint], shape: tuple[sint, ...], valid: sint) -> 
 
 
 class _Lowerer:
-    def __init__(self, graph: Graph, in_place: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        in_place: frozenset[str] = frozenset(),
+        store: frozenset[int] = frozenset(),
+    ) -> None:
         self.graph = graph
+        self.store = store  # node ids stored, never inlined (the search's fusion choices)
+        self.windowed: list[int] = []
         self.in_place = in_place  # outputs of graph.state to write into their inputs
         outs = list(graph.outputs.values())
         self.order = graph.toposort(outs)
@@ -183,7 +193,9 @@ class _Lowerer:
             r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
             looped[n.id] = self._looped_axes(n, cons, inline, looped)
             ok = False
-            if n.id in self.absorbed or n.id in self.forced:
+            if n.id in self.store and n.id not in self.absorbed and n.id not in self.forced:
+                ok = False
+            elif n.id in self.absorbed or n.id in self.forced:
                 ok = True
             elif n.op in (Leaf.CONSTANT, Op.IOTA):
                 ok = True
@@ -210,6 +222,9 @@ class _Lowerer:
                     # keep index math simple: div/mod views compose into large expressions
                     vw = next(iter(views))
                     ok = not _has_divmod(_unflatten(vw.index, n.shape, vw.valid))
+                if ok and costly.get(n.id, (False, 0))[1] + int(_small_reduce(n)) > 0:
+                    if any(_overlapping(v, n.shape) for v in views):
+                        self.windowed.append(n.id)
             elif n.op in REDUCE and len(cons) <= 2:
                 # never into a kernel that is itself a reduction: there it would sit inside
                 # the outer loop and be recomputed per step (a matmul feeding a matmul)
@@ -315,6 +330,8 @@ class _Lowerer:
     def materialized(self, n: Node) -> bool:
         if n.id in self.inline:
             return False
+        if n.id in self.store:
+            return True
         if _is_copy(n):
             return True
         if n.op is Leaf.INPUT or any(c.op is Leaf.OUTPUT for c in self.consumers[n.id]):
@@ -515,7 +532,8 @@ class _Lowerer:
             if n.id not in self.buf_of and not n.arg[1]:
                 # unused inputs stay in the signature, so callers need not know what was pruned
                 self.buf_of[n.id] = self.new_buffer(name, n.dtype, n.shape, "input")
-        return Lowered(self.buffers, self.kernels, g.dims(), dict(g.weights))
+        windowed = tuple(i for i in self.windowed if i in self.inline)
+        return Lowered(self.buffers, self.kernels, g.dims(), dict(g.weights), windowed)
 
     def _updated_input(self, n: Node) -> tuple[Node, Node] | None:
         """(output, input) when ``n`` is a SCATTER whose output updates its dest input in
@@ -564,6 +582,25 @@ SHARED_TREE_MAX = 12
 _VARIES = -1  # a looped-axes marker: the value is under a mask that varies in the loop
 
 
+def _overlapping(v: View, shape: tuple[sint, ...]) -> bool:
+    """Whether ``v`` reads some element of a tensor of ``shape`` at several of its own
+    indices through one axis's window: that axis's index is a sum of terms (index variables,
+    or their divisions and remainders) whose steps are smaller than the span of the finer ones
+    (``2*oh + kh`` with ``kh`` in 0..2), not a mixed radix (``8*a + b`` with ``b`` in 0..7, a
+    reshape's merge). A false positive costs one measurement."""
+    if not shape:
+        return False
+    for e in _unflatten(v.index, shape, v.valid).values():
+        terms, _ = sym._lin(e)
+        steps = sorted((abs(c), t.hi - t.lo) for t, c in terms.items() if t.hi > t.lo)
+        span = 0
+        for c, ext in steps:
+            if c <= span:
+                return True
+            span += c * ext
+    return False
+
+
 def _is_copy(n: Node) -> bool:
     """A same-dtype CAST: never made by the front end, only as an explicit copy."""
     return n.op is Op.CAST and n.srcs[0][0].dtype is n.dtype
@@ -587,15 +624,16 @@ def _masked(valid: sint, v: K.Value) -> K.Value:
     return K.Masked(valid, v, v.dtype)
 
 
-def lower(graph: Graph) -> Lowered:
-    """Lower every output of ``graph`` to kernels (see the module doc for the schedule)."""
+def lower(graph: Graph, store: frozenset[int] = frozenset()) -> Lowered:
+    """Lower every output of ``graph`` to kernels (see the module doc for the schedule);
+    the nodes in ``store`` get buffers of their own."""
     if not graph.outputs:
         raise ValueError(f"graph {graph.name!r} has no outputs")
     graph.verify()
     in_place = frozenset(graph.state)
-    result = _Lowerer(graph, in_place).run()
+    result = _Lowerer(graph, in_place, store).run()
     unsafe = _unsafe_in_place(result)
     if unsafe:  # an old value is read after the write: copy those (rare; lower once more)
-        result = _Lowerer(graph, in_place - unsafe).run()
+        result = _Lowerer(graph, in_place - unsafe, store).run()
     result.verify()
     return result

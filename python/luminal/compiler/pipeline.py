@@ -24,6 +24,7 @@ from .fold import fold_scales
 from .lower import Lowered, lower
 from .schedule import schedule
 from .search.egraph import simplify
+from .search.fusion import choose_fusions
 from .search.schedules import choose_schedules
 from .search.select import choose_library_calls
 from .search.tuner import STATS, Tuner
@@ -103,6 +104,16 @@ def _library_calls(c: Compilation) -> None:
         c.low = choose_library_calls(c.lowered, tuner)
 
 
+def _fusion(c: Compilation) -> None:
+    tuner = _tuner(c)
+    if tuner is None or not c.lowered.windowed:
+        return
+    calls = flags.SEARCH_LIBRARY.get() != "0"
+    c.low = choose_fusions(
+        c.graph, c.lowered, tuner, lambda low: choose_library_calls(low, tuner) if calls else low
+    )
+
+
 def _schedules(c: Compilation) -> None:
     tuner = _tuner(c)
     if tuner is not None and c.target.searches_schedules:
@@ -161,6 +172,13 @@ STAGES: list[Stage] = [
         "generated kernel or library call (GEMM), by measurement on the target "
         "(compiler/search/select.py)",
         flags.SEARCH_LIBRARY,
+    ),
+    Stage(
+        "fusion",
+        _fusion,
+        "values read through overlapping windows (a conv's patches) stored first or recomputed "
+        "per read, by measurement (compiler/search/fusion.py)",
+        flags.SEARCH_FUSION,
     ),
     Stage(
         "schedules",

@@ -202,7 +202,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                 buffers += extra
                 added = True
             steps += [replace(s, when=when) for s in payload]
-    return Lowered(buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]
+    return Lowered(buffers, steps, low.dims, low.weights, low.windowed)  # type: ignore[arg-type]
 
 
 def _decide(
