@@ -41,8 +41,8 @@ from ..target import CostModel, ScheduleSpace
 
 # bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers;
 # v3: symbolic dims are measured at their smallest values too; v4: vector code at the
-# target's native width)
-CACHE_VERSION = "tuner-v4"
+# target's native width; v5: padding masks as loop windows, outer indices advanced per task)
+CACHE_VERSION = "tuner-v5"
 
 
 def smallest_dims(sub: Lowered, dims: Mapping[str, int]) -> dict[str, int]:
