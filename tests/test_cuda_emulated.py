@@ -78,7 +78,7 @@ EMU_TAIL = r"""
 template <typename T> static inline T lm_shfl(T v, int o) {
   return __shfl_xor_sync(0xffffffffu, v, o);
 }
-template <typename F> static void lm_run(F kernel, int64_t grid, int64_t block) {
+template <typename F> static void lm_run3(F kernel, const int64_t *grid, int64_t block) {
   std::barrier<> bar((std::ptrdiff_t)block);
   std::vector<std::barrier<> *> warps;
   for (int64_t w = 0; w < (block + 31) / 32; ++w)
@@ -86,19 +86,25 @@ template <typename F> static void lm_run(F kernel, int64_t grid, int64_t block) 
   lm_block_bar = &bar;
   for (size_t w = 0; w < warps.size(); ++w) lm_warp_bar[w] = warps[w];
   blockDim.x = (unsigned)block;
-  gridDim.x = (unsigned)grid;
+  gridDim.x = (unsigned)grid[0]; gridDim.y = (unsigned)grid[1]; gridDim.z = (unsigned)grid[2];
   std::vector<std::thread> threads;
   for (int64_t t = 0; t < block; ++t)
     threads.emplace_back([&, t] {
       threadIdx.x = (unsigned)t;
-      for (int64_t b = 0; b < grid; ++b) {
-        blockIdx.x = (unsigned)b;
-        kernel();
-        bar.arrive_and_wait(); /* the next block reuses __shared__ memory */
-      }
+      for (int64_t z = 0; z < grid[2]; ++z)
+        for (int64_t y = 0; y < grid[1]; ++y)
+          for (int64_t x = 0; x < grid[0]; ++x) {
+            blockIdx.x = (unsigned)x; blockIdx.y = (unsigned)y; blockIdx.z = (unsigned)z;
+            kernel();
+            bar.arrive_and_wait(); /* the next block reuses __shared__ memory */
+          }
     });
   for (auto &th : threads) th.join();
   for (auto *w : warps) delete w;
+}
+template <typename F> static void lm_run(F kernel, int64_t grid, int64_t block) {
+  const int64_t g3[3] = {grid, 1, 1};
+  lm_run3(kernel, g3, block);
 }
 """
 

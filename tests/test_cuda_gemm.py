@@ -94,30 +94,6 @@ static void lm_mma_emu(float *d, const uint32_t *a, const uint32_t *b, int kind)
 LM_MMA_EMU(lm_mma_tf32, 0)
 LM_MMA_EMU(lm_mma_f16, 1)
 LM_MMA_EMU(lm_mma_bf16, 2)
-template <typename F> static void lm_run3(F kernel, const int64_t *grid, int64_t block) {
-  std::barrier<> bar((std::ptrdiff_t)block);
-  std::vector<std::barrier<> *> warps;
-  for (int64_t w = 0; w < (block + 31) / 32; ++w)
-    warps.push_back(new std::barrier<>((std::ptrdiff_t)std::min<int64_t>(32, block - 32 * w)));
-  lm_block_bar = &bar;
-  for (size_t w = 0; w < warps.size(); ++w) lm_warp_bar[w] = warps[w];
-  blockDim.x = (unsigned)block;
-  gridDim.x = (unsigned)grid[0]; gridDim.y = (unsigned)grid[1]; gridDim.z = (unsigned)grid[2];
-  std::vector<std::thread> threads;
-  for (int64_t t = 0; t < block; ++t)
-    threads.emplace_back([&, t] {
-      threadIdx.x = (unsigned)t;
-      for (int64_t z = 0; z < grid[2]; ++z)
-        for (int64_t y = 0; y < grid[1]; ++y)
-          for (int64_t x = 0; x < grid[0]; ++x) {
-            blockIdx.x = (unsigned)x; blockIdx.y = (unsigned)y; blockIdx.z = (unsigned)z;
-            kernel();
-            bar.arrive_and_wait();
-          }
-    });
-  for (auto &th : threads) th.join();
-  for (auto *w : warps) delete w;
-}
 """
 
 
