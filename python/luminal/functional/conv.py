@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.symbolic import sint
+from ..graph.view import idx_vars
 from ..tensor import Tensor
 from ._base import iota, prod, same, shape_str
 from ._nnbase import fmax, remap_axis, tuple_arg, windows
@@ -23,6 +24,7 @@ __all__ = [
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "adaptive_max_pool2d",
+    "adaptive_max_pool_indices",
     "avg_pool1d",
     "avg_pool2d",
     "conv1d",
@@ -443,11 +445,54 @@ def adaptive_avg_pool2d(
     return _adaptive("adaptive_avg_pool2d", input, output_size, 2, False)
 
 
+def adaptive_max_pool_indices(name: str, x: Tensor, output_size: Sequence[int], nd: int
+                              ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(values, indices) of an adaptive max pool over the last ``nd`` dims of static size:
+    each window's elements are gathered (short windows repeat their last element), and the
+    index is the first maximum's flat position in the window's row-major order (NaN counts as
+    the maximum), as PyTorch's."""
+    sizes = list(output_size)
+    spatial = [v for v in x.shape[x.ndim - nd :] if isinstance(v, int)]
+    if len(sizes) != nd or len(spatial) != nd or not all(v > 0 for v in (*sizes, *spatial)):
+        raise ValueError(f"{name}: needs {nd} static output and input sizes, got {output_size!r} "
+                         f"for input {shape_str(x.shape)}")  # fmt: skip
+    shape: list[int] = []
+    for o, n in zip(sizes, spatial, strict=True):
+        shape += [o, max(-(-(i + 1) * n // o) - i * n // o for i in range(o))]
+    iv = idx_vars(tuple(shape))
+    flat: sint = 0
+    stride = 1
+    for k in range(nd - 1, -1, -1):
+        o, n = sizes[k], spatial[k]
+        i, j = iv[2 * k], iv[2 * k + 1]
+        start = sym.floordiv(sym.mul(i, n), o)
+        end = sym.ceildiv(sym.mul(sym.add(i, 1), n), o)
+        row = sym.minimum(sym.add(start, j), sym.add(end, -1))
+        flat = sym.add(flat, sym.mul(row, stride))
+        stride *= n
+    idx = iota(x.graph, tuple(shape), flat, dt.i64)
+    lead = list(x.shape[: x.ndim - nd])
+    xs = x.reshape([*lead, stride])
+    win = xs.index_select(-1, idx.reshape((prod(shape),))).reshape([*lead, *shape])
+    kaxes = [len(lead) + 2 * k + 1 for k in range(nd)]
+    vals = win.max_reduce(kaxes, keepdim=True)
+    hit = win.eq(vals.expand(win.shape))
+    if x.dtype.is_float:
+        hit = hit.logical_or(win.isnan())
+    pos = idx.expand(win.shape)
+    big = iota(x.graph, win.shape, stride, dt.i64)
+    ind = pos.where(hit, big).amin(kaxes)
+    return vals.reshape(ind.shape), ind
+
+
 def adaptive_max_pool2d(
     input: Tensor,  # noqa: A002
     output_size: int | None | Sequence[int | None],
     return_indices: bool = False,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, Tensor]:
     if return_indices:
-        raise NotImplementedError("adaptive_max_pool2d: return_indices is not supported")
+        sizes = [output_size] * 2 if isinstance(output_size, int) else output_size
+        if sizes is None or None in sizes:
+            raise ValueError("adaptive_max_pool2d: return_indices needs explicit output sizes")
+        return adaptive_max_pool_indices("adaptive_max_pool2d", input, sizes, 2)  # type: ignore[arg-type]
     return _adaptive("adaptive_max_pool2d", input, output_size, 2, True)

@@ -12,12 +12,26 @@ from torch._guards import detect_fake_mode
 
 from .partition import Env, binders_for, split, stats, warn_once
 
+# Ops core ATen keeps whole that luminal has no converter for, where PyTorch's own
+# decomposition reaches ops that it converts
+_EXTRA_DECOMPOSED = (
+    "adaptive_max_pool2d.default", "adaptive_max_pool3d.default", "grid_sampler_2d.default",
+    "max_pool3d_with_indices.default", "upsample_bicubic2d.default",
+    "upsample_bilinear2d.default", "upsample_trilinear3d.default",
+)  # fmt: skip
+
 
 @functools.cache
 def _decompositions() -> dict[Any, Callable]:
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
-    return dict(core_aten_decompositions())
+    table = dict(core_aten_decompositions())
+    for name in _EXTRA_DECOMPOSED:
+        packet, overload = name.split(".")
+        target = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if target is not None and target in decomposition_table:
+            table[target] = decomposition_table[target]
+    return table
 
 
 def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,

@@ -318,3 +318,70 @@ def _index_reduce(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, redu
     if reduce == "mean" and not x.dtype.is_float:
         raise Unsupported("an integer index_reduce mean (PyTorch floors it)")
     return F.index_reduce(x, dim, index, src, reduce, include_self=include_self)
+
+
+# ----------------------------------------------------------------------------- pooling, windows
+@op(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def _adaptive_max(cx: Ctx, x: Tensor, output_size: Any) -> tuple:
+    nd = len(output_size)
+    name = f"adaptive_max_pool{nd}d"
+    if _output_used(cx, 1):
+        spatial = x.shape[x.ndim - nd :]
+        if not all(isinstance(v, int) for v in spatial):
+            raise Unsupported(f"{name} indices over symbolic sizes")
+        return tuple(F.adaptive_max_pool_indices(name, x, list(output_size), nd))
+    return F.conv._adaptive(name, x, list(output_size), nd, True), None
+
+
+@op(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg3d(cx: Ctx, x: Tensor, output_size: Any) -> Tensor:
+    return F.conv._adaptive("adaptive_avg_pool3d", x, list(output_size), 3, False)
+
+
+@op(aten.avg_pool3d.default)
+def _avg_pool3d(cx: Ctx, x: Tensor, kernel: Any, stride: Any = (), padding: Any = 0,
+                ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: Any = None) -> Tensor:  # fmt: skip
+    return F.conv._pool("avg_pool3d", x, list(kernel), list(stride) or None, padding, 1,
+                        ceil_mode, 3, False, count_include_pad, divisor_override)  # fmt: skip
+
+
+@op(aten.unfold.default)
+def _unfold(cx: Ctx, x: Tensor, dim: int, size: int, step: int) -> Tensor:
+    """Windows of ``size`` every ``step`` along ``dim``, the window axis appended last."""
+    if x.ndim == 0:
+        return x.reshape((1,))
+    d = x._axis(dim)
+    n = x.shape[d]
+    if not isinstance(n, int):
+        raise Unsupported("unfold along a symbolic axis")
+    w = (n - size) // step + 1
+    if w <= 0 or size == 0:
+        return F.full(cx.g, cx.shape(), 0, dtype=cx.dtype)
+    wi, ki = idx_vars((w, size))
+    pos = F._base.iota(cx.g, (w, size), sym.add(sym.mul(wi, step), ki), dt.i64)
+    taken = F.index_select(x, d, pos.reshape((w * size,)))  # (..., w*size, ...) at d
+    shape = list(x.shape)
+    shape[d : d + 1] = [w, size]
+    out = taken.reshape(shape)
+    order = [k for k in range(len(shape)) if k != d + 1] + [d + 1]
+    return out.permute(order)
+
+
+@op(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any = None) -> Tensor:
+    src = cx.node.args[0].meta.get("val") if cx.node is not None else None
+    if not isinstance(src, torch.Tensor) or src.storage_offset() != 0 or not src.is_contiguous():
+        raise Unsupported("as_strided of a tensor that is not its own contiguous storage")
+    if not all(isinstance(v, int) for v in (*size, *stride)):
+        raise Unsupported("as_strided with symbolic sizes or strides")
+    off = storage_offset or 0
+    flat = x.reshape((-1,)) if x.ndim != 1 else x
+    shape = tuple(size)
+    expr: Any = off
+    for v, st in zip(idx_vars(shape), stride, strict=True):
+        expr = sym.add(expr, sym.mul(v, st))
+    if not shape:
+        return flat.slice(0, off, 1).reshape(())
+    idx = F._base.iota(cx.g, shape, expr, dt.i64)
+    return F._base.gather_flat(flat, idx)

@@ -1,0 +1,84 @@
+"""Converters added for PyTorch's op database, through torch.compile against eager: sorting,
+special functions, index reductions, training-mode batch norm, scatters into slices and
+diagonals, windows, pooling indices and interpolation. Ops share compiled functions (one
+plan each) and each function must run with no ATen op left to eager."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import luminal.torch_backend as lt  # noqa: E402
+from luminal.torch_backend import luminal_backend  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
+    torch._dynamo.reset()
+    lt.reset_stats()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def _check(fn, *args, atol=1e-5, rtol=1e-5):
+    with torch.no_grad():
+        want = fn(*args)
+        got = torch.compile(fn, backend=luminal_backend, fullgraph=True)(*args)
+    assert lt.stats.eager_ops == {}, lt.stats.fallbacks
+    assert not lt.stats.failed_plans
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def test_sorting_and_special_functions():
+    def fn(x):
+        v, i = torch.sort(x, dim=1, descending=True, stable=True)
+        t = torch.topk(x, 3, dim=-1)
+        k = torch.kthvalue(x, 4, dim=0)
+        m = torch.nanmedian(x, dim=1)
+        return (v, i, t.values, t.indices, k.values, k.indices, m.values, torch.msort(x),
+                torch.logcumsumexp(x, 1), torch.polygamma(2, x), x.angle())  # fmt: skip
+
+    x = torch.randn(7, 13) * 3
+    x[2, 5] = float("nan")
+    _check(fn, x, atol=1e-4)
+
+
+def test_index_reductions_and_scatters():
+    def fn(x, idx, src, y, idx1, src1):
+        a = x.scatter_reduce(0, idx, src, "amax", include_self=False)
+        b = x.scatter_reduce(0, idx, src, "mean")
+        c = y.index_reduce(1, idx1, src1, "prod")
+        d = torch.slice_scatter(x, src[::2] * 0 + 7, dim=0, start=1, step=2)
+        e = torch.diagonal_scatter(x, torch.ones(4), offset=-2)
+        return a, b, c, d, e
+
+    x, src, y = torch.randn(6, 4), torch.randn(5, 4), torch.randn(3, 7)
+    idx, idx1 = torch.randint(0, 6, (5, 4)), torch.randint(0, 7, (5,))
+    _check(fn, x, idx, src, y, idx1, torch.randn(3, 5))
+
+
+def test_training_batch_norm_updates_running_stats():
+    bn = torch.nn.BatchNorm2d(3).train()
+    bn_ref = torch.nn.BatchNorm2d(3).train()
+    x = torch.randn(4, 3, 5, 7)
+    with torch.no_grad():
+        want = bn_ref(x)
+        got = torch.compile(bn, backend=luminal_backend)(x)
+    assert lt.stats.eager_ops == {}, lt.stats.fallbacks
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+    torch.testing.assert_close(bn.running_var, bn_ref.running_var)
+
+
+def test_windows_pooling_interpolation():
+    def fn(x):
+        u = x.unfold(3, 3, 2)
+        v, i = F.adaptive_max_pool2d(x, (3, 4), return_indices=True)
+        s = torch.as_strided(x, (2, 3, 4), (5, 1, 7), 2)
+        b = F.interpolate(x, size=(9, 5), mode="bilinear", align_corners=False)
+        p = F.avg_pool3d(x.unsqueeze(1), 2)
+        return u, v, i, s, b, p
+
+    _check(fn, torch.randn(2, 3, 7, 9))
