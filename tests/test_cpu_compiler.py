@@ -55,6 +55,17 @@ def test_prelude_is_precompiled_once(tmp_path, monkeypatch) -> None:
     assert len(glob.glob(str(tmp_path / "pch-*.h.gch"))) == 1  # one prelude, one header
 
 
+def test_the_prelude_can_be_precompiled_ahead(tmp_path, monkeypatch) -> None:
+    from luminal import _rt
+
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    header = _rt.precompile_prelude(PRELUDE)
+    assert os.path.dirname(header) == str(tmp_path) and os.path.exists(header + ".gch")
+    _check(*_chain(2, 0.5))  # the kernels' prelude is that one: no second header
+    assert glob.glob(str(tmp_path / "pch-*.h.gch")) == [header + ".gch"]
+    assert _rt.precompile_prelude("int no_prelude;\n") == ""
+
+
 def test_a_missing_or_corrupt_precompiled_header_is_not_fatal(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
     _check(*_chain(1, 0.3))

@@ -365,6 +365,12 @@ std::string compiled_library(const std::string &source, unsigned parts) {
 }
 } // namespace
 
+std::string precompile_prelude(const std::string &source) {
+  std::string dir = cache_dir();
+  mkdirs(dir);
+  return precompiled_prelude(guarded_prelude(source));
+}
+
 unsigned default_jobs() {
 #ifdef __linux__
   cpu_set_t set; // the cores this process may use, which a container may limit

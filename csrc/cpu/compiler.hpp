@@ -31,6 +31,11 @@ std::shared_ptr<SharedLib> compile_c(const std::string &source);
 std::vector<std::shared_ptr<SharedLib>> compile_many(const std::vector<std::string> &sources,
                                                      unsigned jobs = 0);
 
+// Precompiles the prelude of `source` (its leading include-guarded block) for later compiles,
+// if that is not done yet; returns the header's path, "" when there is no usable prelude.
+// compile_c does this itself; calling it early lets the work overlap other work.
+std::string precompile_prelude(const std::string &source);
+
 // The cores this process may run on: compile_many's default number of compiler processes.
 unsigned default_jobs();
 

@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "../cpu/compiler.hpp"
 #include "../executor.hpp"
 
 namespace nb = nanobind;
@@ -20,4 +21,13 @@ void init_compiler(nb::module_ &m) {
       nb::arg("plans"), nb::arg("backend") = "cpu", nb::arg("jobs") = 0,
       "Loads the kernels of every plan, jobs plans at a time (0: one per core), so that an "
       "Executor of each then finds its compiled kernels in the disk cache.");
+  m.def(
+      "precompile_prelude",
+      [](const std::string &source) {
+        nb::gil_scoped_release release;
+        return luminal::cpu::precompile_prelude(source);
+      },
+      nb::arg("source"),
+      "Precompiles the include-guarded prelude a C kernel source starts with (cpu; cached on "
+      "disk); returns the header's path, or '' when there is none.");
 }

@@ -13,6 +13,7 @@ graph again, in any process, loads the plan instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -190,6 +191,30 @@ def compile(  # noqa: A001
     return CompiledGraph.from_file(path, backend)
 
 
+_PRELUDE_STARTED = False
+
+
+def _start_prelude(backend: str) -> None:
+    """Starts precompiling the cpu kernels' prelude (about 2 s the first time on a machine,
+    then a cache hit) on a thread, so that it overlaps the graph passes and lowering instead
+    of delaying the first kernel compile."""
+    global _PRELUDE_STARTED
+    if backend != "cpu" or _PRELUDE_STARTED:
+        return
+    _PRELUDE_STARTED = True
+    import threading
+
+    from . import _rt
+    from .codegen.cpu.kernel import PRELUDE
+
+    def run() -> None:
+        # a failure here is the compiler's to report, on the compile that needs it
+        with contextlib.suppress(RuntimeError):
+            _rt.precompile_prelude(PRELUDE)
+
+    threading.Thread(target=run, name="luminal-prelude").start()
+
+
 def _compile(
     graph: Graph,
     backend: str,
@@ -202,6 +227,7 @@ def _compile(
     from .compiler import pipeline  # not at import: ``python -m`` runs it as a script
 
     t0 = time.perf_counter()
+    _start_prelude(backend)
     with progress.task(f"compiling {graph.name!r}"):
         c = pipeline.run(graph, target, search, say, on_stage=progress.update)
         plan = cast(Plan, c.product)
