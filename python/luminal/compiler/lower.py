@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
@@ -579,26 +581,42 @@ INDEX_CHAIN_OPS = 8
 # three) consumer kernels rather than stored and reloaded.
 SHARED_TREE_MAX = 12
 
+# _overlapping's probe: index values per axis, and the value of every symbolic dim
+WINDOW_PROBE = 6
+WINDOW_PROBE_DIM = 12
+
 _VARIES = -1  # a looped-axes marker: the value is under a mask that varies in the loop
 
 
 def _overlapping(v: View, shape: tuple[sint, ...]) -> bool:
     """Whether ``v`` reads some element of a tensor of ``shape`` at several of its own
-    indices through one axis's window: that axis's index is a sum of terms (index variables,
-    or their divisions and remainders) whose steps are smaller than the span of the finer ones
-    (``2*oh + kh`` with ``kh`` in 0..2), not a mixed radix (``8*a + b`` with ``b`` in 0..7, a
-    reshape's merge). A false positive costs one measurement."""
-    if not shape:
+    indices that all matter to the read (a window: ``2*oh + kh`` with ``kh`` in 0..2; not a
+    broadcast, whose extra indices are unused, nor a reshape, which is one-to-one). Probed on
+    the first ``WINDOW_PROBE`` values of each index, dims at ``WINDOW_PROBE_DIM``: a window
+    smaller than the probe is seen, and a false positive costs one measurement."""
+    if not shape or not isinstance(v.index, sym.Expr):
         return False
-    for e in _unflatten(v.index, shape, v.valid).values():
-        terms, _ = sym._lin(e)
-        steps = sorted((abs(c), t.hi - t.lo) for t, c in terms.items() if t.hi > t.lo)
-        span = 0
-        for c, ext in steps:
-            if c <= span:
-                return True
-            span += c * ext
-    return False
+    names = sorted({x.name for x in v.index.vars()})
+    used = [n for n in names if n.startswith("_i")]
+    if len(used) < 2:
+        return False
+    shapes = [*v.shape, *shape]
+    dims = {x.name: min(max(WINDOW_PROBE_DIM, x.lo), x.hi) for x in sym.free_dims(shapes)}
+    dims |= {n: WINDOW_PROBE_DIM for n in names if not n.startswith("_i") and n not in dims}
+    axes = []
+    for n in used:
+        ext = sym.evaluate(v.shape[int(n[2:])], dims)
+        axes.append(np.arange(min(int(ext), WINDOW_PROBE)))
+    grid = np.meshgrid(*axes, indexing="ij")
+    env = {**dims, **dict(zip(used, (g.ravel() for g in grid), strict=True))}
+    try:
+        points = (grid[0].size,)
+        idx = np.broadcast_to(sym.evaluate(v.index, env), points)
+        valid = np.broadcast_to(np.asarray(sym.evaluate(v.valid, env)) != 0, points)
+    except (ValueError, ZeroDivisionError):
+        return False
+    read = idx[valid]
+    return bool(len(np.unique(read)) < len(read))
 
 
 def _is_copy(n: Node) -> bool:

@@ -43,7 +43,7 @@ def choose_fusions(
         new = [s for s, key in zip(alt.kernels, new_keys, strict=True) if key not in old_set]
         if not gone or not new:
             continue
-        fused, split = _cut(low, gone), _cut(alt, new)
+        fused, split = _cut(low, gone, "fused"), _cut(alt, new, "stored")
         key = f"{sub_fingerprint(fused)}|{sub_fingerprint(split)}"
         if key not in memo:
             cands = [
@@ -72,11 +72,19 @@ def _keys(low: Lowered) -> list[str]:
     return out
 
 
-def _cut(low: Lowered, steps: Sequence[Step]) -> Lowered:
+def _cut(low: Lowered, steps: Sequence[Step], side: str) -> Lowered:
+    """``steps`` cut out, buffers named after the graph. What they write that nothing after
+    them reads is named for ``side`` only: the two programs' scratch differs (a product
+    flattened in one, not the other), and only what the rest of the program sees is compared."""
     sub = subprogram(low, steps)
+    inside = {id(s) for s in steps}
+    read_after = {b for s in low.kernels if id(s) not in inside for b in K.step_buffers(s)[1]}
     bufs, seen = [], set()
     for b in sub.buffers:
-        name = _stable(low.buffers[int(b.name[1:])].name)
+        full = low.buffers[int(b.name[1:])]
+        name = _stable(full.name)
+        if b.role == "output" and full.role not in ("output",) and full.id not in read_after:
+            name = f"{side}:{name}"
         while name in seen:
             name += "'"
         seen.add(name)
