@@ -79,6 +79,21 @@ def test_elementwise_add_symbolic_dims(add_ex, n) -> None:
     assert add_ex({"a": a, "b": b}, seq=n)["c"].shape == (n,)
 
 
+def test_native_run_is_run_without_the_checks(add_ex) -> None:
+    io = add_ex.io
+    assert [(e.name, e.role) for e in io] == [("a", Role.input), ("b", Role.input),
+                                              ("c", Role.output)]  # fmt: skip
+    assert all(e.updates is None and not e.raw and not e.packed for e in io)
+    a, b = rand(37, seed=3), rand(37, seed=4)
+    shapes = add_ex.native_shapes([37])
+    assert shapes == [(37,), (37,), (37,)]
+    c = np.empty(shapes[2], io[2].np_dtype)
+    add_ex.native_run((37,), [a, b, c])
+    np.testing.assert_array_equal(c, add_ex.run({"a": a, "b": b})["c"])
+    with pytest.raises((ValueError, RuntimeError)):  # the runtime still checks sizes
+        add_ex.native_run((37,), [a, b, np.empty(5, np.float32)])
+
+
 def test_reduction_with_parallel_tasks() -> None:
     p = Plan()
     p.add_dim("rows", 1, 100_000)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,7 +30,8 @@ import scipy_openblas32  # noqa: F401  (loads OpenBLAS with RTLD_GLOBAL before _
 from . import _rt, flags
 from .plan import DType, InlineWeight, Plan, PlanError, Role, pack_nibbles, unpack_nibbles
 
-__all__ = ["Executor", "PlanError", "backends", "load", "luminal_run_path", "numpy_dtype"]
+__all__ = ["Executor", "IOInfo", "PlanError", "backends", "load", "luminal_run_path",
+           "numpy_dtype"]  # fmt: skip
 
 _NUMPY: dict[DType, Any] = {
     DType.f32: np.float32,
@@ -82,7 +83,9 @@ def luminal_run_path() -> Path:
 
 
 class _IO:
-    """What run() needs to know about one input or output, computed once."""
+    """What run() needs to know about one input or output, computed once: ``name``, ``role``,
+    plan ``dtype``, ``np_dtype``, ``bare`` (axis, dim index) pairs, ``raw`` (crosses as bytes:
+    bf16 / fp8), ``packed`` (4-bit) and ``updates`` (the input an output is written into)."""
 
     __slots__ = ("name", "role", "dtype", "np_dtype", "bare", "raw", "packed", "updates")
 
@@ -96,6 +99,9 @@ class _IO:
         self.packed = self.dtype.bits == 4  # ml_dtypes keeps one 4-bit value per byte
         # DLPack and the buffer protocol know no bf16/fp8: those cross as raw bytes.
         self.raw = self.np_dtype.kind == "V"
+
+
+IOInfo = _IO  # the public name of an entry of ``Executor.io``
 
 
 def _share_inline_weights(plan: Plan, loaded: Any) -> None:
@@ -216,6 +222,27 @@ class Executor:
     def arena_bytes(self) -> int:
         """Scratch memory held now (grows to the largest dims run so far)."""
         return int(self._ex.arena_bytes)
+
+    # -- the unchecked path, for front ends that prepare their calls once --------------------
+
+    @property
+    def io(self) -> tuple[IOInfo, ...]:
+        """Every input and output in the order ``native_run`` takes their arrays."""
+        return tuple(self._io)
+
+    @property
+    def native_run(self) -> Callable[[Sequence[int], list[np.ndarray]], None]:
+        """The runtime's run itself, with none of ``run``'s Python checks: dim values in
+        ``dims`` order and one array per ``io`` entry (outputs allocated by the caller with
+        ``native_shapes``; an output that ``updates`` an input gets that input's array; raw
+        dtypes as bytes). The GIL is released while it runs. The runtime still checks each
+        array's size and dtype width and each dim's range (ValueError / RuntimeError)."""
+        return cast(Callable[[Sequence[int], list[np.ndarray]], None], self._ex.run)
+
+    @property
+    def native_shapes(self) -> Callable[[Sequence[int]], list[tuple[int, ...]]]:
+        """Shapes of every ``io`` entry for dim values in ``dims`` order (no caching)."""
+        return cast(Callable[[Sequence[int]], list[tuple[int, ...]]], self._ex.shapes)
 
     def shapes(self, dims: Mapping[str, int] | None = None, /, **more: int) -> dict[str, tuple]:
         """Shapes of every input and output for fully given dims."""

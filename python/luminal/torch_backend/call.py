@@ -83,11 +83,11 @@ class Call:
     def __init__(self, executor: Any, inputs: Sequence[tuple[int, str]],
                  scalars: Sequence[tuple[int, str]], weights: Sequence[tuple[int, torch.Tensor]],
                  in_dtypes: dict[int, torch.dtype]) -> None:  # fmt: skip
-        ios = executor._io  # the runtime's per-buffer facts, in the native run's array order
+        ios = executor.io  # the runtime's per-buffer facts, in the native run's array order
         where = {name: k for k, name in inputs}
         scalar_at = {name: k for k, name in scalars}
-        self.rt: Callable[[tuple[int, ...], list[np.ndarray]], None] = executor._ex.run
-        self.native_shapes: Callable[[list[int]], list[tuple[int, ...]]] = executor._ex.shapes
+        self.rt: Callable[[tuple[int, ...], list[np.ndarray]], None] = executor.native_run
+        self.native_shapes: Callable[[list[int]], list[tuple[int, ...]]] = executor.native_shapes
         self.dim_names = tuple(executor.dims)  # the native run takes dims in plan order
         self.inputs: list[tuple[int, Callable[[Any], np.ndarray]]] = []
         order: list[int] = []
@@ -179,6 +179,6 @@ def prepare(executor: Any, inputs: Sequence[tuple[int, str]], scalars: Sequence[
             in_dtypes: dict[int, torch.dtype]) -> Call | None:  # fmt: skip
     """The prepared run of ``executor``'s plan, or None when the plan needs what only the
     general path does (4-bit packed buffers)."""
-    if any(io.packed for io in executor._io):
+    if any(io.packed for io in executor.io):
         return None
     return Call(executor, inputs, scalars, weights, in_dtypes)
