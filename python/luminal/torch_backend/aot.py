@@ -23,8 +23,6 @@ from torch._dynamo.backends.common import aot_autograd
 
 from .. import functional as F
 from ..compiler import autograd
-from ..graph import dtypes as dt
-from ..graph import symbolic as sym
 from ..tensor import Tensor
 from .aten import _compile_aten, _decompositions
 from .convert import TABLE, Ctx, _convolution, op
@@ -97,25 +95,6 @@ def _sdpa_cpu_backward(cx: Ctx, grad_out: Tensor, q: Tensor, k: Tensor, v: Tenso
         return F.scaled_dot_product_attention(a, b, c, attn_mask, 0.0, is_causal, scale, True)
 
     return tuple(_vjp_of(fwd, grad_out, [q, k, v], [True, True, True]))
-
-
-@op(aten.slice_scatter.default)
-def _slice_scatter(cx: Ctx, x: Tensor, src: Tensor, dim: int = 0, start: Any = None,
-                   end: Any = None, step: int = 1) -> Tensor:  # fmt: skip
-    """``x`` with ``x[start:end]`` along ``dim`` replaced by ``src`` (unit steps)."""
-    d = dim % x.ndim
-    n = x.shape[d]
-    lo = 0 if start is None else start
-    hi = n if end is None else end
-    if step != 1 or not all(isinstance(e, (int, sym.Expr)) for e in (lo, hi)):
-        raise Unsupported("slice_scatter with a step or non-integer bounds")
-    lo = sym.add(lo, n) if isinstance(lo, int) and lo < 0 else lo
-    hi = sym.add(hi, n) if isinstance(hi, int) and hi < 0 else sym.minimum(hi, n)
-    placed = src.cast(x.dtype).pad_dim(d, lo, sym.add(n, sym.mul(hi, -1)))
-    pos = F.arange(cx.g, n, dtype=dt.i32).reshape([n if k == d else 1 for k in range(x.ndim)])
-    bounds: tuple[Any, Any] = (lo, hi)  # dims: Tensor comparisons take expressions too
-    inside = F.logical_and(F.ge(pos, bounds[0]), F.lt(pos, bounds[1]))
-    return F.where(inside.expand(x.shape), placed, x)
 
 
 _layer_norm_out = TABLE[aten.native_layer_norm.default]

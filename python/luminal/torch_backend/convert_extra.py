@@ -255,14 +255,34 @@ def _norm_start(start: Any, n: Any) -> int:
     return min(max(start + n if start < 0 else start, 0), n)
 
 
+def _slice_scatter_unit(cx: Ctx, x: Tensor, src: Tensor, d: int, start: Any, end: Any) -> Tensor:
+    """Unit steps: ``src`` padded into place and selected by a range test, with bounds that
+    may be symbolic."""
+    n = x.shape[d]
+    lo = 0 if start is None else start
+    hi = n if end is None else end
+    if not all(isinstance(e, (int, sym.Expr)) for e in (lo, hi)):
+        raise Unsupported("slice_scatter with non-integer bounds")
+    lo = sym.add(lo, n) if isinstance(lo, int) and lo < 0 else lo
+    hi = sym.add(hi, n) if isinstance(hi, int) and hi < 0 else sym.minimum(hi, n)
+    placed = src.cast(x.dtype).pad_dim(d, lo, sym.add(n, sym.mul(hi, -1)))
+    pos = F.arange(cx.g, n, dtype=dt.i32).reshape([n if k == d else 1 for k in range(x.ndim)])
+    bounds: tuple[Any, Any] = (lo, hi)  # dims: Tensor comparisons take expressions too
+    inside = F.logical_and(F.ge(pos, bounds[0]), F.lt(pos, bounds[1]))
+    return F.where(inside.expand(x.shape), placed, x)
+
+
 @op(aten.slice_scatter.default)
 def _slice_scatter(cx: Ctx, x: Tensor, src: Tensor, dim: int = 0, start: Any = None,
                    end: Any = None, step: int = 1) -> Tensor:  # fmt: skip
+    """``x`` with ``x[start:end:step]`` along ``dim`` replaced by ``src``."""
     d = x._axis(dim)
+    if step == 1:
+        return _slice_scatter_unit(cx, x, src, d, start, end)
     n, m = x.shape[d], src.shape[d]
     s0 = _norm_start(start, n)
     if not isinstance(m, int):
-        raise Unsupported("a scatter of a symbolic-length slice")
+        raise Unsupported("a strided scatter of a symbolic-length slice")
     if m == 0:
         return x
     i = idx_vars((n,))[0]
