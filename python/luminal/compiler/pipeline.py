@@ -94,7 +94,8 @@ def _tuner(c: Compilation) -> Tuner | None:
         return None
     if c.tuner is None:
         t = c.target
-        c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants)
+        c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants,
+                        getattr(t, "prepare", None))  # fmt: skip
     return c.tuner
 
 

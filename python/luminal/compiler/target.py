@@ -45,7 +45,9 @@ class ScheduleSpace:
 
 
 class Target(Protocol):
-    """A backend as the compiler sees it."""
+    """A backend as the compiler sees it. A target may also have ``prepare(lows)``: get ready
+    to measure all of ``lows`` (compile their kernels together, in parallel); the search calls
+    it with one decision's candidates."""
 
     name: str
     cost: CostModel

@@ -114,6 +114,14 @@ class CpuTarget:
     def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
         return []
 
+    def prepare(self, lows: list[Lowered]) -> None:
+        """Compiles the kernels of every program in ``lows`` at once, on all cores, into the
+        disk cache: the measuring runs after it compile nothing."""
+        from .. import _rt
+
+        plans = [self.build_plan(low, "measure") for low in lows]
+        _rt.prepare([_rt.Plan.from_parts(p.parts(), ".") for p in plans], "cpu", 0)
+
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
         c = render(k, dim_names)
         return c.source, repr(c.tasks), c.min_chunk

@@ -209,6 +209,8 @@ class Tuner:
     space: ScheduleSpace = field(default_factory=ScheduleSpace)  # the target's schedules
     # the target's other implementations of a library call (Target.library_variants)
     variants: Callable[[K.LibCall], list[tuple[str, K.LibCall]]] | None = None
+    # the target's batch preparation (Target.prepare): one decision's candidates compiled at once
+    prepare: Callable[[list[Lowered]], None] | None = None
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)
@@ -307,6 +309,8 @@ class Tuner:
         t0 = time.perf_counter()
         small = smallest_dims(reference, dims)
         small_times: dict[int, float] = {}
+        if self.prepare is not None and len(chosen) > 1:
+            self.prepare([candidates[i].sub for i in chosen])
         for i in sorted(chosen, key=lambda i: rank[i]):
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
