@@ -1,7 +1,6 @@
 #include "compiler.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -16,7 +15,6 @@
 #include <sched.h>
 #include <spawn.h>
 #include <sstream>
-#include <string_view>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -398,45 +396,6 @@ void *SharedLib::symbol(const std::string &name) const {
 
 std::shared_ptr<SharedLib> compile_c(const std::string &source) {
   return std::make_shared<SharedLib>(compiled_library(source, default_jobs()));
-}
-
-std::vector<std::shared_ptr<SharedLib>> compile_many(const std::vector<std::string> &sources,
-                                                     unsigned jobs) {
-  if (jobs == 0) jobs = default_jobs();
-  // one compile per distinct source; the workers take them in order
-  std::map<std::string_view, size_t> first;
-  std::vector<size_t> unique, index(sources.size());
-  for (size_t i = 0; i < sources.size(); ++i) {
-    auto [it, added] = first.emplace(sources[i], unique.size());
-    if (added) unique.push_back(i);
-    index[i] = it->second;
-  }
-  std::vector<std::string> paths(unique.size());
-  std::vector<std::exception_ptr> errors(unique.size());
-  unsigned workers = std::min<unsigned>(jobs, unsigned(unique.size()));
-  unsigned parts = std::max(1u, jobs / std::max(1u, unsigned(unique.size())));
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t u; (u = next++) < unique.size();) try {
-        paths[u] = compiled_library(sources[unique[u]], parts);
-      } catch (...) {
-        errors[u] = std::current_exception();
-      }
-  };
-  std::vector<std::thread> threads;
-  for (unsigned t = 1; t < workers; ++t) threads.emplace_back(work);
-  work();
-  for (auto &t : threads) t.join();
-  for (auto &e : errors)
-    if (e) std::rethrow_exception(e);
-  std::vector<std::shared_ptr<SharedLib>> libs(sources.size());
-  std::vector<std::shared_ptr<SharedLib>> loaded(unique.size());
-  for (size_t i = 0; i < sources.size(); ++i) {
-    auto &lib = loaded[index[i]];
-    if (!lib) lib = std::make_shared<SharedLib>(paths[index[i]]);
-    libs[i] = lib;
-  }
-  return libs;
 }
 
 std::shared_ptr<SharedLib> load_shared_object(const std::string &image) {

@@ -3,7 +3,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 namespace luminal::cpu {
 
@@ -26,17 +25,12 @@ private:
 // of many kernels is compiled in pieces on all cores.
 std::shared_ptr<SharedLib> compile_c(const std::string &source);
 
-// compile_c for many units at once, up to `jobs` compiler processes at a time (0: one per
-// core); the libraries are in the order of `sources`. Throws the first failure.
-std::vector<std::shared_ptr<SharedLib>> compile_many(const std::vector<std::string> &sources,
-                                                     unsigned jobs = 0);
-
 // Precompiles the prelude of `source` (its leading include-guarded block) for later compiles,
 // if that is not done yet; returns the header's path, "" when there is no usable prelude.
 // compile_c does this itself; calling it early lets the work overlap other work.
 std::string precompile_prelude(const std::string &source);
 
-// The cores this process may run on: compile_many's default number of compiler processes.
+// The cores this process may run on: how many pieces compile_c splits a large unit into.
 unsigned default_jobs();
 
 // Writes a prebuilt shared object to the cache (keyed by its hash) and loads it.
