@@ -82,3 +82,23 @@ def test_windows_pooling_interpolation():
         return u, v, i, s, b, p
 
     _check(fn, torch.randn(2, 3, 7, 9))
+
+
+def test_bits_and_searching():
+    def fn(x, y, b, seq, v, m, src, idx):
+        mant, ex = torch.frexp(x)
+        return (mant, ex, torch.nextafter(x, y), torch.nextafter(x, -y), torch.bucketize(x, b),
+                torch.bucketize(x, b, right=True, out_int32=True), torch.searchsorted(seq, v),
+                torch.searchsorted(seq, v, side="right"), v.masked_scatter(m, src),
+                v.put(idx, src[:5], accumulate=True))  # fmt: skip
+
+    edges = [0.0, -0.0, 1.0, -1.0, 0.5, 3.0, 1e-40, -1e-42, 1e30, float("inf"), -float("inf"),
+             float("nan"), 2.0**-126, 1.5e-45]  # fmt: skip
+    x = torch.cat([torch.tensor(edges), torch.randn(23) * 5])
+    y = torch.randn(x.shape[0])
+    y[:4] = torch.tensor([1.0, -0.0, 5.0, -1.0])
+    b = torch.tensor([-1.0, 0.0, 0.5, 2.0, 2.0, 7.0])
+    seq = torch.sort(torch.randn(3, 9), dim=1).values
+    v = torch.randn(3, 5)
+    _check(fn, x, y, b, seq, v, torch.rand(3, 5) > 0.5, torch.randn(15),
+           torch.tensor([0, -1, 5, 7, 13]), atol=0, rtol=0)  # fmt: skip

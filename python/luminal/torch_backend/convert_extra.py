@@ -15,7 +15,7 @@ from .. import functional as F
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.view import idx_vars
-from ..tensor import Tensor
+from ..tensor import Tensor, broadcast_shapes
 from .convert import Ctx, op
 from .symbols import Unsupported
 
@@ -405,3 +405,123 @@ def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any 
         return flat.slice(0, off, 1).reshape(())
     idx = F._base.iota(cx.g, shape, expr, dt.i64)
     return F._base.gather_flat(flat, idx)
+
+
+# ----------------------------------------------------------------------------- searching, bits
+def _count_before(seq: Tensor, vals: Tensor, right: bool, out_int32: bool) -> Tensor:
+    """#{s in seq (last axis) with s < v} (s <= v if ``right``) for each v in ``vals``."""
+    if seq.ndim == 1:
+        s = seq.reshape([1] * vals.ndim + [seq.shape[0]])
+    else:
+        s = seq.unsqueeze(-2)
+    v = vals.unsqueeze(-1)
+    d = dt.promote(s.dtype, v.dtype)
+    s, v = s.cast(d), v.cast(d)
+    out_dt = dt.i32 if out_int32 else dt.i64
+    shape = broadcast_shapes(s.shape, v.shape)[:-1] if seq.ndim > 1 else vals.shape
+    if vals.numel() == 0 or seq.shape[-1] == 0:
+        return F.full(seq.graph, shape, 0, dtype=out_dt)
+    hit = F.le(s, v) if right else F.lt(s, v)
+    if d.is_float:  # PyTorch's binary search puts NaN after every boundary
+        hit = F.logical_or(hit, F.isnan(v).expand(hit.shape))
+    return hit.cast(out_dt).sum_reduce(-1)
+
+
+def _side(right: bool, side: Any) -> bool:
+    return side == "right" if side is not None else right
+
+
+@op(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _bucketize(cx: Ctx, x: Any, boundaries: Tensor, *, out_int32: bool = False,
+               right: bool = False) -> Tensor:  # fmt: skip
+    if not isinstance(x, Tensor):
+        x = boundaries._lift(x)
+    return _count_before(boundaries, x, right, out_int32)
+
+
+@op(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def _searchsorted(cx: Ctx, seq: Tensor, x: Any, *, out_int32: bool = False, right: bool = False,
+                  side: Any = None, sorter: Any = None) -> Tensor:  # fmt: skip
+    if sorter is not None:
+        seq = F.gather(seq, -1, sorter)
+    if not isinstance(x, Tensor):
+        return _count_before(seq, seq._lift(x).reshape((1,)), _side(right, side),
+                             out_int32).reshape(cx.shape())  # fmt: skip
+    return _count_before(seq, x, _side(right, side), out_int32)
+
+
+@op(aten.masked_scatter.default)
+def _masked_scatter(cx: Ctx, x: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """The k-th set position (row-major) takes source's k-th element: k from a cumsum."""
+    m = mask.expand(x.shape).reshape((-1,))
+    n = source.numel()
+    if x.numel() == 0 or n == 0:
+        return x
+    k = F.cumsum(m.cast(dt.i64), 0).add(-1)
+    k = F.clamp(k, 0, n - 1 if isinstance(n, int) else cx.g.constant(sym.add(n, -1), dt.i64))
+    taken = F.index_select(source.reshape((-1,)).cast(x.dtype), 0, k)
+    return F.where(m, taken, x.reshape((-1,))).reshape(x.shape)
+
+
+@op(aten.put.default)
+def _put(cx: Ctx, x: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> Tensor:
+    flat = x.reshape((-1,))
+    n = flat.shape[0]
+    idx = index.reshape((-1,)).cast(dt.i64)
+    size = n if isinstance(n, int) else cx.g.constant(n, dt.i64)
+    idx = F.where(F.lt(idx, 0), F.add(idx, size), idx)
+    src = source.reshape((-1,)).cast(x.dtype)
+    if idx.shape[0] == 0:
+        return x
+    out = F.scatter_add(flat, 0, idx, src) if accumulate else F.scatter(flat, 0, idx, src)
+    return out.reshape(x.shape)
+
+
+@op(aten.frexp.Tensor)
+def _frexp(cx: Ctx, x: Tensor) -> tuple:
+    """x = m 2^e with 0.5 <= |m| < 1 (0, inf and NaN: m = x, e = 0); in f64, where log2 of
+    an f32 or f64 value and the power-of-two scalings are exact up to the fix-up."""
+    xf = x.cast(dt.f64)
+    a = F.abs(xf)
+    special = F.logical_or(F.eq(a, 0.0), F.logical_or(F.isinf(a), F.isnan(a)))
+    safe = F.where(special, 1.0, a)
+    e = F.add(F.floor(safe.log2()), 1.0)
+    m = F.mul(safe, F.exp2(F.neg(e)))
+    up = F.ge(m, 1.0)
+    e, m = F.where(up, F.add(e, 1.0), e), F.where(up, F.mul(m, 0.5), m)
+    down = F.lt(m, 0.5)
+    e, m = F.where(down, F.add(e, -1.0), e), F.where(down, F.mul(m, 2.0), m)
+    m = F.where(special, xf, F.copysign(m, xf))
+    e = F.where(special, 0.0, e)
+    return m.cast(x.dtype), e.cast(dt.i32)
+
+
+@op(aten.nextafter.default)
+def _nextafter(cx: Ctx, x: Tensor, y: Tensor) -> Tensor:
+    """The next representable value after x toward y: x plus or minus one ulp of x's
+    binade (half of it stepping down from a power of two); in f64, exact for f32 and f64."""
+    d = dt.promote(x.dtype, y.dtype)
+    if d not in (dt.f32, dt.f64):
+        raise Unsupported(f"nextafter in {d.name}")
+    mant, emin = (24, -126) if d is dt.f32 else (53, -1022)
+    xf, yf = x.cast(dt.f64), y.cast(dt.f64)
+    a = F.abs(xf)
+    safe = F.where(F.logical_or(F.eq(a, 0.0), F.isinf(a)), 1.0, a)
+    e = F.maximum(F.floor(safe.log2()), float(emin))  # the binade, denormals in the lowest
+    p = F.exp2(e)
+    e = F.where(F.lt(a, p), F.add(e, -1.0), F.where(F.ge(a, F.mul(p, 2.0)), F.add(e, 1.0), e))
+    e = F.maximum(e, float(emin))
+    ulp = F.exp2(F.add(e, float(1 - mant)))
+    up = F.lt(xf, yf)
+    # stepping toward zero from an exact power of two moves by half an ulp (unless denormal)
+    shrink = F.logical_and(F.eq(a, F.exp2(e)), F.gt(e, float(emin)))
+    shrink = F.logical_and(shrink, F.where(F.lt(xf, 0.0), up, F.logical_not(up)))
+    step = F.where(shrink, F.mul(ulp, 0.5), ulp)
+    out = F.where(up, F.add(xf, step), F.sub(xf, step))
+    tiny = 2.0 ** (emin - mant + 1)
+    out = F.where(F.eq(a, 0.0), F.where(up, tiny, -tiny), out)
+    big = float(torch.finfo(torch.float32 if d is dt.f32 else torch.float64).max)
+    out = F.where(F.isinf(xf), F.where(F.lt(xf, 0.0), -big, big), out)  # toward finite y
+    out = F.where(F.eq(xf, yf), yf, out)
+    out = F.where(F.logical_or(F.isnan(xf), F.isnan(yf)), math.nan, out)
+    return out.cast(d)
