@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 import numpy as np
 import pytest
@@ -64,6 +65,21 @@ def test_the_prelude_can_be_precompiled_ahead(tmp_path, monkeypatch) -> None:
     _check(*_chain(2, 0.5))  # the kernels' prelude is that one: no second header
     assert glob.glob(str(tmp_path / "pch-*.h.gch")) == [header + ".gch"]
     assert _rt.precompile_prelude("int no_prelude;\n") == ""
+
+
+def test_only_the_most_recent_preludes_are_kept(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    for i in range(5):  # preludes of earlier versions, used 1..5 days ago
+        for ext in (".h", ".h.gch"):
+            p = tmp_path / f"pch-old{i}{ext}"
+            p.write_bytes(b"x")
+            os.utime(p, (time.time() - 86400 * (i + 1),) * 2)
+    _check(*_chain(1, 0.7))
+    kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "pch-*.h.gch")))
+    assert len(kept) == 4 and [k for k in kept if k.startswith("pch-old")] == [
+        "pch-old0.h.gch", "pch-old1.h.gch", "pch-old2.h.gch"
+    ]  # fmt: skip
+    assert not (tmp_path / "pch-old3.h").exists() and not (tmp_path / "pch-old4.h").exists()
 
 
 def test_a_missing_or_corrupt_precompiled_header_is_not_fatal(tmp_path, monkeypatch) -> None:

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
+#include <utime.h>
 #include <vector>
 
 #include "../common.hpp"
@@ -50,6 +52,8 @@ const std::vector<std::string> kFlags = {"-O3",
 // A translation unit above this size is compiled in pieces, one compiler per core: most of a
 // big unit's time is optimization, which is per function.
 constexpr size_t kSplitAboveBytes = 48 * 1024;
+// Precompiled preludes kept in the cache folder (the most recently used ones).
+constexpr size_t kKeepPreludes = 4;
 
 uint64_t fnv1a(const std::string &s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -204,6 +208,29 @@ void write_atomic(const std::string &path, const std::string &data) {
 std::mutex g_pch_mu;
 std::map<std::string, std::string> g_pch; // header path -> itself, "" when unusable
 
+// Removes all but the kKeepPreludes most recently used precompiled preludes of `dir` (each is
+// tens of MB, and every change of the prelude or the toolchain makes a new one). A process
+// still using a removed one sees its compile fail and compiles without it.
+void prune_preludes(const std::string &dir) {
+  std::vector<std::pair<long long, std::string>> found; // (last use, .gch path)
+  if (DIR *d = ::opendir(dir.c_str())) {
+    while (const dirent *e = ::readdir(d)) {
+      std::string name = e->d_name;
+      struct stat st;
+      if (name.rfind("pch-", 0) == 0 && name.size() > 6 &&
+          name.compare(name.size() - 6, 6, ".h.gch") == 0 &&
+          ::stat((dir + "/" + name).c_str(), &st) == 0)
+        found.emplace_back(st.st_mtime, dir + "/" + name);
+    }
+    ::closedir(d);
+  }
+  std::sort(found.rbegin(), found.rend());
+  for (size_t i = kKeepPreludes; i < found.size(); ++i) {
+    std::remove(found[i].second.c_str());
+    std::remove(found[i].second.substr(0, found[i].second.size() - 4).c_str()); // the .h
+  }
+}
+
 std::string precompiled_prelude(const std::string &prelude) {
   if (prelude.empty()) return {};
   std::string key = hex(fnv1a(prelude, fnv1a(toolchain_id())));
@@ -211,7 +238,10 @@ std::string precompiled_prelude(const std::string &prelude) {
   std::lock_guard<std::mutex> lock(g_pch_mu); // one build; other compiles wait for it
   if (auto it = g_pch.find(header); it != g_pch.end()) return it->second;
   std::string &slot = g_pch[header];
-  if (::access(gch.c_str(), R_OK) == 0 && ::access(header.c_str(), R_OK) == 0) return slot = header;
+  if (::access(gch.c_str(), R_OK) == 0 && ::access(header.c_str(), R_OK) == 0) {
+    ::utime(gch.c_str(), nullptr); // its last use, for prune_preludes
+    return slot = header;
+  }
   try {
     write_atomic(header, prelude);
     std::string tmp = dir + "/tmp-pch-" + key + "-" + unique_suffix() + ".gch";
@@ -221,7 +251,10 @@ std::string precompiled_prelude(const std::string &prelude) {
     argv.insert(argv.end(), {"-x", "c-header", header, "-o", tmp});
     int rc = run(argv, tmp + ".log");
     std::remove((tmp + ".log").c_str());
-    if (rc == 0 && std::rename(tmp.c_str(), gch.c_str()) == 0) return slot = header;
+    if (rc == 0 && std::rename(tmp.c_str(), gch.c_str()) == 0) {
+      prune_preludes(dir);
+      return slot = header;
+    }
     std::remove(tmp.c_str());
   } catch (const Error &) {
   }
