@@ -63,9 +63,15 @@ OPS = _float_ops()
 BY_NAME = {_name(op): op for op in OPS}
 
 # A fixed sample for the default run (each sample compiles a plan: keep it short)
-DEFAULT = ["tan", "atan2", "cummax", "var_mean", "ldexp", "diagonal"]
+DEFAULT = ["tan", "atan2", "cummax", "var_mean", "ldexp", "diagonal", "topk",
+           "scatter_reduce.amax"]  # fmt: skip
 EXTRA = ["lgamma", "addmv", "index_select", "nn.functional.pad.constant", "hypot", "acos",
-         "trace", "linalg.diagonal", "diagonal_copy"]  # fmt: skip
+         "trace", "linalg.diagonal", "diagonal_copy", "msort", "kthvalue", "nanmedian",
+         "polygamma.polygamma_n_3", "special.zeta", "special.i1e", "special.ndtri",
+         "special.log_ndtr", "index_reduce.prod", "unfold", "as_strided", "slice_scatter",
+         "diagonal_scatter", "nn.functional.adaptive_max_pool2d", "nn.functional.grid_sample",
+         "nn.functional.interpolate.bicubic", "nn.functional.batch_norm", "frexp", "nextafter",
+         "searchsorted", "masked_scatter", "put", "logcumsumexp"]  # fmt: skip
 # the slow run: every 16th op of the database and the default sample
 SLOW = sorted(set(DEFAULT + EXTRA) | {_name(op) for op in OPS[::16]})
 
@@ -117,6 +123,8 @@ def run_sample(op, sample) -> tuple[str, str]:
             except Exception as e2:  # noqa: BLE001
                 return "crash", f"{type(e2).__name__}: {str(e2)[:200]}"
         except Exception as e:  # noqa: BLE001
+            if _dynamo_fails(fn, args, sample.kwargs):
+                return "dynamo", f"dynamo itself: {type(e).__name__}: {str(e)[:120]}"
             return "crash", f"{type(e).__name__}: {str(e)[:200]}"
     bad = _close(got, want)
     if bad is not None:
@@ -128,6 +136,21 @@ def run_sample(op, sample) -> tuple[str, str]:
         why = sorted(st.eager_ops) or st.fallbacks[:1]
         return "eager", "; ".join(why)[:300]
     return "luminal", ""
+
+
+def _dynamo_fails(fn, args, kwargs) -> bool:
+    """Whether dynamo with no backend at all fails the same call (a data-dependent check
+    it cannot trace, say): then the failure is not the backend's."""
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.compile(fn, backend="eager", fullgraph=True)(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        return True
+    finally:
+        torch._dynamo.reset()
+    return False
 
 
 def run_ops(names: list[str], samples: int) -> dict[str, list[tuple[str, str]]]:
