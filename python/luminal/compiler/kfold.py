@@ -81,7 +81,10 @@ def _fold(v: K.Value, memo: dict[int, K.Value]) -> K.Value:
         out = _alu(v.op, srcs, v.dtype)
         if out is not None:
             return out
-        return v if srcs == v.srcs else K.Alu(v.op, srcs, v.dtype)
+        v = v if srcs == v.srcs else K.Alu(v.op, srcs, v.dtype)
+        if v.op is Op.ADD and v.dtype in (dt.i32, dt.i64):
+            return _linear(v)
+        return v
     if isinstance(v, K.Reduce):
         body = fold(v.body, memo)
         return v if body is v.body else K.Reduce(v.op, v.var, v.extent, body, v.dtype)
@@ -99,6 +102,51 @@ def _fold(v: K.Value, memo: dict[int, K.Value]) -> K.Value:
             return v
         return K.SoftmaxSum(v.var, v.extent, score, weight, v.dtype)
     return v
+
+
+def _linear(v: K.Alu) -> K.Value:
+    """An integer sum of terms times constants with like terms combined, when that takes fewer
+    operations (a loop rewrite's literal nibble index leaves ``x + -m + -m + m``, which is
+    ``x - m``). Integer sums wrap, so any regrouping is exact."""
+    d = v.dtype
+    terms: dict[K.Value, int] = {}
+    const = [0]
+    ops: set[int] = set()
+
+    def walk(x: K.Value, c: int) -> None:
+        if isinstance(x, K.Const) and not isinstance(x.value, float):
+            const[0] += c * int(x.value)
+        elif isinstance(x, K.Alu) and x.dtype is d and x.op is Op.ADD:
+            ops.add(id(x))
+            for s in x.srcs:
+                walk(s, c)
+        elif (
+            isinstance(x, K.Alu)
+            and x.dtype is d
+            and x.op is Op.MUL
+            and len(x.srcs) == 2
+            and any(isinstance(s, K.Const) for s in x.srcs)
+        ):
+            ops.add(id(x))
+            k, other = (x.srcs[0], x.srcs[1]) if isinstance(x.srcs[0], K.Const) else x.srcs[::-1]
+            assert isinstance(k, K.Const)
+            walk(other, c * int(k.value))
+        else:
+            terms[x] = terms.get(x, 0) + c
+
+    walk(v, 1)
+    live = [(x, c) for x, c in terms.items() if c != 0]
+    need = max(len(live) + (const[0] != 0) - 1, 0) + sum(c != 1 for _, c in live)
+    if need >= len(ops):
+        return v
+    out: K.Value | None = None
+    for x, c in live:
+        t = x if c == 1 else K.Alu(Op.MUL, (x, _const(c, d)), d)
+        out = t if out is None else K.Alu(Op.ADD, (out, t), d)
+    if const[0] != 0 or out is None:
+        k = _const(const[0], d)
+        out = k if out is None else K.Alu(Op.ADD, (out, k), d)
+    return out
 
 
 def _is(x: K.Value, value: float) -> bool:
