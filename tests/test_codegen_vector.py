@@ -104,6 +104,44 @@ def test_fold_integer_identities() -> None:
     assert fold(K.Alu(Op.ADD, (q, K.Const(0, dt.i32)), dt.i32)) is q
 
 
+def _ops(v: K.Value) -> int:
+    seen: set[int] = set()
+
+    def walk(x: K.Value) -> None:
+        if isinstance(x, K.Alu) and id(x) not in seen:
+            seen.add(id(x))
+            for s in x.srcs:
+                walk(s)
+
+    walk(v)
+    return len(seen)
+
+
+def test_fold_combines_like_integer_terms() -> None:
+    x = K.Cast(_ld(dt.u8), dt.i32)
+    m = K.Alu(Op.MOD, (x, K.Const(16, dt.i32)), dt.i32)
+    neg = K.Alu(Op.MUL, (m, K.Const(-1, dt.i32)), dt.i32)
+    v = K.Alu(Op.ADD, (m, K.Alu(Op.ADD, (K.Alu(Op.ADD, (x, neg), dt.i32), neg), dt.i32)), dt.i32)
+    out = fold(v)
+    assert _ops(out) == 3  # x - m: the mod, a negation and one add (was 5 with the mod)
+
+    def ev(e: K.Value, q: int) -> int:
+        if e is x:
+            return q
+        if isinstance(e, K.Const):
+            return int(e.value)
+        assert isinstance(e, K.Alu)
+        a = [ev(s, q) for s in e.srcs]
+        return {Op.ADD: lambda: a[0] + a[1], Op.MUL: lambda: a[0] * a[1],
+                Op.MOD: lambda: a[0] % a[1]}[e.op]()  # fmt: skip
+
+    for q in range(256):  # the same value for every byte
+        assert ev(out, q) == ev(v, q) == q - q % 16
+    # nothing to combine: the sum is kept as it is
+    y = K.Alu(Op.ADD, (x, K.Alu(Op.MUL, (m, K.Const(3, dt.i32)), dt.i32)), dt.i32)
+    assert fold(y) == y
+
+
 def test_fold_keeps_float_semantics() -> None:
     x = _ld()
     # x * 1 == x for every x; x * 0 is not 0 for inf/NaN and keeps the sign of x
