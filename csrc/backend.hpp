@@ -40,6 +40,13 @@ public:
   virtual bool host_visible() const = 0;
 
   virtual void *alloc(size_t bytes) = 0; // device memory, 64-byte aligned, contents undefined
+  // Device memory over `bytes` read-only host bytes the caller keeps mapped, without a copy
+  // (unified memory); freed with free(). nullptr with `why` set when this backend cannot: the
+  // caller copies into alloc() memory.
+  virtual void *map_host(const void * /*host*/, size_t /*bytes*/, std::string *why) {
+    *why = "this backend copies weights";
+    return nullptr;
+  }
   virtual void free(void *p) = 0;
   virtual void copy(void *dst, const void *src, size_t n) = 0; // device to device
   virtual void copy_in(void *dst, const void *host, size_t n) = 0;

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fcntl.h>
@@ -85,30 +87,62 @@ Executor::~Executor() {
   if (arena_) backend_->free(arena_);
 }
 
+namespace {
+int debug_level() {
+  static const int level = [] {
+    const char *d = std::getenv("LUMINAL_DEBUG");
+    return d && *d ? std::atoi(d) : 0;
+  }();
+  return level;
+}
+} // namespace
+
 void Executor::map_weights() {
   const Plan &pl = *plan_;
   std::map<std::string, Mapping> files;
+  std::map<std::string, bool> wrapped; // a mapped file the backend took without a copy
+  const bool say = debug_level() >= 2;
   for (const WeightSource &w : pl.weights) {
     const std::string &name = pl.buffers[w.buffer].name;
     const uint8_t *host = pl.blob + w.offset;
+    bool in_wrapped = false;
     if (w.external) {
       std::string path = w.path[0] == '/' ? w.path : pl.base_dir + "/" + w.path;
       Mapping &m = files[path];
-      if (!m.data) m = map_file(path, "weight '" + name + "'");
+      if (!m.data) {
+        m = map_file(path, "weight '" + name + "'");
+        if (!backend_->host_visible()) {
+          // a file mapping starts on a page: a unified-memory backend may wrap it whole
+          std::string why;
+          void *dev = backend_->map_host(m.data.get(), m.size, &why);
+          if (dev)
+            device_weights_.push_back(dev);
+          else if (say)
+            std::fprintf(stderr, "luminal: weights of '%s' copied: %s\n", path.c_str(),
+                         why.c_str());
+          wrapped[path] = dev != nullptr;
+        }
+      }
       if (w.offset > m.size || w.nbytes > m.size - w.offset)
         throw Error("weight '" + name + "': bytes [" + std::to_string(w.offset) + ", +" +
                     std::to_string(w.nbytes) + ") lie outside '" + path + "' (" +
                     std::to_string(m.size) + " bytes)");
       host = static_cast<const uint8_t *>(m.data.get()) + w.offset;
+      in_wrapped = wrapped[path];
     }
-    if (backend_->host_visible()) {
+    if (backend_->host_visible() || in_wrapped) {
       ptrs_[w.buffer] = const_cast<uint8_t *>(host); // kernels only read weights
-    } else {
-      void *dev = backend_->alloc(w.nbytes);
-      device_weights_.push_back(dev);
-      backend_->copy_in(dev, host, w.nbytes);
-      ptrs_[w.buffer] = dev;
+      continue;
     }
+    std::string why;
+    void *dev = backend_->map_host(host, w.nbytes, &why);
+    if (!dev) {
+      if (say) std::fprintf(stderr, "luminal: weight '%s' copied: %s\n", name.c_str(), why.c_str());
+      dev = backend_->alloc(w.nbytes);
+      backend_->copy_in(dev, host, w.nbytes);
+    }
+    device_weights_.push_back(dev);
+    ptrs_[w.buffer] = dev;
   }
   for (auto &kv : files) mappings_.push_back(kv.second.data);
 }
