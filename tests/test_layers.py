@@ -18,7 +18,7 @@ ROOT = Path(luminal.__file__).parent
 # The last layer is the products built on the compiler (models, loaders, the torch backend,
 # the CLI, training): they may use everything.
 LAYERS: list[tuple[str, ...]] = [
-    ("flags", "_version", "graph"),
+    ("flags", "_version", "progress", "graph"),
     ("tensor", "functional", "nn", "loaders"),
     ("compiler",),
     ("codegen",),

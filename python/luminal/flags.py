@@ -111,12 +111,17 @@ SEARCH_FUSION = Flag(
     "0 keeps every value a kernel reads through overlapping windows inlined (no measured "
     "store-first alternative)",
 )  # fmt: skip
+PROGRESS = Flag(
+    "LUMINAL_PROGRESS", "",
+    "1 always shows the live progress line of long compiles on stderr, 0 never (default: "
+    "when stderr is a terminal and LUMINAL_DEBUG is off)",
+)  # fmt: skip
 
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
-       SEARCH_SCHEDULES, SEARCH_FUSION)  # fmt: skip
+       SEARCH_SCHEDULES, SEARCH_FUSION, PROGRESS)  # fmt: skip
 
 
 def debug() -> int:

@@ -24,11 +24,7 @@ from . import flags
 
 __all__ = ["PROGRESS", "echo", "enabled", "task", "update"]
 
-PROGRESS = flags.Flag(
-    "LUMINAL_PROGRESS", "",
-    "1 always shows the live progress line of long compiles on stderr, 0 never (default: "
-    "when stderr is a terminal and LUMINAL_DEBUG is off)",
-)  # fmt: skip
+PROGRESS = flags.PROGRESS
 
 SHOW_AFTER_S = 1.0  # work shorter than this shows no status line
 REDRAW_S = 0.25
