@@ -127,3 +127,27 @@ def test_prepare_reports_bad_input(tmp_path, monkeypatch) -> None:
     bad.kernels[0].code = b"void broken(void) { this is not C; }"
     with pytest.raises(RuntimeError, match="C compiler failed(.|\n)*error"):
         prepare([plan, bad])
+
+
+@pytest.mark.skipif(
+    not any(os.access(os.path.join(d, c), os.X_OK) for d in os.environ.get("PATH", "").split(":")
+            for c in ("clang", "clang-19")),
+    reason="no clang on PATH",
+)  # fmt: skip
+def test_clang_compiles_the_kernels(tmp_path):
+    # GCC-only flags (-fno-tree-*) are errors to Clang: CC=clang must still work
+    import subprocess
+    import sys
+
+    cc = next(c for c in ("clang-19", "clang") if any(
+        os.access(os.path.join(d, c), os.X_OK) for d in os.environ["PATH"].split(":")))  # fmt: skip
+    code = (
+        "import numpy as np, luminal as lm\n"
+        "g = lm.Graph('t'); x = g.input('x', (5, 37)); g.output('y', (x * 2.0).exp().sum(-1))\n"
+        "a = np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32)\n"
+        "y = lm.compile(g).run({'x': a})['y']\n"
+        "assert np.allclose(y, np.exp(a * 2).sum(-1), rtol=1e-4), y\n"
+    )
+    env = {**os.environ, "CC": cc, "LUMINAL_CACHE_DIR": str(tmp_path), "LUMINAL_PLAN_CACHE": "0"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -127,25 +127,48 @@ std::string unique_suffix() {
   return std::to_string(::getpid()) + "-" + hex(rng());
 }
 
-// What makes a cached object reusable: the compiler's identity and the CPU it targets.
-const std::string &toolchain_id() {
+// The compiler's `--version` text (empty when it does not run).
+const std::string &compiler_version() {
   static std::once_flag once;
-  static std::string id;
+  static std::string text;
   std::call_once(once, [] {
     std::string dir = cache_dir();
     mkdirs(dir);
     std::string log = dir + "/version-" + unique_suffix() + ".txt";
     auto argv = compiler_argv();
     argv.push_back("--version");
-    if (run(argv, log) == 0) id = read_file(log);
+    if (run(argv, log) == 0) text = read_file(log);
     std::remove(log.c_str());
+  });
+  return text;
+}
+
+// kFlags for the compiler in use: Clang rejects GCC's -ftree-* options (an error, not a
+// warning), and has no if-conversion bug to work around.
+const std::vector<std::string> &cc_flags() {
+  static const std::vector<std::string> flags = [] {
+    if (compiler_version().find("clang") == std::string::npos) return kFlags;
+    std::vector<std::string> out;
+    for (const auto &f : kFlags)
+      if (f.rfind("-fno-tree-", 0) != 0) out.push_back(f);
+    return out;
+  }();
+  return flags;
+}
+
+// What makes a cached object reusable: the compiler's identity and the CPU it targets.
+const std::string &toolchain_id() {
+  static std::once_flag once;
+  static std::string id;
+  std::call_once(once, [] {
+    id = compiler_version();
     std::ifstream cpu("/proc/cpuinfo");
     for (std::string line; std::getline(cpu, line);)
       if (line.rfind("model name", 0) == 0 || line.rfind("flags", 0) == 0) {
         id += line;
         if (line.rfind("flags", 0) == 0) break;
       }
-    for (const auto &f : kFlags) id += " " + f;
+    for (const auto &f : cc_flags()) id += " " + f;
   });
   return id;
 }
@@ -246,7 +269,7 @@ std::string precompiled_prelude(const std::string &prelude) {
     write_atomic(header, prelude);
     std::string tmp = dir + "/tmp-pch-" + key + "-" + unique_suffix() + ".gch";
     auto argv = compiler_argv();
-    for (const auto &f : kFlags)
+    for (const auto &f : cc_flags())
       if (f != "-shared") argv.push_back(f);
     argv.insert(argv.end(), {"-x", "c-header", header, "-o", tmp});
     int rc = run(argv, tmp + ".log");
@@ -285,7 +308,7 @@ Outcome run_compiler(const std::string &source, const std::string &src, const st
   std::string log = out + ".log";
   auto argv_for = [&](const std::string &pch) {
     auto argv = compiler_argv();
-    for (const auto &f : kFlags)
+    for (const auto &f : cc_flags())
       if (!(object && f == "-shared")) argv.push_back(f);
     if (object) argv.push_back("-c");
     if (!pch.empty()) argv.insert(argv.end(), {"-include", pch});
@@ -357,7 +380,7 @@ bool compile_split(const std::vector<std::string> &pieces, const std::string &tm
   bool all = std::all_of(ok.begin(), ok.end(), [](int v) { return v != 0; });
   if (all) {
     auto argv = compiler_argv();
-    argv.insert(argv.end(), kFlags.begin(), kFlags.end());
+    argv.insert(argv.end(), cc_flags().begin(), cc_flags().end());
     argv.insert(argv.end(), {"-o", out});
     argv.insert(argv.end(), objs.begin(), objs.end());
     all = run(argv, tmp + ".link.log") == 0;
