@@ -323,15 +323,27 @@ def test_off_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         pc.enabled()
 
 
-def test_cache_command(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_command(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from luminal.cli import main
+
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path / "kernels"))  # clear empties it
 
     g = _graph(_w())
     path, _ = pc.PlanCache().get_or_build(_key(g), _build(g, []))
     assert main(["cache", "list"]) == 0
     out = capsys.readouterr().out
     assert "1 plans" in out and path.stem in out and " t" in out
+    assert "compiled kernels" in out
+    # compiled kernels and search decisions beside the plans go with them
+    base = tmp_path / "kernels"
+    (base / "search").mkdir(parents=True, exist_ok=True)
+    (base / "cpu-0123.so").write_bytes(b"x")
+    (base / "search" / "d.json").write_text("{}")
     assert main(["cache", "clear"]) == 0
-    assert "removed 1 cached plan " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "removed 1 cached plan " in out and "compiled-kernel and search-decision files" in out
     assert not path.exists() and pc.PlanCache().entries() == []
+    assert not (base / "cpu-0123.so").exists() and not (base / "search" / "d.json").exists()
     assert main(["cache"]) == 0 and "0 plans" in capsys.readouterr().out

@@ -360,19 +360,67 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- cache
+# files of the kernel cache beside the plans: compiled kernels, precompiled preludes, device
+# binaries, unfinished writes
+_KERNEL_PREFIXES = ("cpu-", "so-", "pch-", "tmp-", "version-")
+
+
+def _compiled_files() -> tuple[str, list[str], list[str]]:
+    """(cache folder, compiled-kernel files, search-decision files)."""
+    from . import flags
+
+    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    kernels: list[str] = []
+    decisions: list[str] = []
+    if os.path.isdir(base):
+        kernels = [
+            os.path.join(base, n) for n in os.listdir(base) if n.startswith(_KERNEL_PREFIXES)
+        ]
+        for sub, into in (("cuda", kernels), ("search", decisions)):
+            d = os.path.join(base, sub)
+            if os.path.isdir(d):
+                into += [os.path.join(d, n) for n in os.listdir(d)]
+    return (
+        base,
+        [p for p in kernels if os.path.isfile(p)],
+        [p for p in decisions if os.path.isfile(p)],
+    )
+
+
+def _size(paths: list[str]) -> float:
+    total = 0
+    for p in paths:
+        try:
+            total += os.path.getsize(p)
+        except OSError:
+            pass
+    return total / 2**20
+
+
 def cmd_cache(a: argparse.Namespace) -> int:
     from .plan_cache import PlanCache, enabled
 
     cache = PlanCache()
+    base, kernels, decisions = _compiled_files()
     if a.action == "clear":
         n = cache.clear()
         print(f"removed {n} cached plan{'s' if n != 1 else ''} from {cache.root}")
+        gone = 0
+        for p in kernels + decisions:
+            try:
+                os.unlink(p)
+                gone += 1
+            except OSError:
+                pass
+        print(f"removed {gone} compiled-kernel and search-decision files from {base}")
         return 0
     entries = cache.entries()
     state = "" if enabled() else " (off: LUMINAL_PLAN_CACHE=0)"
     total = sum(e.size for e in entries)
     print(f"plan cache {cache.root}{state}: {len(entries)} plans, {total / 2**20:.1f} MiB "
           f"of {cache.limit_bytes / 2**20:.0f} MiB")  # fmt: skip
+    print(f"compiled kernels {base}: {len(kernels)} files, {_size(kernels):.1f} MiB; "
+          f"search decisions: {len(decisions)}")  # fmt: skip
     for e in entries:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
         what = e.meta.get("key", {}).get("what", {}) if isinstance(e.meta, dict) else {}
@@ -502,6 +550,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
+    except BrokenPipeError:  # output piped into `head`: stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (FileNotFoundError, ValueError, TypeError, NotImplementedError, RuntimeError) as err:
         if flags.debug() >= 1:
             raise
