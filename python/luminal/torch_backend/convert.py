@@ -257,6 +257,8 @@ def _dims_arg(dim: Any) -> Any:
 @op(aten.sum.dim_IntList, aten.sum.default)
 def _sum(cx: Ctx, x: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None
          ) -> Tensor:  # fmt: skip
+    if x.ndim == 0:
+        return x if dtype is None else x.cast(_ld(dtype))
     return F.sum(x, _dims_arg(dim), keepdim, dtype=_ld(dtype))
 
 
@@ -325,12 +327,12 @@ def _dist(cx: Ctx, a: Tensor, b: Tensor, p: Any = 2) -> Tensor:
 
 @op(aten.amax.default)
 def _amax(cx: Ctx, x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
-    return F.amax(x, dim, keepdim)
+    return x if x.ndim == 0 else F.amax(x, dim, keepdim)  # a 0-d input's dim 0 is itself
 
 
 @op(aten.amin.default)
 def _amin(cx: Ctx, x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
-    return F.amin(x, dim, keepdim)
+    return x if x.ndim == 0 else F.amin(x, dim, keepdim)
 
 
 @op(aten.max.dim)
@@ -679,28 +681,6 @@ def _convolution(cx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, p
     return fn(x, w, b, list(stride), list(padding), list(dilation), groups)
 
 
-@op(aten.native_layer_norm.default)
-def _layer_norm(cx: Ctx, x: Tensor, shape: Sequence[Any], w: Any, b: Any, eps: float) -> tuple:
-    # mean / rstd (outputs 1 and 2) are for backward; None makes a use of them unsupported
-    return F.layer_norm(x, list(shape), w, b, eps), None, None
-
-
-@op(aten._native_batch_norm_legit_no_training.default)
-def _batch_norm(cx: Ctx, x: Tensor, w: Any, b: Any, rm: Tensor, rv: Tensor, momentum: float,
-                eps: float) -> tuple:  # fmt: skip
-    out = F.batch_norm(x, rm, rv, w, b, False, momentum, eps)
-    # the saved statistics are empty in inference (read back as such); else backward's only
-    extra = [F.full(cx.g, cx.shape(k), 0, dtype=dt.to_dtype(cx.val[k].dtype))
-             if cx.val[k].numel() == 0 else None for k in (1, 2)]  # fmt: skip
-    return out, *extra
-
-
-@op(aten.native_group_norm.default)
-def _group_norm(cx: Ctx, x: Tensor, w: Any, b: Any, n: Any, c: Any, hw: Any, groups: int,
-                eps: float) -> tuple:  # fmt: skip
-    return F.group_norm(x, groups, w, b, eps), None, None
-
-
 @op(aten.max_pool2d_with_indices.default, aten.max_pool1d_with_indices.default)
 def _max_pool(cx: Ctx, x: Tensor, kernel: Any, stride: Any = (), padding: Any = 0,
               dilation: Any = 1, ceil_mode: bool = False) -> tuple:  # fmt: skip
@@ -770,6 +750,9 @@ def convert_call(cx: Ctx, target: Any, args: Sequence[Any], kwargs: dict[str, An
     fn = TABLE.get(target)
     if fn is None:
         raise Unsupported("no converter")
+    v = cx.val
+    if isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) and not v.numel():
+        return F.full(cx.g, cx.shape(), 0, dtype=cx.dtype)  # an empty result computes nothing
     try:
         out = fn(cx, *args, **kwargs)
     except Unsupported:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -134,6 +135,8 @@ def _logcumsumexp(cx: Ctx, x: Tensor, dim: int) -> Tensor:
 # ----------------------------------------------------------------------------- special functions
 for _tgt, _fn in (
     (aten.digamma.default, F.digamma), (aten.i0.default, F.i0),
+    (aten.special_modified_bessel_i0.default, F.i0),
+    (aten.special_modified_bessel_i1.default, F.i1),
     (aten.special_i0e.default, F.i0e), (aten.special_i1.default, F.i1),
     (aten.special_i1e.default, F.i1e), (aten.special_erfcx.default, F.erfcx),
     (aten.special_log_ndtr.default, F.log_ndtr), (aten.erfinv.default, F.erfinv),
@@ -157,7 +160,42 @@ def _zeta(cx: Ctx, s: Any, q: Any) -> Tensor:
     return F.zeta(s, q)
 
 
-# ----------------------------------------------------------------------------- batch norm
+# ----------------------------------------------------------------------------- normalizations
+def _mean_rstd(x: Tensor, dims: list[int], eps: float) -> tuple[Tensor, Tensor]:
+    """The saved statistics of a normalization (kept dims, f32 for low precision)."""
+    xf = x.cast(dt.f32) if x.dtype in (dt.f16, dt.bf16) else x
+    mean = F.mean(xf, dims, keepdim=True)
+    cen = F.sub(xf, mean)
+    return mean, F.rsqrt(F.add(F.mean(F.mul(cen, cen), dims, keepdim=True), eps))
+
+
+@op(aten.native_layer_norm.default)
+def _layer_norm(cx: Ctx, x: Tensor, shape: Sequence[Any], w: Any, b: Any, eps: float) -> tuple:
+    # mean / rstd (outputs 1 and 2): computed only where a graph output reads them
+    mean, rstd = _mean_rstd(x, list(range(x.ndim - len(shape), x.ndim)), eps)
+    return F.layer_norm(x, list(shape), w, b, eps), mean, rstd
+
+
+@op(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(cx: Ctx, x: Tensor, w: Any, b: Any, rm: Tensor, rv: Tensor, momentum: float,
+                eps: float) -> tuple:  # fmt: skip
+    out = F.batch_norm(x, rm, rv, w, b, False, momentum, eps)
+    # the saved statistics are empty in inference (read back as such); else backward's only
+    extra = [F.full(cx.g, cx.shape(k), 0, dtype=dt.to_dtype(cx.val[k].dtype))
+             if cx.val[k].numel() == 0 else None for k in (1, 2)]  # fmt: skip
+    return out, *extra
+
+
+@op(aten.native_group_norm.default)
+def _group_norm(cx: Ctx, x: Tensor, w: Any, b: Any, n: Any, c: Any, hw: Any, groups: int,
+                eps: float) -> tuple:  # fmt: skip
+    if x.numel() == 0 or not isinstance(x.shape[1], int):
+        return F.group_norm(x, groups, w, b, eps), None, None
+    g = x.reshape([x.shape[0], groups, -1])
+    mean, rstd = _mean_rstd(g, [2], eps)
+    return F.group_norm(x, groups, w, b, eps), mean.squeeze(2), rstd.squeeze(2)
+
+
 def _bn_batch(x: Tensor, w: Any, b: Any, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Training-mode batch norm: (out, mean, 1/sqrt(var + eps), unbiased var) per channel."""
     dims = [0, *range(2, x.ndim)]
