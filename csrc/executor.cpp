@@ -237,7 +237,8 @@ void Executor::bind(const std::vector<int64_t> &dims) {
       try {
         p.op->bind(vals_.data(), buf_bytes_.data());
       } catch (const Error &e) {
-        throw PlanError(what + " (" + s.func + "): " + e.what());
+        std::string at = what + " (" + s.func + ")", msg = e.what();
+        throw PlanError(msg.rfind(at, 0) == 0 ? msg : at + ": " + msg);
       }
     } else {
       p.dst = s.dst;

@@ -121,10 +121,12 @@ private:
   void check(const Bound &b, int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t off,
              int64_t elems, const char *name) const {
     std::string what = at_ + ": operand " + name;
-    if (ld < std::max<int64_t>(cols, 1))
+    if (b[kM] == 0 || b[kN] == 0 || b[kBatch] == 0) return; // an empty product runs nothing
+    int64_t need = std::max<int64_t>(cols, 1);
+    if (ld < need)
       throw Error(what + ": leading dimension " + std::to_string(ld) + " < " +
-                  std::to_string(cols));
-    if (rows == 0 || cols == 0 || b[kBatch] == 0) return;
+                  std::to_string(need));
+    if (rows == 0 || cols == 0) return;
     __int128 span = __int128(b[kBatch] - 1) * stride;
     __int128 first = off + (span < 0 ? span : 0);
     __int128 last = off + (span > 0 ? span : 0) + __int128(rows - 1) * ld + cols;

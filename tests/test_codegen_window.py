@@ -71,3 +71,19 @@ def test_window_empty_and_partial_rows():
     xv = np.arange(24, dtype=np.float32).reshape(4, 6)
     out = lm.compile(g).run({"x": xv})["y"]
     np.testing.assert_array_equal(out, TF.pad(torch.from_numpy(xv), (3, 4, 2, 2)).numpy() * 2)
+
+
+def test_conv_whose_output_is_empty_at_the_dims_low_end_compiles():
+    # at h = 1..4 this conv has no output rows: the search measures at the dim's smallest
+    # value too, where the GEMM is empty (0 columns, leading dimension 0): nothing to check
+    h = lm.dim("h", 1, 512)
+    g = lm.Graph("conv_low_end")
+    x, w = g.input("x", (1, 3, h, 17)), g.input("w", (4, 3, 3, 3))
+    g.output("y", C.conv2d(x, w, None, stride=3, padding=1, dilation=2))
+    cg = lm.compile(g)
+    wv = rand(4, 3, 3, 3)
+    for hv in (13, 5):
+        xv = rand(1, 3, hv, 17)
+        want = TF.conv2d(torch.from_numpy(xv), torch.from_numpy(wv), None, 3, 1, 2).numpy()
+        np.testing.assert_allclose(cg.run({"x": xv, "w": wv})["y"], want, atol=1e-4)
+    assert cg.run({"x": rand(1, 3, 2, 17), "w": wv})["y"].shape == (1, 4, 0, 5)
