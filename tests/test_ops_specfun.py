@@ -7,6 +7,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np
+import pytest
 import torch
 
 import luminal as lm
@@ -82,7 +83,25 @@ def test_erfinv_ndtri():
 
 
 def test_polygamma_order_is_checked():
-    import pytest
-
     with pytest.raises(ValueError, match="non-negative int"):
         F.polygamma(-1, lm.Graph().input("x", (3,)))
+
+
+@pytest.mark.slow  # five 24-step recurrences and closed forms in one plan: ~25 s to build
+def test_chebyshev_polynomials():
+    x = np.concatenate([rand(200, low=-9, high=9), rand(200, low=-1, high=1),
+                        np.array([1, -1, 0, 0.5], np.float32)])  # fmt: skip
+    n = np.concatenate([rand(200, low=-3, high=12), rand(200, low=20, high=40),
+                        np.array([3, 4, 5, 30], np.float32)])  # fmt: skip
+    kinds = ("t", "u", "v", "w")
+
+    def fn(a, b):
+        return tuple(getattr(F, f"chebyshev_polynomial_{k}")(a, b) for k in kinds) + (
+            F.shifted_chebyshev_polynomial_w(a.mul(0.5).add(0.5), b),)  # fmt: skip
+
+    def ref(a, b):
+        sp = torch.special
+        return tuple(getattr(sp, f"chebyshev_polynomial_{k}")(a, b) for k in kinds) + (
+            sp.shifted_chebyshev_polynomial_w(a * 0.5 + 0.5, b),)  # fmt: skip
+
+    check_op("chebyshev", fn, ref, [x, n], atol=1e-4, rtol=1e-4)

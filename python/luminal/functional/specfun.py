@@ -1,6 +1,6 @@
 """Gamma-family, Bessel-type and error-function special functions named as in PyTorch
 (``torch.special``): digamma, polygamma, Hurwitz zeta, i0/i0e/i1/i1e, erfcx, log_ndtr, erfinv,
-ndtri, spherical_bessel_j0.
+ndtri, spherical_bessel_j0, Chebyshev polynomials of the four kinds (and shifted).
 
 Each is computed in f64 from series, recurrences and asymptotic expansions with fixed term
 counts, each branch picked by an exact ``where``, and rounded to the input's float dtype
@@ -21,8 +21,11 @@ from ..tensor import Tensor, TensorLike
 from ._base import float_dtype, need_tensor, pair
 from .elementwise import abs, eq, floor, isnan, logical_and, logical_or, lt, neg, trunc, where
 
-__all__ = ["digamma", "erfcx", "erfinv", "i0", "i0e", "i1", "i1e", "log_ndtr", "ndtri",
-           "polygamma", "spherical_bessel_j0", "zeta"]  # fmt: skip
+__all__ = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+           "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
+           "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+           "shifted_chebyshev_polynomial_w", "digamma", "erfcx", "erfinv", "i0", "i0e", "i1",
+           "i1e", "log_ndtr", "ndtri", "polygamma", "spherical_bessel_j0", "zeta"]  # fmt: skip
 
 _LN2 = math.log(2.0)
 _INV_LN2 = 1.0 / _LN2
@@ -400,3 +403,114 @@ def _ndtri(p: Tensor) -> Tensor:
 
 def ndtri(input: Tensor) -> Tensor:  # noqa: A002
     return _f64(_ndtri)(input)
+
+
+# ----------------------------------------------------------------------------- Chebyshev
+_CHEB_REC = 24  # orders up to this by the three-term recurrence (as PyTorch), beyond in closed form
+# (first term, second term as (a, b) for a*x + b) of T, U, V, W
+_CHEB_START = {"t": (1.0, 0.0), "u": (2.0, 0.0), "v": (2.0, -1.0), "w": (2.0, 1.0)}
+
+
+def _cheb_closed(kind: str, x: Tensor, n: Tensor) -> Tensor:
+    """T/U/V/W_n(x) from angles: cos / sin of multiples of theta = acos x inside [-1, 1], and
+    cosh / sinh of multiples of t = acosh |x| outside (with the parity of n for x < -1)."""
+    a = abs(x)
+    inside = lt(a, 1.0)
+    th = _acos64(where(inside, x, 0.5))
+    ao = where(inside, 2.0, a)
+    t = _log(ao.add(ao.mul(ao).add(-1.0).sqrt()))
+
+    def ch(m: Tensor) -> Tensor:
+        return _exp(m).add(_exp(neg(m))).mul(0.5)
+
+    def sh(m: Tensor) -> Tensor:
+        return _exp(m).add(neg(_exp(neg(m)))).mul(0.5)
+
+    half = n.add(0.5)
+    flip_vw = lt(x, 0.0)  # V_n(-x) = (-1)^n W_n(x), W_n(-x) = (-1)^n V_n(x)
+    if kind == "t":
+        cin, cout = th.mul(n).add(math.pi / 2).sin(), ch(t.mul(n))
+    elif kind == "u":
+        cin = th.mul(n.add(1.0)).sin().mul(th.sin().reciprocal())
+        cout = sh(t.mul(n.add(1.0))).mul(sh(t).reciprocal())
+    else:
+        cos_half = th.mul(0.5).add(math.pi / 2).sin()
+        if kind == "v":
+            cin = th.mul(half).add(math.pi / 2).sin().mul(cos_half.reciprocal())
+        else:
+            cin = th.mul(half).sin().mul(th.mul(0.5).sin().reciprocal())
+        hyper_v = ch(t.mul(half)).mul(ch(t.mul(0.5)).reciprocal())
+        hyper_w = sh(t.mul(half)).mul(sh(t.mul(0.5)).reciprocal())
+        mine, other = (hyper_v, hyper_w) if kind == "v" else (hyper_w, hyper_v)
+        cout = where(flip_vw, other, mine)
+    odd = eq(n.fmod(2.0), 1.0)
+    cout = where(logical_and(lt(x, 0.0), odd), neg(cout), cout)
+    return where(inside, cin, cout)
+
+
+def _acos64(x: Tensor) -> Tensor:
+    """acos in f64 for |x| < 1: atan2(sqrt(1 - x^2), x) by Newton on cos (f64 accurate)."""
+    from .special import _acos
+
+    th = _acos(x)
+    for _ in range(2):
+        th = th.add(th.add(math.pi / 2).sin().add(neg(x)).mul(th.sin().reciprocal()))
+    return th
+
+
+def _chebyshev(kind: str, x: Tensor, n: Tensor) -> Tensor:
+    n = trunc(n)
+    a0 = x._const(1.0).expand(x.shape)
+    sa, sb = _CHEB_START[kind]
+    a1 = x.mul(sa).add(sb) if kind != "t" else x
+    p, q = a0, a1
+    out = where(eq(n, 0.0), a0, where(eq(n, 1.0), a1, 0.0))
+    x2 = x.add(x)
+    for k in range(2, _CHEB_REC + 1):
+        r = x2.mul(q).add(neg(p))
+        out = where(eq(n, float(k)), r, out)
+        p, q = q, r
+    out = where(lt(float(_CHEB_REC), n), _cheb_closed(kind, x, n), out)
+    # |x| == 1, as PyTorch: T: +-1; U: +-(n+1); V, W: 1 or +-(2n+1)
+    neg_x = lt(x, 0.0)
+    even = eq(n.fmod(2.0), 0.0)
+    sign = where(logical_or(lt(0.0, x), even), 1.0, -1.0)
+    if kind == "t":
+        edge = sign
+    elif kind == "u":
+        edge = sign.mul(n.add(1.0))
+    elif kind == "v":
+        edge = where(neg_x, where(even, n.mul(2.0).add(1.0), n.mul(-2.0).add(-1.0)), 1.0)
+    else:
+        edge = where(neg_x, where(even, 1.0, -1.0), n.mul(2.0).add(1.0))
+    out = where(eq(abs(x), 1.0), edge, out)
+    return where(lt(n, 0.0), 0.0, where(logical_or(isnan(x), isnan(n)), math.nan, out))
+
+
+def _cheb_fn(kind: str, shifted: bool) -> Callable[[TensorLike, TensorLike], Tensor]:
+    name = f"{'shifted_' if shifted else ''}chebyshev_polynomial_{kind}"
+
+    def fn(input: TensorLike, n: TensorLike) -> Tensor:  # noqa: A002
+        x, nn = pair(input, n, name)
+        d = dt.promote(x.dtype, nn.dtype)
+        d = d if d.is_float and d not in (dt.f16, dt.bf16) else dt.f32
+        if x.numel() == 0:
+            return x.cast(d)
+        x64 = x.cast(dt.f64)
+        if shifted:
+            x64 = x64.add(x64).add(-1.0)
+        return _chebyshev(kind, x64, nn.cast(dt.f64)).cast(d)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"PyTorch's ``torch.special.{name}(x, n)`` (n truncated to an integer)."
+    return fn
+
+
+chebyshev_polynomial_t = _cheb_fn("t", False)
+chebyshev_polynomial_u = _cheb_fn("u", False)
+chebyshev_polynomial_v = _cheb_fn("v", False)
+chebyshev_polynomial_w = _cheb_fn("w", False)
+shifted_chebyshev_polynomial_t = _cheb_fn("t", True)
+shifted_chebyshev_polynomial_u = _cheb_fn("u", True)
+shifted_chebyshev_polynomial_v = _cheb_fn("v", True)
+shifted_chebyshev_polynomial_w = _cheb_fn("w", True)

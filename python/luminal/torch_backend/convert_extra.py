@@ -563,3 +563,26 @@ def _nextafter(cx: Ctx, x: Tensor, y: Tensor) -> Tensor:
     out = F.where(F.eq(xf, yf), yf, out)
     out = F.where(F.logical_or(F.isnan(xf), F.isnan(yf)), math.nan, out)
     return out.cast(d)
+
+
+def _cheb_converter(fn: Any) -> Any:
+    def conv(cx: Ctx, x: Any, n: Any) -> Tensor:
+        if not isinstance(x, Tensor):
+            x = _need_tensor_of(n)._lift(x)
+        return fn(x, n)
+
+    return conv
+
+
+def _need_tensor_of(v: Any) -> Tensor:
+    if not isinstance(v, Tensor):
+        raise Unsupported("both arguments are scalars")
+    return v
+
+
+for _kind in ("t", "u", "v", "w"):
+    for _pre in ("", "shifted_"):
+        _name = f"{_pre}chebyshev_polynomial_{_kind}"
+        _packet = getattr(aten, f"special_{_name}")
+        op(*(getattr(_packet, ov) for ov in ("default", "x_scalar", "n_scalar")
+             if hasattr(_packet, ov)))(_cheb_converter(getattr(F, _name)))  # fmt: skip
