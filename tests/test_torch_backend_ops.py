@@ -79,7 +79,8 @@ def test_windows_pooling_interpolation():
         s = torch.as_strided(x, (2, 3, 4), (5, 1, 7), 2)
         b = F.interpolate(x, size=(9, 5), mode="bilinear", align_corners=False)
         p = F.avg_pool3d(x.unsqueeze(1), 2)
-        return u, v, i, s, b, p
+        mv, mi = F.max_pool2d(x, 3, 2, 1, dilation=(1, 2), ceil_mode=True, return_indices=True)
+        return u, v, i, s, b, p, mv, mi
 
     _check(fn, torch.randn(2, 3, 7, 9))
 

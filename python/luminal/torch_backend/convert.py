@@ -685,6 +685,10 @@ def _convolution(cx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, p
 def _max_pool(cx: Ctx, x: Tensor, kernel: Any, stride: Any = (), padding: Any = 0,
               dilation: Any = 1, ceil_mode: bool = False) -> tuple:  # fmt: skip
     nd = len(kernel)
+    if cx.node is not None and any(u.args[1] == 1 for u in cx.node.users):  # the indices
+        from .convert_extra import max_pool_indices
+
+        return max_pool_indices(cx, x, kernel, stride, padding, dilation, nd)
     fn = F.max_pool2d if nd == 2 else F.max_pool1d
     return fn(x, list(kernel), list(stride) or None, padding, dilation, ceil_mode), None
 

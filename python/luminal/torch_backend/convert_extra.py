@@ -586,3 +586,50 @@ for _kind in ("t", "u", "v", "w"):
         _packet = getattr(aten, f"special_{_name}")
         op(*(getattr(_packet, ov) for ov in ("default", "x_scalar", "n_scalar")
              if hasattr(_packet, ov)))(_cheb_converter(getattr(F, _name)))  # fmt: skip
+
+
+def max_pool_indices(cx: Ctx, x: Tensor, kernel: Any, stride: Any, padding: Any, dilation: Any,
+                     nd: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(values, indices) of a max pool, the output sizes as torch computed them: each window
+    gathered (positions in the padding masked to -inf), the index the first maximum's flat
+    position over the input's spatial dims in the window's row-major order."""
+
+    def per_dim(v: Any) -> list[int]:
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        return v * nd if len(v) == 1 else v
+
+    ks, pd, dl = per_dim(kernel), per_dim(padding), per_dim(dilation)
+    st = per_dim(stride) if stride else ks
+    spatial = [v for v in x.shape[x.ndim - nd :] if isinstance(v, int)]
+    outs = [v for v in cx.shape(0)[-nd:] if isinstance(v, int)]
+    if len(spatial) != nd or len(outs) != nd or not x.dtype.is_float:
+        raise Unsupported("max pool indices over symbolic sizes or a non-float input")
+    shape: list[int] = []
+    for o, k in zip(outs, ks, strict=True):
+        shape += [o, k]
+    iv = idx_vars(tuple(shape))
+    flat: Any = 0
+    valid: Any = 1
+    stride_flat = 1
+    for d in range(nd - 1, -1, -1):
+        o_v, k_v = iv[2 * d], iv[2 * d + 1]
+        pos = sym.add(sym.add(sym.mul(o_v, st[d]), -pd[d]), sym.mul(k_v, dl[d]))
+        inside = sym.mul(sym.add(1, sym.mul(sym.lt(pos, 0), -1)), sym.lt(pos, spatial[d]))
+        valid = sym.mul(valid, inside)
+        pos = sym.minimum(sym.maximum(pos, 0), spatial[d] - 1)
+        flat = sym.add(flat, sym.mul(pos, stride_flat))
+        stride_flat *= spatial[d]
+    g = cx.g
+    idx = F._base.iota(g, tuple(shape), flat, dt.i64)
+    ok = F._base.iota(g, tuple(shape), valid, dt.i32).cast(dt.bool_)
+    lead = list(x.shape[: x.ndim - nd])
+    xs = x.reshape([*lead, stride_flat])
+    win = xs.index_select(-1, idx.reshape((F._base.prod(shape),))).reshape([*lead, *shape])
+    okx = ok.expand(win.shape)
+    win = F.where(okx, win, -math.inf)
+    kaxes = [len(lead) + 2 * k + 1 for k in range(nd)]
+    vals = win.max_reduce(kaxes, keepdim=True)
+    hit = F.logical_and(F.logical_or(F.eq(win, vals.expand(win.shape)), F.isnan(win)), okx)
+    big = F._base.iota(g, win.shape, stride_flat, dt.i64)
+    ind = F.where(hit, idx.expand(win.shape), big).amin(kaxes)
+    return vals.reshape(ind.shape), ind
