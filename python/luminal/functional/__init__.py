@@ -7,7 +7,8 @@ Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, selec
 ``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling),
 ``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma),
 ``ordering`` (sort, topk, median, logcumsumexp), ``specfun`` (digamma, polygamma, zeta, Bessel I,
-erfcx, erfinv, ndtri).
+erfcx, erfinv, ndtri, Chebyshev), ``indexreduce`` (scatter_reduce, index_reduce), ``triangular``
+(triangular solves, Cholesky).
 """
 
 import sys
@@ -29,6 +30,7 @@ from . import (
     specfun,
     special,
     transcendental,
+    triangular,
 )  # fmt: skip
 from .activation import *  # noqa: F403
 from .attention import *  # noqa: F403
@@ -45,9 +47,11 @@ from .reduce import *  # noqa: F403
 from .specfun import *  # noqa: F403
 from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
+from .triangular import *  # noqa: F403
 
 _TOPICS = (activation, attention, conv, creation, elementwise, index, indexreduce, linalg,
-           movement, nn, ordering, reduce, special, specfun, transcendental)  # fmt: skip
+           movement, nn, ordering, reduce, special, specfun, transcendental,
+           triangular)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})
 
 _register(sys.modules[__name__])  # Tensor's methods delegate to this package

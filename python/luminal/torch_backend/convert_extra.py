@@ -633,3 +633,40 @@ def max_pool_indices(cx: Ctx, x: Tensor, kernel: Any, stride: Any, padding: Any,
     big = F._base.iota(g, win.shape, stride_flat, dt.i64)
     ind = F.where(hit, idx.expand(win.shape), big).amin(kaxes)
     return vals.reshape(ind.shape), ind
+
+
+# ----------------------------------------------------------------------------- small linear algebra
+def _unrolled(x: Tensor, what: str) -> None:
+    n = x.shape[-1] if x.ndim >= 2 else None
+    if not isinstance(n, int) or n > F.MAX_UNROLLED or n != x.shape[-2]:
+        raise Unsupported(f"{what} of {x.shape} (static square, n <= {F.MAX_UNROLLED})")
+
+
+@op(aten.linalg_solve_triangular.default)
+def _solve_triangular(cx: Ctx, a: Tensor, b: Tensor, *, upper: bool, left: bool = True,
+                      unitriangular: bool = False) -> Tensor:  # fmt: skip
+    _unrolled(a, "solve_triangular")
+    return F.solve_triangular(a, b, upper=upper, left=left, unitriangular=unitriangular)
+
+
+@op(aten.triangular_solve.default)
+def _triangular_solve(cx: Ctx, b: Tensor, a: Tensor, upper: bool = True, transpose: bool = False,
+                      unitriangular: bool = False) -> tuple:  # fmt: skip
+    _unrolled(a, "triangular_solve")
+    m = a.mT if transpose else a
+    x = F.solve_triangular(m, b, upper=upper != transpose, unitriangular=unitriangular)
+    return x, a
+
+
+@op(aten.linalg_cholesky_ex.default)
+def _cholesky_ex(cx: Ctx, a: Tensor, *, upper: bool = False, check_errors: bool = False) -> tuple:
+    if check_errors:
+        raise Unsupported("cholesky_ex(check_errors=True) raises on bad input: eager does")
+    _unrolled(a, "cholesky")
+    return tuple(F.cholesky_ex(a, upper))
+
+
+@op(aten.cholesky.default)
+def _cholesky(cx: Ctx, a: Tensor, upper: bool = False) -> Tensor:
+    _unrolled(a, "cholesky")
+    return F.cholesky(a, upper)

@@ -1,0 +1,54 @@
+"""Unrolled small linear algebra (functional/triangular.py) against PyTorch: triangular solves
+(both sides, both triangles, unit diagonal, batches), Cholesky with its info output."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import numpy as np
+import pytest
+import torch
+
+import luminal as lm
+import luminal.functional as F
+from optest import check_op, rand
+
+
+def test_solve_triangular_variants():
+    a = rand(3, 7, 7) + 5 * np.eye(7, dtype=np.float32)
+    b = rand(3, 7, 2)
+    bt = rand(3, 2, 7)
+    cases = [(False, True, False), (True, True, True), (True, False, False)]
+
+    def fn(x, y, yt):
+        return tuple(F.solve_triangular(x, y if left else yt, upper=u, left=left,
+                                        unitriangular=unit) for u, left, unit in cases)  # fmt: skip
+
+    def ref(x, y, yt):
+        return tuple(torch.linalg.solve_triangular(x, y if left else yt, upper=u, left=left,
+                                                   unitriangular=unit)
+                     for u, left, unit in cases)  # fmt: skip
+
+    check_op("solve_triangular", fn, ref, [a, b, bt], atol=1e-5, rtol=1e-4)
+
+
+def test_cholesky_ex():
+    m = rand(4, 6, 6)
+    spd = m @ m.transpose(0, 2, 1) + 0.5 * np.eye(6, dtype=np.float32)
+    spd[2, 3, 3] = -50.0  # not positive definite from the 4th minor: info 4, L NaN there
+
+    def fn(x):
+        low, info = F.cholesky_ex(x)
+        return low.slice(0, 0, 2), info, F.cholesky(x.slice(0, 0, 2), upper=True)
+
+    def ref(x):
+        low, info = torch.linalg.cholesky_ex(x)
+        return low[:2], info, torch.linalg.cholesky(x[:2]).mT
+
+    check_op("cholesky", fn, ref, [spd], atol=1e-5, rtol=1e-4)
+
+
+def test_unrolled_size_limit_is_an_error():
+    g = lm.Graph()
+    with pytest.raises(ValueError, match="exceeds"):
+        F.cholesky(g.input("a", (F.MAX_UNROLLED + 1, F.MAX_UNROLLED + 1)))
