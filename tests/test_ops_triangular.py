@@ -52,3 +52,21 @@ def test_unrolled_size_limit_is_an_error():
     g = lm.Graph()
     with pytest.raises(ValueError, match="exceeds"):
         F.cholesky(g.input("a", (F.MAX_UNROLLED + 1, F.MAX_UNROLLED + 1)))
+
+
+def test_lu_factor_solve_and_permutation():
+    a = rand(3, 6, 6)
+    b = rand(3, 6, 2)
+
+    def fn(x, y):
+        lu, piv, info = F.lu_factor_ex(x)
+        return lu, piv, info, F.lu_solve(lu, piv, y), F.permutation_matrix(piv, 6)
+
+    def ref(x, y):
+        lu, piv, info = torch.linalg.lu_factor_ex(x)
+        return lu, piv, info, torch.linalg.solve(x, y), torch.linalg.lu(x)[0]
+
+    check_op("lu_factor", fn, ref, [a, b], atol=1e-4, rtol=1e-4)
+    wide = rand(2, 4, 7)  # rectangular: min(m, n) pivots
+    check_op("lu_factor_wide", lambda x: F.lu_factor_ex(x)[:2],
+             lambda x: torch.linalg.lu_factor_ex(x)[:2], [wide], atol=1e-5)  # fmt: skip

@@ -1,10 +1,12 @@
 """Small dense factorizations and solves, unrolled over a static matrix size:
-``solve_triangular`` (forward / back substitution) and ``cholesky`` / ``cholesky_ex``.
+``solve_triangular`` (forward / back substitution), ``cholesky`` / ``cholesky_ex``, and LU with
+partial pivoting (``lu_factor_ex``, ``lu_solve``, ``permutation_matrix``).
 
 Each row (column) of the result is one step built from the earlier ones, so the graph grows as
 n^2 in the matrix size; the size must be static and at most ``MAX_UNROLLED``. No pivoting is
-needed for either (triangular solves divide by the diagonal; Cholesky of a positive-definite
-matrix is stable as it stands).
+needed for the first two (triangular solves divide by the diagonal; Cholesky of a
+positive-definite matrix is stable as it stands); LU picks each pivot with an ARGMAX and
+exchanges rows with a GATHER, as LAPACK's getrf chooses them.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 from ..graph import dtypes as dt
 from ..tensor import Tensor
 from ._base import need_tensor
-from .elementwise import isnan, logical_or, lt, where
+from .elementwise import abs, isnan, logical_or, lt, where
+from .index import gather
 from .movement import cat
+from .reduce import argmax
 
-__all__ = ["MAX_UNROLLED", "cholesky", "cholesky_ex", "solve_triangular"]
+__all__ = ["MAX_UNROLLED", "cholesky", "cholesky_ex", "lu_factor_ex", "lu_solve",
+           "permutation_matrix", "solve_triangular"]  # fmt: skip
 
 MAX_UNROLLED = 32
 
@@ -91,3 +96,86 @@ def cholesky_ex(A: Tensor, upper: bool = False) -> tuple[Tensor, Tensor]:  # noq
 
 def cholesky(A: Tensor, upper: bool = False) -> Tensor:  # noqa: N803
     return cholesky_ex(A, upper)[0]
+
+
+def _swap_rows(m: Tensor, k: int, p: Tensor) -> Tensor:
+    """m with rows k and p (a (..., 1, 1) index per matrix) exchanged."""
+    n = m.shape[-2]
+    i = m.graph.arange(n, dtype=dt.i64).reshape((n, 1))
+    pe = p.expand((*p.shape[:-2], n, 1))
+    src = where(i.eq(k).expand(pe.shape), pe, where(i.eq(pe), k, i.expand(pe.shape)))
+    return gather(m, -2, src.expand((*pe.shape[:-1], m.shape[-1])))
+
+
+def lu_factor_ex(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: N803
+    """(LU, pivots, info) as ``torch.linalg.lu_factor_ex``: partial pivoting on the first
+    largest |entry| of each column (LAPACK's choice), pivots 1-based int32, info the first
+    zero pivot (1-based) or 0."""
+    a = need_tensor("lu_factor", A)
+    m, n = (a.shape[-2], a.shape[-1]) if a.ndim >= 2 else (None, None)
+    if not isinstance(m, int) or not isinstance(n, int) or max(m, n) > MAX_UNROLLED:
+        raise ValueError(f"lu_factor: needs (..., m, n) matrices of static m, n <= "
+                         f"{MAX_UNROLLED}, got {a.shape}")  # fmt: skip
+    if not a.dtype.is_float:
+        raise TypeError(f"lu_factor: needs a float matrix, got {a.dtype.name}")
+    g = a.graph
+    lead = a.shape[:-2]
+    if min(m, n) == 0:
+        return a, g.zeros(*lead, 0, dtype=dt.i32), g.zeros(*lead, dtype=dt.i32)
+    rows = g.arange(m, dtype=dt.i64).reshape((m, 1))
+    cols = g.arange(n, dtype=dt.i64).reshape((1, n))
+    pivots: list[Tensor] = []
+    info = _elem(a, 0, 0).mul(0.0).cast(dt.i32)
+    for k in range(min(m, n)):
+        col = abs(a.slice(-1, k, 1))  # (..., n, 1)
+        col = where(lt(rows, k).expand(col.shape), -1.0, col)
+        p = argmax(col, -2, keepdim=True)  # (..., 1, 1)
+        a = _swap_rows(a, k, p)
+        pivots.append(p.add(1).cast(dt.i32))
+        piv = _elem(a, k, k)
+        info = where(piv.eq(0.0).logical_and(info.eq(0)), k + 1, info)
+        below = where(rows.gt(k), 1.0, 0.0)
+        lcol = a.slice(-1, k, 1).mul(piv.reciprocal()).mul(below)  # (..., n, 1) below k
+        urow = a.slice(-2, k, 1).mul(where(cols.gt(k), 1.0, 0.0))  # (..., 1, n) right of k
+        a = a.add(lcol.mul(urow).mul(-1.0))
+        a = where(rows.gt(k).logical_and(cols.eq(k)).expand(a.shape), lcol.expand(a.shape), a)
+    piv_t = cat(pivots, -1).reshape((*lead, min(m, n)))
+    return a, piv_t, info.reshape(info.shape[:-2])
+
+
+def _unpack(lu: Tensor) -> tuple[Tensor, Tensor]:
+    """(L, U) of a packed (..., m, n) factorization: L (m, k) unit lower, U (k, n), k = min."""
+    m, n = lu.shape[-2], lu.shape[-1]
+    assert isinstance(m, int) and isinstance(n, int)
+    k = min(m, n)
+    g = lu.graph
+    r = g.arange(m, dtype=dt.i64).reshape((m, 1))
+    c = g.arange(n, dtype=dt.i64).reshape((1, n))
+    low = where(r.gt(c).expand(lu.shape), lu, where(r.eq(c).expand(lu.shape), 1.0, 0.0))
+    up = where(lt(r, c).logical_or(r.eq(c)).expand(lu.shape), lu, 0.0)
+    return low.slice(-1, 0, k), up.slice(-2, 0, k)
+
+
+def _apply_pivots(b: Tensor, pivots: Tensor) -> Tensor:
+    """P^T b: the row exchanges of the factorization applied to b in order."""
+    count = pivots.shape[-1]
+    if not isinstance(count, int):
+        raise ValueError(f"lu: pivots of a static length needed, got {pivots.shape}")
+    for k in range(count):
+        p = pivots.slice(-1, k, 1).add(-1).cast(dt.i64).unsqueeze(-1)  # (..., 1, 1)
+        b = _swap_rows(b, k, p)
+    return b
+
+
+def lu_solve(LU: Tensor, pivots: Tensor, B: Tensor) -> Tensor:  # noqa: N803
+    """X with A X = B from ``lu_factor_ex``'s factors."""
+    low, up = _unpack(LU)
+    y = solve_triangular(low, _apply_pivots(B, pivots), upper=False, unitriangular=True)
+    return solve_triangular(up, y, upper=True)
+
+
+def permutation_matrix(pivots: Tensor, n: int) -> Tensor:
+    """P with A = P L U for the factorization's pivots."""
+    eye = pivots.graph.eye(n, dtype=dt.f32)
+    eye = eye.expand((*pivots.shape[:-1], n, n))
+    return _apply_pivots(eye, pivots).mT

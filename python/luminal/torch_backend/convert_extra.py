@@ -670,3 +670,107 @@ def _cholesky_ex(cx: Ctx, a: Tensor, *, upper: bool = False, check_errors: bool 
 def _cholesky(cx: Ctx, a: Tensor, upper: bool = False) -> Tensor:
     _unrolled(a, "cholesky")
     return F.cholesky(a, upper)
+
+
+def _lu(a: Tensor, what: str, square: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    if square:
+        _unrolled(a, what)
+    elif a.ndim < 2 or not all(isinstance(v, int) and v <= F.MAX_UNROLLED for v in a.shape[-2:]):
+        raise Unsupported(f"{what} of {a.shape} (static, at most {F.MAX_UNROLLED})")
+    if not a.dtype.is_float:
+        raise Unsupported(f"{what} of a {a.dtype.name} matrix")
+    return F.lu_factor_ex(a)
+
+
+def _parity_sign(piv: Tensor) -> Tensor:
+    """(-1)^(number of row exchanges), in f32 (..., )."""
+    n = piv.shape[-1]
+    ks = F.arange(piv.graph, 1, n + 1, dtype=dt.i32)
+    swaps = F.ne(piv, ks).cast(dt.f32).sum_reduce(-1)
+    return F.add(F.mul(F.fmod(swaps, 2.0), -2.0), 1.0)
+
+
+@op(aten.linalg_lu_factor_ex.default)
+def _lu_factor_ex(cx: Ctx, a: Tensor, *, pivot: bool = True, check_errors: bool = False) -> tuple:
+    if not pivot or check_errors:
+        raise Unsupported("lu_factor without pivoting or with check_errors")
+    return _lu(a, "lu_factor", square=False)
+
+
+@op(aten.linalg_lu.default)
+def _linalg_lu(cx: Ctx, a: Tensor, *, pivot: bool = True) -> tuple:
+    if not pivot:
+        raise Unsupported("lu without pivoting")
+    lu, piv, _ = _lu(a, "lu", square=False)
+    low, up = F.triangular._unpack(lu)
+    return F.permutation_matrix(piv, _static(a.shape[-2])).cast(a.dtype), low, up
+
+
+def _static(v: Any) -> int:
+    if not isinstance(v, int):
+        raise Unsupported("a symbolic matrix size")
+    return v
+
+
+@op(aten.lu_unpack.default)
+def _lu_unpack(cx: Ctx, lu: Tensor, piv: Tensor, unpack_data: bool = True,
+               unpack_pivots: bool = True) -> tuple:  # fmt: skip
+    if lu.ndim < 2 or not all(isinstance(v, int) and v <= F.MAX_UNROLLED for v in lu.shape[-2:]):
+        raise Unsupported(f"lu_unpack of {lu.shape}")
+    low, up = F.triangular._unpack(lu)
+    p = F.permutation_matrix(piv, _static(lu.shape[-2])).cast(lu.dtype)
+    if not unpack_data:
+        low, up = _empty_like_val(cx, 1), _empty_like_val(cx, 2)
+    if not unpack_pivots:
+        p = _empty_like_val(cx, 0)
+    return p, low, up
+
+
+@op(aten.linalg_lu_solve.default)
+def _lu_solve(cx: Ctx, lu: Tensor, piv: Tensor, b: Tensor, *, left: bool = True,
+              adjoint: bool = False) -> Tensor:  # fmt: skip
+    if not left or adjoint or b.ndim != lu.ndim:
+        raise Unsupported("lu_solve other than left, not adjoint, with matrix B")
+    _unrolled(lu, "lu_solve")
+    return F.lu_solve(lu, piv, b)
+
+
+@op(aten._linalg_det.default)
+def _det(cx: Ctx, a: Tensor) -> tuple:
+    lu, piv, _ = _lu(a, "det")
+    diag = F.diagonal(lu, 0, -2, -1)
+    det = F.mul(F.prod(diag, -1), _parity_sign(piv).cast(a.dtype))
+    return det, lu, piv
+
+
+@op(aten._linalg_slogdet.default)
+def _slogdet(cx: Ctx, a: Tensor) -> tuple:
+    lu, piv, _ = _lu(a, "slogdet")
+    diag = F.diagonal(lu, 0, -2, -1)
+    sign = F.mul(F.prod(F.sign(diag), -1), _parity_sign(piv).cast(a.dtype))
+    logabs = F.sum(F.log(F.abs(diag)), -1)
+    return sign, logabs, lu, piv
+
+
+@op(aten.linalg_inv_ex.default)
+def _inv_ex(cx: Ctx, a: Tensor, *, check_errors: bool = False) -> tuple:
+    if check_errors:
+        raise Unsupported("inv_ex(check_errors=True) raises on bad input: eager does")
+    lu, piv, info = _lu(a, "inv")
+    n = a.shape[-1]
+    eye = cx.g.eye(n, dtype=a.dtype).expand(a.shape)
+    return F.lu_solve(lu, piv, eye), info
+
+
+@op(aten._linalg_solve_ex.default)
+def _solve_ex(cx: Ctx, a: Tensor, b: Tensor, *, left: bool = True, check_errors: bool = False
+              ) -> tuple:  # fmt: skip
+    if not left or check_errors:
+        raise Unsupported("solve_ex with left=False or check_errors")
+    lu, piv, info = _lu(a, "solve")
+    vec = b.ndim == a.ndim - 1 or b.ndim == 1
+    bm = b.unsqueeze(-1) if vec else b
+    if bm.ndim != a.ndim:
+        raise Unsupported("solve with B of another rank than A")
+    x = F.lu_solve(lu, piv, bm)
+    return (x.squeeze(-1) if vec else x), lu, piv, info
