@@ -22,7 +22,7 @@ from .reduce import argmax
 __all__ = ["MAX_UNROLLED", "cholesky", "cholesky_ex", "lu_factor_ex", "lu_solve",
            "permutation_matrix", "solve_triangular"]  # fmt: skip
 
-MAX_UNROLLED = 32
+MAX_UNROLLED = 16  # graphs grow as n^2 (n^3 work): compile time stays in seconds
 
 
 def _square(name: str, a: Tensor) -> int:
@@ -66,18 +66,16 @@ def _cholesky_lower(a: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """(L, info): columns left to right; info is the first (1-based) column whose pivot is not
     positive, 0 if none."""
     cols: list[Tensor] = []
-    bad = a.slice(-1, 0, 1).slice(-2, 0, 1).mul(0.0).cast(dt.i32)  # (..., 1, 1) zeros
     rows = a.graph.arange(n, dtype=dt.i32).reshape((n, 1))
     for j in range(n):
         c = a.slice(-1, j, 1)  # column j, (..., n, 1)
         for lk in cols:
             c = c.add(lk.mul(_elem(lk, j, 0).mul(-1.0)))
         piv = c.slice(-2, j, 1)  # (..., 1, 1)
-        fails = logical_or(lt(piv, 0.0), logical_or(piv.eq(0.0), isnan(piv)))
-        bad = where(fails.logical_and(bad.eq(0)), j + 1, bad)
         col = c.mul(piv.sqrt().reciprocal())
         cols.append(where(lt(rows, j).expand(col.shape), 0.0, col))
-    return cat(cols, -1), bad.reshape(bad.shape[:-2])
+    low = cat(cols, -1)
+    return low, _first_bad(low, True)  # a pivot <= 0 leaves NaN or 0 on L's diagonal
 
 
 def cholesky_ex(A: Tensor, upper: bool = False) -> tuple[Tensor, Tensor]:  # noqa: N803
@@ -125,7 +123,6 @@ def lu_factor_ex(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: N803
     rows = g.arange(m, dtype=dt.i64).reshape((m, 1))
     cols = g.arange(n, dtype=dt.i64).reshape((1, n))
     pivots: list[Tensor] = []
-    info = _elem(a, 0, 0).mul(0.0).cast(dt.i32)
     for k in range(min(m, n)):
         col = abs(a.slice(-1, k, 1))  # (..., n, 1)
         col = where(lt(rows, k).expand(col.shape), -1.0, col)
@@ -133,14 +130,31 @@ def lu_factor_ex(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: N803
         a = _swap_rows(a, k, p)
         pivots.append(p.add(1).cast(dt.i32))
         piv = _elem(a, k, k)
-        info = where(piv.eq(0.0).logical_and(info.eq(0)), k + 1, info)
         below = where(rows.gt(k), 1.0, 0.0)
         lcol = a.slice(-1, k, 1).mul(piv.reciprocal()).mul(below)  # (..., n, 1) below k
         urow = a.slice(-2, k, 1).mul(where(cols.gt(k), 1.0, 0.0))  # (..., 1, n) right of k
         a = a.add(lcol.mul(urow).mul(-1.0))
         a = where(rows.gt(k).logical_and(cols.eq(k)).expand(a.shape), lcol.expand(a.shape), a)
     piv_t = cat(pivots, -1).reshape((*lead, min(m, n)))
-    return a, piv_t, info.reshape(info.shape[:-2])
+    return a, piv_t, _first_bad(a.slice(-1, 0, min(m, n)).slice(-2, 0, min(m, n)), False)
+
+
+def _first_bad(f: Tensor, nan_too: bool) -> Tensor:
+    """1 + the index of the first zero (or NaN) on the diagonal of the finished factor, 0 if
+    none. Read from the factor, not carried through the steps: a value chained through every
+    step would be one expression of exponential size once fused."""
+    from .elementwise import eq
+    from .movement import diagonal
+
+    d = diagonal(f, 0, -2, -1)
+    bad = eq(d, 0.0)
+    if nan_too:
+        bad = logical_or(bad, isnan(d))
+    n = d.shape[-1]
+    assert isinstance(n, int), "unrolled factorizations have static sizes"
+    rev = f.graph.arange(n, 0, -1, dtype=dt.i32)  # n - k: the first bad index scores highest
+    best = where(bad, rev.expand(bad.shape), 0).max_reduce(-1)
+    return where(best.eq(0), 0, best.mul(-1).add(n + 1)).cast(dt.i32)
 
 
 def _unpack(lu: Tensor) -> tuple[Tensor, Tensor]:
