@@ -23,6 +23,7 @@ from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from . import convert_extra as _extra  # noqa: F401 - registers the rarer converters in TABLE
 from .aten import _compile_aten, _decompositions
 from .convert import supported_targets
 from .explain import Explanation, explain_with

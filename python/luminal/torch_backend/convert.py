@@ -25,6 +25,8 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 Converter = Callable[..., Any]
+# max pooling's indices (convert_extra.py sets it: it registers the rarer converters)
+MAX_POOL_INDICES: Callable[..., Any] | None = None
 TABLE: dict[Any, Converter] = {}
 
 
@@ -686,9 +688,9 @@ def _max_pool(cx: Ctx, x: Tensor, kernel: Any, stride: Any = (), padding: Any = 
               dilation: Any = 1, ceil_mode: bool = False) -> tuple:  # fmt: skip
     nd = len(kernel)
     if cx.node is not None and any(u.args[1] == 1 for u in cx.node.users):  # the indices
-        from .convert_extra import max_pool_indices
-
-        return max_pool_indices(cx, x, kernel, stride, padding, dilation, nd)
+        if MAX_POOL_INDICES is None:
+            raise Unsupported("max pooling indices")
+        return MAX_POOL_INDICES(cx, x, kernel, stride, padding, dilation, nd)
     fn = F.max_pool2d if nd == 2 else F.max_pool1d
     return fn(x, list(kernel), list(stride) or None, padding, dilation, ceil_mode), None
 
@@ -788,6 +790,3 @@ def _match(cx: Ctx, out: Any, val: Any) -> Any:
         # a mismatch is a converter bug; eager is right, so never return this value
         raise Unsupported(f"converted shape {out.shape} differs from torch's {tuple(val.shape)}")
     return out.cast(dt.to_dtype(val.dtype))
-
-
-from . import convert_extra as _extra  # noqa: E402,F401 - registers more converters in TABLE

@@ -17,6 +17,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.view import idx_vars
 from ..tensor import Tensor, broadcast_shapes
+from . import convert as _convert
 from .convert import Ctx, op
 from .symbols import Unsupported
 
@@ -774,3 +775,6 @@ def _solve_ex(cx: Ctx, a: Tensor, b: Tensor, *, left: bool = True, check_errors:
         raise Unsupported("solve with B of another rank than A")
     x = F.lu_solve(lu, piv, bm)
     return (x.squeeze(-1) if vec else x), lu, piv, info
+
+
+_convert.MAX_POOL_INDICES = max_pool_indices
