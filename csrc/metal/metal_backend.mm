@@ -33,8 +33,8 @@ std::string describe(NSError *err) {
 }
 
 // A nil result of `call` (with its NSError, when it gives one) becomes an Error naming it.
-template <typename T>
-T checked(T obj, const char *call, NSError *err = nil, const std::string &what = "") {
+template <typename T> T checked(T obj, const char *call, NSError *err = nil,
+                                const std::string &what = "") {
   if (obj == nil)
     throw Error(std::string("Metal ") + call + " failed" + (what.empty() ? "" : " for " + what) +
                 ": " + describe(err));
@@ -80,8 +80,7 @@ public:
   MetalBackend() {
     @autoreleasepool {
       device_ = MTLCreateSystemDefaultDevice();
-      if (device_ == nil)
-        throw Error("Metal unavailable: MTLCreateSystemDefaultDevice found no GPU");
+      if (device_ == nil) throw Error("Metal unavailable: MTLCreateSystemDefaultDevice found no GPU");
       queue_ = checked([device_ newCommandQueue], "newCommandQueue");
     }
   }
@@ -98,9 +97,9 @@ public:
 
   void *alloc(size_t bytes) override {
     @autoreleasepool {
-      id<MTLBuffer> b = checked([device_ newBufferWithLength:std::max<size_t>(bytes, 64)
-                                                     options:MTLResourceStorageModeShared],
-                                "newBufferWithLength", nil, std::to_string(bytes) + " bytes");
+      id<MTLBuffer> b = checked(
+          [device_ newBufferWithLength:std::max<size_t>(bytes, 64) options:MTLResourceStorageModeShared],
+          "newBufferWithLength", nil, std::to_string(bytes) + " bytes");
       void *p = [b contents];
       allocs_[reinterpret_cast<uintptr_t>(p)] = Allocation{b, bytes};
       return p;
@@ -140,8 +139,8 @@ public:
     auto [db, doff] = find(dst, n, "copy destination");
     auto [sb, soff] = find(src, n, "copy source");
     end_compute();
-    id<MTLBlitCommandEncoder> blit =
-        checked([command_buffer() blitCommandEncoder], "blitCommandEncoder");
+    id<MTLBlitCommandEncoder> blit = checked([command_buffer() blitCommandEncoder],
+                                             "blitCommandEncoder");
     [blit copyFromBuffer:sb sourceOffset:soff toBuffer:db destinationOffset:doff size:n];
     [blit endEncoding];
   }
@@ -233,10 +232,8 @@ public:
         throw PlanError(what + ": grid dimension " + std::to_string(k) + " of " +
                         std::to_string(g.grid[k]) + " threadgroups is out of range");
     if (g.shared_mem != 0)
-      throw PlanError(what +
-                      ": Metal kernels declare their threadgroup memory (shared_mem must "
-                      "be 0, not " +
-                      std::to_string(g.shared_mem) + ")");
+      throw PlanError(what + ": Metal kernels declare their threadgroup memory (shared_mem must "
+                             "be 0, not " + std::to_string(g.shared_mem) + ")");
   }
 
   void launch(KernelHandle h, const LaunchGeom &g, void *const *args,
@@ -321,9 +318,9 @@ private:
 };
 
 const std::map<std::string, int> kGemmIndex = {
-    {"m", 0},         {"n", 1},         {"k", 2},         {"lda", 3},      {"ldb", 4},
-    {"ldc", 5},       {"batch", 6},     {"stride_a", 7},  {"stride_b", 8}, {"stride_c", 9},
-    {"a_offset", 10}, {"b_offset", 11}, {"c_offset", 12}, {"trans_a", 13}, {"trans_b", 14},
+    {"m", 0},         {"n", 1},         {"k", 2},         {"lda", 3},       {"ldb", 4},
+    {"ldc", 5},       {"batch", 6},     {"stride_a", 7},  {"stride_b", 8},  {"stride_c", 9},
+    {"a_offset", 10}, {"b_offset", 11}, {"c_offset", 12}, {"trans_a", 13},  {"trans_b", 14},
     {"alpha", 100},   {"beta", 101}};
 
 MPSDataType mps_type(DType t, const std::string &at) {
@@ -393,13 +390,14 @@ void MpsGemm::bind(const int64_t *vals, const int64_t *buf_bytes) {
   std::memcpy(v_, v, sizeof v);
   alpha_ = alpha;
   beta_ = beta;
-  mm_ = [[MPSMatrixMultiplication alloc]
-       initWithDevice:be_.device()
-        transposeLeft:(v[kTA] ? YES : NO)transposeRight:(v[kTB] ? YES : NO)resultRows:NSUInteger(m)
-        resultColumns:NSUInteger(n)
-      interiorColumns:NSUInteger(k)
-                alpha:alpha
-                 beta:beta];
+  mm_ = [[MPSMatrixMultiplication alloc] initWithDevice:be_.device()
+                                          transposeLeft:(v[kTA] ? YES : NO)
+                                         transposeRight:(v[kTB] ? YES : NO)
+                                             resultRows:NSUInteger(m)
+                                          resultColumns:NSUInteger(n)
+                                        interiorColumns:NSUInteger(k)
+                                                  alpha:alpha
+                                                   beta:beta];
   checked(mm_, "MPSMatrixMultiplication initWithDevice");
 }
 
@@ -409,13 +407,14 @@ void MpsGemm::run(void *const *args) {
   auto matrix = [&](void *p, int64_t off, int64_t elem, int64_t rows, int64_t cols, int64_t ld,
                     int64_t stride, MPSDataType t, const char *what) {
     auto [buf, base] = be_.find(p, 0, std::string("gemm ") + what);
-    MPSMatrixDescriptor *d = [MPSMatrixDescriptor
-        matrixDescriptorWithRows:NSUInteger(rows)
-                         columns:NSUInteger(cols)
-                        matrices:NSUInteger(v[kBatch])
-                        rowBytes:NSUInteger(ld * elem)
-                     matrixBytes:NSUInteger(v[kBatch] > 1 ? stride * elem : rows * ld * elem)
-                        dataType:t];
+    MPSMatrixDescriptor *d =
+        [MPSMatrixDescriptor matrixDescriptorWithRows:NSUInteger(rows)
+                                              columns:NSUInteger(cols)
+                                             matrices:NSUInteger(v[kBatch])
+                                             rowBytes:NSUInteger(ld * elem)
+                                          matrixBytes:NSUInteger(v[kBatch] > 1 ? stride * elem
+                                                                               : rows * ld * elem)
+                                             dataType:t];
     return checked([[MPSMatrix alloc] initWithBuffer:buf
                                               offset:NSUInteger(base + off * elem)
                                           descriptor:d],
@@ -443,8 +442,6 @@ std::string unavailable_reason() {
 }
 } // namespace metal
 
-std::unique_ptr<Backend> make_metal_backend() {
-  return std::make_unique<MetalBackend>();
-}
+std::unique_ptr<Backend> make_metal_backend() { return std::make_unique<MetalBackend>(); }
 
 } // namespace luminal

@@ -25,6 +25,7 @@ when every index expression of the kernel provably fits.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ SUBGROUP = 32  # threads per warp (NVIDIA) and per simdgroup (Apple)
 _I32 = 2**31
 
 
-class Dialect:
+class Dialect(ABC):
     """A GPU backend's names. Subclasses set the fields and write the frame."""
 
     name = ""  # for messages
@@ -53,22 +54,26 @@ class Dialect:
     shared = ""  # the qualifier of group-shared arrays
     global_ = ""  # the qualifier of pointers into buffers (with its space)
 
+    @abstractmethod
     def param(self, slot: int, ctype: str, restrict: bool) -> str:
         """Buffer parameter ``b{slot}`` (slot 0 is the output, written; the rest are read)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def frame(self, name: str, params: Sequence[str], n_dims: int, threads: int) -> str:
         """The kernel's first line, through its opening brace."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def dim(self, i: int) -> str:
         """Plan dim ``i`` as the kernel reads it (an int64_t)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def subgroup_reduce(self, acc: str, op: Op, t: str, d: dt.DType) -> str | None:
         """A statement reducing ``acc`` (C type ``t``) over the subgroup, every lane getting
         the result; None when this backend's subgroup functions do not take ``t``."""
-        raise NotImplementedError
+        ...
 
 
 @dataclass
