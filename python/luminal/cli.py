@@ -369,7 +369,7 @@ def _compiled_files() -> tuple[str, list[str], list[str]]:
     """(cache folder, compiled-kernel files, search-decision files)."""
     from . import flags
 
-    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    base = flags.cache_base()
     kernels: list[str] = []
     decisions: list[str] = []
     if os.path.isdir(base):

@@ -128,6 +128,11 @@ def debug() -> int:
     return DEBUG.as_int()
 
 
+def cache_base() -> str:
+    """The folder luminal caches under: ``LUMINAL_CACHE_DIR``, else ``~/.cache/luminal``."""
+    return CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+
+
 def table() -> str:
     """The README's environment-variable table."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]

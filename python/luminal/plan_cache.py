@@ -80,7 +80,7 @@ def cache_root() -> Path:
     d = flags.PLAN_CACHE_DIR.get()
     if d:
         return Path(d)
-    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    base = flags.cache_base()
     return Path(base) / "plans"
 
 

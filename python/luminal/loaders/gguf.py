@@ -171,7 +171,7 @@ class _HeaderCache:
         if flags.PLAN_CACHE.get().strip().lower() in ("0", "off", "false", "no"):
             return None
         root = flags.PLAN_CACHE_DIR.get() or os.path.join(
-            flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal"),
+            flags.cache_base(),
             "plans",
         )
         real = os.path.realpath(path)

@@ -117,7 +117,7 @@ def _check(lib: ctypes.CDLL, rc: int, what: str) -> None:
 
 
 def _cache_dir() -> Path:
-    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    base = flags.cache_base()
     return Path(base) / "cuda"
 
 

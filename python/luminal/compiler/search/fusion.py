@@ -35,9 +35,10 @@ def choose_fusions(
     stored: frozenset[int] = frozenset()
     dims = representative_dims(low)
     memo: dict[str, bool] = {}
+    old_keys = _keys(low)
     for node in low.windowed:
         alt = finish(lower(graph, stored | {node}))
-        old_keys, new_keys = _keys(low), _keys(alt)
+        new_keys = _keys(alt)
         old_set, new_set = set(old_keys), set(new_keys)
         gone = [s for s, key in zip(low.kernels, old_keys, strict=True) if key not in new_set]
         new = [s for s, key in zip(alt.kernels, new_keys, strict=True) if key not in old_set]
@@ -53,7 +54,7 @@ def choose_fusions(
             name = f"{gone[-1].name}<-t{node}"
             memo[key] = tuner.choose(name, "fusion", dims, fused, cands).label == "stored"
         if memo[key]:
-            low, stored = alt, stored | {node}
+            low, stored, old_keys = alt, stored | {node}, new_keys
     return low
 
 

@@ -108,7 +108,7 @@ def clear_memory_cache() -> None:
 
 
 def cache_dir() -> str:
-    base = flags.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "luminal")
+    base = flags.cache_base()
     return os.path.join(base, "search")
 
 
