@@ -14,6 +14,22 @@ def _own_plan_cache(tmp_path_factory, monkeypatch):
         monkeypatch.setenv("LUMINAL_PLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plans")))
 
 
+@pytest.fixture
+def fresh_dynamo(monkeypatch):
+    """torch.compile tests: no search measuring (the plans, not their speed, are tested), and
+    dynamo, luminal's backend counters and the seed reset around each test."""
+    import torch
+
+    import luminal.torch_backend as lt
+
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
+    torch._dynamo.reset()
+    lt.reset_stats()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``after_all`` summarize the run (ops covered, plans compiled): they run
     after every other test, whatever the file order."""

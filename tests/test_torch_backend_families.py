@@ -21,13 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
-    torch._dynamo.reset()
-    lt.reset_stats()
-    torch.manual_seed(0)
+def _fresh(fresh_dynamo):
     yield
-    torch._dynamo.reset()
 
 
 _DEC = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,

@@ -26,13 +26,8 @@ HEAVY = {
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
-    torch._dynamo.reset()
-    lt.reset_stats()
-    torch.manual_seed(0)
+def _fresh(fresh_dynamo):
     yield
-    torch._dynamo.reset()
 
 
 def _model(kind: str, attn: str = "sdpa"):

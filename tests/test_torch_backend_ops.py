@@ -13,13 +13,8 @@ from luminal.torch_backend import luminal_backend  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")
-    torch._dynamo.reset()
-    lt.reset_stats()
-    torch.manual_seed(0)
+def _fresh(fresh_dynamo):
     yield
-    torch._dynamo.reset()
 
 
 def _check(fn, *args, atol=1e-5, rtol=1e-5):
