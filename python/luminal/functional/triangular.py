@@ -64,31 +64,44 @@ def solve_triangular(A: Tensor, B: Tensor, *, upper: bool, left: bool = True,  #
 
 def _cholesky_lower(a: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """(L, info): columns left to right; info is the first (1-based) column whose pivot is not
-    positive, 0 if none."""
-    cols: list[Tensor] = []
+    positive, 0 if none.
+
+    Once a matrix's pivot fails, its later columns are computed from a pivot of 1 and zeros and
+    only the output shows NaN: the gradient then stays finite (zero where the output is unused)
+    instead of carrying sqrt's NaN slope into every matrix of the batch."""
+    cols: list[Tensor] = []  # finite columns the later steps read
+    outs: list[Tensor] = []
     rows = a.graph.arange(n, dtype=dt.i32).reshape((n, 1))
+    good: Tensor | None = None  # (..., 1, 1): every pivot so far positive
     for j in range(n):
         c = a.slice(-1, j, 1)  # column j, (..., n, 1)
         for lk in cols:
             c = c.add(lk.mul(_elem(lk, j, 0).mul(-1.0)))
         piv = c.slice(-2, j, 1)  # (..., 1, 1)
-        col = c.mul(piv.sqrt().reciprocal())
-        cols.append(where(lt(rows, j).expand(col.shape), 0.0, col))
-    low = cat(cols, -1)
-    return low, _first_bad(low, True)  # a pivot <= 0 leaves NaN or 0 on L's diagonal
+        ok = piv.gt(0.0)
+        good = ok if good is None else good.logical_and(ok)
+        col = c.mul(where(good, piv, 1.0).sqrt().reciprocal())
+        col = where(lt(rows, j).expand(col.shape), 0.0, col)
+        cols.append(where(good.expand(col.shape), col, 0.0))
+        outs.append(where(good.expand(col.shape), col, float("nan")))
+    low = cat(outs, -1)
+    return low, _first_bad(low, True)  # a failed pivot leaves NaN on L's diagonal
 
 
 def cholesky_ex(A: Tensor, upper: bool = False) -> tuple[Tensor, Tensor]:  # noqa: N803
     """(L, info) as ``torch.linalg.cholesky_ex``: L lower (or its transpose if ``upper``)
     with A = L L^T; info > 0 names the first leading minor that is not positive definite
-    (L then holds NaN from there)."""
+    (L then holds NaN from there). A is taken as symmetric: both triangles are read, as
+    (A + A^T) / 2."""
     a = need_tensor("cholesky", A)
     n = _square("cholesky", a)
     if not a.dtype.is_float:
         raise TypeError(f"cholesky: needs a float matrix, got {a.dtype.name}")
     if n == 0:
         return a, a.graph.zeros(*a.shape[:-2], dtype=dt.i32)
-    low, info = _cholesky_lower(a, n)
+    # The symmetric part equals A on the symmetric matrices Cholesky is defined for, and its
+    # gradient is torch's symmetrized one (reading one triangle would leave the other at 0).
+    low, info = _cholesky_lower(a.add(a.mT).mul(0.5), n)
     return (low.mT if upper else low), info
 
 
