@@ -44,6 +44,7 @@ class Stats:
     fallbacks: list[str] = field(default_factory=list)  # why something ran in eager, per event
     partition_sizes: list[int] = field(default_factory=list)  # ATen nodes per luminal partition
     in_place: int = 0  # inputs that plans update in place (StaticCache key / value writes)
+    checks: int = 0  # error checks of a plan's result left to eager (linalg's info tensors)
 
 
 stats = Stats()
@@ -373,6 +374,13 @@ def _copy(v: Tensor) -> Tensor:
     return v.cast(dt.u8).cast(dt.bool_) if v.dtype is dt.bool_ else v.mul(1)
 
 
+def _is_error_check(node: Node) -> bool:
+    """An effectful check that raises torch's error for a bad input (a singular matrix) from
+    an info tensor the plan computed; it computes no value, so eager PyTorch runs it."""
+    return (node.target is torch.ops.higher_order.with_effects and len(node.args) > 1
+            and node.args[1] is torch.ops.aten._linalg_check_errors.default)  # fmt: skip
+
+
 def _op_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return str(target)  # aten.convolution.default
@@ -523,6 +531,9 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
     bound = set(env.binders)
     for node, why in trial.failed.items():
         if why in (_DOWNSTREAM, _EAGER_COPY):
+            continue
+        if _is_error_check(node):
+            stats.checks += 1
             continue
         name = _op_name(node.target)
         stats.eager_ops[name] = stats.eager_ops.get(name, 0) + 1
