@@ -199,6 +199,45 @@ def metric(url: str, name: str) -> float | None:
     return None
 
 
+ENGINE_HISTOGRAMS = {
+    "luminal_decode_step_seconds": "step",
+    "luminal_step_host_seconds": "host",
+    "luminal_prefill_seconds": "prefill",
+    "luminal_batch_size": "batch",
+    "luminal_step_tokens": "rows",
+}
+
+
+def engine_stats(url: str) -> dict[str, float]:
+    """The sums and counts of luminal's engine histograms (``<short>_sum``, ``<short>_count``)."""
+    import httpx
+
+    got: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        for full, short in ENGINE_HISTOGRAMS.items():
+            for part in ("sum", "count"):
+                if line.startswith(f"{full}_{part} "):
+                    got[f"{short}_{part}"] = float(line.split()[-1])
+    return got
+
+
+def describe_level(before: dict[str, float], after: dict[str, float], wall: float) -> str:
+    """Where a level's engine time went: plan steps, serial prefills and the engine thread's
+    own work (means per step), and the mean sequences and rows per step."""
+
+    def d(k: str) -> float:
+        return after.get(k, 0.0) - before.get(k, 0.0)
+
+    steps = d("step_count") or float("nan")
+    return (
+        f"{d('step_count'):.0f} steps: step {1e3 * d('step_sum') / steps:.1f} ms, host "
+        f"{1e3 * d('host_sum') / max(d('host_count'), 1):.2f} ms per iteration, "
+        f"{d('batch_sum') / steps:.1f} sequences and {d('rows_sum') / steps:.1f} rows per "
+        f"step; of the {wall:.1f} s: steps {d('step_sum'):.1f} s, "
+        f"{d('prefill_count'):.0f} prefills {d('prefill_sum'):.1f} s, host {d('host_sum'):.2f} s"
+    )
+
+
 def bench_contender(
     name: str,
     start: Callable[[], tuple[Proc, str, str]],
@@ -212,6 +251,7 @@ def bench_contender(
         run_level(url + "/v1", model, 1, 1, 8, a.level_timeout)  # warm-up
         for c in levels:
             rounds = max(1, a.requests * 4 // c) if c < 4 else a.requests
+            before = engine_stats(url) if name == "luminal" else {}
             out[c] = run_level(url + "/v1", model, c, rounds, a.max_tokens, a.level_timeout)
             lv = out[c]
             print(
@@ -220,6 +260,8 @@ def bench_contender(
                 file=sys.stderr,
                 flush=True,
             )
+            if name == "luminal":
+                print(f"    {describe_level(before, engine_stats(url), lv.wall)}", file=sys.stderr)
         if after is not None:
             after(proc, url, model)
     finally:
@@ -244,9 +286,8 @@ def main() -> int:
     )
     p.add_argument(
         "--f32-batch",
-        type=int,
-        default=4,
-        help="luminal serve --f32-batch (steps of N+ sequences on the f32 plan)",
+        default="auto",
+        help="luminal serve --f32-batch (steps of N+ rows on the f32 plan; auto: measured)",
     )
     p.add_argument(
         "--step-tokens",
@@ -307,7 +348,12 @@ def main() -> int:
         pr = Proc(luminal_cmd(port, a.idle), env, log)
         cold["first_start_s"] = pr.ready(url + "/health", a.start_timeout)
         with open(log) as fh:
-            cold["plans_cached"] = "from the plan cache" in fh.read()
+            text = fh.read()
+        cold["plans_cached"] = "from the plan cache" in text
+        choice = [ln for ln in text.splitlines() if "f32 plan from" in ln]
+        cold["f32_choice"] = choice[-1].split(": ", 2)[-1] if choice else None
+        if choice:
+            print(f"luminal: {cold['f32_choice']}", file=sys.stderr)
         return pr, url, httpx.get(url + "/v1/models").json()["data"][0]["id"]
 
     def scale_to_zero(proc: Proc, url: str, name: str) -> None:
@@ -399,6 +445,7 @@ def main() -> int:
         "reload_request_s": round(cold["reload_request_s"], 2),
         "first_start_s": round(cold["first_start_s"], 1),
         "plans_cached": cold["plans_cached"],
+        "f32_choice": cold["f32_choice"],
         "rss_loaded_mb": round(cold["rss_loaded_mb"], 1),
         "rss_unloaded_mb": round(cold["rss_unloaded_mb"], 1),
     }

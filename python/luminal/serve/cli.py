@@ -56,11 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--f32-batch",
-        type=int,
-        default=4,
-        metavar="N",
-        help="decode steps of N+ sequences run on a plan with weights folded to "
-        "f32 (GEMMs; 4 bytes per weight); 1: every step, 0: never",
+        type=_f32_batch,
+        default="auto",
+        metavar="N|auto",
+        help="steps of N+ rows run on a plan with weights folded to f32 (GEMMs; 4 bytes "
+        "per weight); 1: every step, 0: never; auto: both plans measured once at load "
+        "(remembered in the cache folder), each step on the faster",
     )
     p.add_argument(
         "--step-tokens",
@@ -82,6 +83,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
     )
     p.add_argument("--quiet", action="store_true", help="no compile progress lines")
+
+
+def _f32_batch(v: str) -> int | str:
+    if v == "auto":
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an int >= 0 or 'auto', got {v!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"an int >= 0 or 'auto', got {v!r}")
+    return n
 
 
 def _name(path: str, given: str | None) -> str:

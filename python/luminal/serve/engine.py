@@ -88,6 +88,7 @@ class Loaded:
     runner_f32: Any  # weights folded to f32 (None: off)
     prefill: Any  # a LlamaSession for prefill="serial" (None: chunked prefill)
     cache: dict[str, np.ndarray]
+    f32_from: int  # steps of this many rows or more run on runner_f32 (0: never)
 
 
 # ----------------------------------------------------------------------------- requests
@@ -149,19 +150,23 @@ class LLMEngine:
         metrics: Metrics,
         backend: str = "auto",
         quiet: bool = False,
-        f32_batch: int = 0,
+        f32_batch: int | str = 0,
         step_tokens: int = 64,
         prefill: str = "chunked",
     ) -> None:
         """``f32_batch``: steps of at least this many tokens run on a second batched plan
         whose weights are folded to f32 (GEMMs over the rows; 4 bytes per weight) instead of
-        dequantizing each weight again per row; 1: every step, 0: never. ``step_tokens``:
+        dequantizing each weight again per row; 1: every step, 0: never; ``"auto"``: both
+        plans are measured at the step sizes the engine runs, once (``serve.choose``), and
+        each step runs on the faster; a plan that is never the faster is not kept. ``step_tokens``:
         tokens one step takes at most (at least ``limits.max_seqs``): one per decoding
         sequence, the rest prompt tokens. ``prefill``: ``"chunked"`` (prompt tokens are rows
         of the batched steps) or ``"serial"`` (each prompt alone through the prefill plan,
         between steps)."""
-        if isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0:
-            raise ValueError(f"f32_batch must be an int >= 0, got {f32_batch!r}")
+        if f32_batch != "auto" and (
+            isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0
+        ):
+            raise ValueError(f"f32_batch must be an int >= 0 or 'auto', got {f32_batch!r}")
         if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
             raise ValueError(f"step_tokens must be a positive int, got {step_tokens!r}")
         if prefill not in ("chunked", "serial"):
@@ -204,15 +209,31 @@ class LLMEngine:
         decoder = BatchedDecoder(model, self.limits.max_seqs, rows=self.rows)
         runner = decoder.runner(self.backend, self.quiet) if self.f32_batch != 1 else None
         runner_f32 = None
-        if self.f32_batch and self.f32_batch <= self.rows:
+        if self.f32_batch == "auto" or 0 < int(self.f32_batch) <= self.rows:
             folded = BatchedDecoder(model, self.limits.max_seqs, fold=True, rows=self.rows)
             runner_f32 = folded.runner(self.backend, self.quiet)
+        cache = decoder.new_cache()
+        if self.f32_batch == "auto":
+            from .choose import choose_f32_from
+
+            # serial prefill: steps take one row per decoding sequence (prompt rows only for
+            # prompt logprobs); chunked: up to step_tokens rows
+            top = self.limits.max_seqs if self.serial else self.rows
+            f32_from = choose_f32_from(
+                decoder, runner, runner_f32, cache, top, lambda m: log(f"{self.name}: {m}")
+            )
+            if f32_from == 1:
+                runner = None  # the f32 plan runs every step
+            elif f32_from == 0:
+                runner_f32 = None
+        else:
+            f32_from = int(self.f32_batch) if runner_f32 is not None else 0
         session = None
         if self.serial:
             session = LlamaSession(model, self.backend, self.quiet)
             session.compile_prefill()
             session.cache = {}
-        self.loaded = Loaded(model, decoder, runner, runner_f32, session, decoder.new_cache())
+        self.loaded = Loaded(model, decoder, runner, runner_f32, session, cache, f32_from)
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
         self.last_request = time.monotonic()  # idle time counts from here
@@ -320,6 +341,14 @@ class LLMEngine:
         self._gauges()
 
     def _iteration(self) -> None:
+        t_start = time.perf_counter()
+        plan_s = self._iterate()
+        if plan_s is not None:  # the engine thread's own time: everything but plan runs
+            self.metrics.host.observe(time.perf_counter() - t_start - plan_s)
+
+    def _iterate(self) -> float | None:
+        """One engine iteration; the seconds its plan runs took (None: no step ran)."""
+        plan_s = 0.0
         with self.cv:
             for slot, r in list(self.active.items()):
                 if r.cancelled.is_set():
@@ -340,7 +369,7 @@ class LLMEngine:
             log(f"{self.name}: cold start {time.perf_counter() - t0:.2f} s")
         lo = self.loaded
         if lo is None:
-            return
+            return None
         for r in admit:
             r.streamer = self.tokenizer.streamer()
             if lo.prefill is None or r.prompt_logprobs:  # the latter: prompt rows' logits
@@ -348,14 +377,18 @@ class LLMEngine:
             if r.cancelled.is_set():
                 self._release(r)
                 continue
+            t0 = time.perf_counter()
             logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt)
+            took = time.perf_counter() - t0
+            plan_s += took
+            self.metrics.prefill.observe(took)
             r.pos = len(r.prompt)
             self.metrics.prompt_tokens.inc(len(r.prompt))
-            self._advance(r, logits)
+            self._advance(r, logits, self._sample([r], logits.reshape(1, -1))[0])
         with self.cv:
             running = [r for r in self.active.values() if not r.cancelled.is_set()]
         if not running:
-            return
+            return plan_s
         # rows: each decoding sequence's next token, then prompt tokens, oldest request first
         toks: list[int] = []
         pos: list[int] = []
@@ -389,20 +422,25 @@ class LLMEngine:
                 picks.append(len(toks) - 1)
                 picked.append((r, "first"))
         if not toks:
-            return
+            return plan_s
         t0 = time.perf_counter()
-        f32 = lo.runner_f32 is not None and (lo.runner is None or len(toks) >= self.f32_batch)
+        f32 = lo.runner is None or (lo.f32_from > 0 and len(toks) >= lo.f32_from)
         logits = lo.decoder.step(
             lo.runner_f32 if f32 else lo.runner, lo.cache, toks, pos, slots, picks or [0]
         )  # a step of inner prompt tokens only still takes one pick: its logits go unused
-        self.metrics.step.observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        plan_s += took
+        self.metrics.step.observe(took)
         self.metrics.batch.observe(len(set(slots)))
         self.metrics.step_tokens.observe(len(toks))
         at = {id(r): r.pos for r, _ in feeding}  # each prompt row's position, in order
         for r, take in feeding:
             r.pos += take
             self.metrics.prompt_tokens.inc(take)
-        for (r, what), row in zip(picked, logits[: len(picked)], strict=True):
+        gen = [i for i, (_, what) in enumerate(picked) if what != "prompt"]
+        toks_next = self._sample([picked[i][0] for i in gen], logits[gen])
+        nexts = dict(zip(gen, toks_next, strict=True))
+        for i, ((r, what), row) in enumerate(zip(picked, logits[: len(picked)], strict=True)):
             if what == "prompt":
                 p = at[id(r)] = at[id(r)] + 1
                 if not r.cancelled.is_set():
@@ -410,7 +448,23 @@ class LLMEngine:
                 continue
             if what == "decode":
                 r.pos += 1
-            self._advance(r, row)
+            self._advance(r, row, nexts[i])
+        return plan_s
+
+    @staticmethod
+    def _sample(reqs: list[GenRequest], logits: np.ndarray) -> list[int]:
+        """The next token of each of ``reqs`` from its row of ``logits``: the greedy ones in
+        one argmax over their rows, the others by their own sampler (its seeded generator)."""
+        out = [0] * len(reqs)
+        greedy = [i for i, r in enumerate(reqs) if r.sampler.temperature <= 0]
+        if greedy:
+            best = np.argmax(logits[greedy], axis=1)
+            for i, t in zip(greedy, best.tolist(), strict=True):
+                out[i] = t
+        for i, r in enumerate(reqs):
+            if r.sampler.temperature > 0 and not r.cancelled.is_set():
+                out[i] = r.sampler(logits[i])
+        return out
 
     def _release(self, r: GenRequest) -> None:
         with self.cv:
@@ -419,12 +473,12 @@ class LLMEngine:
             self.last_request = time.monotonic()
             self._gauges()
 
-    def _advance(self, r: GenRequest, logits: np.ndarray) -> None:
-        """Sample the next token of ``r`` from ``logits``; emit text; finish when due."""
+    def _advance(self, r: GenRequest, logits: np.ndarray, tok: int) -> None:
+        """Take ``tok`` (sampled from ``logits``) as the next token of ``r``; emit text;
+        finish when due."""
         if r.cancelled.is_set():
             self._release(r)
             return
-        tok = r.sampler(logits)
         now = time.perf_counter()
         if r.generated == 0:
             self.metrics.ttft.observe(now - r.arrived)

@@ -59,6 +59,19 @@ class Metrics:
         self.step = Histogram(
             "luminal_decode_step_seconds", "one batched step", buckets=_LATENCY, registry=r
         )
+        self.prefill = Histogram(
+            "luminal_prefill_seconds",
+            "one prompt through the prefill plan (--prefill serial)",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.host = Histogram(
+            "luminal_step_host_seconds",
+            "the engine thread's time per iteration outside plan runs (admission, sampling, "
+            "detokenizing, events)",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
+            registry=r,
+        )
         self.loaded = Gauge(
             "luminal_model_loaded", "1 while a model's plans are loaded", ["model"], registry=r
         )
