@@ -230,3 +230,43 @@ def test_kernels_too_small_to_pay_for_a_search_keep_their_default(monkeypatch):
     t, log = _fake_tuner(prefer="split=16")
     (k,) = schedules.choose_schedules(low, t, _signature).kernels
     assert log and k.schedule is not None and k.schedule.label() == "split=16"
+
+
+def test_racing_runs_a_clear_loser_once():
+    """With a racing target, a candidate whose first run is RACE_MARGIN times the fastest so
+    far is measured by that run alone; the decision is the same as without racing."""
+    low = lower(_gemv())
+    calls = []
+
+    def measure(sub, dims, cutoff=None):
+        k = sub.kernels[0]
+        calls.append((k.schedule.label() if k.schedule is not None else "?", cutoff))
+        secs = 0.004 if len(calls) == 2 else 0.5  # the second candidate measured is fastest
+        return Timing(secs, 1 if cutoff is not None and secs > cutoff else 5)
+
+    kernels, labels = {}, {}
+    for races in (False, True):
+        tuner.clear_memory_cache()
+        calls.clear()
+        t = Tuner(measure, f"race{races}", _evaluate_cpu, races=races)
+        (kernels[races],) = schedules.choose_schedules(low, t, _signature).kernels
+        labels[races] = [lab for lab, _ in calls]
+        cutoffs = [c for _, c in calls]
+        assert len(calls) >= 3
+        if races:
+            assert cutoffs[0] is None
+            assert cutoffs[1] == pytest.approx(tuner.RACE_MARGIN * 0.5)
+            assert cutoffs[2] == pytest.approx(max(tuner.RACE_MARGIN * 0.004, tuner.RACE_FLOOR_S))
+        else:
+            assert all(c is None for c in cutoffs)
+    assert labels[True] == labels[False]
+    assert kernels[True].schedule == kernels[False].schedule
+    assert kernels[True].schedule is not None
+    assert kernels[True].schedule.label() == labels[True][1]
+
+
+def test_cpu_measure_stops_at_the_cutoff():
+    low = lower(_gemv(n=256))
+    dims: dict[str, int] = {}
+    assert _measure_cpu(low, dims, cutoff=1e-9).runs == 1
+    assert _measure_cpu(low, dims).runs == _CPU.repeats

@@ -95,7 +95,7 @@ def _tuner(c: Compilation) -> Tuner | None:
     if c.tuner is None:
         t = c.target
         c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants,
-                        getattr(t, "prepare", None))  # fmt: skip
+                        getattr(t, "prepare", None), races=getattr(t, "races", False))  # fmt: skip
     return c.tuner
 
 

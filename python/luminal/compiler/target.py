@@ -47,7 +47,8 @@ class ScheduleSpace:
 class Target(Protocol):
     """A backend as the compiler sees it. A target may also have ``prepare(lows)``: get ready
     to measure all of ``lows`` (compile their kernels together, in parallel); the search calls
-    it with one decision's candidates."""
+    it with one decision's candidates. ``races = True`` says ``measure`` takes ``cutoff=``
+    (seconds: a first run slower than it is the only one)."""
 
     name: str
     cost: CostModel

@@ -103,6 +103,7 @@ class CpuTarget:
     space: ScheduleSpace = SPACE
     searches_schedules: bool = True
     repeats: int = 5
+    races: bool = True  # measure takes a cutoff (Tuner.races)
 
     def cache_id(self) -> str:
         return cpu_id()
@@ -140,12 +141,13 @@ class CpuTarget:
                 runtime._PROFILED.remove(ex)
         return ex
 
-    def measure(self, low: Lowered, dims: dict[str, int]) -> Timing:
+    def measure(self, low: Lowered, dims: dict[str, int], cutoff: float | None = None) -> Timing:
         """Seconds of one run of a small plan (the fastest of ``repeats``: other processes only
         add time, and on a shared machine a median still carries their stalls into the cached
         decision), through the runtime that runs plans, with the outputs of its first run on
         the search's seeded inputs. A first run longer than LUMINAL_SEARCH_MEASURE_MS is the
-        only one."""
+        only one; a first timed run (after the warm-up) longer than ``cutoff`` seconds is the
+        only timed one."""
         ex = self._executor(low)
         inputs = random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int())
         t = time.perf_counter()
@@ -163,7 +165,9 @@ class CpuTarget:
             t = time.perf_counter()
             ex.run(inputs, dims)
             times.append(time.perf_counter() - t)
-        return Timing(min(times), self.repeats, outputs)
+            if cutoff is not None and times[0] > cutoff:
+                break  # past the warm-up's one-time costs and still a clear loser
+        return Timing(min(times), len(times), outputs)
 
     def evaluate(self, low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
         """Outputs of a small plan on the search's seeded inputs (to check a candidate)."""

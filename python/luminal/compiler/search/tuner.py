@@ -9,8 +9,9 @@ reference sub-program (the kernel as lowered, before any rewrite of the search).
 2. ranks candidates by the cost model and measures the best ``LUMINAL_SEARCH_CANDIDATES``
    (the default, what compile does without a search, always among them) through ``measure``,
    the caller's runtime path; a candidate whose first run exceeds ``LUMINAL_SEARCH_MEASURE_MS``
-   is run once; past ``LUMINAL_SEARCH_BUDGET_S`` of measuring in one compile, kernels keep
-   their default, unmeasured and uncached;
+   is run once, and so is one whose first run is ``RACE_MARGIN`` times the fastest so far
+   (on targets that race); past ``LUMINAL_SEARCH_BUDGET_S`` of measuring in one compile,
+   kernels keep their default, unmeasured and uncached;
 3. checks the fastest against the reference's outputs on the same seeded random inputs; a
    mismatch drops it (a warning at ``LUMINAL_DEBUG>=1``) and the next fastest is checked;
 4. caches the timings, verdicts and choice.
@@ -43,6 +44,16 @@ from ..target import CostModel, ScheduleSpace
 # v3: symbolic dims are measured at their smallest values too; v4: vector code at the
 # target's native width; v5: padding masks as loop windows, outer indices advanced per task)
 CACHE_VERSION = "tuner-v5"
+
+# A candidate whose first run is this many times the fastest one's time cannot win by its
+# repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
+# first, cold one by well under 2x), so with a target that races it is run once. Set by the
+# GEMM decisions of GPT-2 and BERT, where generated kernels timed 5-20x the library call and
+# their repeats were most of the search's time.
+RACE_MARGIN = 3.0
+# ... and never below this many seconds: a short first run carries one-time costs (binding,
+# first touch of the outputs) of the order of a small kernel, and repeating it is cheap
+RACE_FLOOR_S = 1e-3
 
 
 def smallest_dims(sub: Lowered, dims: Mapping[str, int]) -> dict[str, int]:
@@ -211,6 +222,9 @@ class Tuner:
     variants: Callable[[K.LibCall], list[tuple[str, K.LibCall]]] | None = None
     # the target's batch preparation (Target.prepare): one decision's candidates compiled at once
     prepare: Callable[[list[Lowered]], None] | None = None
+    # measure takes ``cutoff=`` (Target.races): a candidate's first run slower than that is its
+    # only one, so a clear loser costs one run instead of its repeats
+    races: bool = False
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)
@@ -314,13 +328,11 @@ class Tuner:
         for i in sorted(chosen, key=lambda i: rank[i]):
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
-            t = self.measure(candidates[i].sub, dims)
-            self._count("measurements")
-            timings[i] = t if isinstance(t, Timing) else Timing(float(t))
+            t = self._measure(candidates[i].sub, dims, [x.seconds for x in timings.values()])
+            timings[i] = t
             if small != dims:
-                ts = self.measure(candidates[i].sub, small)
-                self._count("measurements")
-                small_times[i] = ts.seconds if isinstance(ts, Timing) else float(ts)
+                ts = self._measure(candidates[i].sub, small, list(small_times.values()))
+                small_times[i] = ts.seconds
         score = _scores({i: t.seconds for i, t in timings.items()}, small_times)
         verdicts: dict[int, bool | None] = {}
         choice = None
@@ -361,6 +373,17 @@ class Tuner:
                 for i, c in enumerate(candidates)
             ],
         }  # fmt: skip
+
+    def _measure(self, sub: Lowered, dims: dict[str, int], so_far: list[float]) -> Timing:
+        """One candidate's timing; with ``races``, cut off at ``RACE_MARGIN`` times the fastest
+        candidate timed so far at these sizes (at least ``RACE_FLOOR_S``)."""
+        self._count("measurements")
+        if self.races and so_far:
+            cutoff = max(RACE_MARGIN * min(so_far), RACE_FLOOR_S)
+            t = self.measure(sub, dims, cutoff=cutoff)  # type: ignore[call-arg]
+        else:
+            t = self.measure(sub, dims)
+        return t if isinstance(t, Timing) else Timing(float(t))
 
     def _read(self, key: str) -> dict[str, Any] | None:
         try:
