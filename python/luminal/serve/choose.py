@@ -2,9 +2,9 @@
 projections dequantize every weight again per row, or the one with weights folded to f32,
 whose projections are GEMMs over the rows. Which wins, and from how many rows, depends on
 the kernels the compiler chose and on the machine, so the engine measures both plans once at
-the row counts its steps take and remembers the answer (keyed by the two plan files and the
-thread setting) next to the plan cache: a reload after an idle unload does not measure
-again."""
+the row counts its steps take and remembers the answer, keyed by the two plan files and the
+thread setting, in the plan cache's folder (``serve/plan_choice.json``): a reload after an
+idle unload does not measure again."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..flags import cache_base
+from ..plan_cache import cache_root
 
 THREAD_VARS = ("LUMINAL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 
@@ -46,16 +46,16 @@ def threshold(packed: dict[int, float], folded: dict[int, float]) -> int:
 
 
 def measure(
-    step: Callable[[Any, int], None], runners: dict[str, Any], sizes: list[int], reps: int = 2
+    step: Callable[[Any, int], None], runners: dict[str, Any], sizes: list[int], reps: int = 3
 ) -> dict[str, dict[int, float]]:
     """Seconds of ``step(runner, rows)`` for each runner and size: the fastest of ``reps``
-    runs after one warm-up, the contenders interleaved run by run (a shared machine's load
-    falls on both alike)."""
+    runs (after one warm-up run each, which loads the plan's kernels), the contenders
+    interleaved run by run so that a shared machine's load falls on both alike."""
     for r in runners.values():
-        step(r, 1)  # the first run loads the plan's kernels
+        step(r, 1)
     best: dict[str, dict[int, float]] = {k: {} for k in runners}
     for n in sizes:
-        for _ in range(reps + 1):
+        for _ in range(reps):
             for k, r in runners.items():
                 t0 = time.perf_counter()
                 step(r, n)
@@ -79,7 +79,7 @@ def _memo_key(runners: dict[str, Any]) -> str | None:
 
 
 def _memo_file() -> str:
-    return os.path.join(cache_base(), "serve", "plan_choice.json")
+    return os.path.join(cache_root(), "serve", "plan_choice.json")
 
 
 def _read_memo() -> dict[str, Any]:
