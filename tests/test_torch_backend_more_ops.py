@@ -34,3 +34,66 @@ def test_linalg_error_check_runs_on_the_plans_info():
     f = torch.compile(torch.linalg.cholesky, backend=luminal_backend)
     with torch.no_grad(), pytest.raises(torch.linalg.LinAlgError, match="positive-definite"):
         f(-a)
+
+
+def test_bilinear_pdist_and_pooling_gradient():
+    def fn(x1, w, x2, b, pts, g, img):
+        _, idx = torch.ops.aten.max_pool2d_with_indices(img, [3, 2], [2, 2], [1, 0])
+        back = torch.ops.aten.max_pool2d_with_indices_backward(
+            g, img, [3, 2], [2, 2], [1, 0], [1, 1], False, idx
+        )
+        return F.bilinear(x1, x2, w, b), F.pdist(pts), F.pdist(pts, p=1.5), back
+
+    img = torch.randn(2, 3, 9, 7)
+    g = torch.randn(2, 3, 5, 3)
+    _check(fn, torch.randn(5, 3), torch.randn(4, 3, 7), torch.randn(5, 7), torch.randn(4),
+           torch.randn(7, 5), g, img, atol=1e-4)  # fmt: skip
+
+
+def test_conv_transpose3d():
+    def fn(x, w, b):
+        return F.conv_transpose3d(x, w, b, stride=(2, 1, 2), padding=1, output_padding=(1, 0, 0))
+
+    _check(fn, torch.randn(2, 4, 3, 5, 4), torch.randn(4, 3, 3, 2, 3), torch.randn(3), atol=1e-4)
+
+
+def test_histograms_and_padded_nonzero():
+    def fn(x, w):
+        h = torch.histc(x, bins=7, min=-1.5, max=2)
+        auto = torch.histc(x, bins=5)  # the data's own range
+        hist, edges = torch.histogram(x, bins=6, weight=w, density=True)
+        plain, _ = torch.histogram(x, bins=4, range=(-1.0, 1.0))
+        nz = torch.nonzero_static(torch.where(x > 0.5, x, 0), size=9, fill_value=-7)
+        return h, auto, hist, edges, plain, nz
+
+    x = torch.randn(5, 11)
+    x[1, 2] = 2.0  # exactly the top edge: counted in the last bin
+    _check(fn, x, torch.rand(5, 11), atol=1e-5)
+
+
+def test_index_put_through_several_index_tensors():
+    def fn(x, i, j, v):
+        a = torch.index_put(x, (i, j), v, accumulate=True)
+        b = x.mT.clone()
+        b[:, i.clamp(0, 3), j] = v[:1, :5]  # after a full dim
+        return a, b
+
+    x = torch.randn(4, 5, 6)
+    i = torch.tensor([0, 3, -1, 0, 2])
+    j = torch.tensor([1, 4, 2, 1, -5])
+    _check(fn, x, i, j, torch.randn(5, 6))
+
+
+def test_solves_from_cholesky_and_lu_factors():
+    def fn(a, b, bt):
+        low = torch.linalg.cholesky(a)
+        lu, piv = torch.linalg.lu_factor(a)
+        return (torch.cholesky_solve(b, low), torch.cholesky_solve(b, low.mT, upper=True),
+                torch.cholesky_inverse(low),
+                torch.linalg.lu_solve(lu, piv, b, adjoint=True),
+                torch.linalg.lu_solve(lu, piv, bt, left=False))  # fmt: skip
+
+    a = torch.randn(2, 5, 5, dtype=torch.float64)
+    a = a @ a.mT + torch.eye(5, dtype=torch.float64)
+    _check(fn, a, torch.randn(2, 5, 3, dtype=torch.float64),
+           torch.randn(2, 3, 5, dtype=torch.float64), atol=1e-8)  # fmt: skip

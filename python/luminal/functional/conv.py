@@ -32,6 +32,7 @@ __all__ = [
     "conv3d",
     "conv_transpose1d",
     "conv_transpose2d",
+    "conv_transpose3d",
     "max_pool1d",
     "max_pool2d",
 ]
@@ -238,6 +239,7 @@ def _conv_transpose_fn(nd: int) -> Callable[..., Tensor]:
 
 
 conv_transpose1d, conv_transpose2d = _conv_transpose_fn(1), _conv_transpose_fn(2)
+conv_transpose3d = _conv_transpose_fn(3)
 
 
 # ----------------------------------------------------------------------------- pooling

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from . import convert_extra as _extra  # noqa: F401 - registers the rarer converters in TABLE
+from . import convert_more as _more  # noqa: F401 - and the rarest (after: it wraps index_put)
 from .aten import _compile_aten, _decompositions
 from .convert import supported_targets
 from .explain import Explanation, explain_with

@@ -672,7 +672,7 @@ def _convolution(cx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, p
                  ) -> Tensor:  # fmt: skip
     nd = w.ndim - 2
     if transposed:
-        fns = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
+        fns = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
         if nd not in fns:
             raise Unsupported(f"conv_transpose{nd}d")
         return fns[nd](x, w, b, list(stride), list(padding), list(output_padding), groups,

@@ -727,15 +727,6 @@ def _lu_unpack(cx: Ctx, lu: Tensor, piv: Tensor, unpack_data: bool = True,
     return p, low, up
 
 
-@op(aten.linalg_lu_solve.default)
-def _lu_solve(cx: Ctx, lu: Tensor, piv: Tensor, b: Tensor, *, left: bool = True,
-              adjoint: bool = False) -> Tensor:  # fmt: skip
-    if not left or adjoint or b.ndim != lu.ndim:
-        raise Unsupported("lu_solve other than left, not adjoint, with matrix B")
-    _unrolled(lu, "lu_solve")
-    return F.lu_solve(lu, piv, b)
-
-
 @op(aten._linalg_det.default)
 def _det(cx: Ctx, a: Tensor) -> tuple:
     lu, piv, _ = _lu(a, "det")

@@ -1,0 +1,259 @@
+"""Converters of ``convert.TABLE`` for the rest of PyTorch's op database that the primitives
+can write: bilinear forms, pairwise distances, pooling gradients, histograms, padded
+``nonzero``, index writes through several index tensors and solves from a Cholesky or LU
+factor. Same contract as ``convert.py``: ``Unsupported`` sends a node to eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import functional as F
+from ..functional._base import index_dtype, prod
+from ..graph import dtypes as dt
+from ..tensor import Tensor, broadcast_shapes
+from .convert import Ctx, op
+from .convert_extra import _unrolled
+from .symbols import Unsupported
+
+aten = torch.ops.aten
+
+
+def _static_shape(x: Tensor, what: str) -> tuple[int, ...]:
+    if not all(isinstance(s, int) for s in x.shape):
+        raise Unsupported(f"{what} of a symbolic shape {x.shape}")
+    return tuple(int(s) for s in x.shape)  # type: ignore[arg-type]
+
+
+def _const(cx: Ctx, data: np.ndarray) -> Tensor:
+    return cx.g.tensor(np.ascontiguousarray(data))
+
+
+# ----------------------------------------------------------------------------- nn
+@op(aten._trilinear.default)
+def _trilinear(cx: Ctx, i1: Tensor, i2: Tensor, i3: Tensor, expand1: Sequence[int],
+               expand2: Sequence[int], expand3: Sequence[int], sumdim: Sequence[int],
+               unroll_dim: int = 1) -> Tensor:  # fmt: skip
+    """Each operand gets size-1 dims at its ``expand`` positions; the product is summed over
+    ``sumdim`` (``F.bilinear`` is x1 (n, 1, i, 1) * W (1, o, i, j) * x2 (n, 1, 1, j))."""
+    terms = []
+    for x, ex in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(ex):
+            x = x.unsqueeze(d)
+        terms.append(x)
+    dtype = dt.promote(dt.promote(i1.dtype, i2.dtype), i3.dtype)
+    prod = F.mul(F.mul(terms[0].cast(dtype), terms[1].cast(dtype)), terms[2].cast(dtype))
+    return prod.sum_reduce(sorted(sumdim)) if sumdim else prod
+
+
+@op(aten._pdist_forward.default)
+def _pdist(cx: Ctx, x: Tensor, p: float = 2.0) -> Tensor:
+    """||x_i - x_j||_p for i < j, row by row (torch.pdist's order)."""
+    n, _ = _static_shape(x, "pdist")
+    i, j = np.triu_indices(n, 1)
+    if len(i) == 0:
+        return F.full(cx.g, (0,), 0, dtype=x.dtype)
+    a = F.index_select(x, 0, _const(cx, i.astype(np.int64)))
+    b = F.index_select(x, 0, _const(cx, j.astype(np.int64)))
+    return F.vector_norm(F.sub(a, b), p, -1)
+
+
+@op(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default)
+def _max_pool_backward(cx: Ctx, grad: Tensor, x: Tensor, kernel: Any, stride: Any, padding: Any,
+                       dilation: Any, ceil_mode: bool, indices: Tensor) -> Tensor:  # fmt: skip
+    """Each output's gradient added at its maximum's flat index in its (n, c) plane."""
+    nd = len(kernel)
+    if x.ndim <= nd or grad.ndim != x.ndim or indices.ndim != x.ndim:
+        raise Unsupported(f"max pooling backward of {x.shape}")
+    lead = list(x.shape[:-nd])
+    plane = [*lead, -1]
+    zeros = F.full(cx.g, [*lead, prod(x.shape[-nd:])], 0, dtype=grad.dtype)
+    out = F.scatter_add(zeros, -1, indices.reshape(plane), grad.reshape(plane))
+    return out.reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------- data
+@op(aten.nonzero_static.default)
+def _nonzero_static(cx: Ctx, x: Tensor, *, size: int, fill_value: int = -1) -> Tensor:
+    """The first ``size`` nonzero positions in row-major order, rows of ``fill_value`` after."""
+    shape = _static_shape(x, "nonzero_static")
+    nd, n = len(shape), int(np.prod(shape))
+    if size == 0 or nd == 0 or n == 0:
+        return F.full(cx.g, cx.shape(), fill_value, dtype=cx.dtype)
+    hit = F.ne(x.reshape(-1), 0).cast(dt.i64)  # (n,)
+    rank = F.sub(F.cumsum(hit, 0), 1)  # where each hit goes
+    row = F.where(F.logical_and(F.ne(hit, 0), F.lt(rank, size)), rank, size)  # size: dropped
+    coords = np.stack(np.unravel_index(np.arange(n), shape), -1).astype(np.int64)  # (n, nd)
+    at = F.add(F.mul(row.unsqueeze(-1), nd), _const(cx, np.arange(nd, dtype=np.int64)))
+    dest = F.full(cx.g, ((size + 1) * nd,), fill_value, dtype=dt.i64)
+    out = F.scatter(dest, 0, at.reshape(-1), _const(cx, coords).reshape(-1))
+    return out.reshape((size + 1, nd)).slice(0, 0, size)
+
+
+def _bin_counts(x: Tensor, pos: Tensor, keep: Tensor, bins: int, w: Tensor | None) -> Tensor:
+    """Sum of 1 (or w) per bin over the kept elements (pos in [0, bins))."""
+    g = x.graph
+    b = g.arange(bins, dtype=dt.i64)
+    hit = F.logical_and(F.eq(pos.unsqueeze(-1), b), keep.unsqueeze(-1))  # (n, bins)
+    val = hit.cast(x.dtype)
+    if w is not None:
+        val = F.mul(val, w.reshape(-1).cast(x.dtype).unsqueeze(-1))
+    return val.sum_reduce(0)
+
+
+def _range(x: Tensor, lo: float, hi: float, widen: float) -> tuple[Tensor, Tensor]:
+    """The given range, or the data's min and max when both are equal (then widened)."""
+    flat = x.reshape(-1)
+    if lo == hi:
+        mn, mx = F.amin(flat, 0), F.amax(flat, 0)
+    else:
+        mn, mx = x.graph.constant(lo, x.dtype), x.graph.constant(hi, x.dtype)
+    same = F.eq(mn, mx)
+    return F.where(same, F.sub(mn, widen), mn), F.where(same, F.add(mx, widen), mx)
+
+
+@op(aten.histc.default)
+def _histc(cx: Ctx, x: Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> Tensor:  # noqa: A002
+    if not x.dtype.is_float or isinstance(bins, Tensor):
+        raise Unsupported("histc of a non-float tensor")
+    _static_shape(x, "histc")
+    flat = x.reshape(-1)
+    if flat.shape[0] == 0:
+        return F.full(cx.g, (bins,), 0, dtype=x.dtype)
+    lo, hi = _range(x, float(min), float(max), 1.0)
+    pos = F.floor(F.div(F.mul(F.sub(flat, lo), bins), F.sub(hi, lo))).cast(dt.i64)
+    pos = F.where(F.eq(flat, hi), bins - 1, pos)
+    keep = F.logical_and(F.ge(flat, lo), F.le(flat, hi))
+    return _bin_counts(flat, pos, keep, bins, None)
+
+
+@op(aten.histogram.bin_ct)
+def _histogram(cx: Ctx, x: Tensor, bins: int = 100, *, range: Any = None,  # noqa: A002
+               weight: Any = None, density: bool = False) -> tuple:  # fmt: skip
+    if not x.dtype.is_float:
+        raise Unsupported("histogram of a non-float tensor")
+    _static_shape(x, "histogram")
+    flat = x.reshape(-1)
+    if flat.shape[0] == 0:
+        raise Unsupported("histogram of an empty tensor")
+    lo_v, hi_v = (0.0, 0.0) if range is None else (float(range[0]), float(range[1]))
+    lo, hi = _range(x, lo_v, hi_v, 0.5)
+    steps = cx.g.arange(bins + 1, dtype=x.dtype)
+    edges = F.add(lo, F.mul(F.sub(hi, lo), F.div(steps, float(bins))))
+    edges = F.where(F.eq(steps, float(bins)), hi, edges)  # linspace ends exactly at hi
+    pos = F.floor(F.div(F.mul(F.sub(flat, lo), bins), F.sub(hi, lo))).cast(dt.i64)
+    pos = F.clamp(pos, 0, bins - 1)
+    # the edges decide, as torch's local search does where rounding put an element one off
+    left = F.gather(edges, 0, pos)
+    right = F.gather(edges, 0, F.add(pos, 1))
+    pos = F.where(F.logical_and(F.lt(flat, left), F.gt(pos, 0)), F.sub(pos, 1), pos)
+    pos = F.where(F.logical_and(F.ge(flat, right), F.lt(pos, bins - 1)), F.add(pos, 1), pos)
+    keep = F.logical_and(F.ge(flat, lo), F.le(flat, hi))
+    w = weight if isinstance(weight, Tensor) else None
+    hist = _bin_counts(flat, pos, keep, bins, w)
+    if density:
+        widths = F.sub(edges.slice(0, 1, bins), edges.slice(0, 0, bins))  # (dim, start, length)
+        hist = F.div(hist, F.mul(hist.sum_reduce(0), widths))
+    return hist, edges
+
+
+@op(aten.index_put.default)
+def _index_put(cx: Ctx, x: Tensor, indices: Sequence[Any], values: Any, accumulate: bool = False
+               ) -> Tensor:  # fmt: skip
+    """One index tensor: convert.py's write. Several adjacent integer index tensors address
+    the merged dims they index: one linear index into x viewed with those dims merged."""
+    given = [k for k, i in enumerate(indices) if i is not None]
+    if len(given) == 1:
+        return _one_index_put(cx, x, indices, values, accumulate)
+    if not given or given != list(range(given[0], given[-1] + 1)):
+        raise Unsupported("index_put with index tensors that are not adjacent")
+    if any(not isinstance(indices[k], Tensor) or indices[k].dtype is dt.bool_ for k in given):
+        raise Unsupported("index_put with boolean masks")
+    d0, d1 = given[0], given[-1] + 1
+    if not all(isinstance(s, int) for s in x.shape[d0:d1]):
+        raise Unsupported("index_put through several index tensors into symbolic dims")
+    sizes = [s for s in x.shape[d0:d1] if isinstance(s, int)]
+    bshape: tuple[Any, ...] = ()
+    for k in given:
+        bshape = broadcast_shapes(bshape, indices[k].shape)
+    n = int(np.prod(sizes))
+    it = index_dtype(n)
+    lin: Tensor | None = None
+    for k, s in zip(given, sizes, strict=True):
+        i = indices[k].cast(it)
+        i = F.where(F.lt(i, 0), F.add(i, s), i).expand(bshape)
+        lin = i if lin is None else F.add(F.mul(lin, s), i)
+    assert lin is not None
+    merged = x.reshape([*x.shape[:d0], n, *x.shape[d1:]])
+    out = F.index_put(merged, [None] * d0 + [lin], values, accumulate)
+    return out.reshape(x.shape)
+
+
+def _one_index_put(cx: Ctx, x: Tensor, indices: Sequence[Any], values: Any, accumulate: bool
+                   ) -> Tensor:  # fmt: skip
+    from .convert import _index_put as core
+
+    return core(cx, x, indices, values, accumulate)
+
+
+# ----------------------------------------------------------------------------- linear algebra
+def _batched_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    lead = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return a.expand((*lead, *a.shape[-2:])), b.expand((*lead, *b.shape[-2:]))
+
+
+def _chol_solve(b: Tensor, factor: Tensor, upper: bool) -> Tensor:
+    """X with (L L^T) X = B, L lower (or U^T U with U upper)."""
+    low = factor.mT if upper else factor
+    low, b = _batched_pair(low, b)
+    d = dt.promote(low.dtype, b.dtype)
+    low, b = low.cast(d), b.cast(d)
+    y = F.solve_triangular(low, b, upper=False)
+    return F.solve_triangular(low.mT, y, upper=True)
+
+
+@op(aten.cholesky_solve.default)
+def _cholesky_solve(cx: Ctx, b: Tensor, factor: Tensor, upper: bool = False) -> Tensor:
+    if factor.ndim >= 2 and factor.shape[-1] == 0:
+        return F.full(cx.g, cx.shape(), 0, dtype=cx.dtype)
+    _unrolled(factor, "cholesky_solve")
+    if b.ndim < 2:
+        raise Unsupported("cholesky_solve of a vector")
+    return _chol_solve(b, factor, upper)
+
+
+@op(aten.cholesky_inverse.default)
+def _cholesky_inverse(cx: Ctx, factor: Tensor, upper: bool = False) -> Tensor:
+    if factor.ndim >= 2 and factor.shape[-1] == 0:
+        return F.full(cx.g, cx.shape(), 0, dtype=cx.dtype)
+    _unrolled(factor, "cholesky_inverse")
+    n = factor.shape[-1]
+    eye = cx.g.eye(n, dtype=factor.dtype).expand(factor.shape)
+    return _chol_solve(eye, factor, upper)
+
+
+@op(aten.linalg_lu_solve.default)
+def _lu_solve(cx: Ctx, lu: Tensor, piv: Tensor, b: Tensor, *, left: bool = True,
+              adjoint: bool = False) -> Tensor:  # fmt: skip
+    """A X = B (or A^T X = B, X A = B, X A^T = B) with A = P L U from lu_factor."""
+    _unrolled(lu, "lu_solve")
+    if b.ndim < 2:
+        raise Unsupported("lu_solve of a vector")
+    if not left:  # X A = B  <=>  A^T X^T = B^T (real matrices: adjoint is the transpose)
+        return _lu_solve(cx, lu, piv, b.mT, left=True, adjoint=not adjoint).mT
+    lead = broadcast_shapes(broadcast_shapes(lu.shape[:-2], b.shape[:-2]), piv.shape[:-1])
+    n = lu.shape[-1]
+    lu = lu.expand((*lead, n, n))
+    piv = piv.expand((*lead, n))
+    b = b.expand((*lead, *b.shape[-2:])).cast(lu.dtype)
+    if not adjoint:
+        return F.lu_solve(lu, piv, b)
+    # A^T X = B: U^T L^T P^T X = B
+    low, up = F.triangular._unpack(lu)
+    y = F.solve_triangular(up.mT, b, upper=False)
+    z = F.solve_triangular(low.mT, y, upper=True, unitriangular=True)
+    return F.matmul(F.permutation_matrix(piv, int(n)).cast(lu.dtype), z)  # type: ignore[arg-type]
