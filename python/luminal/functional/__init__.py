@@ -7,8 +7,8 @@ Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, selec
 ``linalg`` (matmul family), ``nn`` (normalizations), ``conv`` (convolutions and pooling),
 ``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma),
 ``ordering`` (sort, topk, median, logcumsumexp), ``specfun`` (digamma, polygamma, zeta, Bessel I,
-erfcx, erfinv, ndtri, Chebyshev), ``indexreduce`` (scatter_reduce, index_reduce), ``triangular``
-(triangular solves, Cholesky).
+erfcx, erfinv, ndtri, Chebyshev), ``bessel`` (Bessel J, Y, K and Airy Ai), ``indexreduce``
+(scatter_reduce, index_reduce), ``triangular`` (triangular solves, Cholesky).
 """
 
 import sys
@@ -17,6 +17,7 @@ from ..tensor import register_functional as _register
 from . import (
     activation,
     attention,
+    bessel,
     conv,
     creation,
     elementwise,
@@ -34,6 +35,7 @@ from . import (
 )  # fmt: skip
 from .activation import *  # noqa: F403
 from .attention import *  # noqa: F403
+from .bessel import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
@@ -49,7 +51,7 @@ from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
 from .triangular import *  # noqa: F403
 
-_TOPICS = (activation, attention, conv, creation, elementwise, index, indexreduce, linalg,
+_TOPICS = (activation, attention, bessel, conv, creation, elementwise, index, indexreduce, linalg,
            movement, nn, ordering, reduce, special, specfun, transcendental,
            triangular)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})

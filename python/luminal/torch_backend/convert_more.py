@@ -33,6 +33,19 @@ def _const(cx: Ctx, data: np.ndarray) -> Tensor:
     return cx.g.tensor(np.ascontiguousarray(data))
 
 
+# ----------------------------------------------------------------------------- special
+for _tgt, _fn in (
+    (aten.special_bessel_j0.default, F.bessel_j0), (aten.special_bessel_j1.default, F.bessel_j1),
+    (aten.special_bessel_y0.default, F.bessel_y0), (aten.special_bessel_y1.default, F.bessel_y1),
+    (aten.special_modified_bessel_k0.default, F.modified_bessel_k0),
+    (aten.special_modified_bessel_k1.default, F.modified_bessel_k1),
+    (aten.special_scaled_modified_bessel_k0.default, F.scaled_modified_bessel_k0),
+    (aten.special_scaled_modified_bessel_k1.default, F.scaled_modified_bessel_k1),
+    (aten.special_airy_ai.default, F.airy_ai),
+):  # fmt: skip
+    op(_tgt)(lambda cx, x, _f=_fn: _f(x))
+
+
 # ----------------------------------------------------------------------------- nn
 @op(aten._trilinear.default)
 def _trilinear(cx: Ctx, i1: Tensor, i2: Tensor, i3: Tensor, expand1: Sequence[int],
