@@ -332,6 +332,91 @@ def test_concurrent_prompts_equal_the_same_served_one_by_one(
     assert together == alone
 
 
+def prompt_reused(s: Running) -> float:
+    m = httpx.get(s.url + "/metrics").text
+    line = next(x for x in m.splitlines() if x.startswith("luminal_prompt_tokens_reused_total"))
+    return float(line.split()[-1])
+
+
+def check_shared_prefixes_are_reused(s: Running, tiny_dir: str, reference: Any) -> None:
+    """Prompts that begin alike, one by one (each finds the one before in a slot) and
+    together (rows copied between slots): the tokens and log-probabilities of each prompt
+    run alone by a ``LlamaSession``."""
+    system = "You are a terse assistant; answer in one short line please. "
+    asks = ["Why is the sky blue?", "Name a river.", "Count to three.", "Say hi.", "Rain?"]
+    prompts = [system + q for q in asks]
+    tok = reference.tokenizer
+    shared = len(tok.encode(system)) - 2  # the seam may tokenize otherwise
+    model, _ = load_hf_dir(tiny_dir, CTX)
+    session = LlamaSession(model, "auto")
+    want: list[tuple[str, list[float]]] = []
+    for p in prompts:
+        session.reset()
+        logits, lps, out = session.forward(tok.encode(p)), [], []
+        for _ in range(6):
+            t = int(np.argmax(logits))
+            lps.append(float(_log_softmax(logits)[t]))
+            out.append(t)
+            logits = session.forward([t])
+        want.append((str(tok.decode(out)), lps))
+
+    def complete(p: str) -> tuple[str, list[float]]:
+        r = s.client.completions.create(
+            model=MODEL, prompt=p, max_tokens=6, temperature=0, logprobs=1, stop=["\u2603"]
+        )
+        return str(r.choices[0].text), list(r.choices[0].logprobs.token_logprobs)
+
+    def check(got: list[Any]) -> None:
+        for (text, lps), (want_text, want_lps) in zip(got, want, strict=True):
+            assert text == want_text
+            assert lps == pytest.approx(want_lps, abs=1e-3)
+
+    before = prompt_reused(s)
+    check([complete(p) for p in prompts])
+    assert prompt_reused(s) - before >= (len(prompts) - 1) * shared
+    together: list[Any] = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        together[i] = complete(prompts[i])
+
+    # slow steps: the requests overlap, so they take other slots and copy the rows there
+    assert s.llm is not None and s.llm.loaded is not None
+    decoder = s.llm.loaded.decoder
+    step = decoder.step
+
+    def slow(*args: Any, **kw: Any) -> Any:
+        time.sleep(0.03)
+        return step(*args, **kw)
+
+    decoder.step = slow  # type: ignore[method-assign]
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        del decoder.step
+    check(together)
+    # every slot holds what its last sequence's tokens give when run afresh (this tiny
+    # model's text hardly depends on earlier tokens: the rows themselves are compared)
+    eng, lo = s.llm, s.llm.loaded
+    copied = [q for slot, q in eng.resident.items() if slot != 0]
+    assert copied, "the requests did not overlap"
+    for slot, q in eng.resident.items():
+        held = (q.prompt + q.tokens)[: q.pos]
+        session.reset()
+        session.forward(held)
+        for name, rows in decoder.slot_view(lo.cache, slot).items():
+            np.testing.assert_allclose(
+                rows[: len(held)], session.cache[name][: len(held)], atol=1e-3, err_msg=name
+            )
+
+
+def test_shared_prefixes_are_reused_chunked(server: Running, tiny_dir: str, reference: Any) -> None:
+    check_shared_prefixes_are_reused(server, tiny_dir, reference)
+
+
 def test_serial_prefill_gives_the_same_text(tiny_dir: str, reference: Any) -> None:
     # prompts prefilled one by one through the prefill plan instead of as rows of the steps
     limits = Limits(max_context=CTX, max_tokens=40, max_seqs=4)

@@ -23,7 +23,16 @@ from luminal.serve import choose  # noqa: E402
 from luminal.serve.engine import LLMEngine  # noqa: E402
 from luminal.serve.limits import Limits  # noqa: E402
 from luminal.serve.metrics import Metrics  # noqa: E402
-from test_serve import CTX, MODEL, STEP, Running, plans, reference, tiny_dir  # noqa: E402, F401
+from test_serve import (  # noqa: E402, F401
+    CTX,
+    MODEL,
+    STEP,
+    Running,
+    check_shared_prefixes_are_reused,
+    plans,
+    reference,
+    tiny_dir,
+)
 
 SEQS = 4
 
@@ -117,6 +126,14 @@ def test_concurrent_mixed_sampling_equals_one_by_one(auto: Running, reference: A
     for t in threads:
         t.join(timeout=60)
     assert together == alone
+
+
+def test_shared_prefixes_are_reused_serial(
+    auto: Running,
+    tiny_dir: str,  # noqa: F811
+    reference: Any,  # noqa: F811
+) -> None:
+    check_shared_prefixes_are_reused(auto, tiny_dir, reference)
 
 
 def _active(s: Running) -> tuple[int, int]:

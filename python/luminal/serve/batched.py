@@ -152,15 +152,23 @@ class BatchedDecoder:
         return Tensor(g.add_op(Op.GATHER, [updated.edge, read_rows.edge]))
 
     def prefill(
-        self, session: Any, cache: dict[str, np.ndarray], slot: int, tokens: list[int]
+        self,
+        session: Any,
+        cache: dict[str, np.ndarray],
+        slot: int,
+        tokens: list[int],
+        start: int = 0,
     ) -> np.ndarray:
-        """Run ``tokens`` from position 0 into slot ``slot`` with ``session`` (a
-        ``LlamaSession`` of the same model: its decode and prefill plans); the last
-        position's logits."""
+        """Run ``tokens[start:]`` from position ``start`` into slot ``slot`` with ``session``
+        (a ``LlamaSession`` of the same model: its decode and prefill plans); the slot holds
+        the first ``start`` tokens' keys and values already. The last position's logits."""
+        if not 0 <= start < len(tokens):
+            raise ValueError(f"start must be in [0, {len(tokens)}), got {start}")
         view = self.slot_view(cache, slot)
         session.cache = dict(view)
         session.reset()
-        logits = session.forward(tokens)
+        session.pos = start
+        logits = session.forward(tokens[start:])
         for n, v in view.items():
             got = session.cache[n]
             if not np.shares_memory(got, v):  # the interpreter returns new arrays

@@ -78,6 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="serial: each prompt alone through the prefill plan, between steps; chunked: "
         "prompt tokens are rows of the batched steps (--step-tokens), prefilled together",
     )
+    p.add_argument(
+        "--no-prefix-reuse",
+        action="store_true",
+        help="run every prompt whole (by default a prompt that begins as a sequence held in "
+        "a KV-cache slot, e.g. a shared system prompt, takes those rows)",
+    )
     p.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
     p.add_argument(
         "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
@@ -135,6 +141,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
             args.f32_batch,
             args.step_tokens,
             args.prefill,
+            not args.no_prefix_reuse,
         )
         llm.start()
     if not args.no_embed:

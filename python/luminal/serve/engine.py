@@ -153,16 +153,19 @@ class LLMEngine:
         f32_batch: int | str = 0,
         step_tokens: int = 64,
         prefill: str = "chunked",
+        prefix_reuse: bool = True,
     ) -> None:
         """``f32_batch``: steps of at least this many tokens run on a second batched plan
         whose weights are folded to f32 (GEMMs over the rows; 4 bytes per weight) instead of
         dequantizing each weight again per row; 1: every step, 0: never; ``"auto"``: both
         plans are measured at the step sizes the engine runs, once (``serve.choose``), and
-        each step runs on the faster; a plan that is never the faster is not kept. ``step_tokens``:
-        tokens one step takes at most (at least ``limits.max_seqs``): one per decoding
-        sequence, the rest prompt tokens. ``prefill``: ``"chunked"`` (prompt tokens are rows
-        of the batched steps) or ``"serial"`` (each prompt alone through the prefill plan,
-        between steps)."""
+        each step runs on the faster; a plan that is never the faster is not kept.
+        ``step_tokens``: tokens one step takes at most (at least ``limits.max_seqs``): one
+        per decoding sequence, the rest prompt tokens. ``prefill``: ``"chunked"`` (prompt
+        tokens are rows of the batched steps) or ``"serial"`` (each prompt alone through the
+        prefill plan, between steps). ``prefix_reuse``: a prompt that begins as a sequence
+        a slot holds (running or finished) takes those keys and values instead of running
+        them again."""
         if f32_batch != "auto" and (
             isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0
         ):
@@ -173,6 +176,7 @@ class LLMEngine:
             raise ValueError(f"prefill must be 'chunked' or 'serial', got {prefill!r}")
         self.f32_batch = f32_batch
         self.serial = prefill == "serial"
+        self.prefix_reuse = bool(prefix_reuse)
         self.rows = max(step_tokens, limits.max_seqs)  # serial: the same plans, rows unused
         self.path = path
         self.name = name
@@ -186,6 +190,9 @@ class LLMEngine:
         self.vocab = 0
         self.pending: deque[GenRequest] = deque()
         self.active: dict[int, GenRequest] = {}  # slot -> request
+        # slot -> the request whose keys and values it holds (running or finished): a new
+        # prompt that begins as one of theirs reuses those rows (prefix reuse)
+        self.resident: dict[int, GenRequest] = {}
         self.cv = threading.Condition()
         self.last_request = time.monotonic()
         self.stopping = False
@@ -234,6 +241,7 @@ class LLMEngine:
             session.compile_prefill()
             session.cache = {}
         self.loaded = Loaded(model, decoder, runner, runner_f32, session, cache, f32_from)
+        self.resident = {}
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
         self.last_request = time.monotonic()  # idle time counts from here
@@ -318,6 +326,7 @@ class LLMEngine:
                         r._emit("error", f"{type(e).__name__}: {e}")
                     self.pending.clear()
                     self.active.clear()
+                    self.resident = {}  # a failed step may have left any rows half written
                     self._gauges()
 
     def _idle_due(self) -> bool:
@@ -372,18 +381,21 @@ class LLMEngine:
             return None
         for r in admit:
             r.streamer = self.tokenizer.streamer()
+            if self.prefix_reuse and not r.prompt_logprobs:  # that needs all prompt logits
+                self._reuse_prefix(lo, r)
+            self.resident[r.slot] = r
             if lo.prefill is None or r.prompt_logprobs:  # the latter: prompt rows' logits
                 continue
             if r.cancelled.is_set():
                 self._release(r)
                 continue
             t0 = time.perf_counter()
-            logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt)
+            logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt, r.pos)
             took = time.perf_counter() - t0
             plan_s += took
             self.metrics.prefill.observe(took)
+            self.metrics.prompt_tokens.inc(len(r.prompt) - r.pos)
             r.pos = len(r.prompt)
-            self.metrics.prompt_tokens.inc(len(r.prompt))
             self._advance(r, logits, self._sample([r], logits.reshape(1, -1))[0])
         with self.cv:
             running = [r for r in self.active.values() if not r.cancelled.is_set()]
@@ -450,6 +462,29 @@ class LLMEngine:
                 r.pos += 1
             self._advance(r, row, nexts[i])
         return plan_s
+
+    def _reuse_prefix(self, lo: Loaded, r: GenRequest) -> None:
+        """Start ``r`` after the longest beginning of its prompt that some slot holds the
+        keys and values of (a shared system prompt, the turns before in a chat), copying
+        those rows into its slot unless they are there already; at least its last prompt
+        token is still run (its logits give the first generated token)."""
+        best, src = 0, r.slot
+        for s, q in self.resident.items():
+            held = (q.prompt + q.tokens)[: q.pos]
+            n, top = 0, min(len(held), len(r.prompt) - 1)
+            while n < top and held[n] == r.prompt[n]:
+                n += 1
+            if n > best or (n == best and s == r.slot):
+                best, src = n, s
+        if best == 0:
+            return
+        if src != r.slot:
+            ctx = lo.decoder.ctx
+            a, b = src * ctx, r.slot * ctx
+            for c in lo.cache.values():
+                c[b : b + best] = c[a : a + best]
+        r.pos = best
+        self.metrics.prompt_reused.inc(best)
 
     @staticmethod
     def _sample(reqs: list[GenRequest], logits: np.ndarray) -> list[int]:

@@ -25,6 +25,12 @@ class Metrics:
             registry=r,
         )
         self.prompt_tokens = Counter("luminal_prompt_tokens", "prompt tokens processed", registry=r)
+        self.prompt_reused = Counter(
+            "luminal_prompt_tokens_reused",
+            "prompt tokens whose keys and values were taken from another sequence's (a shared "
+            "prefix) instead of being run",
+            registry=r,
+        )
         self.completion_tokens = Counter(
             "luminal_completion_tokens", "tokens generated", registry=r
         )
