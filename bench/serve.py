@@ -296,7 +296,10 @@ def main() -> int:
         help="luminal serve --step-tokens (tokens per batched step: chunked prefill)",
     )
     p.add_argument(
-        "--prefill", choices=["chunked", "serial"], default="serial", help="luminal serve --prefill"
+        "--prefill",
+        choices=["chunked", "serial"],
+        default="chunked",
+        help="luminal serve --prefill",
     )
     p.add_argument("--no-prefix-reuse", action="store_true", help="luminal serve --no-prefix-reuse")
     p.add_argument("--idle", type=float, default=3.0, help="luminal serve --idle-unload")

@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill",
         choices=["chunked", "serial"],
-        default="serial",
+        default="chunked",
         help="serial: each prompt alone through the prefill plan, between steps; chunked: "
         "prompt tokens are rows of the batched steps (--step-tokens), prefilled together",
     )

@@ -223,11 +223,8 @@ class LLMEngine:
         if self.f32_batch == "auto":
             from .choose import choose_f32_from
 
-            # serial prefill: steps take one row per decoding sequence (prompt rows only for
-            # prompt logprobs); chunked: up to step_tokens rows
-            top = self.limits.max_seqs if self.serial else self.rows
             f32_from = choose_f32_from(
-                decoder, runner, runner_f32, cache, top, lambda m: log(f"{self.name}: {m}")
+                decoder, runner, runner_f32, cache, self.rows, lambda m: log(f"{self.name}: {m}")
             )
             if f32_from == 1:
                 runner = None  # the f32 plan runs every step
@@ -384,7 +381,11 @@ class LLMEngine:
             if self.prefix_reuse and not r.prompt_logprobs:  # that needs all prompt logits
                 self._reuse_prefix(lo, r)
             self.resident[r.slot] = r
-            if lo.prefill is None or r.prompt_logprobs:  # the latter: prompt rows' logits
+            # as rows of the steps: prompt logprobs (every row's logits), and a rest after a
+            # reused prefix too short for the prefill plan (the session's decode plan runs
+            # such steps, slowly: it dequantizes its weights per row)
+            short = len(r.prompt) - r.pos < (getattr(lo.prefill, "prefill_min", None) or 1)
+            if lo.prefill is None or r.prompt_logprobs or (r.pos and short):
                 continue
             if r.cancelled.is_set():
                 self._release(r)
