@@ -11,6 +11,7 @@ from luminal.codegen.cpu.kernel import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
 from luminal.compiler.search.gemm import match_gemm
+from luminal.graph import symbolic as sym
 from optest import rand
 
 N = lm.dim("n", 1, 512)
@@ -116,3 +117,30 @@ def test_conv_after_pool_copies_read_affinely(tmp_path, monkeypatch):
     tx = torch.nn.functional.max_pool2d(torch.tensor(xv).relu(), 2)
     want = torch.nn.functional.conv2d(tx, torch.tensor(wv), stride=2, padding=1, groups=2)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_split_axes_merge_back_to_the_flat_index():
+    """A flat -> (b, s, 4, 16) -> flat reshape reads its source at the flat index itself;
+    k*(x % c) + k*c*((x // c) % m) == k*(x % (c*m)) holds exhaustively."""
+    b, s = sym.dim("b", 1, 8), sym.dim("s", 1, 64)
+    g = lm.Graph("round_trip")
+    x = g.input("x", (b * s * 64,))
+    g.output("y", x.reshape((b, s, 4, 16)).reshape((b * s * 64,)).exp())
+    (k,) = lower(g).kernels
+    (load,) = [v for v in K.walk(k.value) if isinstance(v, K.Load)]
+    assert load.index == sym.var("_i0", 0, load.index.hi, load.index.extent)
+    v = sym.var("v", 0, 511, 512)
+    for c, m in ((1, 3), (4, 2), (3, 5), (16, 4)):
+        for kk in (1, 3):
+            e = sym.add(sym.mul(kk, sym.mod(v, c)), sym.mul(kk * c, sym.mod(sym.floordiv(v, c), m)))
+            for x in (0, 1, 7, 63, 200, 511):
+                assert sym.evaluate(e, {"v": x}) == kk * (x % (c * m)), (c, m, kk, x)
+    x0 = rand(2 * 3 * 64)
+    got = lm.compile(g).run({"x": x0}, b=2, s=3)["y"]
+    np.testing.assert_allclose(got, np.exp(x0), rtol=1e-5)
+
+
+def test_reshape_of_an_empty_tensor():
+    g = lm.Graph("empty")
+    g.output("y", g.input("x", (0, 6)).reshape((6, 0)).exp())
+    assert lm.compile(g).run({"x": np.zeros((0, 6), np.float32)})["y"].shape == (6, 0)

@@ -74,6 +74,8 @@ def _unflatten(flat: sint, shape: tuple[sint, ...], valid: sint = 1) -> dict[str
     ``valid`` holds. When ``flat`` splits by the strides into parts that are each provably in
     their axis's range where ``valid`` holds (a padded view: ``(h - 1) * W + w``), the parts
     are the answer; else floor divisions and modulos of ``flat``."""
+    if 0 in shape:  # an empty tensor: no element is ever read, and its strides include 0
+        return {f"_i{k}": 0 for k, s in enumerate(shape) if s != 1}
     strides = contiguous_strides(shape)
     parts = _split_by_strides(flat, shape, strides)
     if _parts_in_range(parts, shape, valid):

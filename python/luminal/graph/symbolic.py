@@ -214,7 +214,8 @@ def _lin(x: sint) -> tuple[dict[Expr, int], int]:
 
 
 def _fold_divmod(terms: dict[Expr, int]) -> int:
-    """k*c*(x // c) + k*(x % c) == k*x: undo the split a reshape of a merged dim makes.
+    """k*c*(x // c) + k*(x % c) == k*x: undo the split a reshape of a merged dim makes (and
+    k*(x % c) + k*c*((x // c) % m) == k*(x % (c*m)) for the inner axes of a longer split).
     Folds in place, to a fixpoint (a fold can enable another: 9*(r//9) + 3*((r//3)%3) + r%3
     is 3*(r//3) + r%3, then r), and returns the constant to add. ``x // c`` is looked up as
     the simplifier builds it ((r//3)//3 is r//9); a symbolic c's term is the product c*(x//c)."""
@@ -227,13 +228,33 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
             k = terms[t]
             d: sint | None = _INTERN.get((DIV, (x, c)))
             if isinstance(c, Expr):
-                d, want = (mul(c, d) if d is not None else None), k
+                # c*(x // c) as a term and its coefficient (64*s*(x//(64*s)): 64 on s*(x//..))
+                cd = _lin(mul(c, d)) if d is not None else ({}, 1)
+                one = len(cd[0]) == 1 and cd[1] == 0
+                d, want = (next(iter(cd[0].items())) if one else (None, 0))
+                want *= k
             else:
                 if d is None and isinstance(x, Expr) and x.kind == DIV:
                     d = floordiv(x, c)
                 want = c * k
-            if not isinstance(d, Expr) or terms.get(d) != want:
+            if not isinstance(d, Expr):
                 continue
+            if terms.get(d) != want:
+                # k*(x % c) + k*c*((x // c) % m) == k*(x % (c*m)): one axis of a split dim
+                # merged back (a reshape round trip through more axes)
+                u = next((u for u in terms if u.kind == MOD and u.args[0] is d
+                          and terms[u] == want and isinstance(c, int)), None)  # fmt: skip
+                if u is None:
+                    continue
+                del terms[t], terms[u]
+                merged = mod(x, mul(c, u.args[1]))
+                for v, cv in _lin(merged)[0].items():
+                    terms[v] = terms.get(v, 0) + cv * k
+                    if terms[v] == 0:
+                        del terms[v]
+                extra += _lin(merged)[1] * k
+                changed = True
+                break
             del terms[t], terms[d]
             tx, cx = _lin(x)
             for u, cu in tx.items():
