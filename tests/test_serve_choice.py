@@ -50,6 +50,20 @@ def test_step_sizes_and_threshold() -> None:
     assert choose.threshold(packed, {1: 0.5, 2: 2.0, 4: 3.0, 8: 7.0}) == 0
 
 
+def test_f32_batch_option() -> None:
+    import argparse
+
+    from luminal.serve.cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args([]).f32_batch == "auto"
+    assert p.parse_args(["--f32-batch", "3"]).f32_batch == 3
+    for bad in ("-1", "fast"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--f32-batch", bad])
+
+
 def test_measure_interleaves_and_keeps_the_fastest() -> None:
     calls: list[tuple[str, int]] = []
     cost = {"a": {1: [0.0], 2: [0.02, 0.004, 0.01]}, "b": {1: [0.0], 2: [0.001, 0.03, 0.03]}}
