@@ -64,14 +64,17 @@ BY_NAME = {_name(op): op for op in OPS}
 
 # A fixed sample for the default run (each sample compiles a plan: keep it short)
 DEFAULT = ["tan", "atan2", "cummax", "var_mean", "ldexp", "diagonal", "topk",
-           "scatter_reduce.amax"]  # fmt: skip
+           "scatter_reduce.amax", "special.airy_ai"]  # fmt: skip
 EXTRA = ["lgamma", "addmv", "index_select", "nn.functional.pad.constant", "hypot", "acos",
          "trace", "linalg.diagonal", "diagonal_copy", "msort", "kthvalue", "nanmedian",
          "polygamma.polygamma_n_3", "special.zeta", "special.i1e", "special.ndtri",
          "special.log_ndtr", "index_reduce.prod", "unfold", "as_strided", "slice_scatter",
          "diagonal_scatter", "nn.functional.adaptive_max_pool2d", "nn.functional.grid_sample",
          "nn.functional.interpolate.bicubic", "nn.functional.batch_norm", "frexp", "nextafter",
-         "searchsorted", "masked_scatter", "put", "logcumsumexp"]  # fmt: skip
+         "searchsorted", "masked_scatter", "put", "logcumsumexp", "linalg.inv", "linalg.svdvals",
+         "linalg.pinv.hermitian", "special.bessel_y1", "special.scaled_modified_bessel_k0",
+         "histc", "nn.functional.bilinear", "nn.functional.pdist", "nonzero_static",
+         "cholesky_solve", "linalg.lu_solve", "_unsafe_masked_index_put_accumulate"]  # fmt: skip
 # the slow run: every 16th op of the database and the default sample
 SLOW = sorted(set(DEFAULT + EXTRA) | {_name(op) for op in OPS[::16]})
 

@@ -8,7 +8,8 @@ Files by topic: ``elementwise`` (arithmetic, comparisons, logic, rounding, selec
 ``special`` (inverse trig / hyperbolic, atan2, hypot, copysign, fmax/fmin, lgamma),
 ``ordering`` (sort, topk, median, logcumsumexp), ``specfun`` (digamma, polygamma, zeta, Bessel I,
 erfcx, erfinv, ndtri, Chebyshev), ``bessel`` (Bessel J, Y, K and Airy Ai), ``indexreduce``
-(scatter_reduce, index_reduce), ``triangular`` (triangular solves, Cholesky).
+(scatter_reduce, index_reduce), ``triangular`` (triangular solves, Cholesky), ``eigen``
+(symmetric eigenvalues, singular values, pseudo-inverse), ``householder`` (QR).
 """
 
 import sys
@@ -20,7 +21,9 @@ from . import (
     bessel,
     conv,
     creation,
+    eigen,
     elementwise,
+    householder,
     index,
     indexreduce,
     linalg,
@@ -38,7 +41,9 @@ from .attention import *  # noqa: F403
 from .bessel import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .creation import *  # noqa: F403
+from .eigen import *  # noqa: F403
 from .elementwise import *  # noqa: F403
+from .householder import *  # noqa: F403
 from .index import *  # noqa: F403
 from .indexreduce import *  # noqa: F403
 from .linalg import *  # noqa: F403
@@ -51,8 +56,8 @@ from .special import *  # noqa: F403
 from .transcendental import *  # noqa: F403
 from .triangular import *  # noqa: F403
 
-_TOPICS = (activation, attention, bessel, conv, creation, elementwise, index, indexreduce, linalg,
-           movement, nn, ordering, reduce, special, specfun, transcendental,
+_TOPICS = (activation, attention, bessel, conv, creation, eigen, elementwise, index, indexreduce,
+           linalg, movement, nn, householder, ordering, reduce, special, specfun, transcendental,
            triangular)  # fmt: skip
 __all__ = sorted({name for m in _TOPICS for name in m.__all__})
 

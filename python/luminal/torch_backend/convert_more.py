@@ -17,7 +17,7 @@ from ..functional._base import index_dtype, prod
 from ..graph import dtypes as dt
 from ..tensor import Tensor, broadcast_shapes
 from .convert import Ctx, op
-from .convert_extra import _unrolled
+from .convert_extra import _empty_like_val, _output_used, _unrolled
 from .symbols import Unsupported
 
 aten = torch.ops.aten
@@ -270,3 +270,51 @@ def _lu_solve(cx: Ctx, lu: Tensor, piv: Tensor, b: Tensor, *, left: bool = True,
     y = F.solve_triangular(up.mT, b, upper=False)
     z = F.solve_triangular(low.mT, y, upper=True, unitriangular=True)
     return F.matmul(F.permutation_matrix(piv, int(n)).cast(lu.dtype), z)  # type: ignore[arg-type]
+
+
+@op(aten._linalg_eigh.default)
+def _eigh(cx: Ctx, a: Tensor, UPLO: str = "L", compute_v: bool = True) -> tuple:  # noqa: N803
+    if compute_v and _output_used(cx, 1):
+        raise Unsupported("eigenvectors (their signs are LAPACK's choice)")
+    if a.numel() == 0:
+        return _empty_like_val(cx, 0), _empty_like_val(cx, 1)
+    return F.eigvalsh(a, UPLO), _empty_like_val(cx, 1)
+
+
+@op(aten._linalg_svd.default)
+def _svd(cx: Ctx, a: Tensor, full_matrices: bool = True, compute_uv: bool = True,
+         driver: Any = None) -> tuple:  # fmt: skip
+    if compute_uv and (_output_used(cx, 0) or _output_used(cx, 2)):
+        raise Unsupported("singular vectors (their signs are LAPACK's choice)")
+    if a.numel() == 0:
+        return _empty_like_val(cx, 0), _empty_like_val(cx, 1), _empty_like_val(cx, 2)
+    return _empty_like_val(cx, 0), F.svdvals(a), _empty_like_val(cx, 2)
+
+
+@op(aten.linalg_pinv.atol_rtol_tensor, aten.linalg_pinv.atol_rtol_float)
+def _pinv(cx: Ctx, a: Tensor, *, atol: Any = None, rtol: Any = None, hermitian: bool = False
+          ) -> Tensor:  # fmt: skip
+    return F.pinv(a, atol, rtol, hermitian)
+
+
+@op(aten.geqrf.default)
+def _geqrf(cx: Ctx, a: Tensor) -> tuple:
+    return F.geqrf(a)
+
+
+@op(aten.linalg_householder_product.default)
+def _householder_product(cx: Ctx, a: Tensor, tau: Tensor) -> Tensor:
+    return F.householder_product(a, tau)
+
+
+@op(aten.ormqr.default)
+def _ormqr(cx: Ctx, a: Tensor, tau: Tensor, c: Tensor, left: bool = True,
+           transpose: bool = False) -> Tensor:  # fmt: skip
+    return F.ormqr(a, tau, c, left, transpose)
+
+
+@op(aten.linalg_qr.default)
+def _qr(cx: Ctx, a: Tensor, mode: str = "reduced") -> tuple:
+    if a.numel() == 0:
+        return _empty_like_val(cx, 0), _empty_like_val(cx, 1)
+    return F.qr(a, mode)
