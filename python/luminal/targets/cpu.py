@@ -63,6 +63,12 @@ def render_all(low: Lowered) -> list[Launchable]:
 
 
 _EVICT: list[np.ndarray] = []
+# timed repeats of one measurement stop at about this many seconds (five of a 10 ms kernel,
+# one of a 50 ms one): set by SmolLM2's vocabulary projection, whose four schedules at 256
+# rows (43-105 ms each, within 2x of each other) took about 2 s of five repeats at two sizes
+REPEATS_WITHIN_S = 0.05
+# measuring plans kept between prepare and measure (each holds a small program's kernels)
+PREPARED_MAX = 1024
 # input bytes above which a measured run starts with cold caches: more than an L1 holds, which
 # in a model the kernels between two calls (a layer reads megabytes of weights) evict; set by
 # SmolLM2's 576 x 576 Q4_1 projection (about 200 KB), timed warm at 0.29 ms as a copy + GEMM
@@ -122,8 +128,13 @@ class CpuTarget:
 
         plans = [self.build_plan(low, "measure") for low in lows]
         _rt.prepare([_rt.Plan.from_parts(p.parts(), ".") for p in plans], "cpu", 0)
-        # the measuring runs take these plans instead of rendering them again
-        self._prepared = {id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)}
+        # the measuring runs take these plans instead of rendering them again (a search's
+        # later, smaller batches add to a stage's; bounded across compiles)
+        prepared = getattr(self, "_prepared", {})
+        if len(prepared) > PREPARED_MAX:
+            prepared = {}
+        prepared.update({id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)})
+        self._prepared = prepared
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
         c = render(k, dim_names)
@@ -146,7 +157,8 @@ class CpuTarget:
         add time, and on a shared machine a median still carries their stalls into the cached
         decision), through the runtime that runs plans, with the outputs of its first run on
         the search's seeded inputs. A first run longer than LUMINAL_SEARCH_MEASURE_MS is the
-        only one; a first timed run (after the warm-up) longer than ``cutoff`` seconds is the
+        only one; runs repeat up to ``repeats`` times within about ``REPEATS_WITHIN_S``; a
+        first timed run (after the warm-up) longer than ``cutoff`` seconds is the
         only timed one."""
         ex = self._executor(low)
         inputs = random_inputs(low, dims, ex.inputs, flags.SEARCH_SEED.as_int())
@@ -159,7 +171,9 @@ class CpuTarget:
         # step's activations, just written) are timed warm and cost no eviction
         cold = sum(a.nbytes for a in inputs.values()) > EVICT_ABOVE
         times = []
-        for _ in range(self.repeats):
+        # a long run varies less between runs, and its repeats are most of a search's time
+        repeats = max(1, min(self.repeats, int(REPEATS_WITHIN_S / max(first, 1e-9))))
+        for _ in range(repeats):
             if cold:
                 evict_caches()
             t = time.perf_counter()

@@ -12,7 +12,7 @@ schedule is set on the kernel (``K.Kernel.schedule``); ``build_plan`` applies it
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ... import flags
 from .. import kernel_ir as K
@@ -31,15 +31,39 @@ EXTRA_CANDIDATES: list[Callable[[K.Kernel], K.Kernel | None]] = []
 
 
 def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowered:
-    """``low`` with a measured schedule set on every kernel that has alternatives."""
+    """``low`` with a measured schedule set on every kernel that has alternatives. Every
+    kernel's candidates are listed first, so the tuner prepares them in one batch."""
     dims = representative_dims(low)
     names = sorted(low.dims)
-    steps: list[Step] = []
     # identical kernels (a model's layers) get one decision: candidates are rendered to tell
     # equal schedules apart, which costs more than the decision's cache lookup
-    memo: dict[str, K.Schedule | None] = {}
+    decisions: dict[str, Decision | None] = {}
+    keys: list[str | None] = []
     for kern in low.kernels:
-        steps.append(_choose(low, kern, tuner, signature, dims, names, memo))
+        if not isinstance(kern, K.Kernel):
+            keys.append(None)
+            continue
+        unsplit = replace(kern, schedule=K.Schedule(split=0))
+        reference = subprogram(low, [unsplit])
+        ranges = sorted((n, d.lo, d.hi) for n, d in reference.dims.items())
+        key = f"{sub_fingerprint(reference)}|{kern.schedule}|{ranges}"
+        keys.append(key)
+        if key not in decisions:
+            decisions[key] = _candidates(low, kern, tuner, signature, dims, names, reference)
+    tuner.prefetch([("schedule", d.dims, d.reference, d.cands) for d in decisions.values() if d])
+    chosen: dict[str, K.Schedule | None] = {}
+    steps: list[Step] = []
+    for kern, k in zip(low.kernels, keys, strict=True):
+        if k is None or not isinstance(kern, K.Kernel):
+            steps.append(kern)
+            continue
+        if k not in chosen:
+            d = decisions[k]
+            chosen[k] = None if d is None else _decide(kern, tuner, d)
+        sched = chosen[k]
+        steps.append(
+            kern if sched is None or sched == kern.schedule else replace(kern, schedule=sched)
+        )
     return Lowered(low.buffers, steps, low.dims, low.weights)  # type: ignore[arg-type]
 
 
@@ -49,29 +73,16 @@ def _applied(k: K.Kernel) -> K.Kernel:
     return out
 
 
-def _choose(
-    low: Lowered,
-    kern: Step,
-    tuner: Tuner,
-    signature: Signature,
-    dims: dict[str, int],
-    names: list[str],
-    memo: dict[str, K.Schedule | None],
-) -> Step:
-    if not isinstance(kern, K.Kernel):
-        return kern
-    unsplit = replace(kern, schedule=K.Schedule(split=0))
-    reference = subprogram(low, [unsplit])
-    ranges = sorted((n, d.lo, d.hi) for n, d in reference.dims.items())
-    key = f"{sub_fingerprint(reference)}|{kern.schedule}|{ranges}"
-    if key not in memo:
-        chosen = _decide(low, kern, tuner, signature, dims, names, reference)
-        memo[key] = chosen.schedule if isinstance(chosen, K.Kernel) else None
-    sched = memo[key]
-    return kern if sched is None or sched == kern.schedule else replace(kern, schedule=sched)
+@dataclass
+class Decision:
+    """One kernel's schedule decision: its sizes, reference program and candidates."""
+
+    dims: dict[str, int]
+    reference: Lowered
+    cands: list[Candidate]
 
 
-def _decide(
+def _candidates(
     low: Lowered,
     kern: K.Kernel,
     tuner: Tuner,
@@ -79,15 +90,16 @@ def _decide(
     dims: dict[str, int],
     names: list[str],
     reference: Lowered,
-) -> Step:
+) -> Decision | None:
+    """The decision to take for ``kern``; None when it keeps its schedule unmeasured."""
     scheds = alternatives(kern, tuner.space)
     if not scheds:
-        return kern
+        return None
     unsplit = replace(kern, schedule=K.Schedule(split=0))
     if kern.when is not None:  # runs for a part of the range: measured within it
         dims = representative_dims(reference)
     if estimate(subprogram(low, [kern]), dims, tuner.cost) * 1e6 < flags.SEARCH_MIN_US.as_float():
-        return kern  # too small for a measured choice to pay for its compile time
+        return None  # too small for a measured choice to pay for its compile time
     ref_sig = signature(_applied(unsplit), names)
     seen: set[Hashable] = set()
     options: list[tuple[str, K.Kernel]] = []
@@ -102,14 +114,18 @@ def _decide(
         if alt is not None:
             options.append((f"test:{getattr(hook, '__name__', 'hook')}", alt))
     if len(options) < 2:
-        return kern
+        return None
     cands = []
     for label, k in options:
         same = k.schedule is not None and signature(_applied(k), names) == ref_sig
         sub = reference if same else subprogram(low, [k])
         cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k))
-    chosen = tuner.choose(kern.name, "schedule", dims, reference, cands)
-    k = chosen.payload
+    return Decision(dims, reference, cands)
+
+
+def _decide(kern: K.Kernel, tuner: Tuner, d: Decision) -> K.Schedule | None:
+    """The measured schedule (None: the default, which needs nothing on the kernel, so plans
+    and digests stay as they were)."""
+    k = tuner.choose(kern.name, "schedule", d.dims, d.reference, d.cands).payload
     assert isinstance(k, K.Kernel)
-    # the default needs nothing on the kernel: leave it unset (plans and digests as before)
-    return kern if k.schedule == K.Schedule() else k
+    return None if k.schedule == K.Schedule() else k.schedule

@@ -233,6 +233,7 @@ class Tuner:
         if self.max_candidates < 1:
             raise ValueError(f"{flags.SEARCH_CANDIDATES.name} must be at least 1")
         self._spent = 0.0
+        self._ready: set[int] = set()  # ids of candidate programs prefetch prepared
 
     def _count(self, what: str, n: float = 1) -> None:
         for s in (self.stats, STATS):
@@ -268,14 +269,9 @@ class Tuner:
         and ``small_seconds`` at the smallest dims; None when the budget was spent)."""
         if not candidates:
             raise ValueError(f"search for {name}: no candidates")
-        key = cache_key(
-            [CACHE_VERSION, kind, self.target, repr(sorted(dims.items())),
-             repr(sorted(smallest_dims(reference, dims).items())), sub_fingerprint(reference)]
-            + [f"{c.label}={sub_fingerprint(c.sub)}" for c in candidates]
-        )  # fmt: skip
+        key, hit = self._cached(kind, dims, reference, candidates)
         mkey = cache_dir() + "/" + key  # another cache folder is another cache
-        hit = _MEMORY.get(mkey) or self._read(key)
-        if hit is not None and 0 <= hit.get("choice", -1) < len(candidates):
+        if hit is not None:
             _MEMORY[mkey] = hit
             self._count("cached")
             chosen = candidates[hit["choice"]]
@@ -307,6 +303,42 @@ class Tuner:
                   f"-> {chosen.label}")  # fmt: skip
         return chosen, record
 
+    def _cached(
+        self, kind: str, dims: dict[str, int], reference: Lowered, candidates: Sequence[Candidate]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """The decision's cache key and its cached record (in memory, else on disk), if any."""
+        key = cache_key(
+            [CACHE_VERSION, kind, self.target, repr(sorted(dims.items())),
+             repr(sorted(smallest_dims(reference, dims).items())), sub_fingerprint(reference)]
+            + [f"{c.label}={sub_fingerprint(c.sub)}" for c in candidates]
+        )  # fmt: skip
+        hit = _MEMORY.get(cache_dir() + "/" + key) or self._read(key)
+        ok = hit is not None and 0 <= hit.get("choice", -1) < len(candidates)
+        return key, hit if ok else None
+
+    def _measured(self, candidates: Sequence[Candidate], default: int) -> list[int]:
+        """The candidates a search measures: the default and the best ranked others."""
+        order = sorted(range(len(candidates)), key=lambda i: (candidates[i].cost, i != default, i))
+        return [default] + [i for i in order if i != default][: self.max_candidates - 1]
+
+    def prefetch(
+        self, decisions: Sequence[tuple[str, dict[str, int], Lowered, Sequence[Candidate]]]
+    ) -> None:
+        """Ready the target to measure the candidates of many decisions (``(kind, dims,
+        reference, candidates)``, default 0) in one ``prepare``: a stage's kernels compile on
+        all cores together instead of a few at a time. Cached decisions need nothing."""
+        if self.prepare is None or self._spent >= self.budget_s:
+            return
+        subs = []
+        for kind, dims, reference, candidates in decisions:
+            if len(candidates) > 1 and self._cached(kind, dims, reference, candidates)[1] is None:
+                subs += [candidates[i].sub for i in self._measured(candidates, 0)]
+        if len(subs) > 1:
+            t0 = time.perf_counter()
+            self.prepare(subs)
+            self._spent += time.perf_counter() - t0
+            self._ready = {id(s) for s in subs}
+
     def _search(
         self,
         name: str,
@@ -317,14 +349,15 @@ class Tuner:
     ) -> dict[str, Any]:
         order = sorted(range(len(candidates)), key=lambda i: (candidates[i].cost, i != default, i))
         rank = {i: r + 1 for r, i in enumerate(order)}
-        chosen = [default] + [i for i in order if i != default][: self.max_candidates - 1]
+        chosen = self._measured(candidates, default)
         timings: dict[int, Timing] = {}
         start = self._spent
         t0 = time.perf_counter()
         small = smallest_dims(reference, dims)
         small_times: dict[int, float] = {}
         if self.prepare is not None and len(chosen) > 1:
-            self.prepare([candidates[i].sub for i in chosen])
+            if not all(id(candidates[i].sub) in self._ready for i in chosen):
+                self.prepare([candidates[i].sub for i in chosen])
         for i in sorted(chosen, key=lambda i: rank[i]):
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
