@@ -270,3 +270,23 @@ def test_cpu_measure_stops_at_the_cutoff():
     dims: dict[str, int] = {}
     assert _measure_cpu(low, dims, cutoff=1e-9).runs == 1
     assert _measure_cpu(low, dims).runs == _CPU.repeats
+
+
+def test_a_stage_prepares_every_kernels_candidates_in_one_batch():
+    g = lm.Graph("two")
+    x = g.input("x", (1, 512))
+    w0 = g.weight("w0", data=rand(512, 512))
+    w1 = g.weight("w1", data=rand(384, 512))
+    h = (x.unsqueeze(1) * w0.unsqueeze(0)).sum(-1)
+    g.output("y", (h.unsqueeze(1) * w1.unsqueeze(0)).sum(-1))
+    batches: list[int] = []
+    measured: list[int] = []
+
+    def measure(sub, dims):
+        measured.append(id(sub))
+        return 1.0
+
+    t = Tuner(measure, "batch", None, prepare=lambda subs: batches.append(len(subs)))
+    schedules.choose_schedules(lower(g), t, _signature)
+    assert t.stats.searched == 2  # two kernels, two decisions ...
+    assert len(batches) == 1 and batches[0] == len(set(measured))  # ... and one batch
