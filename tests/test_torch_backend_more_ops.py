@@ -97,3 +97,19 @@ def test_solves_from_cholesky_and_lu_factors():
     a = a @ a.mT + torch.eye(5, dtype=torch.float64)
     _check(fn, a, torch.randn(2, 5, 3, dtype=torch.float64),
            torch.randn(2, 3, 5, dtype=torch.float64), atol=1e-8)  # fmt: skip
+
+
+def test_mode_and_segment_reductions():
+    def fn(x, data, lengths, offsets):
+        m = torch.mode(x, 1)
+        k = torch.mode(x, 0, keepdim=True)
+        red = [torch.segment_reduce(data, r, lengths=lengths) for r in ("sum", "max", "mean")]
+        red += [torch.segment_reduce(data, r, offsets=offsets, initial=2.0)
+                for r in ("min", "prod", "mean")]  # fmt: skip
+        return m.values, m.indices, k.values, k.indices, *red
+
+    x = torch.randint(0, 4, (5, 7)).float()
+    data = torch.randn(9, 3)
+    lengths = torch.tensor([2, 0, 4, 3])
+    offsets = torch.tensor([0, 3, 3, 8, 9])
+    _check(fn, x, data, lengths, offsets)

@@ -6,6 +6,7 @@ factor. Same contract as ``convert.py``: ``Unsupported`` sends a node to eager.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -318,3 +319,92 @@ def _qr(cx: Ctx, a: Tensor, mode: str = "reduced") -> tuple:
     if a.numel() == 0:
         return _empty_like_val(cx, 0), _empty_like_val(cx, 1)
     return F.qr(a, mode)
+
+
+# ----------------------------------------------------------------------------- groups
+def _pairs_axis(x: Tensor, dim: int, what: str) -> int:
+    n = x.shape[x._axis(dim)] if x.ndim else 1
+    if not isinstance(n, int) or n * n > F.MAX_PAIRS:
+        raise Unsupported(f"{what} along an axis of {n} (static, n^2 <= {F.MAX_PAIRS})")
+    return n
+
+
+@op(aten.mode.default)
+def _mode(cx: Ctx, x: Tensor, dim: int = -1, keepdim: bool = False) -> tuple:
+    """The most frequent value (the smallest of equally frequent ones) and its last index, as
+    PyTorch's CPU kernel, which sorts with std::sort: stable (insertion sort) up to 16
+    elements, so beyond that the index of a repeated value is its own choice. NaNs (an order
+    std::sort leaves undefined there) are counted as equal to each other."""
+    if x.ndim == 0:
+        return x, cx.g.zeros(dtype=dt.i64)
+    n = _pairs_axis(x, dim, "mode")
+    if n > 16 and _output_used(cx, 1):
+        raise Unsupported(f"mode's indices over {n} elements (PyTorch's unstable sort order)")
+    xm = F.movedim(x, x._axis(dim), -1)  # (..., n)
+    a, b = xm.unsqueeze(-1), xm.unsqueeze(-2)
+    same = F.logical_or(F.eq(a, b), F.logical_and(F.isnan(a), F.isnan(b)))
+    count = same.cast(dt.i64).sum_reduce(-1)  # (..., n)
+    best = count.max_reduce(-1, keepdim=True)
+    top = F.eq(count, best)
+    # the smallest equally frequent value; NaN sorts last, so it wins only if nothing else ties
+    lowest = F.amin(F.where(F.logical_and(top, F.logical_not(F.isnan(xm))), xm, math.inf), -1,
+                    keepdim=True)  # fmt: skip
+    nan_only = F.logical_not(F.any(F.logical_and(top, F.logical_not(F.isnan(xm))), -1, True))
+    value = F.where(nan_only, math.nan, lowest)
+    hit = F.where(nan_only, F.isnan(xm), F.eq(xm, value))
+    pos = cx.g.arange(n, dtype=dt.i64)
+    idx = F.where(hit, pos, -1).max_reduce(-1, keepdim=True)
+    if not keepdim:
+        return value.squeeze(-1), idx.squeeze(-1)
+    return F.movedim(value, -1, x._axis(dim)), F.movedim(idx, -1, x._axis(dim))
+
+
+@op(aten.segment_reduce.default)
+def _segment_reduce(cx: Ctx, data: Tensor, reduce: str, *, lengths: Any = None,
+                    indices: Any = None, offsets: Any = None, axis: int = 0,
+                    unsafe: bool = False, initial: Any = None) -> Tensor:  # fmt: skip
+    """Reductions over consecutive segments along ``axis`` given by lengths or offsets;
+    ``initial`` joins every segment (an empty one gives it, or the reduction's identity)."""
+    if indices is not None or reduce not in ("sum", "mean", "max", "min", "prod"):
+        raise Unsupported(f"segment_reduce {reduce!r} with indices")
+    n = data.shape[data._axis(axis)]
+    if not isinstance(n, int):
+        raise Unsupported("segment_reduce along a symbolic axis")
+    if lengths is not None:
+        if lengths.ndim != 1:
+            raise Unsupported("segment_reduce with batched lengths")
+        ends = F.cumsum(lengths.cast(dt.i64), 0)
+        starts = F.sub(ends, lengths.cast(dt.i64))
+        count = lengths.cast(dt.i64)
+    elif offsets is not None and offsets.ndim == 1:
+        k = offsets.shape[0]
+        if not isinstance(k, int):
+            raise Unsupported("segment_reduce with a symbolic number of offsets")
+        starts = offsets.slice(0, 0, k - 1).cast(dt.i64)
+        ends = offsets.slice(0, 1, k - 1).cast(dt.i64)
+        count = F.sub(ends, starts)
+    else:
+        raise Unsupported("segment_reduce without 1-D lengths or offsets")
+    d = data._axis(axis)
+    xm = F.movedim(data, d, 0)  # (n, ...)
+    pos = cx.g.arange(n, dtype=dt.i64)
+    inside = F.logical_and(F.le(starts.unsqueeze(-1), pos), F.lt(pos, ends.unsqueeze(-1)))
+    m = inside.reshape([*inside.shape, *[1] * (xm.ndim - 1)])  # (segments, n, 1...)
+    vals = xm.unsqueeze(0)
+    ident = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[reduce]
+    init = ident if initial is None else float(initial)
+    if reduce in ("sum", "mean"):
+        red = F.add(F.where(m, vals, 0.0).sum_reduce(1), init)
+    elif reduce == "prod":
+        red = F.mul(F.prod(F.where(m, vals, 1.0), 1), init)
+    else:
+        fill = F.where(m, vals, ident)
+        red = F.amax(fill, 1) if reduce == "max" else F.amin(fill, 1)
+        if initial is not None:
+            red = F.maximum(red, init) if reduce == "max" else F.minimum(red, init)
+    if reduce == "mean":
+        c = count.reshape([count.shape[0], *[1] * (xm.ndim - 1)]).cast(red.dtype)
+        empty = F.eq(c, 0.0)
+        red = F.where(empty, math.nan if initial is None else init,
+                      F.div(red, F.where(empty, 1.0, c)))  # fmt: skip
+    return F.movedim(red.cast(data.dtype), 0, d)
