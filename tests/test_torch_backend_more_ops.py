@@ -113,3 +113,15 @@ def test_mode_and_segment_reductions():
     lengths = torch.tensor([2, 0, 4, 3])
     offsets = torch.tensor([0, 3, 3, 8, 9])
     _check(fn, x, data, lengths, offsets)
+
+
+def test_embedding_bag_modes():
+    def fn(w, idx, off, psw):
+        return (F.embedding_bag(idx, w, off, mode="sum", per_sample_weights=psw),
+                F.embedding_bag(idx, w, off, mode="mean", padding_idx=2),
+                F.embedding_bag(idx, w, off, mode="max"),
+                F.embedding_bag(idx, w, torch.cat([off, off.new_tensor([9])]), mode="mean",
+                                include_last_offset=True))  # fmt: skip
+
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2])
+    _check(fn, torch.randn(10, 3), idx, torch.tensor([0, 2, 2, 5]), torch.rand(9))

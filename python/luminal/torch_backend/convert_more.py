@@ -408,3 +408,45 @@ def _segment_reduce(cx: Ctx, data: Tensor, reduce: str, *, lengths: Any = None,
         red = F.where(empty, math.nan if initial is None else init,
                       F.div(red, F.where(empty, 1.0, c)))  # fmt: skip
     return F.movedim(red.cast(data.dtype), 0, d)
+
+
+@op(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def _embedding_bag(cx: Ctx, weight: Tensor, indices: Tensor, offsets: Tensor,
+                   scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                   per_sample_weights: Any = None, include_last_offset: bool = False,
+                   padding_idx: int = -1) -> tuple:  # fmt: skip
+    """Sums, means or maxima of embedding rows over bags that start at ``offsets``; rows of
+    ``padding_idx`` are left out (an empty bag gives zeros). Only the result converts: the
+    bookkeeping outputs (offset2bag, bag sizes, argmax) are for the backward."""
+    if any(_output_used(cx, k) for k in (1, 2, 3)):
+        raise Unsupported("embedding_bag's bookkeeping outputs")
+    if indices.ndim != 1 or offsets.ndim != 1 or mode not in (0, 1, 2):
+        raise Unsupported("embedding_bag of other than 1-D indices and offsets")
+    n, nb = indices.shape[0], offsets.shape[0]
+    if not isinstance(n, int) or not isinstance(nb, int):
+        raise Unsupported("embedding_bag with a symbolic number of indices or bags")
+    bags = nb - 1 if include_last_offset else nb
+    pos = cx.g.arange(n, dtype=dt.i64)
+    off = offsets.cast(dt.i64)
+    bag = F.sub(F.le(off.unsqueeze(-1), pos).cast(dt.i64).sum_reduce(0), 1)  # (n,)
+    valid = F.ne(indices.cast(dt.i64), padding_idx) if padding_idx >= 0 else None
+    member = F.eq(bag, cx.g.arange(bags, dtype=dt.i64).unsqueeze(-1))  # (bags, n)
+    if include_last_offset:
+        member = F.logical_and(member, F.lt(pos, off.slice(0, nb - 1, 1)))
+    if valid is not None:
+        member = F.logical_and(member, valid)
+    rows = F.embedding(indices, weight)  # (n, d)
+    if per_sample_weights is not None:
+        if mode != 0:
+            raise Unsupported("per_sample_weights outside sum mode")
+        rows = F.mul(rows, per_sample_weights.cast(rows.dtype).unsqueeze(-1))
+    m = member.unsqueeze(-1)
+    if mode == 2:
+        got = F.amax(F.where(m, rows.unsqueeze(0), -math.inf), 1)
+        out = F.where(F.any(member, -1, True), got, 0.0)
+    else:
+        out = F.where(m, rows.unsqueeze(0), 0.0).sum_reduce(1)
+        if mode == 1:
+            c = member.cast(rows.dtype).sum_reduce(-1, keepdim=True)
+            out = F.div(out, F.where(F.eq(c, 0.0), 1.0, c))
+    return out.cast(weight.dtype), None, None, None
