@@ -125,3 +125,12 @@ def test_embedding_bag_modes():
 
     idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2])
     _check(fn, torch.randn(10, 3), idx, torch.tensor([0, 2, 2, 5]), torch.rand(9))
+
+
+def test_as_strided_scatter():
+    def fn(x, src, sq):
+        a = torch.as_strided_scatter(x, src, (3, 2), (4, 1), 1)
+        b = torch.as_strided_scatter(x, sq, (2, 2), (1, 1))  # overlapping: the last one wins
+        return a, b
+
+    _check(fn, torch.randn(4, 5), torch.randn(3, 2), torch.randn(2, 2))

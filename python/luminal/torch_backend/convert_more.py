@@ -450,3 +450,35 @@ def _embedding_bag(cx: Ctx, weight: Tensor, indices: Tensor, offsets: Tensor,
             c = member.cast(rows.dtype).sum_reduce(-1, keepdim=True)
             out = F.div(out, F.where(F.eq(c, 0.0), 1.0, c))
     return out.cast(weight.dtype), None, None, None
+
+
+@op(aten.as_strided_scatter.default)
+def _as_strided_scatter(cx: Ctx, x: Tensor, src: Tensor, size: Any, stride: Any,
+                        storage_offset: Any = None) -> Tensor:  # fmt: skip
+    """``src`` written into x's memory where ``x.as_strided(size, stride, offset)`` reads; a
+    position the view covers twice gets the last of its elements, as a sequential copy."""
+    base = cx.node.args[0].meta.get("val") if cx.node is not None else None
+    if not isinstance(base, torch.Tensor) or base.storage_offset() != 0 or \
+            not base.is_contiguous():  # fmt: skip
+        raise Unsupported("as_strided_scatter into a tensor that is not its own storage")
+    if not all(isinstance(v, int) for v in (*size, *stride, *x.shape)):
+        raise Unsupported("as_strided_scatter with symbolic sizes or strides")
+    off = int(storage_offset or 0)
+    shape = tuple(int(v) for v in size)
+    pos = np.full(shape, off, np.int64)
+    for d, st in enumerate(stride):
+        pos = pos + np.arange(shape[d], dtype=np.int64).reshape(
+            [1] * d + [shape[d]] + [1] * (len(shape) - d - 1)) * int(st)  # fmt: skip
+    flat_pos = pos.reshape(-1)
+    # duplicates: keep the last writer only, as PyTorch's element-by-element copy does
+    last = {int(p): k for k, p in enumerate(flat_pos)}
+    keep = np.array(sorted(last.values()), np.int64)
+    n = int(np.prod([int(v) for v in x.shape]))
+    if len(flat_pos) and (flat_pos.min() < 0 or flat_pos.max() >= n):
+        raise Unsupported("as_strided_scatter outside the tensor's memory")
+    flat = x.reshape((-1,)) if x.ndim != 1 else x
+    if not len(keep):
+        return x
+    vals = F.index_select(src.cast(x.dtype).reshape((-1,)), 0, _const(cx, keep))
+    out = F.scatter(flat, 0, _const(cx, flat_pos[keep]), vals)
+    return out.reshape(x.shape)
