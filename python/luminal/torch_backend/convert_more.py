@@ -473,7 +473,7 @@ def _as_strided_scatter(cx: Ctx, x: Tensor, src: Tensor, size: Any, stride: Any,
     # duplicates: keep the last writer only, as PyTorch's element-by-element copy does
     last = {int(p): k for k, p in enumerate(flat_pos)}
     keep = np.array(sorted(last.values()), np.int64)
-    n = int(np.prod([int(v) for v in x.shape]))
+    n = math.prod(v for v in x.shape if isinstance(v, int))  # static: checked above
     if len(flat_pos) and (flat_pos.min() < 0 or flat_pos.max() >= n):
         raise Unsupported("as_strided_scatter outside the tensor's memory")
     flat = x.reshape((-1,)) if x.ndim != 1 else x
