@@ -450,6 +450,17 @@ class LLMEngine:
         for r, take in feeding:
             r.pos += take
             self.metrics.prompt_tokens.inc(take)
+        # a row of inf/NaN logits (an overflow in the model) fails its request, not silently
+        bad = np.flatnonzero(~np.isfinite(logits[: len(picked)]).all(axis=1))
+        failed = {id(picked[i][0]): picked[i][0] for i in bad.tolist()}
+        if failed:
+            for r in failed.values():
+                r._emit("error", "the model gave non-finite logits")
+                self._release(r)
+                if self.resident.get(r.slot) is r:  # its rows are no prefix to reuse
+                    del self.resident[r.slot]
+            ok = [i for i, (r, _) in enumerate(picked) if id(r) not in failed]
+            picked, logits = [picked[i] for i in ok], logits[ok]
         gen = [i for i, (_, what) in enumerate(picked) if what != "prompt"]
         toks_next = self._sample([picked[i][0] for i in gen], logits[gen])
         nexts = dict(zip(gen, toks_next, strict=True))
