@@ -205,3 +205,45 @@ def test_split_parts_keeping_generated_kernels_of_other_orders_get_their_own_nam
         np.testing.assert_allclose(
             ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
         )
+
+
+def test_library_calls_of_a_program_are_prepared_together_and_renumbered(tmp_path, monkeypatch):
+    """Every kernel's candidates are prepared in one batch, numbered as if every call were
+    kept; a kept call's buffers follow the program's, and the program computes the same."""
+    from luminal.compiler.search.tuner import Tuner
+    from luminal.targets.cpu import CpuTarget
+
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    g = lm.Graph("two_mm")
+    x = g.input("x", (SEQ, 64))
+    w0, w1 = g.weight("w0", data=rand(48, 64)), g.weight("w1", data=rand(40, 48))
+    h = (x.permute((1, 0)).unsqueeze(2) * w0.permute((1, 0)).unsqueeze(1)).sum(0).exp()
+    g.output("y", ((h.unsqueeze(1) * w1.unsqueeze(0)).sum(-1) * 0.01).exp())
+    low = lower(g)
+    batches = []
+    first = low.kernels[0].name
+
+    def measure(sub, dims):  # the first kernel (a product buffer) stays generated
+        has_lib = any(isinstance(s, K.LibCall) for s in sub.kernels)
+        mine = any(s.name.startswith(first) for s in sub.kernels)
+        return (2.0 if mine else 1.0) if has_lib else 1.5
+
+    tuner = Tuner(measure, "renumber", CpuTarget().evaluate, prepare=lambda s: batches.append(s))
+    dims = select.representative_dims(low)
+    assert all(select._options(low, k, list(low.buffers), tuner, dims).extra for k in low.kernels)
+    chosen = select.choose_library_calls(low, tuner)
+    assert len(batches) == 1
+    assert isinstance(chosen.kernels[0], K.Kernel)
+    assert any(isinstance(s, K.LibCall) for s in chosen.kernels[1:])
+    for prefer_first in (False, True):  # and when both take the library (no renumbering)
+        if prefer_first:
+            first = "none"
+            tuner = Tuner(measure, "renumber2", CpuTarget().evaluate)
+            chosen = select.choose_library_calls(low, tuner)
+            assert not any(isinstance(s, K.Kernel) and s.name == low.kernels[0].name
+                           for s in chosen.kernels)  # fmt: skip
+        assert [b.id for b in chosen.buffers] == list(range(len(chosen.buffers)))
+        ex = lm.runtime.Executor(build_plan(chosen, "cpu"))
+        a = rand(5, 64) * np.float32(0.05)
+        np.testing.assert_allclose(ex.run({"x": a}, {"seq": 5})["y"], g.run({"x": a})["y"],
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ... import flags
 from ...graph import symbolic as sym
@@ -141,53 +141,35 @@ _sub_fp = sub_fingerprint  # device backends key their own decisions with it
 
 def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "") -> Lowered:
     """Replace kernels by library calls where measurement says the call is faster.
-    ``measure`` is a Tuner, or a measuring function for a Tuner on ``target``."""
+    ``measure`` is a Tuner, or a measuring function for a Tuner on ``target``.
+
+    Every kernel's candidates are listed first (their new buffers numbered as if every call
+    were kept), so the tuner prepares them in one batch; a kept call's buffers are then
+    renumbered to follow the buffers the program has."""
     tuner = measure if isinstance(measure, Tuner) else Tuner(measure, target)
     dims = representative_dims(low)
+    provisional = list(low.buffers)
+    plans: list[_Choice | None] = []
+    decisions: dict[str, list[Candidate]] = {}
+    for kern in low.kernels:
+        choice = _options(low, kern, provisional, tuner, dims)
+        plans.append(choice)
+        if choice is not None:
+            provisional += choice.extra
+            if choice.key not in decisions:
+                decisions[choice.key] = _candidates(low, provisional, choice, tuner, dims)
+    tuner.prefetch([("gemm", dims, cands[0].sub, cands) for cands in decisions.values()])
     steps: list[Step] = []
     buffers = list(low.buffers)
     memo: dict[str, list[tuple[str, tuple[str, int, int] | None]]] = {}
-    for kern in low.kernels:
-        alt = None
-        if isinstance(kern, K.Kernel):
-            alt = match_any(kern, len(buffers))
-        if alt is None:
+    for kern, choice in zip(low.kernels, plans, strict=True):
+        if choice is None:
             steps.append(kern)
             continue
-        work = int(sym.evaluate(sym.mul(sym.mul(sym.mul(alt.m, alt.n), alt.k), alt.batch), dims))
-        if work < MIN_GEMM_WORK:
-            steps.append(kern)
-            if flags.debug() >= 3:
-                print(f"luminal search: {kern.name}: gemm work {work} < {MIN_GEMM_WORK}, "
-                      "keeping the generated kernel", file=sys.stderr)  # fmt: skip
-            continue
-        # new buffers in id order: the operand copies, then the product
-        extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
-        if alt.scratch_shape is not None:
-            extra.append(
-                BufferInfo(
-                    alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch"
-                )
-            )
-        prefix = "copy+" if alt.copies else ""
-        suffix = "+epilogue" if alt.epilogue else ""
-        variants = tuner.variants(alt.call) if tuner.variants is not None else []
-        options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
-        for label, call in [(alt.call.func, alt.call), *variants]:
-            lib_steps: list[Step] = [*alt.copies, call, *([alt.epilogue] if alt.epilogue else [])]
-            options.append((prefix + label + suffix, lib_steps))
-        # the generated kernel in the other task order too: few rows by a large weight (a
-        # short sequence's projections) read the weight once instead of once per row
-        if any(s.order == 1 for s in alternatives(kern, tuner.space)):
-            options.append(("generated,order=1", replace(kern, schedule=K.Schedule(order=1))))
-        # cut out, buffers renumbered, so identical layers share one decision (and take it
-        # without cutting out and estimating their candidates again)
-        sub_gen = subprogram(low, [kern])
-        key = f"{sub_fingerprint(sub_gen)}|{[o[0] for o in options]}"
-        if key not in memo:
-            memo[key] = _decide(low, buffers, extra, sub_gen, options, tuner, dims, kern.name)
-        payloads = dict(options)
-        picks = [(payloads[label], when) for label, when in memo[key]]
+        if choice.key not in memo:
+            memo[choice.key] = _decide(decisions[choice.key], tuner, dims, kern.name)
+        payloads = dict(choice.options)
+        picks = [(payloads[label], when) for label, when in memo[choice.key]]
         added = False
         for payload, when in picks:
             if isinstance(payload, K.Kernel):
@@ -198,31 +180,99 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                 )  # fmt: skip
                 steps.append(replace(payload, when=when, name=name))
                 continue
+            ids = {b.id: len(buffers) + i for i, b in enumerate(choice.extra)}
             if not added:
-                buffers += extra
+                buffers += [replace(b, id=ids[b.id]) for b in choice.extra]
                 added = True
-            steps += [replace(s, when=when) for s in payload]
+            steps += [replace(_renumbered(s, ids), when=when) for s in payload]
     return Lowered(buffers, steps, low.dims, low.weights, low.windowed)  # type: ignore[arg-type]
 
 
-def _decide(
-    low: Lowered,
-    buffers: list[BufferInfo],
-    extra: list[BufferInfo],
-    sub_gen: Lowered,
-    options: list[tuple[str, K.Kernel | list[Step]]],
-    tuner: Tuner,
-    dims: dict[str, int],
-    name: str,
-) -> list[tuple[str, tuple[str, int, int] | None]]:
-    """The labels of ``options`` to keep, each with the part of the range it runs for."""
-    cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost), options[0][1])]
-    for label, payload in options[1:]:
+@dataclass
+class _Choice:
+    """One kernel's library-call choice: its options (label -> the kernel or the steps that
+    replace it), the buffers those steps add, and the key identical layers share."""
+
+    options: list[tuple[str, K.Kernel | list[Step]]]
+    extra: list[BufferInfo]
+    sub_gen: Lowered
+    key: str
+
+
+def _options(
+    low: Lowered, kern: Step, buffers: list[BufferInfo], tuner: Tuner, dims: dict[str, int]
+) -> _Choice | None:
+    """The choice to take for ``kern`` (its new buffers numbered from ``len(buffers)``);
+    None when it has no library form worth timing."""
+    alt = match_any(kern, len(buffers)) if isinstance(kern, K.Kernel) else None
+    if alt is None or not isinstance(kern, K.Kernel):
+        return None
+    work = int(sym.evaluate(sym.mul(sym.mul(sym.mul(alt.m, alt.n), alt.k), alt.batch), dims))
+    if work < MIN_GEMM_WORK:
+        if flags.debug() >= 3:
+            print(f"luminal search: {kern.name}: gemm work {work} < {MIN_GEMM_WORK}, "
+                  "keeping the generated kernel", file=sys.stderr)  # fmt: skip
+        return None
+    # new buffers in id order: the operand copies, then the product
+    extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
+    if alt.scratch_shape is not None:
+        extra.append(
+            BufferInfo(alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch")
+        )
+    prefix = "copy+" if alt.copies else ""
+    suffix = "+epilogue" if alt.epilogue else ""
+    variants = tuner.variants(alt.call) if tuner.variants is not None else []
+    options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
+    for label, call in [(alt.call.func, alt.call), *variants]:
+        lib_steps: list[Step] = [*alt.copies, call, *([alt.epilogue] if alt.epilogue else [])]
+        options.append((prefix + label + suffix, lib_steps))
+    # the generated kernel in the other task order too: few rows by a large weight (a
+    # short sequence's projections) read the weight once instead of once per row
+    if any(s.order == 1 for s in alternatives(kern, tuner.space)):
+        options.append(("generated,order=1", replace(kern, schedule=K.Schedule(order=1))))
+    # cut out, buffers renumbered, so identical layers share one decision (and take it
+    # without cutting out and estimating their candidates again)
+    sub_gen = subprogram(low, [kern])
+    key = f"{sub_fingerprint(sub_gen)}|{[o[0] for o in options]}"
+    return _Choice(options, extra, sub_gen, key)
+
+
+def _renumbered(step: Step, ids: dict[int, int]) -> Step:
+    """``step`` with the buffer ids of ``ids`` replaced (the others kept)."""
+    if not ids or all(a == b for a, b in ids.items()):
+        return step
+    if isinstance(step, K.LibCall):
+        return replace(
+            step, args=[ids.get(a, a) for a in step.args], out=ids.get(step.out, step.out)
+        )
+    w, r = K.step_buffers(step)
+    full = {b: ids.get(b, b) for b in [*w, *r]}
+    row = K.remap_buffers(step.scatter_row, full) if step.scatter_row is not None else None
+    return replace(step, value=K.remap_buffers(step.value, full), out=full[step.out],
+                   scatter_row=row)  # fmt: skip
+
+
+def _candidates(
+    low: Lowered, buffers: list[BufferInfo], choice: _Choice, tuner: Tuner, dims: dict[str, int]
+) -> list[Candidate]:
+    """The cut-out program of every option (``buffers`` holds every new buffer so far)."""
+    sub_gen = choice.sub_gen
+    cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost),
+                       choice.options[0][1])]  # fmt: skip
+    for label, payload in choice.options[1:]:
         if isinstance(payload, K.Kernel):
             sub = subprogram(low, [payload])
         else:
-            sub = subprogram(low, payload, buffers[len(low.buffers) :] + extra)
+            sub = subprogram(low, payload, buffers[len(low.buffers) :])
         cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), payload))
+    return cands
+
+
+def _decide(
+    cands: list[Candidate], tuner: Tuner, dims: dict[str, int], name: str
+) -> list[tuple[str, tuple[str, int, int] | None]]:
+    """The labels of the candidates to keep, each with the part of the range it runs for."""
+    sub_gen = cands[0].sub
     chosen, record = tuner.decide(name, "gemm", dims, sub_gen, cands)
     parts = _split(sub_gen, dims, record)
     if parts is None:
