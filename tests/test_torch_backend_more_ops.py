@@ -134,3 +134,14 @@ def test_as_strided_scatter():
         return a, b
 
     _check(fn, torch.randn(4, 5), torch.randn(3, 2), torch.randn(2, 2))
+
+
+def test_grid_sample_3d():
+    def fn(x, grid):
+        return (F.grid_sample(x, grid, "bilinear", "zeros", align_corners=False),
+                F.grid_sample(x, grid, "nearest", "border", align_corners=True),
+                F.grid_sample(x, grid, "bilinear", "border", align_corners=True))  # fmt: skip
+
+    x = torch.randn(2, 3, 4, 5, 3)
+    grid = torch.rand(2, 3, 2, 5, 3) * 2.4 - 1.2  # some positions outside
+    _check(fn, x, grid, atol=1e-5)

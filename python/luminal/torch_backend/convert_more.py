@@ -482,3 +482,62 @@ def _as_strided_scatter(cx: Ctx, x: Tensor, src: Tensor, size: Any, stride: Any,
     vals = F.index_select(src.cast(x.dtype).reshape((-1,)), 0, _const(cx, keep))
     out = F.scatter(flat, 0, _const(cx, flat_pos[keep]), vals)
     return out.reshape(x.shape)
+
+
+@op(aten.grid_sampler_3d.default)
+def _grid_sampler_3d(cx: Ctx, x: Tensor, grid: Tensor, interpolation_mode: int,
+                     padding_mode: int, align_corners: bool) -> Tensor:  # fmt: skip
+    """Trilinear (mode 0) or nearest (mode 1) samples of (N, C, D, H, W) at grid (N, D', H',
+    W', 3) positions (x, y, z in [-1, 1]), zeros (0) or border (1) padding."""
+    if interpolation_mode not in (0, 1) or padding_mode not in (0, 1) or x.ndim != 5:
+        raise Unsupported("grid_sampler_3d other than trilinear / nearest with zeros / border")
+    if not all(isinstance(s, int) for s in (*x.shape, *grid.shape)):
+        raise Unsupported("grid_sampler_3d of symbolic sizes")
+    sizes = [int(x.shape[k]) for k in (4, 3, 2)]  # type: ignore[arg-type]  # W, H, D: x, y, z
+    n, c = x.shape[0], x.shape[1]
+    out_sp = list(grid.shape[1:4])
+    g = grid.cast(dt.f64 if x.dtype is dt.f64 else dt.f32)
+    coords = []
+    for k, s in enumerate(sizes):
+        v = g.slice(-1, k, 1).squeeze(-1)  # (N, D', H', W')
+        if align_corners:
+            v = F.mul(F.add(v, 1.0), (s - 1) / 2)
+        else:
+            v = F.mul(F.sub(F.mul(F.add(v, 1.0), s), 1.0), 0.5)
+        if padding_mode == 1:
+            v = F.clamp(v, 0.0, float(s - 1))
+        coords.append(v)
+    flat = x.reshape((n, c, -1))
+    npos = int(np.prod(out_sp))  # type: ignore[arg-type]
+
+    def corner(ix: list[Tensor], w: Tensor | None) -> Tensor:
+        inside = None
+        lin: Tensor | None = None
+        for v, s, stride in zip(ix, sizes, (1, sizes[0], sizes[0] * sizes[1]), strict=True):
+            ok = F.logical_and(F.ge(v, 0), F.lt(v, s))
+            inside = ok if inside is None else F.logical_and(inside, ok)
+            term = F.mul(F.clamp(v, 0, s - 1), stride)
+            lin = term if lin is None else F.add(lin, term)
+        assert lin is not None and inside is not None
+        idx = lin.reshape((n, 1, npos)).expand((n, c, npos))
+        vals = F.gather(flat, 2, idx)
+        wt = inside.cast(vals.dtype) if w is None else F.mul(w, inside.cast(w.dtype))
+        return F.mul(vals, wt.reshape((n, 1, npos)).cast(vals.dtype))
+
+    if interpolation_mode == 1:  # nearest: round half to even, as nearbyint
+        out = corner([F.round(v).cast(dt.i64) for v in coords], None)
+    else:
+        lo = [F.floor(v) for v in coords]
+        fr = [F.sub(v, f) for v, f in zip(coords, lo, strict=True)]
+        out = None
+        for bits in range(8):
+            ix, w = [], None
+            for k in range(3):
+                hi = (bits >> k) & 1
+                ix.append(F.add(lo[k], float(hi)).cast(dt.i64))
+                wk = fr[k] if hi else F.sub(1.0, fr[k])
+                w = wk if w is None else F.mul(w, wk)
+            term = corner(ix, w)
+            out = term if out is None else F.add(out, term)
+    assert out is not None
+    return out.reshape((n, c, *out_sp)).cast(x.dtype)
