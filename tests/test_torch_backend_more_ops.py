@@ -145,3 +145,23 @@ def test_grid_sample_3d():
     x = torch.randn(2, 3, 4, 5, 3)
     grid = torch.rand(2, 3, 2, 5, 3) * 2.4 - 1.2  # some positions outside
     _check(fn, x, grid, atol=1e-5)
+
+
+def test_linear_cross_entropy_chunked():
+    lce_options = pytest.importorskip("torch.nn.modules.linear_cross_entropy_options")
+    opts = lce_options.LinearCrossEntropyOptions(batch_chunk_size=2)
+
+    def fn(x, w, t, cw):
+        kw = dict(options=opts)
+        return (F.linear_cross_entropy(x, w, t, **kw),
+                F.linear_cross_entropy(x, w, t, weight=cw, ignore_index=1, reduction="sum", **kw),
+                F.linear_cross_entropy(x, w, t, weight=cw, **kw),
+                F.linear_cross_entropy(x, w, t, reduction="none", ignore_index=3,
+                                       **kw))  # fmt: skip
+
+    args = (torch.randn(8, 5), torch.randn(6, 5), torch.tensor([0, 1, 3, 4, 1, 2, 3, 5]),
+            torch.rand(6) + 0.5)  # fmt: skip
+    with torch.no_grad():  # dynamo breaks the graph at a Python warning the op's wrapper gives
+        got = torch.compile(fn, backend=luminal_backend)(*args)
+    assert lt.stats.eager_ops == {} and lt.stats.partitions >= 1, lt.stats.fallbacks
+    torch.testing.assert_close(got, fn(*args), atol=1e-5, rtol=1e-5)

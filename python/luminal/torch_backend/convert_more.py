@@ -541,3 +541,60 @@ def _grid_sampler_3d(cx: Ctx, x: Tensor, grid: Tensor, interpolation_mode: int,
             out = term if out is None else F.add(out, term)
     assert out is not None
     return out.reshape((n, c, *out_sp)).cast(x.dtype)
+
+
+# ----------------------------------------------------------------------------- losses
+def _lce_terms(cx: Ctx, x: Tensor, w: Tensor, target: Tensor, bias: Any, weight: Any,
+               ignore_index: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(log-probabilities (N, C), -log p of each target times its class weight (N,), the
+    class weight of each kept target (N,), the class weights (C,), ones when not given)."""
+    if x.ndim != 2 or target.ndim != 1:
+        raise Unsupported("linear_cross_entropy of other than (N, D) input and (N,) target")
+    logits = F.linear(x, w, bias if isinstance(bias, Tensor) else None)
+    logp = F.log_softmax(logits.cast(dt.f32) if logits.dtype is not dt.f64 else logits, -1)
+    c = logits.shape[-1]
+    keep = F.ne(target, ignore_index)
+    tgt = F.where(keep, target, 0).cast(dt.i64)
+    picked = F.gather(logp, 1, tgt.unsqueeze(-1)).squeeze(-1)
+    cw = (
+        weight.cast(logp.dtype)
+        if isinstance(weight, Tensor)
+        else F.full(cx.g, (c,), 1.0, dtype=logp.dtype)
+    )
+    wt = F.where(keep, F.index_select(cw, 0, tgt), 0.0)
+    return logp, F.mul(F.neg(picked), wt), wt, cw
+
+
+def _lce(cx: Ctx, x: Tensor, w: Tensor, target: Tensor, bias: Any, weight: Any, reduction: str,
+         ignore_index: int, label_smoothing: float, *rest: Any) -> tuple:  # fmt: skip
+    """``F.linear_cross_entropy``'s chunked op: the loss only (the gradients it can
+    precompute are for training)."""
+    if any(_output_used(cx, k) for k in (1, 2, 3)) or reduction not in ("mean", "sum"):
+        raise Unsupported("linear_cross_entropy's precomputed gradients")
+    if label_smoothing:  # PyTorch's chunked path does not take it (it falls back itself)
+        raise Unsupported("linear_cross_entropy with label smoothing")
+    _, nll, wt, _ = _lce_terms(cx, x, w, target, bias, weight, ignore_index)
+    total = nll.sum_reduce(0)
+    if reduction == "mean":
+        total = F.div(total, wt.sum_reduce(0))
+    return total.cast(x.dtype), None, None, None
+
+
+def _lce_none(cx: Ctx, x: Tensor, w: Tensor, target: Tensor, bias: Any, weight: Any,
+              ignore_index: int, *rest: Any) -> Tensor:  # fmt: skip
+    _, nll, _, _ = _lce_terms(cx, x, w, target, bias, weight, ignore_index)
+    return nll.cast(x.dtype)
+
+
+def _register_lce() -> None:
+    try:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401 - registers the custom ops
+
+        ns = torch.ops.torch_nn
+        op(ns._linear_cross_entropy_batch_chunked.default)(_lce)
+        op(ns._linear_cross_entropy_batch_chunked_no_reduction.default)(_lce_none)
+    except (ImportError, AttributeError):  # a PyTorch without them
+        pass
+
+
+_register_lce()
