@@ -165,3 +165,12 @@ def test_linear_cross_entropy_chunked():
         got = torch.compile(fn, backend=luminal_backend)(*args)
     assert lt.stats.eager_ops == {} and lt.stats.partitions >= 1, lt.stats.fallbacks
     torch.testing.assert_close(got, fn(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_antialiased_bilinear_resize():
+    def fn(x):
+        down = F.interpolate(x, size=(4, 7), mode="bilinear", antialias=True)
+        up = F.interpolate(x, scale_factor=(1.7, 0.6), mode="bilinear", antialias=True)
+        return down, up
+
+    _check(fn, torch.randn(2, 3, 11, 9), atol=1e-5)

@@ -598,3 +598,37 @@ def _register_lce() -> None:
 
 
 _register_lce()
+
+
+def _aa_weights(n_in: int, n_out: int, scale_opt: Any) -> np.ndarray:
+    """(n_out, n_in) antialiased bilinear (triangle filter) weights, PyTorch's and PIL's:
+    the filter widens by the scale when downsampling, each row normalized to sum 1."""
+    scale = 1.0 / scale_opt if scale_opt else n_in / n_out
+    support = scale if scale >= 1.0 else 1.0
+    inv = 1.0 / scale if scale >= 1.0 else 1.0
+    w = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), n_in)
+        xs = (np.arange(lo, hi) - center + 0.5) * inv
+        row = np.clip(1.0 - np.abs(xs), 0.0, None)
+        total = row.sum()
+        w[i, lo:hi] = row / total if total != 0 else row
+    return w
+
+
+@op(aten._upsample_bilinear2d_aa.default)
+def _upsample_aa(cx: Ctx, x: Tensor, output_size: Sequence[int], align_corners: bool,
+                 scales_h: Any = None, scales_w: Any = None) -> Tensor:  # fmt: skip
+    """Antialiased bilinear resizing as two products with constant (static-size) weights."""
+    if align_corners or x.ndim != 4:
+        raise Unsupported("antialiased upsampling with align_corners")
+    h, w = x.shape[-2], x.shape[-1]
+    if not isinstance(h, int) or not isinstance(w, int):
+        raise Unsupported("antialiased upsampling of symbolic sizes")
+    oh, ow = (int(v) for v in output_size)
+    d = x.dtype if x.dtype.is_float else dt.f32
+    wh = cx.g.tensor(_aa_weights(h, oh, scales_h).astype(np.float32)).cast(d)
+    ww = cx.g.tensor(_aa_weights(w, ow, scales_w).astype(np.float32)).cast(d)
+    return F.matmul(F.matmul(wh, x.cast(d)), ww.mT)
