@@ -84,6 +84,7 @@ def test_index_put_through_several_index_tensors():
     _check(fn, x, i, j, torch.randn(5, 6))
 
 
+@pytest.mark.slow
 def test_solves_from_cholesky_and_lu_factors():
     def fn(a, b, bt):
         low = torch.linalg.cholesky(a)
@@ -136,6 +137,7 @@ def test_as_strided_scatter():
     _check(fn, torch.randn(4, 5), torch.randn(3, 2), torch.randn(2, 2))
 
 
+@pytest.mark.slow
 def test_grid_sample_3d():
     def fn(x, grid):
         return (F.grid_sample(x, grid, "bilinear", "zeros", align_corners=False),
