@@ -171,6 +171,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
         payloads = dict(choice.options)
         picks = [(payloads[label], when) for label, when in memo[choice.key]]
         added = False
+        ids = {b.id: len(buffers) + i for i, b in enumerate(choice.extra)}
         for payload, when in picks:
             if isinstance(payload, K.Kernel):
                 # a part after the first keeps a generated kernel under a name of its own:
@@ -180,7 +181,6 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                 )  # fmt: skip
                 steps.append(replace(payload, when=when, name=name))
                 continue
-            ids = {b.id: len(buffers) + i for i, b in enumerate(choice.extra)}
             if not added:
                 buffers += [replace(b, id=ids[b.id]) for b in choice.extra]
                 added = True
