@@ -64,7 +64,10 @@ def test_histograms_and_padded_nonzero():
         hist, edges = torch.histogram(x, bins=6, weight=w, density=True)
         plain, _ = torch.histogram(x, bins=4, range=(-1.0, 1.0))
         nz = torch.nonzero_static(torch.where(x > 0.5, x, 0), size=9, fill_value=-7)
-        return h, auto, hist, edges, plain, nz
+        dd = torch.histogramdd(x.reshape(-1, 5)[:, :3], bins=[3, 4, 2], density=True)
+        ddr = torch.histogramdd(x.reshape(-1, 5)[:, :2], bins=[5, 3], weight=w.reshape(-1, 5)[:, 0],
+                                range=[-1.0, 1.0, -2.0, 0.5])  # fmt: skip
+        return h, auto, hist, edges, plain, nz, dd.hist, *dd.bin_edges, ddr.hist
 
     x = torch.randn(5, 11)
     x[1, 2] = 2.0  # exactly the top edge: counted in the last bin

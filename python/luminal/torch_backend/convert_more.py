@@ -145,6 +145,75 @@ def _histc(cx: Ctx, x: Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> T
     return _bin_counts(flat, pos, keep, bins, None)
 
 
+def _bins(cx: Ctx, flat: Tensor, bins: int, lo_v: float, hi_v: float
+          ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(bin of each element, whether it is inside the range, the bins + 1 edges) as
+    torch.histogram: the range, else the data's (widened by 1/2 when flat)."""
+    lo, hi = _range(flat, lo_v, hi_v, 0.5)
+    steps = cx.g.arange(bins + 1, dtype=flat.dtype)
+    edges = F.add(lo, F.mul(F.sub(hi, lo), F.div(steps, float(bins))))
+    edges = F.where(F.eq(steps, float(bins)), hi, edges)  # linspace ends exactly at hi
+    pos = F.floor(F.div(F.mul(F.sub(flat, lo), bins), F.sub(hi, lo))).cast(dt.i64)
+    pos = F.clamp(pos, 0, bins - 1)
+    # the edges decide, as torch's local search does where rounding put an element one off
+    left = F.gather(edges, 0, pos)
+    right = F.gather(edges, 0, F.add(pos, 1))
+    pos = F.where(F.logical_and(F.lt(flat, left), F.gt(pos, 0)), F.sub(pos, 1), pos)
+    pos = F.where(F.logical_and(F.ge(flat, right), F.lt(pos, bins - 1)), F.add(pos, 1), pos)
+    return pos, F.logical_and(F.ge(flat, lo), F.le(flat, hi)), edges
+
+
+def _dd_input(x: Tensor, bins: Sequence[int]) -> Tensor:
+    if not x.dtype.is_float or x.ndim < 1 or x.shape[-1] != len(bins):
+        raise Unsupported("histogramdd of other than a float (..., D) tensor")
+    _static_shape(x, "histogramdd")
+    pts = x.reshape((-1, len(bins)))
+    if pts.shape[0] == 0:
+        raise Unsupported("histogramdd of an empty tensor")
+    return pts
+
+
+def _dd_range(rng: Any, d: int) -> tuple[float, float]:
+    return (0.0, 0.0) if rng is None else (float(rng[2 * d]), float(rng[2 * d + 1]))
+
+
+@op(aten._histogramdd_bin_edges.default)
+def _histogramdd_edges(cx: Ctx, x: Tensor, bins: Sequence[int], *, range: Any = None,  # noqa: A002
+                       weight: Any = None, density: bool = False) -> list:  # fmt: skip
+    pts = _dd_input(x, bins)
+    return [_bins(cx, pts.slice(-1, d, 1).squeeze(-1), int(b), *_dd_range(range, d))[2]
+            for d, b in enumerate(bins)]  # fmt: skip
+
+
+@op(aten._histogramdd_from_bin_cts.default)
+def _histogramdd_counts(cx: Ctx, x: Tensor, bins: Sequence[int], *, range: Any = None,  # noqa: A002
+                        weight: Any = None, density: bool = False) -> Tensor:  # fmt: skip
+    """Counts (or weights) per cell of the D-dimensional grid, row-major over the dims."""
+    pts = _dd_input(x, bins)
+    flat_pos: Tensor | None = None
+    keep_all: Tensor | None = None
+    widths = []
+    for d, b in enumerate(bins):
+        pos, keep, edges = _bins(cx, pts.slice(-1, d, 1).squeeze(-1), int(b), *_dd_range(range, d))
+        flat_pos = pos if flat_pos is None else F.add(F.mul(flat_pos, int(b)), pos)
+        keep_all = keep if keep_all is None else F.logical_and(keep_all, keep)
+        widths.append(F.sub(edges.slice(0, 1, int(b)), edges.slice(0, 0, int(b))))
+    assert flat_pos is not None and keep_all is not None
+    cells = math.prod(int(b) for b in bins)
+    w = weight if isinstance(weight, Tensor) else None
+    hist = _bin_counts(pts, flat_pos, keep_all, cells, w).reshape(tuple(int(b) for b in bins))
+    if density:
+        vol: Tensor | None = None
+        for d, wd in enumerate(widths):
+            shape = [1] * len(bins)
+            shape[d] = int(bins[d])
+            wd = wd.reshape(shape)
+            vol = wd if vol is None else F.mul(vol, wd)
+        assert vol is not None
+        hist = F.div(hist, F.mul(hist.reshape((-1,)).sum_reduce(0), vol))
+    return hist
+
+
 @op(aten.histogram.bin_ct)
 def _histogram(cx: Ctx, x: Tensor, bins: int = 100, *, range: Any = None,  # noqa: A002
                weight: Any = None, density: bool = False) -> tuple:  # fmt: skip
@@ -155,18 +224,7 @@ def _histogram(cx: Ctx, x: Tensor, bins: int = 100, *, range: Any = None,  # noq
     if flat.shape[0] == 0:
         raise Unsupported("histogram of an empty tensor")
     lo_v, hi_v = (0.0, 0.0) if range is None else (float(range[0]), float(range[1]))
-    lo, hi = _range(x, lo_v, hi_v, 0.5)
-    steps = cx.g.arange(bins + 1, dtype=x.dtype)
-    edges = F.add(lo, F.mul(F.sub(hi, lo), F.div(steps, float(bins))))
-    edges = F.where(F.eq(steps, float(bins)), hi, edges)  # linspace ends exactly at hi
-    pos = F.floor(F.div(F.mul(F.sub(flat, lo), bins), F.sub(hi, lo))).cast(dt.i64)
-    pos = F.clamp(pos, 0, bins - 1)
-    # the edges decide, as torch's local search does where rounding put an element one off
-    left = F.gather(edges, 0, pos)
-    right = F.gather(edges, 0, F.add(pos, 1))
-    pos = F.where(F.logical_and(F.lt(flat, left), F.gt(pos, 0)), F.sub(pos, 1), pos)
-    pos = F.where(F.logical_and(F.ge(flat, right), F.lt(pos, bins - 1)), F.add(pos, 1), pos)
-    keep = F.logical_and(F.ge(flat, lo), F.le(flat, hi))
+    pos, keep, edges = _bins(cx, flat, bins, lo_v, hi_v)
     w = weight if isinstance(weight, Tensor) else None
     hist = _bin_counts(flat, pos, keep, bins, w)
     if density:
