@@ -11,6 +11,7 @@ import torch
 
 import luminal as lm
 import luminal.functional as F
+import optest
 from optest import check_op, rand
 
 
@@ -70,3 +71,16 @@ def test_lu_factor_solve_and_permutation():
     wide = rand(2, 4, 7)  # rectangular: min(m, n) pivots
     check_op("lu_factor_wide", lambda x: F.lu_factor_ex(x)[:2],
              lambda x: torch.linalg.lu_factor_ex(x)[:2], [wide], atol=1e-5)  # fmt: skip
+
+
+def test_lu_factor_of_singular_matrices_names_the_zero_pivot():
+    """A zero pivot is not divided by (LAPACK's getrf): the factor stays finite and info is
+    the first zero pivot, so inv / solve of a singular matrix can raise as torch does."""
+    if optest.GRAD_MODE:
+        pytest.skip("the factorization's gradient is undefined at a singular matrix")
+    a = rand(3, 5, 5)
+    a[0] = 0.0  # every pivot zero: info 1
+    a[1, :, 2] = 0.0  # third column zero: stays exactly zero through elimination, info 3
+    a[2, :, 0] = 0.0  # first column zero: info 1, the rest factors on
+    check_op("lu_factor_singular", F.lu_factor_ex, torch.linalg.lu_factor_ex, [a], atol=1e-4,
+             rtol=1e-4)  # fmt: skip

@@ -144,7 +144,11 @@ def lu_factor_ex(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: N803
         pivots.append(p.add(1).cast(dt.i32))
         piv = _elem(a, k, k)
         below = where(rows.gt(k), 1.0, 0.0)
-        lcol = a.slice(-1, k, 1).mul(piv.reciprocal()).mul(below)  # (..., n, 1) below k
+        # a zero pivot (its column is zero from k down) is not divided by, as LAPACK's getrf:
+        # the column stays 0 and info names it; the double where keeps the gradient finite
+        zero = piv.eq(0.0)
+        inv = where(zero, 0.0, where(zero, 1.0, piv).reciprocal())
+        lcol = a.slice(-1, k, 1).mul(inv).mul(below)  # (..., n, 1) below k
         urow = a.slice(-2, k, 1).mul(where(cols.gt(k), 1.0, 0.0))  # (..., 1, n) right of k
         a = a.add(lcol.mul(urow).mul(-1.0))
         a = where(rows.gt(k).logical_and(cols.eq(k)).expand(a.shape), lcol.expand(a.shape), a)
