@@ -231,7 +231,7 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
                 # c*(x // c) as a term and its coefficient (64*s*(x//(64*s)): 64 on s*(x//..))
                 cd = _lin(mul(c, d)) if d is not None else ({}, 1)
                 one = len(cd[0]) == 1 and cd[1] == 0
-                d, want = (next(iter(cd[0].items())) if one else (None, 0))
+                d, want = next(iter(cd[0].items())) if one else (None, 0)
                 want *= k
             else:
                 if d is None and isinstance(x, Expr) and x.kind == DIV:
