@@ -278,3 +278,18 @@ def compare(
 def sym_shape(shape: Sequence[int], which: Mapping[int, Any]) -> tuple:
     """Replace entries of ``shape`` by dims: ``sym_shape((3, 50), {1: seq})``."""
     return tuple(which.get(k, s) for k, s in enumerate(shape))
+
+
+def check_converts(
+    fn: Callable[..., Any], *args: Any, atol: float = 1e-5, rtol: float = 1e-5
+) -> None:
+    """``fn`` through ``torch.compile`` with luminal's backend (one graph) equals eager, with
+    no ATen op left to eager and no plan that failed."""
+    import luminal.torch_backend as lt
+
+    with torch.no_grad():
+        want = fn(*args)
+        got = torch.compile(fn, backend=lt.luminal_backend, fullgraph=True)(*args)
+    assert lt.stats.eager_ops == {}, lt.stats.fallbacks
+    assert not lt.stats.failed_plans
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)

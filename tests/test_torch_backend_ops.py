@@ -10,6 +10,7 @@ F = torch.nn.functional
 
 import luminal.torch_backend as lt  # noqa: E402
 from luminal.torch_backend import luminal_backend  # noqa: E402
+from optest import check_converts  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -17,13 +18,7 @@ def _fresh(fresh_dynamo):
     yield
 
 
-def _check(fn, *args, atol=1e-5, rtol=1e-5):
-    with torch.no_grad():
-        want = fn(*args)
-        got = torch.compile(fn, backend=luminal_backend, fullgraph=True)(*args)
-    assert lt.stats.eager_ops == {}, lt.stats.fallbacks
-    assert not lt.stats.failed_plans
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
+_check = check_converts
 
 
 def test_sorting_and_special_functions():
