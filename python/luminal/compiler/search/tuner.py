@@ -234,6 +234,7 @@ class Tuner:
             raise ValueError(f"{flags.SEARCH_CANDIDATES.name} must be at least 1")
         self._spent = 0.0
         self._ready: set[int] = set()  # ids of candidate programs prefetch prepared
+        self._keys: dict[int, tuple[Any, ...]] = {}  # id(candidates) -> (them, ..., cache key)
 
     def _count(self, what: str, n: float = 1) -> None:
         for s in (self.stats, STATS):
@@ -306,12 +307,25 @@ class Tuner:
     def _cached(
         self, kind: str, dims: dict[str, int], reference: Lowered, candidates: Sequence[Candidate]
     ) -> tuple[str, dict[str, Any] | None]:
-        """The decision's cache key and its cached record (in memory, else on disk), if any."""
-        key = cache_key(
-            [CACHE_VERSION, kind, self.target, repr(sorted(dims.items())),
-             repr(sorted(smallest_dims(reference, dims).items())), sub_fingerprint(reference)]
-            + [f"{c.label}={sub_fingerprint(c.sub)}" for c in candidates]
-        )  # fmt: skip
+        """The decision's cache key and its cached record (in memory, else on disk), if any.
+        The key of a decision ``prefetch`` saw is not computed again (fingerprints walk every
+        candidate's kernels)."""
+        seen = self._keys.get(id(candidates))
+        dims_key = repr(sorted(dims.items()))
+        if (
+            seen is not None
+            and seen[0] is candidates
+            and seen[1] is reference
+            and seen[2:4] == (kind, dims_key)
+        ):
+            key = seen[4]
+        else:
+            key = cache_key(
+                [CACHE_VERSION, kind, self.target, dims_key,
+                 repr(sorted(smallest_dims(reference, dims).items())), sub_fingerprint(reference)]
+                + [f"{c.label}={sub_fingerprint(c.sub)}" for c in candidates]
+            )  # fmt: skip
+            self._keys[id(candidates)] = (candidates, reference, kind, dims_key, key)
         hit = _MEMORY.get(cache_dir() + "/" + key) or self._read(key)
         ok = hit is not None and 0 <= hit.get("choice", -1) < len(candidates)
         return key, hit if ok else None
