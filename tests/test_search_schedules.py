@@ -290,3 +290,31 @@ def test_a_stage_prepares_every_kernels_candidates_in_one_batch():
     schedules.choose_schedules(lower(g), t, _signature)
     assert t.stats.searched == 2  # two kernels, two decisions ...
     assert len(batches) == 1 and batches[0] == len(set(measured))  # ... and one batch
+
+
+def test_measured_programs_run_their_schedule():
+    # the search times cut-out programs of unscheduled kernels: code generation applies each
+    # one's schedule, so what is timed is what the plan runs (a blocked quantized GEMV
+    # unsplit is a scalar loop with an index division per element, 10-30x slower)
+    from luminal.compiler.pipeline import graph_passes
+    from luminal.loaders import quants
+    from test_loaders import _random_blocks
+
+    g = lm.Graph("q8")
+    x = g.input("x", (3, 64))
+    w = quants.quantized_weight(g, "w", "Q8_0", _random_blocks("Q8_0", 24, 64).reshape(-1),
+                                (24, 64))  # fmt: skip
+    g.output("y", x @ w.transpose(0, 1))
+    low = lower(graph_passes(g))
+    (kern,) = low.kernels
+    for sched in (None, K.Schedule(split=32), K.Schedule(jam=2, jam_dim=0)):
+        k = replace(kern, schedule=sched)
+        done = S.apply(k)
+        assert isinstance(done, K.Kernel) and done.scheduled
+        assert S.apply(done) is done  # applied once: a split is not split again
+        plan = _CPU.build_plan(select.subprogram(low, [k]), "measure")
+        (code,) = {bytes(c.code).decode() for c in plan.kernels}
+        assert "lm_vsum_f32" in code  # the split sum's vector form
+        assert _signature(k, []) == _signature(done, [])
+    with pytest.raises(ValueError, match="applied"):
+        S.apply(S.apply(kern), K.Schedule(split=8))

@@ -145,16 +145,24 @@ class Schedule:
     fastest (one thread's tasks share the outer indices: a row's operands stay in cache);
     1: the outer indices vary fastest (one thread's tasks share a chunk of the innermost dim:
     the operands of those columns, a weight's rows, stay in cache across every outer index,
-    which suits a product of few rows by a large weight)."""
+    which suits a product of few rows by a large weight).
+    ``jam``: output indices of dim ``jam_dim`` (an outer dim) computed together, register
+    blocking: one loop of each reduction computes ``jam`` elements, and what their bodies
+    share (what does not depend on that dim: a weight, dequantized) is computed once for
+    all of them; 0 or 1: one element at a time. A dim whose extent is not a multiple runs
+    its last indices in smaller blocks (the binary digits of the rest)."""
 
     split: int = -1
     chunk: int = 0
     order: int = 0
+    jam: int = 0
+    jam_dim: int = 0
 
     def label(self) -> str:
         split = "default" if self.split < 0 else str(self.split)
         return (f"split={split}" + (f",chunk={self.chunk}" if self.chunk else "")
-                + (f",order={self.order}" if self.order else ""))  # fmt: skip
+                + (f",order={self.order}" if self.order else "")
+                + (f",jam={self.jam}@{self.jam_dim}" if self.jam > 1 else ""))  # fmt: skip
 
 
 @dataclass
@@ -177,6 +185,9 @@ class Kernel:
     reads: list[int] = field(default_factory=list)
     # set by the search (compiler/search/schedules.py); None: the default schedule rules
     schedule: Schedule | None = None
+    # the value holds the schedule's loop rewrites already (compiler/schedule.py::apply, which
+    # code generation calls too: a cut-out program is measured as the plan will run it)
+    scheduled: bool = False
     # (dim, lo, hi): runs only where lo <= dim <= hi (the search kept another program for the
     # rest of the dim's range, compiler/search/select.py); None: always
     when: tuple[str, int, int] | None = None
@@ -513,4 +524,6 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
                 parts[-1] += f":{s.schedule.split},{s.schedule.chunk}"
                 if s.schedule.order:
                     parts[-1] += f",o{s.schedule.order}"
+                if s.schedule.jam > 1:
+                    parts[-1] += f",j{s.schedule.jam}@{s.schedule.jam_dim}"
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

@@ -14,12 +14,19 @@ explicit split ``g`` also splits plain float sums with a short straight-line bod
 row): the code generator keeps a vector of ``g`` partial sums across the outer loop. When the
 two halves of a split block read the same bytes (the two nibbles of 4-bit weights), they are
 computed in one inner loop so each byte is loaded and unpacked once.
+
+Jamming an output dim (register blocking): when each element of a kernel runs a reduction whose
+body has work that does not depend on an outer output dim (a weight's load and, for quantized
+weights, its whole dequantization), ``jam`` elements along that dim are computed by one loop
+of the reduction, with one accumulator each, and the shared work is done once for all of
+them. ``jammed`` gives the renderers the copies of the value (one per element of a block)
+and, for each reduction, its copy in each, so they can merge the loops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..graph import symbolic as sym
 from ..graph.ops import Op
@@ -187,14 +194,141 @@ def _rebuild(v: K.Value, memo: dict[int, K.Value], split: int) -> K.Value:
 def apply(k: Step, sched: K.Schedule | None = None) -> Step:
     """``k`` with the loop structure of ``sched`` (default: the kernel's own schedule, else
     the default rules). The result keeps the schedule, so code generation can read its
-    chunk."""
+    chunk and jam (a jam that does not apply to ``k`` is dropped from it)."""
     if not isinstance(k, K.Kernel):
+        return k
+    if k.scheduled:  # rewritten already: a split is not split again
+        if sched is not None and sched != k.schedule:
+            raise ValueError(f"kernel {k.name} has schedule {k.schedule} applied, not {sched}")
         return k
     sched = sched or k.schedule or K.Schedule()
     value = _rebuild(k.value, {}, sched.split)
-    if value is k.value and sched == k.schedule:
-        return k
-    return replace(k, value=value, schedule=sched)
+    if sched.jam > 1 and not jam_applies(replace(k, value=value), sched.jam_dim):
+        sched = replace(sched, jam=0, jam_dim=0)
+    return replace(k, value=value, schedule=sched, scheduled=True)
+
+
+def _written_out(r: K.Reduce) -> bool:
+    """A reduction of 2-4 values that code generation writes out (no loop), unless split."""
+    return isinstance(r.extent, int) and r.extent <= 4 and not isinstance(r.body, K.Reduce)
+
+
+def top_reduces(v: K.Value) -> list[K.Reduce]:
+    """The reductions every element evaluates in a loop of its own, outermost, in a fixed
+    order: reached through ALU ops, casts and written-out reductions (each value of their
+    variable substituted, as code generation does: a relu's padded max of two), but not
+    under a mask or a gather, whose loads may be out of range where they do not run."""
+    out: list[K.Reduce] = []
+    seen: set[K.Value] = set()
+
+    def visit(x: K.Value) -> None:
+        if x in seen:
+            return
+        seen.add(x)
+        if isinstance(x, K.Reduce) and _written_out(x):
+            assert isinstance(x.extent, int)
+            for i in range(x.extent):
+                visit(K.substitute(x.body, {x.var.name: i}))
+        elif isinstance(x, K.Reduce):
+            out.append(x)
+        elif isinstance(x, K.Alu):
+            for s in x.srcs:
+                visit(s)
+        elif isinstance(x, K.Cast):
+            visit(x.src)
+
+    visit(v)
+    return out
+
+
+def _jam_positions(k: K.Kernel, dim: int, tops: list[K.Reduce]) -> list[int]:
+    """Which of ``k``'s top reductions ``tops`` run a loop per element along output dim
+    ``dim`` (their copies in a jammed block differ)."""
+    memo: dict[int, frozenset[str]] = {}
+    want = {f"_i{dim}", f"_i{len(k.shape) - 1}"}
+    return [i for i, r in enumerate(tops) if want <= K.free_vars(r, memo)]
+
+
+def _jam_reduces(k: K.Kernel, dim: int) -> list[K.Reduce]:
+    tops = top_reduces(k.value)
+    return [tops[i] for i in _jam_positions(k, dim, tops)]
+
+
+def shared_work(k: K.Kernel, dim: int) -> int:
+    """Nodes of the per-element reductions' bodies that a jam of output dim ``dim`` computes
+    once per block: those that use the reduction's variables (the rest leaves the loop
+    anyway) but not ``dim``'s index."""
+    memo: dict[int, frozenset[str]] = {}
+    name = f"_i{dim}"
+    n = 0
+    for r in _jam_reduces(k, dim):
+        loop = {x.var.name for x in K.walk(r) if isinstance(x, K.Reduce)}
+        for x in K.walk(r.body):
+            if isinstance(x, (K.Const, K.IndexVal, K.Reduce)):
+                continue
+            fv = K.free_vars(x, memo)
+            if fv & loop and name not in fv:
+                n += 1
+    return n
+
+
+def jam_applies(k: K.Kernel, dim: int) -> bool:
+    """Whether output dim ``dim`` of ``k`` can be jammed: an outer dim (the innermost is the
+    vector loop) of a kernel whose elements each run a reduction along it, that writes plain
+    rows (no scatter) and does not read its own output (a block computes before it stores)."""
+    n = len(k.shape)
+    if k.scatter_row is None and 0 <= dim < n - 1:
+        reads = {x.buf for x in K.walk(k.value) if isinstance(x, K.Load)}
+        return k.out not in reads and bool(_jam_reduces(k, dim))
+    return False
+
+
+def jam_dim(k: K.Kernel) -> int | None:
+    """The outer output dim whose jam shares the most work (ties: the longer dim, then the
+    outer one), or None when no dim of at least two indices shares any."""
+    best: tuple[int, int, int] | None = None
+    for d in range(len(k.shape) - 1):
+        if sym.upper_bound(k.shape[d]) < 2 or not jam_applies(k, d):
+            continue
+        key = (shared_work(k, d), sym.upper_bound(k.shape[d]), -d)
+        if key[0] > 0 and (best is None or key > best):
+            best = key
+    return None if best is None else -best[2]
+
+
+@dataclass
+class Jammed:
+    """A kernel's value for each element of a jammed block: element ``j`` has the index
+    variable ``vars[j]`` where the kernel has the jammed dim's; ``groups`` holds, for each
+    top reduction along that dim, its copy in each value (the loops a renderer merges)."""
+
+    vars: list[sym.Expr]
+    values: list[K.Value]
+    groups: list[list[K.Reduce]]
+
+
+def jammed(k: K.Kernel, size: int | None = None) -> Jammed:
+    """``k``'s value for the ``size`` (default: the schedule's jam) elements of a block of its
+    jammed dim."""
+    assert k.schedule is not None and k.schedule.jam > 1
+    dim = k.schedule.jam_dim
+    size = size or k.schedule.jam
+    ix = sym.index_var(dim, k.shape[dim])
+    assert isinstance(ix, sym.Expr)
+    _, lo, hi, extent = ix.args
+    tops = top_reduces(k.value)
+    where = _jam_positions(k, dim, tops)
+    out = Jammed([], [], [[] for _ in where])
+    for j in range(size):
+        var = sym.var(f"_i{dim}j{j}", lo, hi, extent)
+        out.vars.append(var)
+        out.values.append(K.substitute(k.value, {ix.name: var}))
+        # the same walk over a renamed copy: the same reductions in the same order
+        copies = top_reduces(out.values[-1])
+        assert len(copies) == len(tops)
+        for grp, i in zip(out.groups, where, strict=True):
+            grp.append(copies[i])
+    return out
 
 
 def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule]:
@@ -214,6 +348,13 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         # the other task order: worth it when an operand shared by every outer index (a
         # weight) is larger than a cache and the outer extent is small (a product of few rows)
         out += [K.Schedule(s, c, 1) for c in (0, *space.chunks) for s in (-1, *space.splits)]
+    d = jam_dim(k) if space.jams else None
+    if d is not None:
+        # register blocks of a few rows sharing each load (and dequantization) of a weight;
+        # in order 1 a thread's blocks share a chunk of weight rows, for longer products
+        out += [K.Schedule(s, 0, 0, j, d) for j in space.jams for s in (-1, *space.splits)]
+        if 1 in space.orders:
+            out += [K.Schedule(-1, 0, 1, j, d) for j in space.jams]
     return out
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ...compiler import kernel_ir as K
 from ...compiler.kfold import folded
+from ...compiler.schedule import apply, jam_applies
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.symbolic import sint
@@ -32,6 +33,7 @@ from ..cstyle import (
 )
 from ..prelude import SHARED_HELPERS
 from .attention import _render_softmax_rows, _softmax_rows
+from .jam import jam_task
 from .rows import (
     ROW_CAP,
     ROW_HELPERS,
@@ -109,7 +111,8 @@ class CpuEmitter(Emitter):
     """The C emitter with the CPU's explicit-vector split sums (``vector.py``)."""
 
     def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
-        return blocked_sum(self, v, ind)
+        got = blocked_sum(self, [v], ind)
+        return None if got is None else got[0]
 
 
 @dataclass
@@ -122,7 +125,9 @@ class CKernel:
 
 
 def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024) -> CKernel:
-    k = folded(k)
+    scheduled = apply(k)  # a no-op on a scheduled kernel (the pipeline's loop_rewrites stage)
+    assert isinstance(scheduled, K.Kernel)
+    k = folded(scheduled)
     reads = sorted({v.buf for v in K.walk(k.value) if isinstance(v, K.Load)}
                    | ({v.buf for v in K.walk(k.scatter_row) if isinstance(v, K.Load)} if k.scatter_row else set()))  # fmt: skip
     reads = [b for b in reads if b != k.out] + ([k.out] if k.out in reads else [])
@@ -163,6 +168,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         lines.append("}")
         return CKernel(k.name, PRELUDE + "\n".join(lines) + "\n", args, row_tasks, 1)
     stage = 0  # elements of a task's staged output run (rows.py); 0: plain stores
+    jam = 0  # elements of the jammed dim per task (K.Schedule.jam); 0: no jam
     odometer = False
     window: tuple[list[str], list[str], sint] | None = None  # see _mask_window
     masked: tuple[sint, K.Value] | None = None
@@ -185,14 +191,26 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         rows = (k.schedule.chunk if k.schedule is not None else 0) or 16
         chunk = rows if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
         nchunks = sym.ceildiv(shape[-1], chunk)
+        # a jammed dim's tasks are its blocks of indices (jam.py)
+        sched = k.schedule
+        blocks = list(shape[:-1])
+        if red and sched is not None and sched.jam > 1 and jam_applies(k, sched.jam_dim):
+            jam = sched.jam
+            blocks[sched.jam_dim] = sym.ceildiv(shape[sched.jam_dim], jam)
+            ext[sched.jam_dim] = cexpr(blocks[sched.jam_dim])
         tasks = nchunks
-        for sz in shape[:-1]:
+        for sz in blocks:
             tasks = sym.mul(tasks, sz)
         single = sym.upper_bound(shape[-1]) <= chunk
         stage = 0 if k.out in reads else stageable(k, chunk, red)
         inner_ix = sym.index_var(n - 1, shape[-1])
         caches = {}
-        if single and isinstance(inner_ix, sym.Expr) and sym.upper_bound(shape[-1]) <= ROW_CAP:
+        if (
+            single
+            and not jam
+            and isinstance(inner_ix, sym.Expr)
+            and sym.upper_bound(shape[-1]) <= ROW_CAP
+        ):
             caches = row_caches(k, inner_ix, em)
         for j, r in enumerate(caches):
             em.row_cache[r] = f"lm_rc{j}"
@@ -223,7 +241,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             # the outer indices vary fastest: consecutive tasks (one thread's share) read the
             # same chunk of columns, whose operands (a weight's rows) stay in cache
             outer: sint = 1
-            for sz in shape[:-1]:
+            for sz in blocks:
                 outer = sym.mul(outer, sz)
             dec.append(
                 f"    const int64_t c = t / {cexpr(outer)}, q = t % {cexpr(outer)}; (void)q;"
@@ -247,11 +265,12 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             lines += dec
         # per-row values (a row's max or sum feeding every element) are computed once per row
         em.lines = []
-        if single and row_reduce and n >= 2:
+        if single and row_reduce and n >= 2 and not jam:
             em.prefetch = row_prefetch(k, em, "    ")
             if em.prefetch is not None:
                 em.lines += em.prefetch.lines
-        em.hoist(k.value, frozenset({inner_var}), "    ")
+        if not jam:  # a jammed block hoists each of its copies' row values (jam.py)
+            em.hoist(k.value, frozenset({inner_var}), "    ")
         lines += em.lines
         iv = f"i{n - 1}"
         for r, body_v in caches.items():
@@ -272,7 +291,9 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             and k.scatter_row is None
         ):
             window = _mask_window(masked[0], inner_ix)
-        if window is None:
+        if jam:
+            pass  # jam_task writes the element loops
+        elif window is None:
             lines.append(f"    for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
         else:
             lines += _window_bounds(window, lo, hi)
@@ -287,12 +308,21 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                           f"    lm_copy_out(&b0[{cexpr(row0)} + {lo}], {stage_buf}, "
                           f"({hi} - {lo}) * (int64_t)sizeof({stage_buf}[0]), lm_nt);", "  }",
                           "  lm_stream_fence(lm_nt);"]  # fmt: skip
-    for j in range(n):
-        lines.append(f"{body_ind}(void){ivars[j]};")
-    em.lines = []
-    val = em.emit(k.value if window is None or masked is None else masked[1], body_ind)
-    body = list(em.lines)
-    if k.scatter_row is None:
+    body: list[str] = []
+    if jam:
+        lines += jam_task(
+            em, k, lo, hi, lambda i, x, ind: ind + store_stmt("b0", cexpr(i), x, k.dtype)
+        )
+        loop_close = ["  }"]
+    else:
+        for j in range(n):
+            lines.append(f"{body_ind}(void){ivars[j]};")
+        em.lines = []
+        val = em.emit(k.value if window is None or masked is None else masked[1], body_ind)
+        body = list(em.lines)
+    if jam:
+        pass  # jam_task stores each element of a block
+    elif k.scatter_row is None:
         flat: sint = 0
         for v, st in zip(
             [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)

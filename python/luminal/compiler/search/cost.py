@@ -6,6 +6,8 @@ numbers, not fitted; what matters is the order they give.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import Lowered
@@ -30,32 +32,54 @@ def _divmods(e: sym.sint) -> int:
     return n + sum(_divmods(a) for a in e.args)
 
 
-def _ops(v: K.Value, dims: dict[str, int], memo: dict[int, float], m: CostModel) -> float:
+@dataclass
+class _Share:
+    """A jam (``K.Schedule.jam``): what does not depend on ``var`` is computed ``factor``
+    times per element (once per block of the jammed dim)."""
+
+    var: str
+    factor: float
+    fv: dict[int, frozenset[str]] = field(default_factory=dict)
+    plain: dict[int, float] = field(default_factory=dict)  # _ops memo without the jam
+
+
+def _ops(
+    v: K.Value,
+    dims: dict[str, int],
+    memo: dict[int, float],
+    m: CostModel,
+    share: _Share | None = None,
+) -> float:
     """Simple operations to compute ``v`` once (shared subtrees counted where they occur)."""
     hit = memo.get(id(v))
     if hit is not None:
         return hit
     out: float
+    if share is not None and share.var not in K.free_vars(v, share.fv):
+        out = _ops(v, dims, share.plain, m) * share.factor
+        memo[id(v)] = out
+        return out
+    rec = lambda x: _ops(x, dims, memo, m, share)  # noqa: E731
     if isinstance(v, K.Load):
         out = 1 + m.divmod * (_divmods(v.index) + _divmods(v.valid))
     elif isinstance(v, (K.Const, K.IndexVal)):
         out = 0.0
     elif isinstance(v, K.Alu):
-        out = 1 + sum(_ops(s, dims, memo, m) for s in v.srcs)
+        out = 1 + sum(rec(s) for s in v.srcs)
     elif isinstance(v, K.Cast):
-        out = 1 + _ops(v.src, dims, memo, m)
+        out = 1 + rec(v.src)
     elif isinstance(v, K.Masked):
-        out = 1 + _ops(v.value, dims, memo, m)
+        out = 1 + rec(v.value)
     elif isinstance(v, K.Reduce):
         n = _num(v.extent, dims)
-        body = _ops(v.body, dims, memo, m)
+        body = rec(v.body)
         # an outer loop over split blocks pays a little per pass; the inner loop is the work
         out = n * (body + (m.block if isinstance(v.body, K.Reduce) else 1))
     elif isinstance(v, K.Gather):
-        out = 2 + _ops(v.row, dims, memo, m) + _ops(v.body, dims, memo, m)
+        out = 2 + rec(v.row) + rec(v.body)
     else:
         n = _num(v.extent, dims)
-        out = n * (4 + _ops(v.score, dims, memo, m) + _ops(v.weight, dims, memo, m))
+        out = n * (4 + rec(v.score) + rec(v.weight))
     memo[id(v)] = out
     return out
 
@@ -78,18 +102,34 @@ def estimate(sub: Lowered, dims: dict[str, int], m: CostModel = DEFAULT) -> floa
         points = 1.0
         for s in k.shape:
             points *= _num(s, dims)
-        total += points * _ops(k.value, dims, {}, m) / m.ops
-        total += _reread_bytes(k, sub, dims, m) / m.cache_bandwidth
+        share = _jam_share(k, dims)
+        total += points * _ops(k.value, dims, {}, m, share) / m.ops
+        total += _reread_bytes(k, sub, dims, m, share) / m.cache_bandwidth
     return total
 
 
-def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int], m: CostModel) -> float:
+def _jam_share(k: K.Kernel, dims: dict[str, int]) -> _Share | None:
+    """The jam of ``k``'s schedule as a cost factor: blocks run per index of the jammed dim
+    (its extent in blocks of ``jam``, the rest in blocks of its binary digits)."""
+    sched = k.schedule
+    if sched is None or sched.jam < 2:
+        return None
+    ext = int(_num(k.shape[sched.jam_dim], dims))
+    if ext < 1:
+        return None
+    blocks = ext // sched.jam + bin(ext % sched.jam).count("1")
+    return _Share(f"_i{sched.jam_dim}", blocks / ext)
+
+
+def _reread_bytes(
+    k: K.Kernel, sub: Lowered, dims: dict[str, int], m: CostModel, share: _Share | None = None
+) -> float:
     """Bytes a kernel whose elements each run a reduction reads again because of its task
     order (``K.Schedule.order``): in the default order a thread sweeps every column for each
     outer index, re-reading an operand that only the columns index (a weight) once per outer
     index; in order 1 it sweeps every outer index for each chunk of columns, re-reading an
     operand only the outer indices index (the activations) once per chunk. Operands that fit
-    a core's cache are re-read for free."""
+    a core's cache are re-read for free. A jam reads the weight once per block of rows."""
     n = len(k.shape)
     if n < 2 or not any(isinstance(x, K.Reduce) for x in K.walk(k.value)):
         return 0.0
@@ -111,7 +151,7 @@ def _reread_bytes(k: K.Kernel, sub: Lowered, dims: dict[str, int], m: CostModel)
         if size <= m.cache_bytes:
             continue
         if sched.order == 0 and inner in names and not names & outer_vars:
-            total += (outer - 1) * size
+            total += (outer * (share.factor if share else 1.0) - 1) * size
         elif sched.order == 1 and inner not in names and names & outer_vars:
             total += (chunks - 1) * size
     return total
