@@ -36,12 +36,14 @@ class CostModel:
 @dataclass(frozen=True)
 class ScheduleSpace:
     """The schedules the search tries on a target (``schedule.alternatives``): reduction split
-    factors (partial sums kept as a vector of that many lanes), output elements per task, and
-    task orders (0: rows outermost; 1: outer indices fastest)."""
+    factors (partial sums kept as a vector of that many lanes), output elements per task,
+    task orders (0: rows outermost; 1: outer indices fastest), and jams (elements of an outer
+    dim one reduction loop computes together; () where the target's renderer has none)."""
 
     splits: tuple[int, ...] = (8, 16, 32)
     chunks: tuple[int, ...] = (8, 32)
     orders: tuple[int, ...] = (0, 1)
+    jams: tuple[int, ...] = ()
 
 
 class Target(Protocol):
