@@ -57,7 +57,10 @@ def _graph(fmt: str, n: int, k: int) -> lm.Graph:
     rng = np.random.default_rng(0)
     g = lm.Graph(f"rowjam_{fmt}")
     x = g.input("x", (sym.dim("rows", 1, 256), k))
-    w = quants.quantized_weight(g, "w", fmt, _blocks(fmt, n, k, rng), (n, k))
+    if fmt == "F32":
+        w = g.weight("w", data=rng.standard_normal((n, k)).astype(np.float32))
+    else:
+        w = quants.quantized_weight(g, "w", fmt, _blocks(fmt, n, k, rng), (n, k))
     g.output("y", x @ w.transpose(0, 1))
     return g
 
@@ -70,7 +73,7 @@ def _programs(fmt: str, n: int, k: int, jams: list[int]) -> dict[str, Lowered]:
     for j in jams:
         out[f"jam={j}"] = replace(low, kernels=[replace(kern, schedule=K.Schedule(jam=j))])
     alt = match_any(kern, len(low.buffers))
-    if alt is not None:
+    if alt is not None and fmt != "F32":
         extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
         if alt.scratch_shape is not None:
             extra.append(BufferInfo(alt.call.out, "prod", kern.dtype, alt.scratch_shape, "scratch"))
@@ -87,7 +90,7 @@ def _programs(fmt: str, n: int, k: int, jams: list[int]) -> dict[str, Lowered]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fmt", default="Q4_1", choices=["Q4_0", "Q4_1", "Q8_0"])
+    ap.add_argument("--fmt", default="Q4_1", choices=["Q4_0", "Q4_1", "Q8_0", "F32"])
     ap.add_argument("--n", type=int, default=1536, help="weight rows (outputs)")
     ap.add_argument("--k", type=int, default=576, help="weight columns (the reduction)")
     ap.add_argument("--rows", default="1,2,4,8,16,64")

@@ -99,8 +99,17 @@ def test_a_block_loads_and_dequantizes_the_weight_once() -> None:
     full = src[src.index("if (lm_jn == 4) {") : src.index("} else {")]
     # one byte load per step for the block's four rows, each row its own sum
     assert full.count("lm_vload_u8(") == 1 and full.count("lm_vsum_f32(") == 4
-    plain = render_kernel(S.apply(kern), []).source.rsplit("#endif\n", 1)[-1]  # type: ignore[arg-type]
-    assert "lm_jn" not in plain
+    plain = render_kernel(S.apply(kern, K.Schedule(jam=0)), [])  # type: ignore[arg-type]
+    assert "lm_jn" not in plain.source
+
+
+def test_the_default_jams_a_dequantized_weight_only() -> None:
+    for fmt, want in (("Q4_1", S.DEFAULT_JAM), ("Q8_0", S.DEFAULT_JAM), ("f32", 0)):
+        k = S.apply(_kernel(_product(fmt, 5, 8, 64))[1])
+        assert k.schedule is not None and k.schedule.jam == want, fmt
+    # one row: nothing to jam
+    k = S.apply(_kernel(_product("Q4_1", 1, 8, 64))[1])
+    assert k.schedule is not None and k.schedule.jam == 0
 
 
 def test_jam_dim_is_the_dim_the_reduction_shares_work_across() -> None:
@@ -122,6 +131,7 @@ def test_alternatives_list_jams_only_where_they_apply() -> None:
     _, kern = _kernel(_product("Q8_0", 5, 40, 64))
     jams = [s for s in S.alternatives(kern, SPACE) if s.jam > 1]
     assert {s.jam for s in jams} == set(SPACE.jams) and {s.jam_dim for s in jams} == {0}
+    assert K.Schedule(jam=0, jam_dim=0) in S.alternatives(kern, SPACE)  # none: against the default
     # no jams in a target space without them (the default: renderers that have none)
     assert not [s for s in S.alternatives(kern) if s.jam > 1]
     # one row, an elementwise kernel, the innermost dim: nothing to jam
@@ -142,7 +152,7 @@ def test_cost_model_counts_shared_work_once_per_block() -> None:
     def cost(sched: K.Schedule, rows: int) -> float:
         return estimate(select.subprogram(low, [replace(kern, schedule=sched)]), {"seq": rows})
 
-    plain, jam4 = K.Schedule(), K.Schedule(jam=4, jam_dim=0)
+    plain, jam4 = K.Schedule(jam=0), K.Schedule(jam=4, jam_dim=0)
     assert cost(jam4, 16) < 0.7 * cost(plain, 16)
     # one row runs the unjammed code: the same estimate
     assert cost(jam4, 1) == pytest.approx(cost(plain, 1))
@@ -159,7 +169,7 @@ def test_search_keeps_a_jam_and_the_plan_computes_the_same(monkeypatch, tmp_path
     tuner.clear_memory_cache()
     g = _product("Q4_1", 6, 64, 128)
     low = lower(graph_passes(g))
-    want = "jam=4@0"
+    want = "jam=2@0"  # not the default (a jam of 4 generates the default's code)
 
     def measure(sub, dims):
         k = sub.kernels[0]
@@ -169,7 +179,7 @@ def test_search_keeps_a_jam_and_the_plan_computes_the_same(monkeypatch, tmp_path
     t = Tuner(measure, "test", _CPU.evaluate, space=SPACE)
     out = schedules.choose_schedules(low, t, _CPU.signature)
     (k,) = [k for k in out.kernels if isinstance(k, K.Kernel)]
-    assert k.schedule is not None and k.schedule.jam == 4 and t.stats.rejected == 0
+    assert k.schedule is not None and k.schedule.jam == 2 and t.stats.rejected == 0
     x = RNG.standard_normal((6, 128)).astype(np.float32)
     got = lm.load(build_plan(out).to_bytes()).run({"x": x})["y"]
     _check(got, g, x)

@@ -149,20 +149,22 @@ class Schedule:
     ``jam``: output indices of dim ``jam_dim`` (an outer dim) computed together, register
     blocking: one loop of each reduction computes ``jam`` elements, and what their bodies
     share (what does not depend on that dim: a weight, dequantized) is computed once for
-    all of them; 0 or 1: one element at a time. A dim whose extent is not a multiple runs
-    its last indices in smaller blocks (the binary digits of the rest)."""
+    all of them; 0 or 1: one element at a time; -1: the default rule (schedule.py). A dim
+    whose extent is not a multiple runs its last indices in smaller blocks (the binary
+    digits of the rest)."""
 
     split: int = -1
     chunk: int = 0
     order: int = 0
-    jam: int = 0
+    jam: int = -1
     jam_dim: int = 0
 
     def label(self) -> str:
         split = "default" if self.split < 0 else str(self.split)
         return (f"split={split}" + (f",chunk={self.chunk}" if self.chunk else "")
                 + (f",order={self.order}" if self.order else "")
-                + (f",jam={self.jam}@{self.jam_dim}" if self.jam > 1 else ""))  # fmt: skip
+                + (f",jam={self.jam}@{self.jam_dim}" if self.jam > 1 else "")
+                + (",jam=0" if 0 <= self.jam <= 1 else ""))  # fmt: skip
 
 
 @dataclass
@@ -524,6 +526,6 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
                 parts[-1] += f":{s.schedule.split},{s.schedule.chunk}"
                 if s.schedule.order:
                     parts[-1] += f",o{s.schedule.order}"
-                if s.schedule.jam > 1:
+                if s.schedule.jam != -1:
                     parts[-1] += f",j{s.schedule.jam}@{s.schedule.jam_dim}"
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

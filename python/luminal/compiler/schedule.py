@@ -1,6 +1,6 @@
 """Schedule rewrites on the kernel IR: loop structure changes that keep the value.
 
-A kernel's schedule is explicit (``K.Schedule``: split factor, chunk); the search
+A kernel's schedule is explicit (``K.Schedule``: split factor, chunk, task order, jam); the search
 (compiler/search/schedules.py) picks one per kernel by measurement, and a kernel without one
 gets the default rules below.
 
@@ -20,7 +20,8 @@ body has work that does not depend on an outer output dim (a weight's load and, 
 weights, its whole dequantization), ``jam`` elements along that dim are computed by one loop
 of the reduction, with one accumulator each, and the shared work is done once for all of
 them. ``jammed`` gives the renderers the copies of the value (one per element of a block)
-and, for each reduction, its copy in each, so they can merge the loops.
+and, for each reduction, its copy in each, so they can merge the loops. By default a kernel
+whose shared work is a dequantization is jammed by ``DEFAULT_JAM``.
 """
 
 from __future__ import annotations
@@ -203,14 +204,28 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
         return k
     sched = sched or k.schedule or K.Schedule()
     value = _rebuild(k.value, {}, sched.split)
-    if sched.jam > 1 and not jam_applies(replace(k, value=value), sched.jam_dim):
+    done = replace(k, value=value)
+    if sched.jam < 0:  # the default rule
+        d = jam_dim(done)
+        dequantizes = d is not None and shared_work(done, d) >= DEFAULT_JAM_SHARED
+        sched = replace(sched, jam=DEFAULT_JAM if dequantizes else 0, jam_dim=d or 0)
+    if sched.jam > 1 and not jam_applies(done, sched.jam_dim):
         sched = replace(sched, jam=0, jam_dim=0)
-    return replace(k, value=value, schedule=sched, scheduled=True)
+    return replace(done, schedule=sched, scheduled=True)
 
 
 def _written_out(r: K.Reduce) -> bool:
     """A reduction of 2-4 values that code generation writes out (no loop), unless split."""
     return isinstance(r.extent, int) and r.extent <= 4 and not isinstance(r.body, K.Reduce)
+
+
+# The default jam, where the shared work is at least DEFAULT_JAM_SHARED nodes (a weight's
+# dequantization: Q8_0's is 4, Q4_1's 10; an f32 weight's load is 1, and its products mostly
+# go to the library). Set by bench/rowjam.py (Q4_1 1536 x 576, AVX2, 1 thread): a jam of 4
+# ran 2.4-2.9x faster than none from 4 to 64 rows and as fast at 1 and 2; 8 ran out of
+# registers (0.90 against 0.49 ms at 16 rows); the search still measures 2, 4, 8 and none.
+DEFAULT_JAM = 4
+DEFAULT_JAM_SHARED = 4
 
 
 def top_reduces(v: K.Value) -> list[K.Reduce]:
@@ -352,7 +367,8 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
     if d is not None:
         # register blocks of a few rows sharing each load (and dequantization) of a weight;
         # in order 1 a thread's blocks share a chunk of weight rows, for longer products
-        out += [K.Schedule(s, 0, 0, j, d) for j in space.jams for s in (-1, *space.splits)]
+        jams = (0, *space.jams)  # none too: the default may jam
+        out += [K.Schedule(s, 0, 0, j, d) for j in jams for s in (-1, *space.splits)]
         if 1 in space.orders:
             out += [K.Schedule(-1, 0, 1, j, d) for j in space.jams]
     return out

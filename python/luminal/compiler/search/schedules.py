@@ -43,7 +43,7 @@ def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowere
         if not isinstance(kern, K.Kernel):
             keys.append(None)
             continue
-        unsplit = replace(kern, schedule=K.Schedule(split=0))
+        unsplit = replace(kern, schedule=K.Schedule(split=0, jam=0))
         reference = subprogram(low, [unsplit])
         ranges = sorted((n, d.lo, d.hi) for n, d in reference.dims.items())
         key = f"{sub_fingerprint(reference)}|{kern.schedule}|{ranges}"
@@ -95,7 +95,7 @@ def _candidates(
     scheds = alternatives(kern, tuner.space)
     if not scheds:
         return None
-    unsplit = replace(kern, schedule=K.Schedule(split=0))
+    unsplit = replace(kern, schedule=K.Schedule(split=0, jam=0))
     if kern.when is not None:  # runs for a part of the range: measured within it
         dims = representative_dims(reference)
     if estimate(subprogram(low, [kern]), dims, tuner.cost) * 1e6 < flags.SEARCH_MIN_US.as_float():
