@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,7 +23,8 @@ from .. import flags
 from ..codegen.cpu import CKernel, render_kernel
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
-from ..compiler.search.select import subprogram
+from ..compiler.schedule import apply
+from ..compiler.search.select import canonical_vars, subprogram
 from ..compiler.search.tuner import Timing, random_inputs, sub_fingerprint
 from ..compiler.target import CostModel, ScheduleSpace
 from ..plan import KernelFormat, Plan
@@ -33,10 +35,25 @@ COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, launch=5e-6,
 SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8))
 
 
+# rendered kernels kept by content: the search renders a candidate to tell schedules apart,
+# again for its measuring plan, and the final plan renders the kept one once more
+RENDERED_MAX = 4096
+_RENDERED: OrderedDict[tuple, CKernel] = OrderedDict()
+
+
 def render(k: K.Kernel, dim_names: list[str]) -> CKernel:
     """The C of a scheduled kernel (a searched chunk reaches the generator as inner_chunk)."""
+    key = (k.name, K.fingerprint([k]), tuple(dim_names))
+    hit = _RENDERED.get(key)
+    if hit is not None:
+        _RENDERED.move_to_end(key)
+        return hit
     chunk = k.schedule.chunk if k.schedule is not None else 0
-    return render_kernel(k, dim_names, inner_chunk=chunk) if chunk else render_kernel(k, dim_names)
+    c = render_kernel(k, dim_names, inner_chunk=chunk) if chunk else render_kernel(k, dim_names)
+    _RENDERED[key] = c
+    if len(_RENDERED) > RENDERED_MAX:
+        _RENDERED.popitem(last=False)
+    return c
 
 
 def render_all(low: Lowered) -> list[Launchable]:
@@ -55,7 +72,7 @@ def render_all(low: Lowered) -> list[Launchable]:
         if c is None:
             sk = sub.kernels[0]
             assert isinstance(sk, K.Kernel)
-            c = done[key] = render(replace(sk, name=k.name), names)
+            c = done[key] = render(replace(_as_run(sk), name=k.name), names)
         original = [int(b.name[1:]) for b in sub.buffers]  # subprogram names buffers b<id>
         out.append(Launchable(c.name, KernelFormat.c_source, c.source,
                               [original[a] for a in c.args], (c.tasks, 1, 1),
@@ -63,17 +80,31 @@ def render_all(low: Lowered) -> list[Launchable]:
     return out
 
 
-_EVICT: list[np.ndarray] = []
+def _as_run(k: K.Kernel) -> K.Kernel:
+    """``k`` with its schedule applied and its loop variables renamed in tree order: the same
+    code whether it was scheduled before it was cut out (a plan's kernel, after the loop
+    rewrites) or after (a candidate the search measures), so the plan loads the library the
+    measurement compiled."""
+    applied = apply(k)
+    assert isinstance(applied, K.Kernel)
+    return replace(applied, value=canonical_vars(applied.value, [0], tag="k"))
+
+
 # timed repeats of one measurement stop at about this many seconds (five of a 10 ms kernel,
 # one of a 50 ms one): set by SmolLM2's vocabulary projection, whose four schedules at 256
 # rows (43-105 ms each, within 2x of each other) took about 2 s of five repeats at two sizes
 REPEATS_WITHIN_S = 0.05
 # measuring plans kept between prepare and measure (each holds a small program's kernels)
 PREPARED_MAX = 1024
+# executors of measuring plans kept: a decision measures each candidate at two sizes and
+# checks the kept one, and a candidate's executor serves all three
+EXECUTORS_MAX = 8
 # input bytes above which a measured run starts with cold caches: more than an L1 holds, which
 # in a model the kernels between two calls (a layer reads megabytes of weights) evict; set by
 # SmolLM2's 576 x 576 Q4_1 projection (about 200 KB), timed warm at 0.29 ms as a copy + GEMM
 EVICT_ABOVE = 64 << 10
+# the copies of a measurement's inputs that runs take in turn together hold at most this
+RING_MAX_BYTES = 256 << 20
 
 
 def _last_level_cache() -> int:
@@ -85,14 +116,29 @@ def _last_level_cache() -> int:
         return 32 << 20
 
 
-def evict_caches() -> None:
-    """Read and write a buffer twice the last-level cache, so a timed run starts with none of
-    its data cached: in a model the layers evict each other and weights stream from memory
-    every step. Timed warm, SmolLM2's dequantized copy + GEMM of a 576 x 576 projection took
-    0.29 ms (as fast as the GEMV that dequantizes in place) and 1.15 ms per layer in decode."""
-    if not _EVICT:
-        _EVICT.append(np.zeros(min(2 * _last_level_cache(), 256 << 20), dtype=np.uint8))
-    _EVICT[0] += 1
+class _Ring:
+    """Copies of one set of inputs that timed runs take in turn, so each run reads data that
+    twice the last-level cache of other data has passed through since its last use: it starts
+    with none of its inputs cached, as in a model, where the layers evict each other and
+    weights stream from memory every step. Timed warm, SmolLM2's dequantized copy + GEMM of a
+    576 x 576 projection took 0.29 ms (as fast as the GEMV that dequantizes in place) and
+    1.15 ms per layer in decode. Copies are made once per set of inputs (a decision's
+    candidates share them), where evicting the caches before every run wrote 64 MB each."""
+
+    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+        size = max(sum(a.nbytes for a in inputs.values()), 1)
+        count = 1 + -(-min(2 * _last_level_cache(), RING_MAX_BYTES) // size)
+        count = max(1, min(count, RING_MAX_BYTES // size))
+        self.sets = [inputs] + [{n: a.copy() for n, a in inputs.items()} for _ in range(count - 1)]
+        self.turn = 0
+
+    def next(self) -> dict[str, np.ndarray]:
+        self.turn = (self.turn + 1) % len(self.sets)
+        return self.sets[self.turn]
+
+
+def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
+    return tuple((n, id(a), a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
 
 
 def cpu_id() -> str:
@@ -122,36 +168,59 @@ class CpuTarget:
     def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
         return []
 
+    def _measuring_plan(self, low: Lowered) -> Plan:
+        return self.build_plan(low, "measure")
+
     def prepare(self, lows: list[Lowered]) -> None:
         """Compiles the kernels of every program in ``lows`` at once, on all cores, into the
         disk cache: the measuring runs after it compile nothing."""
         from .. import _rt
 
-        plans = [self.build_plan(low, "measure") for low in lows]
+        plans = [self._measuring_plan(low) for low in lows]
         _rt.prepare([_rt.Plan.from_parts(p.parts(), ".") for p in plans], "cpu", 0)
         # the measuring runs take these plans instead of rendering them again (a search's
         # later, smaller batches add to a stage's; bounded across compiles)
-        prepared = getattr(self, "_prepared", {})
-        if len(prepared) > PREPARED_MAX:
-            prepared = {}
-        prepared.update({id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)})
-        self._prepared = prepared
+        if len(self._prepared) > PREPARED_MAX:
+            self._prepared.clear()
+        self._prepared.update({id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)})
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
         c = render(k, dim_names)
         return c.source, repr(c.tasks), c.min_chunk
 
+    def __post_init__(self) -> None:
+        self._prepared: dict[int, tuple[Lowered, Plan]] = {}
+        # id(low) -> (low, its executor), most recently used last
+        self._executors: OrderedDict[int, tuple[Lowered, Any]] = OrderedDict()
+        self._rings: OrderedDict[tuple, _Ring] = OrderedDict()
+
     def _executor(self, low: Lowered) -> Any:
         from .. import runtime
 
-        hit = getattr(self, "_prepared", {}).get(id(low))
-        plan = hit[1] if hit is not None and hit[0] is low else self.build_plan(low, "measure")
+        hit = self._executors.get(id(low))
+        if hit is not None and hit[0] is low:
+            self._executors.move_to_end(id(low))
+            return hit[1]
+        ready = self._prepared.pop(id(low), None)
+        plan = ready[1] if ready is not None and ready[0] is low else self._measuring_plan(low)
         ex = runtime.Executor(plan)
         if flags.debug() >= 2:  # measuring runs are not the user's: keep them off the table
             ex.set_profiling(False)
             if ex in runtime._PROFILED:
                 runtime._PROFILED.remove(ex)
+        self._executors[id(low)] = (low, ex)
+        while len(self._executors) > EXECUTORS_MAX:
+            self._executors.popitem(last=False)
         return ex
+
+    def _ring(self, inputs: dict[str, np.ndarray]) -> _Ring:
+        key = _ring_key(inputs)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = _Ring(inputs)
+            while len(self._rings) > 2:  # a decision's two sizes
+                self._rings.popitem(last=False)
+        return ring
 
     def measure(self, low: Lowered, dims: dict[str, int], cutoff: float | None = None) -> Timing:
         """Seconds of one run of a small plan (the fastest of ``repeats``: other processes only
@@ -169,16 +238,15 @@ class CpuTarget:
         if first * 1e3 > flags.SEARCH_MEASURE_MS.as_float():
             return Timing(first, 1, outputs)
         # inputs larger than an L1 come from memory in a model too; smaller ones (a decode
-        # step's activations, just written) are timed warm and cost no eviction
-        cold = sum(a.nbytes for a in inputs.values()) > EVICT_ABOVE
+        # step's activations, just written) are timed warm
+        ring = self._ring(inputs) if sum(a.nbytes for a in inputs.values()) > EVICT_ABOVE else None
         times = []
         # a long run varies less between runs, and its repeats are most of a search's time
         repeats = max(1, min(self.repeats, int(REPEATS_WITHIN_S / max(first, 1e-9))))
         for _ in range(repeats):
-            if cold:
-                evict_caches()
+            run_inputs = ring.next() if ring is not None else inputs
             t = time.perf_counter()
-            ex.run(inputs, dims)
+            ex.run(run_inputs, dims)
             times.append(time.perf_counter() - t)
             if cutoff is not None and times[0] > cutoff:
                 break  # past the warm-up's one-time costs and still a clear loser

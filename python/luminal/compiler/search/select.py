@@ -101,22 +101,22 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
 
 
 def canonical_vars(
-    v: K.Value, count: list[int], memo: dict[K.Value, K.Value] | None = None
+    v: K.Value, count: list[int], memo: dict[K.Value, K.Value] | None = None, tag: str = "c"
 ) -> K.Value:
     """``v`` with its reduction, gather and softmax variables renamed ``_rc0``, ``_rc1``, ... in
     tree order: lowering names them after graph nodes, which differ between identical layers.
-    (The ``c`` keeps new names apart from the old ones still in the tree.) Equal subtrees
-    (shared, or rebuilt alike by substitutions) get one result, so code generation still
-    computes them once."""
+    (The ``tag`` ``c`` keeps new names apart from the old ones still in the tree; a tree named
+    so already is renamed with another tag.) Equal subtrees (shared, or rebuilt alike by
+    substitutions) get one result, so code generation still computes them once."""
     memo = {} if memo is None else memo
     hit = memo.get(v)
     if hit is not None:
         return hit
     out: K.Value = v
-    rec = lambda x: canonical_vars(x, count, memo)  # noqa: E731
+    rec = lambda x: canonical_vars(x, count, memo, tag)  # noqa: E731
     if isinstance(v, (K.Reduce, K.Gather, K.SoftmaxSum)):
         _, lo, hi, extent = v.var.args
-        new = sym.var(f"{'_gc' if isinstance(v, K.Gather) else '_rc'}{count[0]}", lo, hi, extent)
+        new = sym.var(f"{'_g' if isinstance(v, K.Gather) else '_r'}{tag}{count[0]}", lo, hi, extent)
         count[0] += 1
         ren: dict[str, sym.sint] = {v.var.name: new}
         if isinstance(v, K.Reduce):

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,36 +137,62 @@ def cache_key(parts: Sequence[str]) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
 
 
+# random inputs kept for later measurements (the candidates of a decision read the same
+# buffers, and each is measured at two sizes and checked): at most this many bytes
+INPUTS_KEPT_BYTES = 256 << 20
+_INPUTS: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+
 def random_inputs(
     sub: Lowered, dims: Mapping[str, int], np_types: Mapping[str, Any], seed: int
 ) -> dict[str, np.ndarray]:
     """Seeded random inputs for a cut-out program. Each buffer's values depend only on its
     name (cut-outs name buffers after the whole program's), so two candidates that read the
-    same buffers in a different order see the same data."""
+    same buffers in a different order see the same data. The arrays are read-only: they are
+    kept and shared with later measurements."""
     out = {}
     for b in sub.buffers:
         if b.role != "input":
             continue
         shape = tuple(int(sym.evaluate(s, dims)) for s in b.shape)
-        rng = np.random.default_rng([seed, zlib.crc32(b.name.encode())])
-        d = b.dtype
-        a: np.ndarray
-        if d is dt.e8m0:  # block scales: powers of two near 1 (255 would be NaN)
-            a = np.exp2(rng.integers(-4, 5, shape)).astype(np.float32)
-        elif d.is_float:
-            a = rng.standard_normal(shape).astype(np.float32)
-        elif d is dt.bool_:
-            a = rng.integers(0, 2, shape).astype(bool)
-        elif d.bits <= 8:  # quantized bytes and nibbles: every code
-            info = (-8, 8) if d is dt.i4 else (0, 16) if d is dt.u4 else None
-            if info is None:
-                ii = np.iinfo(np.dtype(d.np_type))
-                info = (int(ii.min), int(ii.max) + 1)
-            a = rng.integers(info[0], info[1], shape)
-        else:  # indices: small, mostly in range
-            a = rng.integers(0, 16, shape)
-        out[b.name] = a.astype(np_types[b.name])
+        np_type = np.dtype(np_types[b.name])
+        key = (seed, b.name, shape, b.dtype.name, np_type.str)
+        a = _INPUTS.get(key)
+        if a is None:
+            a = _random_array(
+                b.dtype, shape, np_type, np.random.default_rng([seed, zlib.crc32(b.name.encode())])
+            )
+            a.flags.writeable = False
+            if a.nbytes <= INPUTS_KEPT_BYTES:
+                _INPUTS[key] = a
+                kept = sum(x.nbytes for x in _INPUTS.values())
+                while kept > INPUTS_KEPT_BYTES:
+                    kept -= _INPUTS.popitem(last=False)[1].nbytes
+        else:
+            _INPUTS.move_to_end(key)
+        out[b.name] = a
     return out
+
+
+def _random_array(
+    d: dt.DType, shape: tuple[int, ...], np_type: np.dtype, rng: np.random.Generator
+) -> np.ndarray:
+    a: np.ndarray
+    if d is dt.e8m0:  # block scales: powers of two near 1 (255 would be NaN)
+        a = np.exp2(rng.integers(-4, 5, shape)).astype(np.float32)
+    elif d.is_float:
+        a = rng.standard_normal(shape, dtype=np.float32)
+    elif d is dt.bool_:
+        a = rng.integers(0, 2, shape).astype(bool)
+    elif d.bits <= 8:  # quantized bytes and nibbles: every code
+        info = (-8, 8) if d is dt.i4 else (0, 16) if d is dt.u4 else None
+        if info is None:
+            ii = np.iinfo(np.dtype(d.np_type))
+            info = (int(ii.min), int(ii.max) + 1)
+        a = rng.integers(info[0], info[1], shape, dtype=np.int16)
+    else:  # indices: small, mostly in range
+        a = rng.integers(0, 16, shape)
+    return a.astype(np_type, copy=False)
 
 
 def mismatch(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> str | None:
@@ -201,6 +228,13 @@ def mismatch(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> st
             return (f"{name}: {int(bad.sum())} of {a.size} values differ, worst "
                     f"{y.flat[i]!r} vs {x.flat[i]!r}")  # fmt: skip
     return None
+
+
+def _to_prepare(reference: Lowered, measured: Sequence[Candidate]) -> list[Lowered]:
+    """The programs a decision runs: its measured candidates and the reference the kept one is
+    checked against (compiled in the same batch, not alone after the measurements)."""
+    subs = [c.sub for c in measured]
+    return subs if any(s is reference for s in subs) else [*subs, reference]
 
 
 def _fmt_time(s: float | None) -> str:
@@ -346,7 +380,9 @@ class Tuner:
         subs = []
         for kind, dims, reference, candidates in decisions:
             if len(candidates) > 1 and self._cached(kind, dims, reference, candidates)[1] is None:
-                subs += [candidates[i].sub for i in self._measured(candidates, 0)]
+                subs += _to_prepare(
+                    reference, [candidates[i] for i in self._measured(candidates, 0)]
+                )
         if len(subs) > 1:
             t0 = time.perf_counter()
             self.prepare(subs)
@@ -370,8 +406,9 @@ class Tuner:
         small = smallest_dims(reference, dims)
         small_times: dict[int, float] = {}
         if self.prepare is not None and len(chosen) > 1:
-            if not all(id(candidates[i].sub) in self._ready for i in chosen):
-                self.prepare([candidates[i].sub for i in chosen])
+            subs = _to_prepare(reference, [candidates[i] for i in chosen])
+            if not all(id(s) in self._ready for s in subs):
+                self.prepare(subs)
         for i in sorted(chosen, key=lambda i: rank[i]):
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
