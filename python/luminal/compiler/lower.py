@@ -564,12 +564,14 @@ def _unsafe_in_place(low: Lowered) -> set[str]:
     """In-place outputs whose input is still read (its old value) by the scatter writing it or
     by a later step: those need their own buffer."""
     bad: set[str] = set()
-    for b in low.buffers:
-        if b.alias is None:
-            continue
-        written = [i for i, k in enumerate(low.kernels) if K.step_buffers(k)[0] == [b.id]]
-        first = written[0] if written else len(low.kernels)
-        if any(b.alias in K.step_buffers(k)[1] for k in low.kernels[first:]):
+    aliased = [b for b in low.buffers if b.alias is not None]
+    if not aliased:
+        return bad
+    steps = [K.step_buffers(k) for k in low.kernels]
+    for b in aliased:
+        written = [i for i, (w, _) in enumerate(steps) if w == [b.id]]
+        first = written[0] if written else len(steps)
+        if any(b.alias in r for _, r in steps[first:]):
             bad.add(b.name)
     return bad
 

@@ -283,9 +283,27 @@ def _from_lin(terms: Mapping[Expr, int], const: int) -> sint:
     return Expr(ADD, (items, const), lo, hi)
 
 
+# results of add and mul by their operands: expressions are interned and never change, and
+# lowering and the search build the same sums and products many times (a model's layers).
+# Cleared past MEMO_MAX entries.
+MEMO_MAX = 1 << 20
+_ADD: dict[tuple[sint, sint], sint] = {}
+_MUL: dict[tuple[sint, sint], sint] = {}
+
+
 def add(a: sint, b: sint) -> sint:
     if isinstance(a, int) and isinstance(b, int):
         return a + b
+    key = (a, b)
+    hit = _ADD.get(key)
+    if hit is None:
+        if len(_ADD) > MEMO_MAX:
+            _ADD.clear()
+        hit = _ADD[key] = _add(a, b)
+    return hit
+
+
+def _add(a: sint, b: sint) -> sint:
     ta, ca = _lin(a)
     tb, cb = _lin(b)
     for t, c in tb.items():
@@ -310,6 +328,16 @@ def _mul_terms(a: Expr, b: Expr) -> Expr:
 def mul(a: sint, b: sint) -> sint:
     if isinstance(a, int) and isinstance(b, int):
         return a * b
+    key = (a, b)
+    hit = _MUL.get(key)
+    if hit is None:
+        if len(_MUL) > MEMO_MAX:
+            _MUL.clear()
+        hit = _MUL[key] = _mul(a, b)
+    return hit
+
+
+def _mul(a: sint, b: sint) -> sint:
     if isinstance(a, int):
         a, b = b, a
     assert isinstance(a, Expr)
