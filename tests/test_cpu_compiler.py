@@ -1,5 +1,6 @@
-"""The C compiler behind the cpu backend: the precompiled prelude, pieces of a large unit
-compiled in parallel, and ``luminal.compile.prepare`` (many plans' kernels at once)."""
+"""The C compiler behind the cpu backend: the precompiled prelude, one cached library per
+kernel (compiled in parallel, shared by every plan that holds the kernel), and
+``luminal.compile.prepare`` (many plans' kernels at once)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_prelude_is_precompiled_once(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
     for n, scale in [(1, 0.5), (2, 0.75), (3, 1.25)]:
         _check(*_chain(n, scale))
-    assert len(_libs(str(tmp_path))) == 3
+    assert len(_libs(str(tmp_path))) == 6  # one per kernel
     assert len(glob.glob(str(tmp_path / "pch-*.h.gch"))) == 1  # one prelude, one header
 
 
@@ -96,12 +97,15 @@ def test_a_missing_or_corrupt_precompiled_header_is_not_fatal(tmp_path, monkeypa
     _check(*_chain(4, 0.3))
 
 
-def test_a_large_unit_compiles_in_pieces_to_the_same_results(tmp_path, monkeypatch) -> None:
+def test_a_kernel_is_compiled_once_for_every_plan_that_holds_it(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
-    plan, xv, want = _chain(12, 0.9)
-    code = sum(len(bytes(k.code)) for k in plan.kernels)
-    assert code > 48 * 1024  # above the size that is split
+    plan, xv, want = _chain(12, 0.9)  # twelve kernels, compiled in parallel
     _check(plan, xv, want)
+    made = _libs(str(tmp_path))
+    assert len(made) == 12
+    shorter = _chain(5, 0.9)  # its kernels are the first five of the longer chain
+    _check(*shorter)
+    assert _libs(str(tmp_path)) == made
 
 
 def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
@@ -109,7 +113,7 @@ def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
     cases = [_chain(n, s) for n, s in [(1, 0.4), (2, 0.6), (1, 0.4), (3, 1.1)]]
     prepare([c[0] for c in cases], jobs=2)
     made = _libs(str(tmp_path))
-    assert len(made) == 3  # the repeated plan is compiled once
+    assert len(made) == 6  # one per kernel: the repeated plan's kernel is compiled once
     for c in cases:
         _check(*c)
     assert _libs(str(tmp_path)) == made  # every executor found its kernels compiled

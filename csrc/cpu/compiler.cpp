@@ -1,6 +1,7 @@
 #include "compiler.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <exception>
 #include <fcntl.h>
 #include <fstream>
 #include <map>
@@ -49,9 +51,6 @@ const std::vector<std::string> kFlags = {"-O3",
                                          "-fno-tree-loop-if-convert",
                                          "-fPIC"};
 
-// A translation unit above this size is compiled in pieces, one compiler per core: most of a
-// big unit's time is optimization, which is per function.
-constexpr size_t kSplitAboveBytes = 48 * 1024;
 // Precompiled preludes kept in the cache folder (the most recently used ones).
 constexpr size_t kKeepPreludes = 4;
 
@@ -295,22 +294,19 @@ std::string join(const std::vector<std::string> &argv) {
   return cmd;
 }
 
-// Runs the compiler on `src` into `out` (a shared library, or with `object` a .o), through
-// the precompiled prelude when there is one. On failure, returns the log of a run without it.
+// Runs the compiler on `src` into the shared library `out`, through the precompiled prelude
+// when there is one. On failure, returns the log of a run without it.
 struct Outcome {
   int rc;
   std::vector<std::string> argv;
   std::string log;
 };
 
-Outcome run_compiler(const std::string &source, const std::string &src, const std::string &out,
-                     bool object) {
+Outcome run_compiler(const std::string &source, const std::string &src, const std::string &out) {
   std::string log = out + ".log";
   auto argv_for = [&](const std::string &pch) {
     auto argv = compiler_argv();
-    for (const auto &f : cc_flags())
-      if (!(object && f == "-shared")) argv.push_back(f);
-    if (object) argv.push_back("-c");
+    argv.insert(argv.end(), cc_flags().begin(), cc_flags().end());
     if (!pch.empty()) argv.insert(argv.end(), {"-include", pch});
     argv.insert(argv.end(), {"-o", out, src});
     return argv;
@@ -335,66 +331,8 @@ Outcome run_compiler(const std::string &source, const std::string &src, const st
                              " (source kept at " + src + ")\n" + o.log);
 }
 
-// Splits a translation unit of many kernels (each begins with `#line 1 "...`, and each
-// carries its own guarded prelude) into at most `parts` pieces of similar size. One piece when
-// the source is small or has one kernel.
-std::vector<std::string> split_units(const std::string &source, unsigned parts) {
-  std::vector<size_t> starts;
-  for (size_t p = 0; p < source.size();) {
-    if (source.compare(p, 9, "#line 1 \"") == 0) starts.push_back(p);
-    size_t e = source.find('\n', p);
-    if (e == std::string::npos) break;
-    p = e + 1;
-  }
-  if (parts < 2 || starts.size() < 2 || starts[0] != 0 || source.size() < kSplitAboveBytes)
-    return {source};
-  parts = std::min<unsigned>(parts, unsigned(starts.size()));
-  std::vector<std::string> out;
-  size_t begin = 0, target = source.size() / parts;
-  for (size_t i = 1; i < starts.size(); ++i)
-    if (starts[i] - begin >= target && out.size() + 1 < parts) {
-      out.push_back(source.substr(begin, starts[i] - begin));
-      begin = starts[i];
-    }
-  out.push_back(source.substr(begin));
-  return out;
-}
-
-// Compiles the pieces to objects in parallel and links them into `out`. False when any step
-// fails (the caller then compiles the whole source, whose errors are the ones to show).
-bool compile_split(const std::vector<std::string> &pieces, const std::string &tmp,
-                   const std::string &out) {
-  std::vector<std::string> srcs, objs;
-  std::vector<int> ok(pieces.size(), 0);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    srcs.push_back(tmp + "-" + std::to_string(i) + ".c");
-    objs.push_back(tmp + "-" + std::to_string(i) + ".o");
-    write_file(srcs[i], pieces[i]);
-  }
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < pieces.size(); ++i)
-    threads.emplace_back(
-        [&, i] { ok[i] = run_compiler(pieces[i], srcs[i], objs[i], true).rc == 0; });
-  ok[0] = run_compiler(pieces[0], srcs[0], objs[0], true).rc == 0;
-  for (auto &t : threads) t.join();
-  bool all = std::all_of(ok.begin(), ok.end(), [](int v) { return v != 0; });
-  if (all) {
-    auto argv = compiler_argv();
-    argv.insert(argv.end(), cc_flags().begin(), cc_flags().end());
-    argv.insert(argv.end(), {"-o", out});
-    argv.insert(argv.end(), objs.begin(), objs.end());
-    all = run(argv, tmp + ".link.log") == 0;
-    std::remove((tmp + ".link.log").c_str());
-  }
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    std::remove(srcs[i].c_str());
-    std::remove(objs[i].c_str());
-  }
-  return all;
-}
-
-// The cached library of `source`, compiled first when missing (in up to `parts` pieces).
-std::string compiled_library(const std::string &source, unsigned parts) {
+// The cached library of `source`, compiled first when missing.
+std::string compiled_library(const std::string &source) {
   std::string dir = cache_dir();
   mkdirs(dir);
   std::string key = hex(fnv1a(source, fnv1a(toolchain_id())));
@@ -402,16 +340,13 @@ std::string compiled_library(const std::string &source, unsigned parts) {
   if (::access(so.c_str(), R_OK) == 0) return so;
   std::string tmp = dir + "/tmp-" + key + "-" + unique_suffix();
   std::string src = tmp + ".c", out = tmp + ".so";
-  auto pieces = split_units(source, parts);
-  if (pieces.size() < 2 || !compile_split(pieces, tmp, out)) {
-    write_file(src, source);
-    Outcome o = run_compiler(source, src, out, false);
-    if (o.rc != 0) {
-      std::remove(out.c_str());
-      compile_error(o, src);
-    }
-    std::remove(src.c_str());
+  write_file(src, source);
+  Outcome o = run_compiler(source, src, out);
+  if (o.rc != 0) {
+    std::remove(out.c_str());
+    compile_error(o, src);
   }
+  std::remove(src.c_str());
   // rename is atomic, so concurrent processes never load a half-written library.
   if (std::rename(out.c_str(), so.c_str()) != 0)
     throw Error("cannot move compiled kernels into the cache: " + so);
@@ -450,8 +385,27 @@ void *SharedLib::symbol(const std::string &name) const {
   return p;
 }
 
-std::shared_ptr<SharedLib> compile_c(const std::string &source) {
-  return std::make_shared<SharedLib>(compiled_library(source, default_jobs()));
+std::vector<std::shared_ptr<SharedLib>> compile_each(const std::vector<std::string> &sources) {
+  std::vector<std::string> paths(sources.size());
+  std::vector<std::exception_ptr> errors(sources.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < sources.size();) try {
+        paths[i] = compiled_library(sources[i]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min<size_t>(default_jobs(), sources.size()); ++t)
+    threads.emplace_back(work);
+  work();
+  for (auto &t : threads) t.join();
+  for (auto &e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<std::shared_ptr<SharedLib>> libs;
+  for (const auto &p : paths) libs.push_back(std::make_shared<SharedLib>(p));
+  return libs;
 }
 
 std::shared_ptr<SharedLib> load_shared_object(const std::string &image) {

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace luminal::cpu {
 
@@ -19,18 +20,18 @@ private:
   std::string path_;
 };
 
-// Compiles one C translation unit with $CC (default "cc") and the fixed flags, caching the
+// Compiles each C translation unit with $CC (default "cc") and the fixed flags, caching the
 // result in $LUMINAL_CACHE_DIR (default ~/.cache/luminal) under a hash of source, compiler
-// version, flags and CPU model. Throws Error with the compiler's log on failure. A large unit
-// of many kernels is compiled in pieces on all cores.
-std::shared_ptr<SharedLib> compile_c(const std::string &source);
+// version, flags and CPU model; the ones not cached yet compile in parallel on all cores.
+// Throws Error with the compiler's log on failure.
+std::vector<std::shared_ptr<SharedLib>> compile_each(const std::vector<std::string> &sources);
 
 // Precompiles the prelude of `source` (its leading include-guarded block) for later compiles,
 // if that is not done yet; returns the header's path, "" when there is no usable prelude.
-// compile_c does this itself; calling it early lets the work overlap other work.
+// compile_each does this itself; calling it early lets the work overlap other work.
 std::string precompile_prelude(const std::string &source);
 
-// The cores this process may run on: how many pieces compile_c splits a large unit into.
+// The cores this process may run on: how many compiles compile_each runs at once.
 unsigned default_jobs();
 
 // Writes a prebuilt shared object to the cache (keyed by its hash) and loads it.

@@ -156,9 +156,12 @@ public:
   void copy_out(void *host, const void *src, size_t n) override { std::memcpy(host, src, n); }
 
   std::vector<KernelHandle> load_kernels(const Plan &plan) override {
-    // All C sources go into one translation unit: one compiler run per plan.
-    std::string source;
+    // Each C source is a library of its own, cached by its text: a kernel that the search
+    // compiled to measure it, or that another plan holds (a model's decode and prefill
+    // programs, the plan they merge into), is loaded, not compiled again.
     std::map<std::string, size_t> entries;
+    std::vector<size_t> c_kernels;
+    std::vector<std::string> sources;
     for (size_t i = 0; i < plan.kernels.size(); ++i) {
       const Kernel &k = plan.kernels[i];
       if (!is_identifier(k.entry))
@@ -167,20 +170,22 @@ public:
       if (k.format == KernelFormat::c_source) {
         if (!entries.emplace(k.entry, i).second)
           throw PlanError("two c_source kernels define entry point '" + k.entry + "'");
-        source += "#line 1 \"kernel_" + std::to_string(i) + "\"\n" + k.code + "\n";
+        c_kernels.push_back(i);
+        sources.push_back("#line 1 \"" + k.entry + "\"\n" + k.code + "\n");
       } else if (k.format != KernelFormat::shared_object) {
         throw Error("the cpu backend cannot run kernel '" + k.name + "' of format " +
                     kernel_format_name(k.format));
       }
     }
     std::vector<KernelHandle> handles(plan.kernels.size());
-    if (!source.empty()) libs_.push_back(cpu::compile_c(source));
-    std::shared_ptr<cpu::SharedLib> c_lib = source.empty() ? nullptr : libs_.back();
+    auto c_libs = cpu::compile_each(sources);
+    for (size_t j = 0; j < c_kernels.size(); ++j) {
+      handles[c_kernels[j]] = c_libs[j]->symbol(plan.kernels[c_kernels[j]].entry);
+      libs_.push_back(c_libs[j]);
+    }
     for (size_t i = 0; i < plan.kernels.size(); ++i) {
       const Kernel &k = plan.kernels[i];
-      if (k.format == KernelFormat::c_source) {
-        handles[i] = c_lib->symbol(k.entry);
-      } else {
+      if (k.format == KernelFormat::shared_object) {
         libs_.push_back(cpu::load_shared_object(k.code));
         handles[i] = libs_.back()->symbol(k.entry);
       }
