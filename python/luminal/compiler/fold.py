@@ -23,7 +23,7 @@ import numpy as np
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.interp import check_input, eval_node, read
-from ..graph.ops import TRANSCENDENTAL, Leaf, Op
+from ..graph.ops import BINARY, TRANSCENDENTAL, UNARY, Leaf, Op
 from ..graph.view import View, contiguous_strides, idx_vars
 
 G = TypeVar("G", bound=Graph)
@@ -200,6 +200,55 @@ def _dependence(graph: Graph, fold: set[int]) -> dict[int, frozenset[int]]:
     return dep
 
 
+def _reduced_shape(n: Node, axes: Collection[int]) -> tuple[int, ...] | None:
+    """``n``'s shape with the axes not in ``axes`` at 1; None when a kept extent is symbolic."""
+    out = [sym.as_int(e) if k in axes else 1 for k, e in enumerate(n.shape)]
+    return None if None in out else tuple(int(e) for e in out)  # type: ignore[arg-type]
+
+
+def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.ndarray:
+    """The value of ``n`` at index 0 of every axis it does not vary along (``dep``), those axes
+    of size 1: the elementwise nodes that compute it are evaluated the same way, each on the
+    axes it varies along, so a block scale broadcast over its block is computed once per block
+    (the same floats as the whole value: each element is the same arithmetic)."""
+    order = graph.toposort([n])
+    vals: dict[int, np.ndarray] = {}
+    reduced: set[int] = set()  # nodes held with their constant axes at size 1
+
+    def whole(s: Node) -> np.ndarray:
+        a = vals[s.id]
+        if s.id in reduced:
+            a = np.ascontiguousarray(np.broadcast_to(a, _reduced_shape(s, range(len(s.shape)))))
+        return a
+
+    for m in order:
+        if m.op is Leaf.INPUT:
+            vals[m.id] = check_input(m.arg[0], m, graph.weights[m.arg[0]], {})
+            continue
+        shape = _reduced_shape(m, dep[m.id]) if m.id in dep else None
+        elementwise = m.op in UNARY or m.op in BINARY or m.op is Op.CAST
+        if shape is None or not elementwise:
+            srcs = [read(v, whole(s), {}) for s, v in m.srcs]
+            vals[m.id] = np.ascontiguousarray(eval_node(m, srcs, {}))
+            continue
+        srcs = []
+        for s, v in m.srcs:
+            if (
+                s.id in reduced
+                and tuple(s.shape) == tuple(m.shape)
+                and v == View.contiguous(m.shape)
+            ):
+                srcs.append(vals[s.id])  # broadcasts against the other operands
+            else:  # read at index 0 of the constant axes
+                srcs.append(read(View(shape, v.index, v.valid), whole(s), {}))
+        vals[m.id] = np.ascontiguousarray(np.broadcast_to(eval_node(m, srcs, {}), shape))
+        reduced.add(m.id)
+    if n.id in reduced:
+        return vals[n.id]
+    full = vals[n.id]
+    return full[tuple(slice(None) if k in dep[n.id] else slice(0, 1) for k in range(full.ndim))]
+
+
 def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     """A copy of ``graph`` in which each weight-only elementwise value that varies along few of
     its axes (a quantized block's scale or offset, one value per block) is a new weight holding
@@ -262,11 +311,9 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     packed: dict[tuple[Any, ...], tuple[np.ndarray, Node]] = {}
     nbytes = 0
     for n in targets:
-        full = _evaluate(graph, [n])[n.id]
         keep = sorted(dep[n.id])
-        value = np.ascontiguousarray(
-            full[tuple(slice(None) if k in keep else slice(0, 1) for k in range(full.ndim))]
-        ).reshape([full.shape[k] for k in keep])
+        distinct = _compact_value(graph, n, dep)
+        value = np.ascontiguousarray(distinct).reshape([distinct.shape[k] for k in keep])
         nbytes += value.nbytes
         name = _fresh((_source_weights(graph, n) or ["weight"])[0] + "#scale", taken)
         leaf = g.add_input(name, value.shape, n.dtype, weight=True)
