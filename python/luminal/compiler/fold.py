@@ -201,9 +201,14 @@ def _dependence(graph: Graph, fold: set[int]) -> dict[int, frozenset[int]]:
 
 
 def _reduced_shape(n: Node, axes: Collection[int]) -> tuple[int, ...] | None:
-    """``n``'s shape with the axes not in ``axes`` at 1; None when a kept extent is symbolic."""
-    out = [sym.as_int(e) if k in axes else 1 for k, e in enumerate(n.shape)]
-    return None if None in out else tuple(int(e) for e in out)  # type: ignore[arg-type]
+    """``n``'s shape with the axes not in ``axes`` at 1; None when an extent is symbolic."""
+    full = _static_shape(n)
+    return None if full is None else tuple(e if k in axes else 1 for k, e in enumerate(full))
+
+
+def _static_shape(n: Node) -> tuple[int, ...] | None:
+    out = [sym.as_int(e) for e in n.shape]
+    return None if None in out else tuple(e for e in out if e is not None)
 
 
 def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.ndarray:
@@ -218,7 +223,7 @@ def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.
     def whole(s: Node) -> np.ndarray:
         a = vals[s.id]
         if s.id in reduced:
-            a = np.ascontiguousarray(np.broadcast_to(a, _reduced_shape(s, range(len(s.shape)))))
+            a = np.ascontiguousarray(np.broadcast_to(a, _static_shape(s) or ()))
         return a
 
     for m in order:
