@@ -135,3 +135,33 @@ def test_input_writes_persist_in_place():
             torch.testing.assert_close(m.count, ref.count)
     assert m.cache.data_ptr() == ptr
     assert lt.stats.in_place >= 1 and not lt.stats.fallbacks and not lt.stats.eager_ops
+
+
+def test_prepared_call_checks_input_sizes_for_new_dims():
+    """The native run reads memory by address: a tensor smaller than the plan's input for
+    these dims is refused (checked when a dim value is first seen), not read past its end."""
+    m = _net()
+    f = torch.compile(m, backend=luminal_backend, dynamic=True)
+    seen = []
+    call = LuminalPartition.__call__
+
+    def spy(self, *a):
+        seen.append((self, a))
+        return call(self, *a)
+
+    with torch.no_grad():
+        f(torch.randn(4, 7))
+        LuminalPartition.__call__ = spy
+        try:
+            f(torch.randn(6, 7))
+        finally:
+            LuminalPartition.__call__ = call
+        part, args = next((p, a) for p, a in seen if p.call is not None)
+        k = part.built.inputs[0][0]
+        small = list(args)
+        small[k] = torch.randn(2, 7)  # the dims say 6 rows
+        part.call.shapes.clear()
+        with pytest.raises(ValueError, match="the plan reads 42 elements"):
+            part.call.run(small, part.env.dims)
+        torch.testing.assert_close(part.call.run(args, part.env.dims)[0], m(args[k]),
+                                   atol=1e-5, rtol=1e-4)  # fmt: skip

@@ -52,6 +52,17 @@ struct PyExecutor {
     ex.run(dims, ptrs.data(), sizes.data());
   }
 
+  // Addresses instead of arrays, sizes unchecked: for callers that hold other libraries'
+  // tensors (the torch backend), whose shapes they have checked for these dims.
+  void run_addresses(const std::vector<int64_t> &dims, const std::vector<uintptr_t> &addresses) {
+    if (addresses.size() != ids.size())
+      throw luminal::InputError("expected " + std::to_string(ids.size()) + " addresses");
+    std::vector<void *> ptrs(n_buffers, nullptr);
+    for (size_t i = 0; i < ids.size(); ++i) ptrs[ids[i]] = reinterpret_cast<void *>(addresses[i]);
+    nb::gil_scoped_release release;
+    ex.run(dims, ptrs.data());
+  }
+
   Executor ex;
   std::vector<uint32_t> ids;
   size_t n_buffers;
@@ -67,6 +78,9 @@ void init_executor(nb::module_ &m) {
            "Shapes of the inputs and outputs (Plan.io order) for dims in plan order.")
       .def("run", &PyExecutor::run, nb::arg("dims"), nb::arg("arrays"),
            "Runs the plan; arrays are C-contiguous, in Plan.io order, outputs writable.")
+      .def("run_addresses", &PyExecutor::run_addresses, nb::arg("dims"), nb::arg("addresses"),
+           "Runs the plan on C-contiguous memory at these addresses (Plan.io order); the "
+           "caller guarantees each holds its buffer's bytes for these dims.")
       .def(
           "set_profiling", [](PyExecutor &e, bool on) { e.ex.set_profiling(on); }, nb::arg("on"),
           "Times every step of later runs (per-step wall time, device synced).")

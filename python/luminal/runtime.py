@@ -240,6 +240,14 @@ class Executor:
         return cast(Callable[[Sequence[int], list[np.ndarray]], None], self._ex.run)
 
     @property
+    def native_run_addresses(self) -> Callable[[Sequence[int], list[int]], None]:
+        """``native_run`` over memory addresses instead of arrays, for memory another library
+        owns (torch tensors): one C-contiguous buffer per ``io`` entry. Nothing checks the
+        sizes: the caller guarantees each holds its entry's ``native_shapes`` bytes. The
+        dims' ranges are still checked."""
+        return cast(Callable[[Sequence[int], list[int]], None], self._ex.run_addresses)
+
+    @property
     def native_shapes(self) -> Callable[[Sequence[int]], list[tuple[int, ...]]]:
         """Shapes of every ``io`` entry for dim values in ``dims`` order (no caching)."""
         return cast(Callable[[Sequence[int]], list[tuple[int, ...]]], self._ex.shapes)

@@ -23,6 +23,7 @@ from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from . import convert_complex as _complex  # noqa: F401 - complex values and the FFTs
 from . import convert_extra as _extra  # noqa: F401 - registers the rarer converters in TABLE
 from . import convert_more as _more  # noqa: F401 - and the rarest (after: it wraps index_put)
 from .aten import _compile_aten, _decompositions

@@ -1,14 +1,16 @@
 """One partition call without per-call Python work that can be done once.
 
-When a partition's plan is built, ``Call`` works out which argument feeds each plan input, how
-each tensor crosses to the runtime (a numpy view of the torch memory: no copy), which dims
-the plan takes and in which order, and how the weights are checked. A call then does only
-what depends on the arguments: a view per input, an array per output (new memory: torch owns
-it afterwards), the native run, and ``torch.from_numpy`` per output.
+When a partition's plan is built, ``Call`` works out which argument feeds each plan input, which
+dims the plan takes and in which order, and how the weights are checked. A call then does only
+what depends on the arguments: the weight check, one address per input tensor (no numpy view:
+``Tensor.numpy()`` costs ten times ``data_ptr()``), a new tensor per output (numpy's allocation
+wrapped by ``torch.from_numpy``: cheaper than ``torch.empty``), and one native run over the
+addresses.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,8 +24,8 @@ from ..plan import Role
 _is = operator.is_
 _version = operator.attrgetter("_version")
 _data_ptr = torch.Tensor.data_ptr
-_numpy = torch.Tensor.numpy
 _contiguous = torch.Tensor.is_contiguous
+_from_numpy = torch.from_numpy
 
 # numpy has no such dtype: the bits cross as integers of the same width
 _BITS_VIEWED = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8,
@@ -55,10 +57,20 @@ def weight_array(t: torch.Tensor) -> np.ndarray:
 
 
 def to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """``a`` as a torch tensor of ``dtype`` over the same memory."""
+    """``a`` as a torch tensor of ``dtype`` over the same memory (a complex dtype from its
+    real pairs)."""
+    if dtype.is_complex:
+        return complex_of(torch.from_numpy(a), dtype)
     if dtype in _BITS_VIEWED:
         return torch.from_numpy(a.view(_np_bits(a.dtype))).view(dtype)
     return torch.from_numpy(a)  # shares the plan's output array: no copy
+
+
+def complex_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The complex tensor whose real pairs ``t`` holds (its last axis), over the same memory."""
+    if not t.numel():  # numpy's empty arrays may carry strides view_as_complex refuses
+        return torch.empty(t.shape[:-1], dtype=dtype)
+    return torch.view_as_complex(t)
 
 
 def _np_bits(dtype: np.dtype) -> np.dtype:
@@ -66,67 +78,73 @@ def _np_bits(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.int16) if dtype.itemsize == 2 else np.dtype(np.uint8)
 
 
-def _scalar(x: Any) -> np.ndarray:
-    return np.asarray(float(x), np.float32)
+def _scalar(x: Any) -> torch.Tensor:
+    return torch.tensor(float(x), dtype=torch.float32)
 
 
-def _input_converter(dtype: torch.dtype) -> Callable[[torch.Tensor], np.ndarray]:
-    return to_numpy if dtype in _BITS_VIEWED else _numpy  # the method itself: no Python frame
+def _getter(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """``args`` -> the tuple of these positions' arguments (itemgetter's, also for one)."""
+    if len(positions) == 1:
+        k0 = positions[0]
+        return lambda args: (args[k0],)
+    return operator.itemgetter(*positions) if positions else (lambda args: ())
 
 
 class Call:
     """A compiled partition's run, prepared once (see ``prepare``)."""
 
-    __slots__ = ("rt", "native_shapes", "dim_names", "inputs", "order", "is_out", "shapes",
-                 "out_dtypes", "in_place", "wget", "ws", "versions", "ptrs")  # fmt: skip
+    __slots__ = ("rt", "native_shapes", "dim_names", "in_get", "scalar_slots", "in_place_slots",
+                 "in_sizes", "order", "is_out", "shapes", "out_np", "out_viewed", "wget", "ws",
+                 "versions", "ptrs")  # fmt: skip
 
     def __init__(self, executor: Any, inputs: Sequence[tuple[int, str]],
-                 scalars: Sequence[tuple[int, str]], weights: Sequence[tuple[int, torch.Tensor]],
-                 in_dtypes: dict[int, torch.dtype]) -> None:  # fmt: skip
-        ios = executor.io  # the runtime's per-buffer facts, in the native run's array order
+                 scalars: Sequence[tuple[int, str]],
+                 weights: Sequence[tuple[int, torch.Tensor]]) -> None:  # fmt: skip
+        ios = executor.io  # the runtime's per-buffer facts, in the native run's order
         where = {name: k for k, name in inputs}
         scalar_at = {name: k for k, name in scalars}
-        self.rt: Callable[[tuple[int, ...], list[np.ndarray]], None] = executor.native_run
+        self.rt: Callable[[tuple[int, ...], list[int]], None] = executor.native_run_addresses
         self.native_shapes: Callable[[list[int]], list[tuple[int, ...]]] = executor.native_shapes
         self.dim_names = tuple(executor.dims)  # the native run takes dims in plan order
-        self.inputs: list[tuple[int, Callable[[Any], np.ndarray]]] = []
+        positions: list[int] = []
+        self.scalar_slots: list[int] = []  # run-time floats: no tensor of their own
         order: list[int] = []
-        self.out_dtypes: list[np.dtype] = []
-        n_in = sum(io.role == Role.input for io in ios)
         in_pos: dict[str, int] = {}
-        for io in ios:
+        # bytes per element of each input, in input order (checked once per dims)
+        self.in_sizes: list[tuple[int, int]] = []  # (io index, itemsize)
+        for j, io in enumerate(ios):
             if io.role == Role.input:
                 if io.name in where:
-                    k = where[io.name]
-                    self.inputs.append((k, _input_converter(in_dtypes[k])))
+                    positions.append(where[io.name])
                 else:
-                    self.inputs.append((scalar_at[io.name], _scalar))
-                in_pos[io.name] = len(self.inputs) - 1
-                order.append(len(self.inputs) - 1)
+                    self.scalar_slots.append(len(positions))
+                    positions.append(scalar_at[io.name])
+                in_pos[io.name] = len(positions) - 1
+                order.append(len(positions) - 1)
+                self.in_sizes.append((j, io.np_dtype.itemsize))
+        n_in = len(positions)
+        self.in_get = _getter(positions)
+        self.out_np: list[np.dtype] = []
+        self.out_viewed: list[tuple[int, torch.dtype]] = []  # outputs numpy cannot type
         for io in ios:
             if io.role == Role.input:
                 continue
-            if io.updates is not None:  # written through the input's own array
+            if io.updates is not None:  # written through the input's own memory
                 order.insert(ios.index(io), in_pos[io.updates])
             else:
-                order.insert(ios.index(io), n_in + len(self.out_dtypes))
-                self.out_dtypes.append(_np_bits(io.np_dtype) if io.raw else io.np_dtype)
+                order.insert(ios.index(io), n_in + len(self.out_np))
+                if io.raw:  # bf16 / fp8: the bits, typed by torch
+                    self.out_viewed.append((len(self.out_np), _torch_dtype(io.np_dtype)))
+                self.out_np.append(_np_bits(io.np_dtype) if io.raw else io.np_dtype)
         self.is_out = [io.role != Role.input and io.updates is None for io in ios]
-        updated = [where[io.updates] for io in ios if io.updates is not None]
-        # the kernels write these arguments' memory: a copy on the way in would lose the write
-        self.in_place = operator.itemgetter(*updated) if len(updated) > 1 else (
-            (lambda args, k=updated[0]: (args[k],)) if updated else None)  # fmt: skip
-        # None: inputs come first, the arrays need no reordering
+        # the kernels write these inputs' memory: a copy on the way in would lose the write
+        self.in_place_slots = {in_pos[io.updates] for io in ios if io.updates is not None}
+        # None: inputs come first, the addresses need no reordering
         self.order = None if order == list(range(len(ios))) else order
         self.shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self.ws = tuple(t for _, t in weights)
-        positions = tuple(k for k, _ in weights)
-        self.wget: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
-        if len(positions) > 1:
-            self.wget = operator.itemgetter(*positions)
-        elif positions:
-            k0 = positions[0]
-            self.wget = lambda args: (args[k0],)
+        positions = [k for k, _ in weights]
+        self.wget = _getter(positions) if positions else None
         try:
             self.versions: list[int] | None = list(map(_version, self.ws))
         except RuntimeError:  # inference tensors have no version counter: nothing to compare
@@ -144,41 +162,72 @@ class Call:
             return False
         return self.versions is None or list(map(_version, ws)) == self.versions
 
-    def out_shapes(self, vals: tuple[int, ...]) -> list[tuple[int, ...]]:
-        shapes = self.shapes.get(vals)
-        if shapes is None:
-            every = self.native_shapes(list(vals))
-            shapes = [s for s, out in zip(every, self.is_out, strict=True) if out]
-            if len(self.shapes) >= 256:  # dims of many sizes: keep the table small
-                self.shapes.clear()
-            self.shapes[vals] = shapes
+    def out_shapes(self, vals: tuple[int, ...], ins: Sequence[Any]) -> list[tuple[int, ...]]:
+        """The output shapes for these dim values, after checking that the inputs hold the
+        bytes the plan reads at them (once per dim values: dynamo's guards and the graph's
+        fake tensors fix the shapes of the tensors a partition is called with)."""
+        every = self.native_shapes(list(vals))
+        for t, (j, itemsize) in zip(ins, self.in_sizes, strict=True):
+            if not isinstance(t, torch.Tensor):
+                continue
+            want = math.prod(every[j])
+            if t.numel() != want or t.element_size() != itemsize or t.is_neg() or t.is_conj():
+                raise ValueError(f"a partition input has shape {tuple(t.shape)} and dtype "
+                                 f"{t.dtype}; the plan reads {want} elements of {itemsize} "
+                                 "bytes")  # fmt: skip
+        shapes = [s for s, out in zip(every, self.is_out, strict=True) if out]
+        if len(self.shapes) >= 256:  # dims of many sizes: keep the table small
+            self.shapes.clear()
+        self.shapes[vals] = shapes
         return shapes
 
-    def run(self, args: Sequence[Any], dims: dict[str, int]) -> list[np.ndarray]:
-        """Run the plan on ``args``; the output arrays in plan order. The native run's errors
-        (a dim out of range, an array too small) propagate."""
+    def run(self, args: Sequence[Any], dims: dict[str, int]) -> list[torch.Tensor]:
+        """Run the plan on ``args``; the output tensors in plan order. The native run's errors
+        (a dim out of range) propagate."""
         vals = tuple(map(dims.__getitem__, self.dim_names))
-        shapes = self.shapes.get(vals) or self.out_shapes(vals)
-        try:
-            arrays = [conv(args[k]) for k, conv in self.inputs]
-        except RuntimeError:  # an input that requires grad, or has a lazy conj/neg bit
-            arrays = [to_numpy(args[k]) if conv is _numpy else conv(args[k])
-                      for k, conv in self.inputs]  # fmt: skip
-        if self.in_place is not None and not all(map(_contiguous, self.in_place(args))):
-            raise ValueError("a tensor the plan updates in place is not contiguous")
-        outs = list(map(np.empty, shapes, self.out_dtypes))
-        arrays += outs
+        ins = self.in_get(args)
+        if self.scalar_slots:
+            ins = self._with_scalars(ins)
+        shapes = self.shapes.get(vals)
+        if shapes is None:
+            shapes = self.out_shapes(vals, ins)
+        if not all(map(_contiguous, ins)):
+            ins = self._contiguous(ins)
+        outs = list(map(_from_numpy, map(np.empty, shapes, self.out_np)))
+        addresses = list(map(_data_ptr, ins))
+        addresses += map(_data_ptr, outs)
         if self.order is not None:
-            arrays = [arrays[j] for j in self.order]
-        self.rt(vals, arrays)
+            addresses = [addresses[j] for j in self.order]
+        self.rt(vals, addresses)  # ``ins`` and ``outs`` hold the memory until it returns
+        for j, dtype in self.out_viewed:
+            outs[j] = outs[j].view(dtype)
         return outs
+
+    def _with_scalars(self, ins: tuple[Any, ...]) -> tuple[Any, ...]:
+        got = list(ins)
+        for j in self.scalar_slots:
+            got[j] = _scalar(got[j])
+        return tuple(got)
+
+    def _contiguous(self, ins: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Dense copies of strided inputs (the plan reads row-major memory)."""
+        got = list(ins)
+        for j, t in enumerate(ins):
+            if not t.is_contiguous():
+                if j in self.in_place_slots:
+                    raise ValueError("a tensor the plan updates in place is not contiguous")
+                got[j] = t.contiguous()
+        return tuple(got)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return next(t for t, m in _ML_DTYPES.items() if np.dtype(m) == dtype)
 
 
 def prepare(executor: Any, inputs: Sequence[tuple[int, str]], scalars: Sequence[tuple[int, str]],
-            weights: Sequence[tuple[int, torch.Tensor]],
-            in_dtypes: dict[int, torch.dtype]) -> Call | None:  # fmt: skip
+            weights: Sequence[tuple[int, torch.Tensor]]) -> Call | None:  # fmt: skip
     """The prepared run of ``executor``'s plan, or None when the plan needs what only the
     general path does (4-bit packed buffers)."""
     if any(io.packed for io in executor.io):
         return None
-    return Call(executor, inputs, scalars, weights, in_dtypes)
+    return Call(executor, inputs, scalars, weights)

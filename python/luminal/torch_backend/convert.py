@@ -28,6 +28,10 @@ Converter = Callable[..., Any]
 # max pooling's indices (convert_extra.py sets it: it registers the rarer converters)
 MAX_POOL_INDICES: Callable[..., Any] | None = None
 TABLE: dict[Any, Converter] = {}
+# converters of nodes that read or make complex values (held as real pairs: convert_complex.py)
+COMPLEX: dict[Any, Converter] = {}
+# the real dtype of each complex dtype's parts
+PARTS = {torch.complex64: dt.f32, torch.complex128: dt.f64, torch.complex32: dt.f16}
 
 
 def op(*targets: Any) -> Callable[[Converter], Converter]:
@@ -37,6 +41,29 @@ def op(*targets: Any) -> Callable[[Converter], Converter]:
         return fn
 
     return register
+
+
+def complex_op(*targets: Any) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for t in targets:
+            COMPLEX[t] = fn
+        return fn
+
+    return register
+
+
+def _is_complex(v: Any) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(map(_is_complex, v))
+    return isinstance(v, torch.Tensor) and v.is_complex()
+
+
+def touches_complex(node: Any) -> bool:
+    """Whether FX ``node`` reads or makes a complex tensor."""
+    return node is not None and (
+        _is_complex(node.meta.get("val"))
+        or any(_is_complex(a.meta.get("val")) for a in node.all_input_nodes)
+    )
 
 
 class Ctx:
@@ -753,11 +780,13 @@ def _getitem(cx: Ctx, seq: Any, k: int) -> Any:
 
 def convert_call(cx: Ctx, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """Convert one call; the result matches the fake value's dtype and rank."""
-    fn = TABLE.get(target)
+    is_complex = touches_complex(cx.node)
+    fn = (COMPLEX if is_complex else TABLE).get(target)
     if fn is None:
-        raise Unsupported("no converter")
+        raise Unsupported("complex values" if is_complex and target in TABLE else "no converter")
     v = cx.val
-    if isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) and not v.numel():
+    if isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) and not v.numel() \
+            and not v.is_complex():  # fmt: skip
         return F.full(cx.g, cx.shape(), 0, dtype=cx.dtype)  # an empty result computes nothing
     try:
         out = fn(cx, *args, **kwargs)
@@ -783,10 +812,16 @@ def _match(cx: Ctx, out: Any, val: Any) -> Any:
     if not isinstance(out, Tensor):
         raise Unsupported(f"converter returned {type(out).__name__} for a tensor")
     want = cx.dims.shape(val)
+    if val.is_complex():  # real pairs (convert_complex.py)
+        want = (*want, 2)
     if len(want) != out.ndim or any(
         isinstance(a, int) and isinstance(b, int) and a != b
         for a, b in zip(want, out.shape, strict=True)
     ):
         # a mismatch is a converter bug; eager is right, so never return this value
         raise Unsupported(f"converted shape {out.shape} differs from torch's {tuple(val.shape)}")
+    if val.is_complex():
+        if val.dtype not in PARTS:
+            raise Unsupported(f"dtype {val.dtype}")
+        return out.cast(PARTS[val.dtype])
     return out.cast(dt.to_dtype(val.dtype))

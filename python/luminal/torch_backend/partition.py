@@ -27,7 +27,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.ops import Leaf, Op
 from ..tensor import Graph, Tensor
-from .call import _BITS_VIEWED, Call, plan_array, prepare, to_torch, weight_array
+from .call import _BITS_VIEWED, Call, complex_of, plan_array, prepare, to_torch, weight_array
 from .convert import Ctx, convert_call
 from .symbols import Dims, Unsupported, bare_symbol
 
@@ -335,13 +335,16 @@ def _output(g: Graph, dims: Dims, env: dict[Node, Any], storages: dict[Any, int]
         stride = tuple(dims.expr(s) for s in val.stride())
         k = storages.get(StorageWeakRef(val.untyped_storage()))
         if k is not None:
+            if val.is_complex():  # a complex view of a real input's memory
+                raise Unsupported(f"output {r.name}: a complex alias of an input")
             return ("alias", k, dims.expr(val.storage_offset()), size, stride)
         perm = _dense_order(val, size, stride)
         name = f"out{j}"
         if perm is None:  # overlapping or gapped strides: copy into torch's layout
             g.output(name, v if v.node.op is not Leaf.INPUT else _copy(v))
             return ("strided", name, val.dtype, size, stride)
-        phys = v.permute(perm)
+        # a complex value's real pairs keep their pair axis last (view_as_complex's layout)
+        phys = v.permute([*perm, len(perm)] if val.is_complex() else perm)
         g.output(name, phys if phys.node.op is not Leaf.INPUT else _copy(phys))
         inv = sorted(range(len(perm)), key=perm.__getitem__)
         return ("t", name, val.dtype, None if perm == sorted(perm) else inv)
@@ -426,8 +429,7 @@ class LuminalPartition(torch.nn.Module):
         self.weight_keys = [_weight_key(args[k]) for k, _ in self.built.weights]
         self.plan_dims = list(self.cg.executor.dims)
         self.call = prepare(self.cg.executor, self.built.inputs, self.built.scalars,
-                            [(k, args[k]) for k, _ in self.built.weights],
-                            {k: args[k].dtype for k, _ in self.built.inputs})  # fmt: skip
+                            [(k, args[k]) for k, _ in self.built.weights])  # fmt: skip
         ex = self.cg.executor
         self.out_names = [n for n in ex.outputs if n not in ex.updates]  # in-place: no array
         # a written input the plan could not alias (its old value is read after the write):
@@ -436,7 +438,7 @@ class LuminalPartition(torch.nn.Module):
         self.copy_back = [(n, at[n]) for n in self.out_names if n in at]
         outs = self.built.outputs
         self.plain_out = self.out_names == [o[1] if o[0] == "t" else None for o in outs] and all(
-            o[3] is None and o[2] not in _BITS_VIEWED for o in outs
+            o[3] is None and o[2] not in _BITS_VIEWED and not o[2].is_complex for o in outs
         )
 
     def forward(self, *args: Any) -> Any:
@@ -447,18 +449,17 @@ class LuminalPartition(torch.nn.Module):
             except (ValueError, TypeError, RuntimeError) as e:  # e.g. a size outside a range
                 return self._give_up("running a partition failed", e, args)
             if self.plain_out:  # one dense tensor per output, in torch's layout and order
-                ts = list(map(torch.from_numpy, res))
-                return tuple(ts) if self.built.tuple_out else ts[0]
+                return tuple(res) if self.built.tuple_out else res[0]
             named = dict(zip(self.out_names, res, strict=True))
             self._copy_back(named, args)
             got = [self._out(o, named, args) for o in self.built.outputs]
             return tuple(got) if self.built.tuple_out else got[0]
         return self._forward_general(args)
 
-    def _copy_back(self, res: dict[str, np.ndarray], args: Sequence[Any]) -> None:
+    def _copy_back(self, res: dict[str, Any], args: Sequence[Any]) -> None:
         for name, k in self.copy_back:
             t = args[k]
-            t.copy_(to_torch(res[name], t.dtype).view(t.shape))
+            t.copy_(_as_torch(res[name], t.dtype).view(t.shape))
 
     __call__ = forward
 
@@ -496,10 +497,12 @@ class LuminalPartition(torch.nn.Module):
         stats.failed_plans += 1
         return self.eager(*args)
 
-    def _out(self, o: tuple, res: dict[str, np.ndarray], args: Sequence[Any]) -> Any:
+    def _out(self, o: tuple, res: dict[str, Any], args: Sequence[Any]) -> Any:
+        """Output ``o`` from the plan's results ``res`` (torch tensors from the prepared call,
+        numpy arrays from the general path)."""
         kind, env = o[0], self.env.dims
         if kind == "t":
-            t = to_torch(res[o[1]], o[2])
+            t = _as_torch(res[o[1]], o[2])
             return t if o[3] is None else t.permute(o[3])
         if kind == "s":
             return int(sym.evaluate(o[1], env))
@@ -512,8 +515,14 @@ class LuminalPartition(torch.nn.Module):
         n = 1 + sum((a - 1) * b for a, b in zip(size, stride, strict=True)) if all(size) else 0
         flat = torch.empty(n, dtype=o[2])
         where = torch.arange(n).as_strided(size, stride).reshape(-1)
-        flat[where] = to_torch(res[o[1]], o[2]).reshape(-1)
+        flat[where] = _as_torch(res[o[1]], o[2]).reshape(-1)
         return flat.as_strided(size, stride)
+
+
+def _as_torch(x: Any, dtype: torch.dtype) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        return to_torch(x, dtype)
+    return complex_of(x, dtype) if dtype.is_complex and not x.is_complex() else x
 
 
 class _Support(OperatorSupportBase):
