@@ -185,7 +185,14 @@ class CpuTarget:
         self._prepared.update({id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)})
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
-        c = render(k, dim_names)
+        # rendered as its measuring plan renders it (cut out, buffers and variables renamed in
+        # order), so preparing that plan finds the render kept
+        w, r = K.step_buffers(k)
+        ids = {b: i for i, b in enumerate(dict.fromkeys(r + w))}
+        row = K.remap_buffers(k.scatter_row, ids) if k.scatter_row is not None else None
+        value = canonical_vars(K.remap_buffers(k.value, ids), [0])
+        cut = replace(k, value=value, out=ids[k.out], scatter_row=row)
+        c = render(replace(_as_run(cut), name=k.name), dim_names)
         return c.source, repr(c.tasks), c.min_chunk
 
     def __post_init__(self) -> None:
