@@ -221,9 +221,10 @@ def _written_out(r: K.Reduce) -> bool:
 
 # The default jam, where the shared work is at least DEFAULT_JAM_SHARED nodes (a weight's
 # dequantization: Q8_0's is 4, Q4_1's 10; an f32 weight's load is 1, and its products mostly
-# go to the library). Set by bench/rowjam.py (Q4_1 1536 x 576, AVX2, 1 thread): a jam of 4
-# ran 2.4-2.9x faster than none from 4 to 64 rows and as fast at 1 and 2; 8 ran out of
-# registers (0.90 against 0.49 ms at 16 rows); the search still measures 2, 4, 8 and none.
+# go to the library). Set by bench/rowjam.py (Q4_1 1536 x 576, one thread, 8-lane vectors):
+# a jam of 4 ran 1.9-2.9x faster than none from 2 to 64 rows and as fast at 1; a jam of 8
+# ran out of vector registers (0.90 against 0.49 ms at 16 rows). The search measures 2, 4, 8
+# and none.
 DEFAULT_JAM = 4
 DEFAULT_JAM_SHARED = 4
 
