@@ -108,6 +108,18 @@ def test_a_kernel_is_compiled_once_for_every_plan_that_holds_it(tmp_path, monkey
     assert _libs(str(tmp_path)) == made
 
 
+def test_kernels_that_differ_only_in_their_names_share_a_library(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    plan, xv, want = _chain(2, 0.8)
+    _check(plan, xv, want)
+    made = _libs(str(tmp_path))
+    for k in plan.kernels:  # as a merged plan renames a later variant's kernels
+        k.code = bytes(k.code).replace(f"void {k.entry}(".encode(), f"void v1_{k.entry}(".encode())
+        k.entry = k.name = f"v1_{k.entry}"
+    _check(plan, xv, want)
+    assert _libs(str(tmp_path)) == made
+
+
 def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
     cases = [_chain(n, s) for n, s in [(1, 0.4), (2, 0.6), (1, 0.4), (3, 1.1)]]

@@ -155,13 +155,15 @@ public:
   void copy_in(void *dst, const void *host, size_t n) override { std::memcpy(dst, host, n); }
   void copy_out(void *host, const void *src, size_t n) override { std::memcpy(host, src, n); }
 
+  static constexpr const char *kEntry = "lm_kernel_entry";
+
   std::vector<KernelHandle> load_kernels(const Plan &plan) override {
     // Each C source is a library of its own, cached by its text: a kernel that the search
     // compiled to measure it, or that another plan holds (a model's decode and prefill
     // programs, the plan they merge into), is loaded, not compiled again.
     std::map<std::string, size_t> entries;
     std::vector<size_t> c_kernels;
-    std::vector<std::string> sources;
+    std::vector<std::string> sources, symbols;
     for (size_t i = 0; i < plan.kernels.size(); ++i) {
       const Kernel &k = plan.kernels[i];
       if (!is_identifier(k.entry))
@@ -171,7 +173,19 @@ public:
         if (!entries.emplace(k.entry, i).second)
           throw PlanError("two c_source kernels define entry point '" + k.entry + "'");
         c_kernels.push_back(i);
+        symbols.push_back(k.entry);
         sources.push_back("#line 1 \"" + k.entry + "\"\n" + k.code + "\n");
+        // compiled under a fixed name when the source names the entry point only where it
+        // defines it, as the code generator writes it: kernels that differ only in their names
+        // (a model's layers in its decode and prefill plans, a variant renamed in the plan they
+        // merge into) share one library
+        size_t at = k.code.find("void " + k.entry + "(void *const *args,");
+        if (at != std::string::npos && k.code.find(k.entry) == at + 5 &&
+            k.code.find(k.entry, at + 6) == std::string::npos) {
+          symbols.back() = kEntry;
+          sources.back() = "#line 1 \"kernel\"\n" + k.code.substr(0, at) + "void " + kEntry +
+                           k.code.substr(at + 5 + k.entry.size()) + "\n";
+        }
       } else if (k.format != KernelFormat::shared_object) {
         throw Error("the cpu backend cannot run kernel '" + k.name + "' of format " +
                     kernel_format_name(k.format));
@@ -180,7 +194,7 @@ public:
     std::vector<KernelHandle> handles(plan.kernels.size());
     auto c_libs = cpu::compile_each(sources);
     for (size_t j = 0; j < c_kernels.size(); ++j) {
-      handles[c_kernels[j]] = c_libs[j]->symbol(plan.kernels[c_kernels[j]].entry);
+      handles[c_kernels[j]] = c_libs[j]->symbol(symbols[j]);
       libs_.push_back(c_libs[j]);
     }
     for (size_t i = 0; i < plan.kernels.size(); ++i) {
