@@ -103,8 +103,10 @@ EXECUTORS_MAX = 8
 # in a model the kernels between two calls (a layer reads megabytes of weights) evict; set by
 # SmolLM2's 576 x 576 Q4_1 projection (about 200 KB), timed warm at 0.29 ms as a copy + GEMM
 EVICT_ABOVE = 64 << 10
-# the copies of a measurement's inputs that runs take in turn together hold at most this
-RING_MAX_BYTES = 256 << 20
+# the copies of a measurement's inputs that runs take in turn hold at most this; larger sets
+# of inputs are evicted from the caches before each run instead
+RING_MAX_BYTES = 96 << 20
+_EVICT: list[np.ndarray] = []
 
 
 def _last_level_cache() -> int:
@@ -123,16 +125,23 @@ class _Ring:
     weights stream from memory every step. Timed warm, SmolLM2's dequantized copy + GEMM of a
     576 x 576 projection took 0.29 ms (as fast as the GEMV that dequantizes in place) and
     1.15 ms per layer in decode. Copies are made once per set of inputs (a decision's
-    candidates share them), where evicting the caches before every run wrote 64 MB each."""
+    candidates share them), where evicting the caches before every run wrote 64 MB each. Sets
+    too large to copy within ``RING_MAX_BYTES`` are evicted before every run."""
 
     def __init__(self, inputs: dict[str, np.ndarray]) -> None:
         size = max(sum(a.nbytes for a in inputs.values()), 1)
-        count = 1 + -(-min(2 * _last_level_cache(), RING_MAX_BYTES) // size)
-        count = max(1, min(count, RING_MAX_BYTES // size))
-        self.sets = [inputs] + [{n: a.copy() for n, a in inputs.items()} for _ in range(count - 1)]
+        count = 1 + -(-2 * _last_level_cache() // size)
+        self.sets = [inputs]
+        if count * size <= RING_MAX_BYTES:
+            self.sets += [{n: a.copy() for n, a in inputs.items()} for _ in range(count - 1)]
         self.turn = 0
 
     def next(self) -> dict[str, np.ndarray]:
+        if len(self.sets) == 1:  # too large to copy: a buffer twice the cache is rewritten
+            if not _EVICT:
+                _EVICT.append(np.zeros(2 * _last_level_cache(), dtype=np.uint8))
+            _EVICT[0] += 1
+            return self.sets[0]
         self.turn = (self.turn + 1) % len(self.sets)
         return self.sets[self.turn]
 

@@ -139,7 +139,7 @@ def cache_key(parts: Sequence[str]) -> str:
 
 # random inputs kept for later measurements (the candidates of a decision read the same
 # buffers, and each is measured at two sizes and checked): at most this many bytes
-INPUTS_KEPT_BYTES = 256 << 20
+INPUTS_KEPT_BYTES = 128 << 20
 _INPUTS: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
 
