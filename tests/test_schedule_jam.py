@@ -197,3 +197,16 @@ def test_linear_with_bias_jams_too() -> None:
     assert S.jam_dim(kern) == 0
     xv = RNG.standard_normal((5, 48)).astype(np.float32)
     _check(_run(low, kern, K.Schedule(jam=2, jam_dim=0), xv), g, xv)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_a_middle_dim_jammed_in_either_task_order(order: int) -> None:
+    # (batch, rows, n): the rows dim (1) is jammed; its blocks advance like the other indices
+    g = lm.Graph("bmm")
+    a = g.input("x", (3, 7, 64))
+    b = g.weight("w", data=RNG.standard_normal((3, 64, 21)).astype(np.float32))
+    g.output("y", a @ b)
+    low, kern = _kernel(g)
+    assert S.jam_dim(kern) == 1
+    xv = RNG.standard_normal((3, 7, 64)).astype(np.float32)
+    _check(_run(low, kern, K.Schedule(order=order, jam=4, jam_dim=1), xv), g, xv)
