@@ -80,3 +80,13 @@ def test_symbolic_transform_length_stays_eager_and_batch_may_vary():
             torch._dynamo.mark_dynamic(x, 0)
             torch.testing.assert_close(g(x), torch.fft.rfft(x), atol=1e-4, rtol=1e-4)
     assert not lt.stats.eager_ops and lt.stats.compiles == 1
+
+
+def test_transform_longer_than_the_matrix_bound_stays_eager():
+    from luminal.torch_backend.convert_complex import MAX_DFT
+
+    x = torch.randn(1, MAX_DFT + 1)
+    with torch.no_grad():
+        got = torch.compile(torch.fft.rfft, backend=luminal_backend)(x)
+    torch.testing.assert_close(got, torch.fft.rfft(x))
+    assert "aten._fft_r2c.default" in lt.stats.eager_ops

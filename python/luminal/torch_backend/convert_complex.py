@@ -34,6 +34,9 @@ aten = torch.ops.aten
 
 # PyTorch's fft_norm_mode: 0 none, 1 by 1/sqrt(n), 2 by 1/n
 _NORM_NONE, _NORM_ROOT_N, _NORM_N = 0, 1, 2
+# The longest transform done as a matrix product: its cos and sin matrices are n x n float64
+# constants (128 MiB each at 4096); longer ones stay in eager PyTorch's FFT.
+MAX_DFT = 4096
 
 
 def _arg_val(cx: Ctx, k: int) -> Any:
@@ -57,6 +60,13 @@ def _pair(re: Tensor, im: Tensor) -> Tensor:
 def _static(n: Any, what: str) -> int:
     if not isinstance(n, int):
         raise Unsupported(f"{what} along a symbolic size")
+    return n
+
+
+def _length(n: Any) -> int:
+    n = _static(n, "an FFT")
+    if n > MAX_DFT:
+        raise Unsupported(f"an FFT of length {n} (longer than {MAX_DFT}: the DFT matrices)")
     return n
 
 
@@ -92,7 +102,7 @@ def _dft(cx: Ctx, re: Tensor, im: Tensor | None, axis: int, n_out: int, inverse:
          ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The unnormalized DFT along ``axis`` (length n) of re + i*im, first ``n_out`` bins.
     Forward: sum x[j] e^{-2 pi i jk/n}; inverse: e^{+2 pi i jk/n}."""
-    n = _static(re.shape[axis], "an FFT")
+    n = _length(re.shape[axis])
     c, s = _trig(n, n_out, n)
     sign = 1.0 if inverse else -1.0
     rc, rs = _along(re, axis, c, cx), _along(re, axis, s, cx)
@@ -167,7 +177,7 @@ def _fft_c2r(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int,
     dims = [_axis(d, ndim) for d in dim]
     if not dims:
         raise Unsupported("an FFT over no dims")
-    n = _static(last_dim_size, "an inverse real FFT")
+    n = _length(last_dim_size)
     re, im = _parts(x.cast(dt.f64))
     total = n
     for d in dims[:-1]:
