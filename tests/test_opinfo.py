@@ -72,7 +72,8 @@ EXTRA = ["lgamma", "addmv", "index_select", "nn.functional.pad.constant", "hypot
          "diagonal_scatter", "nn.functional.adaptive_max_pool2d", "nn.functional.grid_sample",
          "nn.functional.interpolate.bicubic", "nn.functional.batch_norm", "frexp", "nextafter",
          "searchsorted", "masked_scatter", "put", "logcumsumexp", "linalg.inv",
-         "special.bessel_y1", "histc", "nn.functional.bilinear", "nonzero_static"]  # fmt: skip
+         "special.bessel_y1", "histc", "nn.functional.bilinear", "nonzero_static",
+         "fft.fft2", "fft.irfft", "fft.hfft", "fft.ihfftn", "stft", "polar", "cfloat"]  # fmt: skip
 # the slow run: every 16th op of the database and the default sample
 SLOW = sorted(set(DEFAULT + EXTRA) | {_name(op) for op in OPS[::16]})
 
