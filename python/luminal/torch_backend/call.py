@@ -151,17 +151,6 @@ class Call:
             self.versions = None
         self.ptrs = list(map(_data_ptr, self.ws))
 
-    def weights_same(self, args: Sequence[Any]) -> bool:
-        """The weight arguments are the tensors the plan was built from, unchanged: the same
-        objects, memory and version counters (an in-place change bumps the counter)."""
-        wget = self.wget
-        if wget is None:
-            return True
-        ws = wget(args)
-        if not all(map(_is, ws, self.ws)) or list(map(_data_ptr, ws)) != self.ptrs:
-            return False
-        return self.versions is None or list(map(_version, ws)) == self.versions
-
     def out_shapes(self, vals: tuple[int, ...], ins: Sequence[Any]) -> list[tuple[int, ...]]:
         """The output shapes for these dim values, after checking that the inputs hold the
         bytes the plan reads at them (once per dim values: dynamo's guards and the graph's
@@ -181,9 +170,20 @@ class Call:
         self.shapes[vals] = shapes
         return shapes
 
-    def run(self, args: Sequence[Any], dims: dict[str, int]) -> list[torch.Tensor]:
-        """Run the plan on ``args``; the output tensors in plan order. The native run's errors
-        (a dim out of range) propagate."""
+    def run(self, args: Sequence[Any], dims: dict[str, int]) -> list[torch.Tensor] | None:
+        """Run the plan on ``args``: the output tensors in plan order, or None (nothing run)
+        when the weight arguments are not the tensors the plan was built from, unchanged (the
+        same objects, memory and version counters: an in-place change bumps the counter).
+        The native run's errors (a dim out of range) propagate."""
+        wget = self.wget
+        if wget is not None:
+            ws = wget(args)
+            if (
+                not all(map(_is, ws, self.ws))
+                or list(map(_data_ptr, ws)) != self.ptrs
+                or (self.versions is not None and list(map(_version, ws)) != self.versions)
+            ):
+                return None
         vals = tuple(map(dims.__getitem__, self.dim_names))
         ins = self.in_get(args)
         if self.scalar_slots:

@@ -443,11 +443,13 @@ class LuminalPartition(torch.nn.Module):
 
     def forward(self, *args: Any) -> Any:
         call = self.call
-        if call is not None and call.weights_same(args):
+        if call is not None:
             try:
                 res = call.run(args, self.env.dims)
             except (ValueError, TypeError, RuntimeError) as e:  # e.g. a size outside a range
                 return self._give_up("running a partition failed", e, args)
+            if res is None:  # a weight changed: rebuild
+                return self._forward_general(args)
             if self.plain_out:  # one dense tensor per output, in torch's layout and order
                 return tuple(res) if self.built.tuple_out else res[0]
             named = dict(zip(self.out_names, res, strict=True))
