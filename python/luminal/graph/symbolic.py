@@ -291,16 +291,20 @@ _ADD: dict[tuple[sint, sint], sint] = {}
 _MUL: dict[tuple[sint, sint], sint] = {}
 
 
+def _memoized(table: dict[tuple[sint, sint], sint], fn: Callable[[sint, sint], sint],
+              a: sint, b: sint) -> sint:  # fmt: skip
+    hit = table.get((a, b))
+    if hit is None:
+        if len(table) > MEMO_MAX:
+            table.clear()
+        hit = table[(a, b)] = fn(a, b)
+    return hit
+
+
 def add(a: sint, b: sint) -> sint:
     if isinstance(a, int) and isinstance(b, int):
         return a + b
-    key = (a, b)
-    hit = _ADD.get(key)
-    if hit is None:
-        if len(_ADD) > MEMO_MAX:
-            _ADD.clear()
-        hit = _ADD[key] = _add(a, b)
-    return hit
+    return _memoized(_ADD, _add, a, b)
 
 
 def _add(a: sint, b: sint) -> sint:
@@ -328,13 +332,7 @@ def _mul_terms(a: Expr, b: Expr) -> Expr:
 def mul(a: sint, b: sint) -> sint:
     if isinstance(a, int) and isinstance(b, int):
         return a * b
-    key = (a, b)
-    hit = _MUL.get(key)
-    if hit is None:
-        if len(_MUL) > MEMO_MAX:
-            _MUL.clear()
-        hit = _MUL[key] = _mul(a, b)
-    return hit
+    return _memoized(_MUL, _mul, a, b)
 
 
 def _mul(a: sint, b: sint) -> sint:

@@ -34,22 +34,22 @@ COMPLEX: dict[Any, Converter] = {}
 PARTS = {torch.complex64: dt.f32, torch.complex128: dt.f64, torch.complex32: dt.f16}
 
 
-def op(*targets: Any) -> Callable[[Converter], Converter]:
+def _registrar(table: dict[Any, Converter], targets: tuple[Any, ...]
+               ) -> Callable[[Converter], Converter]:  # fmt: skip
     def register(fn: Converter) -> Converter:
         for t in targets:
-            TABLE[t] = fn
+            table[t] = fn
         return fn
 
     return register
+
+
+def op(*targets: Any) -> Callable[[Converter], Converter]:
+    return _registrar(TABLE, targets)
 
 
 def complex_op(*targets: Any) -> Callable[[Converter], Converter]:
-    def register(fn: Converter) -> Converter:
-        for t in targets:
-            COMPLEX[t] = fn
-        return fn
-
-    return register
+    return _registrar(COMPLEX, targets)
 
 
 def _is_complex(v: Any) -> bool:
