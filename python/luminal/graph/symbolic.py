@@ -686,29 +686,50 @@ def _mod_raw(a: sint, b: sint) -> sint:
 
 
 def minimum(a: sint, b: sint) -> sint:
-    if isinstance(a, int) and isinstance(b, int):
-        return min(a, b)
-    if a is b:
-        return a
-    if upper_bound(a) <= lower_bound(b) or prove_nonneg(add(b, mul(a, -1))):
-        return a
-    if upper_bound(b) <= lower_bound(a) or prove_nonneg(add(a, mul(b, -1))):
-        return b
-    a, b = sorted((a, b), key=_key)
-    return _mk(MIN, a, b, min(lower_bound(a), lower_bound(b)), min(upper_bound(a), upper_bound(b)))
+    return _extremum(MIN, a, b)
 
 
 def maximum(a: sint, b: sint) -> sint:
+    return _extremum(MAX, a, b)
+
+
+def _operands(kind: str, x: sint) -> list[sint]:
+    return [o for a in x.args for o in _operands(kind, a)] if isinstance(x, Expr) and (
+        x.kind == kind
+    ) else [x]  # fmt: skip
+
+
+def _extremum(kind: str, a: sint, b: sint) -> sint:
+    """min or max of ``a`` and ``b`` with nested operands of the same kind flattened: repeats
+    and operands another one provably dominates are dropped (a memory slot's size grown buffer
+    by buffer stays as short as its distinct sizes, instead of nesting once per buffer)."""
+    pick = min if kind == MIN else max
     if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
+        return pick(a, b)
     if a is b:
         return a
-    if upper_bound(a) <= lower_bound(b) or prove_nonneg(add(b, mul(a, -1))):
-        return b
-    if upper_bound(b) <= lower_bound(a) or prove_nonneg(add(a, mul(b, -1))):
-        return a
-    a, b = sorted((a, b), key=_key)
-    return _mk(MAX, a, b, max(lower_bound(a), lower_bound(b)), max(upper_bound(a), upper_bound(b)))
+    ops: list[sint] = []
+    for o in (*_operands(kind, a), *_operands(kind, b)):
+        if not any(o is k for k in ops):
+            ops.append(o)
+    ints = [o for o in ops if isinstance(o, int)]
+    ops = [o for o in ops if not isinstance(o, int)] + ([pick(ints)] if ints else [])
+
+    def beats(x: sint, y: sint) -> bool:  # x makes y redundant
+        lo, hi = (x, y) if kind == MIN else (y, x)
+        return upper_bound(lo) <= lower_bound(hi) or prove_nonneg(add(hi, mul(lo, -1)))
+
+    kept: list[sint] = []
+    for i, o in enumerate(ops):
+        # of two operands that beat each other (equal values) the first is kept
+        if not any(beats(p, o) and (j < i or not beats(o, p)) for j, p in enumerate(ops) if j != i):
+            kept.append(o)
+    kept.sort(key=_key)
+    out = kept[0]
+    for o in kept[1:]:
+        los, his = (lower_bound(out), lower_bound(o)), (upper_bound(out), upper_bound(o))
+        out = _mk(kind, out, o, pick(los), pick(his))
+    return out
 
 
 def lt(a: sint, b: sint) -> sint:
