@@ -82,7 +82,17 @@ CASES: dict[str, tuple[Callable[..., Tensor], list[tuple[int, ...]], dt.DType]] 
     "sum-scale": (lambda x: _red(Op.SUM_REDUCE, x.mul(_c(x, 0.125)), 1), [(5, 783)], F),
     "max-scale": (lambda x: _red(Op.MAX_REDUCE, x.mul(_c(x, 1.5)), 0), [(783, 3)], F),
     "max-shift": (lambda x: _red(Op.MAX_REDUCE, x.add(_c(x, -2.5)), 1), [(3, 783)], F),
+    # x * 2^k overflows to +-inf for some elements and x * 0 * inf is NaN for all: the
+    # comparisons stay false for every special value too
+    "lt-neginf": (lambda x: _specials(x).lt(_c(x, -np.inf)).cast(F).add(x), [(3, 50)], F),
+    "posinf-lt": (lambda x: _c(x, np.inf).lt(_specials(x)).cast(F).add(x), [(3, 50)], F),
 }
+
+
+def _specials(x: Tensor) -> Tensor:
+    """``x`` with overflowed (+-inf) and NaN elements mixed in."""
+    big = x.mul(_c(x, 2.0**127)).mul(_c(x, 4.0))
+    return big.where(x.lt(_c(x, 1.0)), big.mul(_c(x, 0.0)).mul(big))
 
 
 def _random(shape: tuple[int, ...], d: dt.DType) -> np.ndarray:

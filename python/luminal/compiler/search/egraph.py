@@ -320,6 +320,8 @@ class EGraph:
             return isinstance(x, sym.Expr) or (isinstance(x, (int, float)) and math.isfinite(x))
         if fn == "negzero":
             return isinstance(x, float) and x == 0.0 and math.copysign(1.0, x) < 0
+        if fn in ("posinf", "neginf"):
+            return isinstance(x, float) and x == (math.inf if fn == "posinf" else -math.inf)
         y = vals[1][0]
         try:
             return bool({"=": x == y, "!=": x != y, "<": x < y, "<=": x <= y, ">": x > y,

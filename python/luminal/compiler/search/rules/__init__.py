@@ -29,7 +29,7 @@ ARITH = {"+": 2, "-": 2, "*": 2, "/": 2, "neg": 1}
 FOLD = {k: v for k, v in OPS.items() if v[2] != "axis"}
 PREMISES = {
     "float": 1, "int": 1,  # dtype of an operand or constant
-    "num": 1, "finite": 1, "negzero": 1,  # a constant's value
+    "num": 1, "finite": 1, "negzero": 1, "posinf": 1, "neginf": 1,  # a constant's value
     "=": 2, "!=": 2, "<": 2, "<=": 2, ">": 2, ">=": 2,
 }  # fmt: skip
 RULES_DIR = os.path.dirname(__file__)
