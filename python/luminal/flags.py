@@ -111,6 +111,11 @@ SEARCH_FUSION = Flag(
     "0 keeps every value a kernel reads through overlapping windows inlined (no measured "
     "store-first alternative)",
 )  # fmt: skip
+ACT_QUANT = Flag(
+    "LUMINAL_ACT_QUANT", "",
+    "q8 quantizes the activation operand of products by 32-block quantized weights to int8 per "
+    "block of 32, as llama.cpp does (opt-in numerics, docs/quantization.md); empty: f32",
+)  # fmt: skip
 PROGRESS = Flag(
     "LUMINAL_PROGRESS", "",
     "1 always shows the live progress line of long compiles on stderr, 0 never (default: "
@@ -121,7 +126,7 @@ ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
-       SEARCH_SCHEDULES, SEARCH_FUSION, PROGRESS)  # fmt: skip
+       SEARCH_SCHEDULES, SEARCH_FUSION, ACT_QUANT, PROGRESS)  # fmt: skip
 
 
 def debug() -> int:

@@ -181,6 +181,10 @@ class Emitter:
                     if v.dtype is dt.u4
                     else f"(int8_t)((int8_t)(((int64_t)({a})) << 4) >> 4)"
                 )
+            if v.dtype in (dt.f16, dt.bf16) and v.src.dtype is not v.dtype:
+                # computed in f32 registers: rounded to the 16-bit type as a store would
+                n = v.dtype.name
+                return f"lm_{n}_to_f32(lm_f32_to_{n}((float)({a})))"
             return f"({ctype(v.dtype)})({a})"
         if isinstance(v, K.Alu):
             return self._alu(v, ind)

@@ -20,6 +20,7 @@ from typing import Any, cast
 from .. import flags
 from ..graph.graph import Graph
 from . import kernel_ir as K
+from .actquant import quantize_activations
 from .fold import fold_scales
 from .lower import Lowered, lower
 from .schedule import schedule
@@ -135,6 +136,13 @@ def _plan(c: Compilation) -> None:
 
 
 STAGES: list[Stage] = [
+    Stage(
+        "act_quant",
+        _graph_pass(quantize_activations),
+        "with LUMINAL_ACT_QUANT=q8, activations of products by 32-block quantized weights "
+        "quantized to int8 per block, llama.cpp's numerics (compiler/actquant.py)",
+        flags.ACT_QUANT,
+    ),
     Stage(
         "fold_scales",
         _fold_scales,

@@ -24,6 +24,8 @@ import numpy as np
 
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
+from ..graph.graph import Graph as AnyGraph
+from ..graph.graph import Node
 from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import View, idx_vars
@@ -404,6 +406,29 @@ FORMATS: dict[str, Format] = {
     "NVFP4": Format("NVFP4", 64, 36, ("u8",), _nvfp4),
 }
 
+
+@dataclass(frozen=True)
+class BlockTag:
+    """A node holding a weight's dequantized blocks, as (blocks, ``block``) values."""
+
+    fmt: str
+    block: int
+
+
+# node id -> tag, per graph: lets a pass find the products of quantized weights
+# (compiler/actquant.py) without matching each format's expression
+_TAGS: weakref.WeakKeyDictionary[AnyGraph, dict[int, BlockTag]] = weakref.WeakKeyDictionary()
+
+
+def block_tag(g: AnyGraph, node: Node) -> BlockTag | None:
+    """The format of the weight whose dequantized blocks ``node`` (of ``g``) holds, if any."""
+    return _TAGS.get(g, {}).get(node.id)
+
+
+def tagged_graph(g: AnyGraph) -> bool:
+    return bool(_TAGS.get(g))
+
+
 _ALIASES = {"u8": np.uint8, "f16": np.float16, "i8": np.int8}
 
 
@@ -455,7 +480,10 @@ def quantized_weight(
     f = _format(name, fmt)
     rows, cols = shape
     ws = _aliases(g, name, f, raw, rows, cols)
-    return f.build(g, ws, rows * cols // f.block).reshape(rows, cols)
+    blocks = f.build(g, ws, rows * cols // f.block)
+    # the products it feeds may take int8 activations (compiler/actquant.py)
+    _TAGS.setdefault(g, {})[blocks.node.id] = BlockTag(f.name, f.block)
+    return blocks.reshape(rows, cols)
 
 
 def quantized_rows(

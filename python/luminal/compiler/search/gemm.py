@@ -365,3 +365,131 @@ def _match_copied(
         return None
     alt.copies = tuple(copies)
     return alt
+
+
+# ``qdot``: a product by a block-quantized weight in the form that compile-time folding leaves
+# (compiler/fold.py: block scales as f32, quants packed per block), computed by the target with
+# integer dot products where the activation's blocks of 32 are int8 codes times a scale (the
+# q8 activations of compiler/actquant.py), in f32 elsewhere. The formats, by the weight reads
+# the dequantized value is built from (block b = n * k/32 + k // 32):
+#   q4_0: u8 nibbles (element e < 16 the low nibble of byte e of the block, e >= 16 the high
+#         one of byte e - 16) and one f32 per block;
+#   q4_1: the same nibbles, one f32 per half block and one per block;
+#   q8_0: i8 codes, q_stride bytes per block from q_offset, and one f32 per block.
+# The reads pin the layout, not the arithmetic between them: the search checks the call's
+# output against the generated kernel before it keeps it, so a value of another form is
+# dropped there.
+QDOT_FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
+
+
+def match_qdot(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
+    """A ``qdot`` alternative for ``kern`` (args: A, the weight's buffers, C), or None."""
+    if kern.scatter_row is not None or kern.dtype is not dt.f32 or not kern.shape:
+        return None
+    shape = kern.shape
+    rank = len(shape)
+    if any(s != 1 for s in shape[:-2]):
+        return None
+    for r in _find_reduces(kern.value):
+        alt = _match_qdot(kern, r, rank, new_buffer_id)
+        if alt is not None:
+            return alt
+    return None
+
+
+def _match_qdot(
+    kern: K.Kernel, r: K.Reduce, rank: int, new_buffer_id: int
+) -> GemmAlternative | None:
+    shape = kern.shape
+    k_size = r.extent
+    if r.dtype is not dt.f32 or not isinstance(k_size, int) or k_size % 32 or k_size == 0:
+        return None
+    assert isinstance(r.body, K.Alu)
+    n_name, n_size = f"_i{rank - 1}", shape[-1]
+    m_name, m_size = (f"_i{rank - 2}", shape[-2]) if rank >= 2 else (None, 1)
+    drop: dict[str, sint] = {f"_i{j}": 0 for j in range(rank - 2)}
+    kv = r.var.name
+    for ai in (0, 1):
+        a, w = r.body.srcs[ai], r.body.srcs[1 - ai]
+        if not (isinstance(a, K.Load) and a.valid == 1 and a.dtype is dt.f32):
+            continue
+        names = ([m_name] if m_name else []) + [n_name, kv]
+        aff = _affine(sym.substitute(a.index, drop), names)
+        if aff is None or aff[1][kv] != 1 or aff[1][n_name] != 0:
+            continue
+        a_off, ca = aff
+        lda = ca[m_name] if m_name else k_size
+        if m_name and m_size != 1 and not _ge(lda, k_size):
+            continue
+        fmt = _qdot_weight(w, sym.index_var(rank - 1, n_size), kv, k_size, drop)
+        if fmt is None or not sym.prove_nonneg(a_off):
+            continue
+        name, bufs, q_off, q_stride = fmt
+        direct = kern.value is r
+        out = kern.out if direct else new_buffer_id
+        fields: dict[str, sint | float] = {
+            "format": float(QDOT_FORMATS[name]), "m": m_size, "n": n_size, "k": k_size,
+            "lda": lda if m_size != 1 else k_size, "a_offset": a_off,
+            "q_offset": q_off, "q_stride": q_stride,
+        }  # fmt: skip
+        call = K.LibCall(f"{kern.name}_qdot", "qdot", fields, [a.buf, *bufs, out], out)
+        epilogue = None
+        if not direct:
+            flat: sint = 0
+            for j, st in enumerate(contiguous_strides(shape)):
+                flat = sym.add(flat, sym.mul(sym.index_var(j, shape[j]), st))
+            value = _replace(kern.value, r, K.Load(out, flat, 1, dt.f32))
+            epilogue = K.Kernel(f"{kern.name}_epi", shape, kern.out, value, kern.dtype)
+        return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size,
+                               k_size, 1)  # fmt: skip
+    return None
+
+
+def _qdot_weight(
+    w: K.Value, nv: sint, kv: str, k: int, drop: dict[str, sint]
+) -> tuple[str, list[int], sint, sint] | None:
+    """(format, [quants, scales...] buffers, q_offset, q_stride) of the weight value ``w`` read
+    at row ``nv`` (its index variable) and column ``kv``, or None."""
+    nblocks = k // 32
+    loads = {x for x in K.walk(w) if isinstance(x, K.Load)}
+    if any(x.valid != 1 for x in loads) or not loads:
+        return None
+    if any(v in K.free_vars(w, {}) for v in drop):
+        return None
+    kb, h, e = sym.var("_qkb", 0, nblocks - 1, nblocks), sym.var("_qh", 0, 1, 2), sym.var(
+        "_qe", 0, 15, 16)  # fmt: skip
+    col = sym.add(sym.add(sym.mul(kb, 32), sym.mul(h, 16)), e)
+    block = sym.add(sym.mul(nv, nblocks), kb)
+    by_kind: dict[str, list[tuple[K.Load, sint]]] = {}
+    for x in loads:
+        at = sym.substitute(x.index, {**drop, kv: col})
+        by_kind.setdefault(x.dtype.name, []).append((x, at))
+    f32 = by_kind.pop("f32", [])
+    if len(by_kind) != 1 or len({x.buf for x, _ in by_kind[next(iter(by_kind))]}) != 1:
+        return None
+    ((kind, quants),) = by_kind.items()
+    q_at = quants[0][1]
+    at0 = {**({nv.name: 0} if isinstance(nv, sym.Expr) else {}), "_qh": 0, "_qe": 0}
+    q_off = sym.substitute(q_at, {**at0, "_qkb": 0})
+    q_stride = sym.add(sym.substitute(q_at, {**at0, "_qkb": 1}),
+                       sym.mul(q_off, -1))  # fmt: skip
+    if not isinstance(q_stride, int) or not sym.prove_nonneg(q_off):
+        return None
+    base = sym.add(q_off, sym.mul(block, q_stride))
+    per_block = [x.buf for x, at in f32 if sym.add(at, sym.mul(block, -1)) == 0]
+    per_half = [x.buf for x, at in f32
+                if sym.add(at, sym.mul(sym.add(sym.mul(block, 2), h), -1)) == 0]  # fmt: skip
+    if len(per_block) + len(per_half) != len(f32) or not all(
+        sym.add(at, sym.mul(sym.add(base, e if kind == "u8" else sym.add(sym.mul(h, 16), e)),
+                            -1)) == 0
+        for _, at in quants
+    ):  # fmt: skip
+        return None
+    q = quants[0][0].buf
+    if kind == "i8" and len(set(per_block)) == 1 and not per_half:
+        return "q8_0", [q, per_block[0]], q_off, q_stride
+    if kind == "u8" and len(set(per_block)) == 1 and not per_half:
+        return "q4_0", [q, per_block[0]], q_off, q_stride
+    if kind == "u8" and len(set(per_block)) == 1 and len(set(per_half)) == 1:
+        return "q4_1", [q, per_half[0], per_block[0]], q_off, q_stride
+    return None

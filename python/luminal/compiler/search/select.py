@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from ... import flags
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
+from ..actquant import mode as act_quant_mode
 from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
 from .cost import estimate
-from .gemm import match_any
+from .gemm import GemmAlternative, match_any, match_qdot
 from .tuner import Candidate, Timing, Tuner, sub_fingerprint
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
@@ -197,6 +198,9 @@ class _Choice:
     extra: list[BufferInfo]
     sub_gen: Lowered
     key: str
+    # steps cut out with every option (not replaced): the kernel writing a qdot call's
+    # activation, so each option is timed and checked on the activation the plan computes
+    context: list[Step]
 
 
 def _options(
@@ -204,37 +208,71 @@ def _options(
 ) -> _Choice | None:
     """The choice to take for ``kern`` (its new buffers numbered from ``len(buffers)``);
     None when it has no library form worth timing."""
-    alt = match_any(kern, len(buffers)) if isinstance(kern, K.Kernel) else None
-    if alt is None or not isinstance(kern, K.Kernel):
+    if not isinstance(kern, K.Kernel):
         return None
-    work = int(sym.evaluate(sym.mul(sym.mul(sym.mul(alt.m, alt.n), alt.k), alt.batch), dims))
-    if work < MIN_GEMM_WORK:
-        if flags.debug() >= 3:
-            print(f"luminal search: {kern.name}: gemm work {work} < {MIN_GEMM_WORK}, "
-                  "keeping the generated kernel", file=sys.stderr)  # fmt: skip
-        return None
-    # new buffers in id order: the operand copies, then the product
-    extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
-    if alt.scratch_shape is not None:
-        extra.append(
-            BufferInfo(alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch")
-        )
-    prefix = "copy+" if alt.copies else ""
-    suffix = "+epilogue" if alt.epilogue else ""
-    variants = tuner.variants(alt.call) if tuner.variants is not None else []
+    alt = match_any(kern, len(buffers))
+    extra = _extra(kern, alt) if alt is not None else []
+    qalt = match_qdot(kern, len(buffers) + len(extra)) if act_quant_mode() == "q8" else None
+    context = _producers(low, kern, qalt) if qalt is not None else []
+    if qalt is not None and not context:
+        qalt = None  # an activation not computed here (a plan input) is not known to be q8
     options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
-    for label, call in [(alt.call.func, alt.call), *variants]:
-        lib_steps: list[Step] = [*alt.copies, call, *([alt.epilogue] if alt.epilogue else [])]
-        options.append((prefix + label + suffix, lib_steps))
+    for a in (alt, qalt):
+        if a is None:
+            continue
+        work = int(sym.evaluate(sym.mul(sym.mul(sym.mul(a.m, a.n), a.k), a.batch), dims))
+        if work < MIN_GEMM_WORK:
+            if flags.debug() >= 3:
+                print(f"luminal search: {kern.name}: {a.call.func} work {work} < "
+                      f"{MIN_GEMM_WORK}, not timed", file=sys.stderr)  # fmt: skip
+            continue
+        if a is qalt:
+            extra += _extra(kern, a)
+        prefix = "copy+" if a.copies else ""
+        suffix = "+epilogue" if a.epilogue else ""
+        variants = tuner.variants(a.call) if tuner.variants is not None else []
+        for label, call in [(a.call.func, a.call), *variants]:
+            lib_steps: list[Step] = [*a.copies, call, *([a.epilogue] if a.epilogue else [])]
+            options.append((prefix + label + suffix, lib_steps))
+    if len(options) == 1:
+        return None
+    if qalt is None or not any(label.endswith("qdot") or "qdot+" in label
+                               for label, _ in options):  # fmt: skip
+        context = []
     # the generated kernel in the other task order too: few rows by a large weight (a
     # short sequence's projections) read the weight once instead of once per row
     if any(s.order == 1 for s in alternatives(kern, tuner.space)):
         options.append(("generated,order=1", replace(kern, schedule=K.Schedule(order=1))))
     # cut out, buffers renumbered, so identical layers share one decision (and take it
     # without cutting out and estimating their candidates again)
-    sub_gen = subprogram(low, [kern])
+    sub_gen = subprogram(low, [*context, kern])
     key = f"{sub_fingerprint(sub_gen)}|{[o[0] for o in options]}"
-    return _Choice(options, extra, sub_gen, key)
+    return _Choice(options, extra, sub_gen, key, context)
+
+
+def _extra(kern: K.Kernel, alt: GemmAlternative) -> list[BufferInfo]:
+    """The buffers an alternative adds, in id order: the operand copies, then the product."""
+    extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
+    if alt.scratch_shape is not None:
+        extra.append(
+            BufferInfo(alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch")
+        )
+    return extra
+
+
+def _producers(low: Lowered, kern: K.Kernel, alt: GemmAlternative) -> list[Step]:
+    """The kernel that last writes ``alt``'s activation (its first argument) before ``kern``,
+    as a one-step list; empty when a plan input or no single kernel provides it."""
+    a = alt.call.args[0]
+    if low.buffers[a].role != "scratch":
+        return []
+    at = next(i for i, s in enumerate(low.kernels) if s is kern)
+    for s in reversed(low.kernels[:at]):
+        if isinstance(s, K.Kernel) and s.out == a and s.scatter_row is None and s.when is None:
+            return [s]
+        if a in K.step_buffers(s)[0]:
+            return []
+    return []
 
 
 def _renumbered(step: Step, ids: dict[int, int]) -> Step:
@@ -256,14 +294,14 @@ def _candidates(
     low: Lowered, buffers: list[BufferInfo], choice: _Choice, tuner: Tuner, dims: dict[str, int]
 ) -> list[Candidate]:
     """The cut-out program of every option (``buffers`` holds every new buffer so far)."""
-    sub_gen = choice.sub_gen
+    sub_gen, ctx = choice.sub_gen, choice.context
     cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost),
                        choice.options[0][1])]  # fmt: skip
     for label, payload in choice.options[1:]:
         if isinstance(payload, K.Kernel):
-            sub = subprogram(low, [payload])
+            sub = subprogram(low, [*ctx, payload])
         else:
-            sub = subprogram(low, payload, buffers[len(low.buffers) :])
+            sub = subprogram(low, [*ctx, *payload], buffers[len(low.buffers) :])
         cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), payload))
     return cands
 
