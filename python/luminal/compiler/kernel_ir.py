@@ -151,20 +151,28 @@ class Schedule:
     share (what does not depend on that dim: a weight, dequantized) is computed once for
     all of them; 0 or 1: one element at a time; -1: the default rule (schedule.py). A dim
     whose extent is not a multiple runs its last indices in smaller blocks (the binary
-    digits of the rest)."""
+    digits of the rest).
+    ``jam2``: indices of the innermost output dim computed together as well, so a block is
+    ``jam`` x ``jam2`` elements (with ``jam`` 0 or 1: 1 x ``jam2``): what their bodies share
+    along that dim (the other operand's load) is computed once per ``jam2`` columns, and a
+    block loads ``jam + jam2`` operand values for ``jam * jam2`` products; 0 or 1: none.
+    Columns past the last full block of a task run in blocks of the binary digits of the
+    rest."""
 
     split: int = -1
     chunk: int = 0
     order: int = 0
     jam: int = -1
     jam_dim: int = 0
+    jam2: int = 0
 
     def label(self) -> str:
         split = "default" if self.split < 0 else str(self.split)
         return (f"split={split}" + (f",chunk={self.chunk}" if self.chunk else "")
                 + (f",order={self.order}" if self.order else "")
                 + (f",jam={self.jam}@{self.jam_dim}" if self.jam > 1 else "")
-                + (",jam=0" if 0 <= self.jam <= 1 else ""))  # fmt: skip
+                + (",jam=0" if 0 <= self.jam <= 1 and self.jam2 <= 1 else "")
+                + (f",jam2={self.jam2}" if self.jam2 > 1 else ""))  # fmt: skip
 
 
 @dataclass
@@ -528,4 +536,6 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
                     parts[-1] += f",o{s.schedule.order}"
                 if s.schedule.jam != -1:
                     parts[-1] += f",j{s.schedule.jam}@{s.schedule.jam_dim}"
+                if s.schedule.jam2 > 1:
+                    parts[-1] += f",c{s.schedule.jam2}"
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

@@ -211,6 +211,8 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
         sched = replace(sched, jam=DEFAULT_JAM if dequantizes else 0, jam_dim=d or 0)
     if sched.jam > 1 and not jam_applies(done, sched.jam_dim):
         sched = replace(sched, jam=0, jam_dim=0)
+    if sched.jam2 > 1 and not jam2_applies(done):
+        sched = replace(sched, jam2=0)
     return replace(done, schedule=sched, scheduled=True)
 
 
@@ -299,6 +301,18 @@ def jam_applies(k: K.Kernel, dim: int) -> bool:
     return False
 
 
+def jam2_applies(k: K.Kernel) -> bool:
+    """Whether the innermost output dim of ``k`` can be jammed too (``K.Schedule.jam2``):
+    each element runs a reduction along it whose body has work that does not depend on it
+    (the other operand of a product: a row of activations), and ``k`` writes plain rows and
+    does not read its own output."""
+    n = len(k.shape)
+    if k.scatter_row is not None or n == 0 or sym.upper_bound(k.shape[-1]) < 2:
+        return False
+    reads = {x.buf for x in K.walk(k.value) if isinstance(x, K.Load)}
+    return k.out not in reads and shared_work(k, n - 1) > 0
+
+
 def jam_dim(k: K.Kernel) -> int | None:
     """The outer output dim whose jam shares the most work (ties: the longer dim, then the
     outer one), or None when no dim of at least two indices shares any."""
@@ -314,36 +328,59 @@ def jam_dim(k: K.Kernel) -> int | None:
 
 @dataclass
 class Jammed:
-    """A kernel's value for each element of a jammed block: element ``j`` has the index
-    variable ``vars[j]`` where the kernel has the jammed dim's; ``groups`` holds, for each
-    top reduction along that dim, its copy in each value (the loops a renderer merges)."""
+    """A kernel's values for the elements of a jammed block: ``values[a][b]`` has index
+    variable ``rows[a]`` where the kernel has the jammed dim's and ``cols[b]`` where it has
+    the innermost dim's (a dim that is not jammed keeps its own variable, as the single entry
+    of its list). ``groups`` holds, for each top reduction that runs per element along every
+    jammed dim, its copy in each value, ``[a][b]`` alike (the loops a renderer merges)."""
 
-    vars: list[sym.Expr]
-    values: list[K.Value]
-    groups: list[list[K.Reduce]]
+    rows: list[sym.Expr]
+    cols: list[sym.Expr]
+    values: list[list[K.Value]]
+    groups: list[list[list[K.Reduce]]]
 
 
-def jammed(k: K.Kernel, size: int | None = None) -> Jammed:
-    """``k``'s value for the ``size`` (default: the schedule's jam) elements of a block of its
-    jammed dim."""
-    assert k.schedule is not None and k.schedule.jam > 1
-    dim = k.schedule.jam_dim
-    size = size or k.schedule.jam
-    ix = sym.index_var(dim, k.shape[dim])
+def _copies(dim: int, extent: sym.sint, size: int) -> tuple[sym.Expr, list[sym.Expr]]:
+    ix = sym.index_var(dim, extent)
     assert isinstance(ix, sym.Expr)
-    _, lo, hi, extent = ix.args
+    if size <= 1:
+        return ix, [ix]
+    _, lo, hi, ext = ix.args
+    return ix, [sym.var(f"_i{dim}j{j}", lo, hi, ext) for j in range(size)]
+
+
+def jammed(k: K.Kernel) -> Jammed:
+    """``k``'s values for the elements of one full block of its schedule's jams."""
+    sched = k.schedule
+    assert sched is not None and (sched.jam > 1 or sched.jam2 > 1)
+    n = len(k.shape)
+    row_dim = sched.jam_dim if sched.jam > 1 else None
+    col_ix, cols = _copies(n - 1, k.shape[-1], sched.jam2)
+    if row_dim is None:
+        row_ix, rows = None, [col_ix]  # a placeholder row: the kernel's own variables
+    else:
+        row_ix, rows = _copies(row_dim, k.shape[row_dim], sched.jam)
     tops = top_reduces(k.value)
-    where = _jam_positions(k, dim, tops)
-    out = Jammed([], [], [[] for _ in where])
-    for j in range(size):
-        var = sym.var(f"_i{dim}j{j}", lo, hi, extent)
-        out.vars.append(var)
-        out.values.append(K.substitute(k.value, {ix.name: var}))
-        # the same walk over a renamed copy: the same reductions in the same order
-        copies = top_reduces(out.values[-1])
-        assert len(copies) == len(tops)
-        for grp, i in zip(out.groups, where, strict=True):
-            grp.append(copies[i])
+    memo: dict[int, frozenset[str]] = {}
+    want = {col_ix.name} | ({row_ix.name} if row_ix is not None else set())
+    where = [i for i, r in enumerate(tops) if want <= K.free_vars(r, memo)]
+    out = Jammed(rows if row_ix is not None else [], cols, [], [])
+    out.groups = [[] for _ in where]
+    for rv in rows:
+        out.values.append([])
+        for grp in out.groups:
+            grp.append([])
+        for cv in cols:
+            mapping: dict[str, sym.sint] = {col_ix.name: cv} if cv is not col_ix else {}
+            if row_ix is not None:
+                mapping[row_ix.name] = rv
+            value = K.substitute(k.value, mapping) if mapping else k.value
+            out.values[-1].append(value)
+            # the same walk over a renamed copy: the same reductions in the same order
+            copies = top_reduces(value)
+            assert len(copies) == len(tops)
+            for grp, i in zip(out.groups, where, strict=True):
+                grp[-1].append(copies[i])
     return out
 
 
@@ -364,15 +401,37 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         # the other task order: worth it when an operand shared by every outer index (a
         # weight) is larger than a cache and the outer extent is small (a product of few rows)
         out += [K.Schedule(s, c, 1) for c in (0, *space.chunks) for s in (-1, *space.splits)]
-    d = jam_dim(k) if space.jams else None
-    if d is not None:
+    d = jam_dim(k) if space.jams or space.blocks else None
+    if d is not None and space.jams:
         # register blocks of a few rows sharing each load (and dequantization) of a weight;
         # in order 1 a thread's blocks share a chunk of weight rows, for longer products
         jams = (0, *space.jams)  # none too: the default may jam
         out += [K.Schedule(s, 0, 0, j, d) for j in jams for s in (-1, *space.splits)]
         if 1 in space.orders:
             out += [K.Schedule(-1, 0, 1, j, d) for j in space.jams]
+    if space.blocks and _plain_sums(k) and jam2_applies(k):
+        # 2-D register blocks: R rows share each weight load, C columns each row load
+        for r, c in space.blocks:
+            if r > 1 and d is None:
+                continue
+            out += [K.Schedule(-1, 0, o, r if r > 1 else 0, d or 0, c) for o in space.orders]
     return out
+
+
+def _plain_sums(k: K.Kernel) -> bool:
+    """Whether every reduction each element runs along the innermost dim is a plain float
+    sum (straight-line body, no block structure a default split would cut): a 2-D block holds
+    one vector accumulator per element, which a split sum's several would overflow."""
+    tops = _jam_reduces(k, len(k.shape) - 1)
+    return bool(tops) and all(
+        r.op is Op.SUM_REDUCE
+        and r.dtype.is_float
+        and not _has_divmod_of(r.body, r.var.name)
+        and not any(
+            isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r.body)
+        )
+        for r in tops
+    )
 
 
 def _reduces_per_element(k: K.Kernel) -> bool:

@@ -37,13 +37,17 @@ class CostModel:
 class ScheduleSpace:
     """The schedules the search tries on a target (``schedule.alternatives``): reduction split
     factors (partial sums kept as a vector of that many lanes), output elements per task,
-    task orders (0: rows outermost; 1: outer indices fastest), and jams (elements of an outer
-    dim one reduction loop computes together; () where the target's renderer has none)."""
+    task orders (0: rows outermost; 1: outer indices fastest), jams (elements of an outer
+    dim one reduction loop computes together; () where the target's renderer has none), and
+    blocks: (rows, columns) of elements one loop of plain sums computes together, jammed over
+    an outer dim and the innermost one (``K.Schedule.jam`` x ``jam2``), each within what the
+    target's registers hold."""
 
     splits: tuple[int, ...] = (8, 16, 32)
     chunks: tuple[int, ...] = (8, 32)
     orders: tuple[int, ...] = (0, 1)
     jams: tuple[int, ...] = ()
+    blocks: tuple[tuple[int, int], ...] = ()
 
 
 class Target(Protocol):

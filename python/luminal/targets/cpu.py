@@ -4,8 +4,9 @@ runtime's thread pool; GEMMs through the runtime's BLAS.
 Cost constants are round numbers for one core class (they only rank which candidates are
 measured; measurement decides). The schedule space: reduction splits of 8, 16 and 32 lanes (8
 floats are one AVX2 register, 16 one AVX-512 register, 32 two registers of independent
-partial sums), 8 or 32 output elements per task, both task orders, and jams of 2, 4 or 8 rows
-(register blocks: on AVX2 a jam of 4 measured fastest, 8 runs out of registers).
+partial sums), 8 or 32 output elements per task, both task orders, jams of 2, 4 or 8 rows
+(register blocks: on AVX2 a jam of 4 measured fastest, 8 runs out of registers), and 2-D
+blocks of rows x columns of plain products (``codegen/cpu/jam.py``: those that fit).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import flags
 from ..codegen.cpu import CKernel, render_kernel
+from ..codegen.cpu.jam import BLOCKS, block_fits, vector_registers
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
 from ..compiler.schedule import apply
@@ -32,7 +34,9 @@ from .base import Launchable, assemble_plan
 
 COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, launch=5e-6,
                  cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
-SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8))
+_REGS = vector_registers()  # 2-D blocks: those within the registers (codegen/cpu/jam.py)
+SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
+                      blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)))  # fmt: skip
 
 
 # rendered kernels kept by content: the search renders a candidate to tell schedules apart,

@@ -16,19 +16,20 @@ from typing import TYPE_CHECKING
 
 from ...compiler import kernel_ir as K
 from ...compiler.schedule import jammed
+from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import Op
 from ...graph.symbolic import sint
 from ...graph.view import contiguous_strides
-from .vector import blocked_sum
+from .vector import _Unsupported, _Vec, blocked_sum
 
 if TYPE_CHECKING:
     from ..cstyle import Emitter
 
 
-def jam_reduce(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
-    """The copies ``rs`` of one reduction (alike but for the jammed index) in one loop; the C
-    name of each result."""
+def jam_reduce(em: Emitter, rs: list[K.Reduce], ind: str, vector: bool = False) -> list[str]:
+    """The copies ``rs`` of one reduction (alike but for the jammed indices) in one loop; the
+    C name of each result. ``vector``: plain float sums as explicit vectors (a 2-D block)."""
     from ..cstyle import _blocked_sum, _c_name, cexpr, ctype, reduce_init, reduce_update
 
     r0 = rs[0]
@@ -37,6 +38,10 @@ def jam_reduce(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
         return got if got is not None else _blocked_scalar(em, rs, ind)
     if len(rs) == 1 or isinstance(r0.extent, int) and r0.extent <= 4:  # one, or written out
         return [em.emit(r, ind) for r in rs]
+    if em.simd_reductions and vector:
+        got = _vector_sums(em, rs, ind)
+        if got is not None:
+            return got
     for r in rs:
         em.hoist(r.body, frozenset({r.var.name}), ind)
     t = ctype(r0.dtype)
@@ -58,6 +63,126 @@ def jam_reduce(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
             # straight-line body: let the compiler reassociate these sums
             em.lines.insert(head, f"{ind}#pragma omp simd reduction(+:{','.join(accs)})")
     return accs
+
+
+def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
+    """Plain float sums (straight-line bodies, loads unit-stride in the summed variable: a
+    block of dot products) with one native vector accumulator per copy, the copies' shared
+    vectors loaded once per step; the last ``extent % LM_VL`` steps in scalars. None (nothing
+    emitted) when a body is not covered. GCC's own vectorization of a 2-D block's loop
+    (``omp simd reduction``) reloaded the shared vectors at each use, or spilled."""
+    from ..cstyle import _c_name, cexpr
+
+    r0 = rs[0]
+    if r0.op is not Op.SUM_REDUCE or r0.dtype is not dt.f32:
+        return None
+    if any(isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r0.body)):
+        return None
+    saved, n_saved, scope = list(em.lines), em.n, dict(em.scopes[-1])
+    for r in rs:
+        em.hoist(r.body, frozenset({r.var.name}), ind)
+    accs = [em.tmp() for _ in rs]
+    rv, ext = _c_name(r0.var), cexpr(r0.extent)
+    em.lines.append(f"{ind}lm_f32v {', '.join(f'{a} = {{0}}' for a in accs)};")
+    em.lines.append(f"{ind}{em.index_type} {rv} = 0;")
+    em.lines.append(f"{ind}for (; {rv} + LM_VL <= {ext}; {rv} += LM_VL) {{")
+    ok = True
+
+    def step() -> None:
+        nonlocal ok
+        vec = _Vec(em, r0.var, ind + "  ")
+        try:
+            xs = [vec.val(r.body) for r in rs]
+        except _Unsupported:
+            ok = False
+            return
+        if any(kind != "f" for _, kind in xs):
+            ok = False
+            return
+        em.lines.extend(_kept(vec, [r.body for r in rs]))
+        em.lines.extend(f"{ind}  {a} += {x};" for a, (x, _) in zip(accs, xs, strict=True))
+
+    em.block(step)
+    if not ok:
+        em.lines[:] = saved
+        em.n = n_saved
+        em.scopes[-1].clear()
+        em.scopes[-1].update(scope)
+        return None
+    em.lines.append(f"{ind}}}")
+    sums = [em.tmp() for _ in rs]
+    em.lines.append(
+        f"{ind}float {', '.join(f'{t} = lm_vsum_f32({a})' for t, a in zip(sums, accs))};"
+    )
+    em.lines.append(f"{ind}for (; {rv} < {ext}; ++{rv}) {{")
+
+    def tail() -> None:
+        xs = [em.emit(r.body, ind + "  ") for r in rs]
+        em.lines.extend(f"{ind}  {t} += {x};" for t, x in zip(sums, xs, strict=True))
+
+    em.block(tail)
+    em.lines.append(f"{ind}}}")
+    return sums
+
+
+# 2-D blocks (rows, columns) the search measures for products of plain sums, where they fit
+# (``block_fits``). Few: each measured one costs a C compile at search time.
+BLOCKS = ((4, 4), (3, 3), (4, 2), (2, 4))
+
+
+def block_fits(rows: int, cols: int, registers: int) -> bool:
+    """A block of ``rows`` x ``cols`` dot products holds one accumulator per element and the
+    ``rows + cols`` vectors one step loads (held by ``LM_KEEP``), plus one register for an
+    operand no other element shares. Set by GCC 12's AVX2 code (16 registers): 4 x 2, 2 x 4
+    and 3 x 3 (16) ran without spills, 4 x 3 (20) spilled three accumulators every step."""
+    return rows * cols + rows + cols + 1 <= registers
+
+
+def vector_registers() -> int:
+    """The vector registers of the machine kernels are compiled for (``-march=native``):
+    32 with AVX-512, else 16 (AVX2, and the 16 of SSE and NEON's 32 counted low)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return 32 if " avx512f" in line else 16
+    except OSError:
+        pass
+    return 16
+
+
+# Holds a vector in a register: an empty asm that "changes" it, so the C compiler cannot
+# reload it from memory at each use (GCC 12 rematerialized a block's shared loads as memory
+# operands of its FMAs: 11 loads for 8 FMAs in a block of 4 x 2, 6 with this).
+JAM_HELPERS = r"""
+#if defined(__x86_64__) || defined(__i386__)
+#define LM_KEEP(v) __asm__("" : "+v"(v))
+#elif defined(__aarch64__)
+#define LM_KEEP(v) __asm__("" : "+w"(v))
+#else
+#define LM_KEEP(v) (void)(v)
+#endif
+"""
+
+
+def _kept(vec: _Vec, bodies: list[K.Value]) -> list[str]:
+    """``vec``'s lines, the vectors that two or more ``bodies`` load held in registers."""
+    users: dict[str, int] = {}
+    for body in bodies:
+        for name in {
+            vec.memo[x][0] for x in K.walk(body) if isinstance(x, K.Load) and x in vec.memo
+        }:
+            users[name] = users.get(name, 0) + 1
+    out = []
+    for line in vec.lines:
+        head, _, _ = line.partition(" = ")
+        name = head.rsplit(" ", 1)[-1]
+        if users.get(name, 0) > 1 and head.lstrip().startswith("const lm_f32v "):
+            out.append(line.replace("const lm_f32v ", "lm_f32v ", 1))
+            out.append(f"{head[: len(head) - len(head.lstrip())]}LM_KEEP({name});")
+        else:
+            out.append(line)
+    return out
 
 
 def _blocked_scalar(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
@@ -105,11 +230,23 @@ def _blocked_scalar(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
     return out
 
 
-def _flat(shape: tuple[sint, ...], dim: int, var: sym.Expr) -> sint:
-    """The output's flat index with ``var`` as dim ``dim``'s index."""
+def _flat(shape: tuple[sint, ...], at: dict[int, sym.Expr]) -> sint:
+    """The output's flat index with ``at[d]`` as dim ``d``'s index."""
     out: sint = 0
     for j, (s, st) in enumerate(zip(shape, contiguous_strides(shape), strict=True)):
-        out = sym.add(out, sym.mul(var if j == dim else sym.index_var(j, s), st))
+        out = sym.add(out, sym.mul(at.get(j, sym.index_var(j, s)), st))
+    return out
+
+
+def _digits(size: int) -> list[int]:
+    """The block sizes a rest of fewer than ``size`` indices runs in, largest first."""
+    p = 1
+    while p * 2 < size:
+        p *= 2
+    out = []
+    while p >= 1:
+        out.append(p)
+        p //= 2
     return out
 
 
@@ -121,58 +258,97 @@ def jam_task(
     store: Callable[[sint, str, str], str],
     ind: str = "    ",
 ) -> list[str]:
-    """The lines of one task of jammed kernel ``k``: block ``i<d>`` of the jammed dim ``d``,
-    elements ``lo .. hi`` of the innermost dim. ``store(flat index, C value, indent)`` writes
-    one element."""
+    """The lines of one task of jammed kernel ``k``: block ``i<d>`` of the jammed dim ``d``
+    (or index ``i<d>``, when only the innermost dim is jammed), elements ``lo .. hi`` of the
+    innermost dim, in blocks of ``jam2`` of them. ``store(flat index, C value, indent)``
+    writes one element."""
     from ..cstyle import _c_name, cexpr
 
-    assert k.schedule is not None
-    size, d = k.schedule.jam, k.schedule.jam_dim
+    sched = k.schedule
+    assert sched is not None
     n = len(k.shape)
-    inner_var = f"_i{n - 1}"
     iv = f"i{n - 1}"
     full = jammed(k)
-    em.made += full.values
-    flats = [_flat(k.shape, d, v) for v in full.vars]
-    lines = [
-        f"{ind}const int64_t lm_j0 = i{d} * {size}, "
-        f"lm_jn = lm_min({size}, {cexpr(k.shape[d])} - lm_j0);"
-    ]
+    for row in full.values:
+        em.made += row
+    col_names = frozenset({f"_i{n - 1}"} | {v.name for v in full.cols})
+    size, d = sched.jam, sched.jam_dim
+    csize = sched.jam2 if full.cols and sched.jam2 > 1 else 1
+    lines = [f"{ind}/* block {max(size, 1)}x{csize} of dims {d if size > 1 else '-'}, {n - 1} */"]
+
+    def element(m: int, p: int, ei: str) -> None:
+        """Block rows ``0 .. m - 1`` by columns ``0 .. p - 1`` at one step of the column loop."""
+        em.lines = []
+        for grp in full.groups:
+            rs = [grp[a][b] for a in range(m) for b in range(p)]
+            for r, name in zip(rs, jam_reduce(em, rs, ei, csize > 1), strict=True):
+                em.scopes[-1][r] = name
+        at: dict[int, sym.Expr] = {}
+        for a in range(m):
+            for b in range(p):
+                if full.rows:
+                    at[d] = full.rows[a]
+                if csize > 1:
+                    at[n - 1] = full.cols[b]
+                x = em.emit(full.values[a][b], ei)
+                lines.extend(em.lines)
+                em.lines = []
+                lines.append(store(_flat(k.shape, at), x, ei))
+
+    def columns(m: int, bi: str) -> None:
+        """The innermost dim's elements ``lo .. hi`` for block rows ``0 .. m - 1``."""
+        if csize == 1:
+            lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+            em.block(lambda: element(m, 1, bi + "  "))
+            lines.append(f"{bi}}}")
+            return
+
+        def step(p: int, si: str) -> None:
+            for b in range(p):
+                lines.append(f"{si}const int64_t {_c_name(full.cols[b])} = {iv} + {b};")
+            em.block(lambda: element(m, p, si))
+
+        lines.append(f"{bi}int64_t {iv} = {lo};")
+        lines.append(f"{bi}for (; {iv} + {csize} <= {hi}; {iv} += {csize}) {{")
+        step(csize, bi + "  ")
+        lines.append(f"{bi}}}")
+        lines.append(f"{bi}const int64_t lm_cn = {hi} - {iv}; (void)lm_cn;")
+        for p in _digits(csize):
+            lines.append(f"{bi}if (lm_cn & {p}) {{")
+            step(p, bi + "  ")
+            lines.append(f"{bi}  {iv} += {p};")
+            lines.append(f"{bi}}}")
 
     def block(m: int, base: str, bi: str) -> None:
         """Indices ``base .. base + m - 1`` of the jammed dim."""
         for j in range(m):
-            lines.append(f"{bi}const int64_t {_c_name(full.vars[j])} = {base} + {j};")
+            lines.append(f"{bi}const int64_t {_c_name(full.rows[j])} = {base} + {j};")
         em.lines = []
-        for j in range(m):
-            em.hoist(full.values[j], frozenset({inner_var}), bi)
+        for a in range(m):
+            for v in full.values[a][:csize]:
+                em.hoist(v, col_names, bi)
         lines.extend(em.lines)
-        lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+        columns(m, bi)
 
-        def element() -> None:
-            em.lines = []
-            for grp in full.groups:
-                for r, name in zip(grp[:m], jam_reduce(em, grp[:m], bi + "  "), strict=True):
-                    em.scopes[-1][r] = name
-            xs = [em.emit(full.values[j], bi + "  ") for j in range(m)]
-            lines.extend(em.lines)
-            lines.extend(store(flats[j], xs[j], bi + "  ") for j in range(m))
-
-        em.block(element)
-        lines.append(f"{bi}}}")
-
+    if size <= 1:  # only the innermost dim is jammed
+        em.lines = []
+        for v in full.values[0]:
+            em.hoist(v, col_names, ind)
+        lines.extend(em.lines)
+        em.block(lambda: columns(1, ind))
+        return lines
+    lines.append(
+        f"{ind}const int64_t lm_j0 = i{d} * {size}, "
+        f"lm_jn = lm_min({size}, {cexpr(k.shape[d])} - lm_j0);"
+    )
     lines.append(f"{ind}if (lm_jn == {size}) {{")
     em.block(lambda: block(size, "lm_j0", ind + "  "))
     lines.append(f"{ind}}} else {{")
     lines.append(f"{ind}  int64_t lm_jo = lm_j0;")
-    p = 1
-    while p * 2 < size:
-        p *= 2
-    while p >= 1:
+    for p in _digits(size):
         lines.append(f"{ind}  if (lm_jn & {p}) {{")
         em.block(lambda: block(p, "lm_jo", ind + "    "))  # noqa: B023 (called at once)
         lines.append(f"{ind}    lm_jo += {p};")
         lines.append(f"{ind}  }}")
-        p //= 2
     lines.append(f"{ind}}}")
     return lines

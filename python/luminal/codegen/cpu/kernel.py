@@ -33,7 +33,7 @@ from ..cstyle import (
 )
 from ..prelude import SHARED_HELPERS
 from .attention import _render_softmax_rows, _softmax_rows
-from .jam import jam_task
+from .jam import JAM_HELPERS, jam_task
 from .rows import (
     ROW_CAP,
     ROW_HELPERS,
@@ -102,6 +102,7 @@ PRELUDE = (
     + _C_HEAD
     + SHARED_HELPERS
     + VECTOR_HELPERS
+    + JAM_HELPERS
     + ROW_HELPERS
     + "#endif\n"
 )
@@ -189,6 +190,8 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         )
         # rows per task of a per-element reduce (a GEMV): the search's choice, else 16
         rows = (k.schedule.chunk if k.schedule is not None else 0) or 16
+        if red and k.schedule is not None and k.schedule.jam2 > 1:  # whole column blocks
+            rows = -(-rows // k.schedule.jam2) * k.schedule.jam2
         chunk = rows if red else (2**62 if row_reduce and n >= 2 else inner_chunk)
         nchunks = sym.ceildiv(shape[-1], chunk)
         # a jammed dim's tasks are its blocks of indices (jam.py)
@@ -198,6 +201,8 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             jam = sched.jam
             blocks[sched.jam_dim] = sym.ceildiv(shape[sched.jam_dim], jam)
             ext[sched.jam_dim] = cexpr(blocks[sched.jam_dim])
+        elif red and sched is not None and sched.jam2 > 1:  # columns only (apply checked it)
+            jam = 1
         tasks = nchunks
         for sz in blocks:
             tasks = sym.mul(tasks, sz)

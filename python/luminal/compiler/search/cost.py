@@ -34,13 +34,22 @@ def _divmods(e: sym.sint) -> int:
 
 @dataclass
 class _Share:
-    """A jam (``K.Schedule.jam``): what does not depend on ``var`` is computed ``factor``
-    times per element (once per block of the jammed dim)."""
+    """A jam (``K.Schedule.jam``, ``jam2``): what does not depend on a jammed dim's variable
+    is computed that dim's ``factors[var]`` times per element (once per block of it)."""
 
-    var: str
-    factor: float
+    factors: dict[str, float]
     fv: dict[int, frozenset[str]] = field(default_factory=dict)
     plain: dict[int, float] = field(default_factory=dict)  # _ops memo without the jam
+
+    def of(self, v: K.Value) -> float:
+        """Times ``v`` is computed per element: the product of the factors of the jammed dims
+        it does not depend on (1 when it depends on them all)."""
+        fv = K.free_vars(v, self.fv)
+        out = 1.0
+        for var, f in self.factors.items():
+            if var not in fv:
+                out *= f
+        return out
 
 
 def _ops(
@@ -55,8 +64,8 @@ def _ops(
     if hit is not None:
         return hit
     out: float
-    if share is not None and share.var not in K.free_vars(v, share.fv):
-        out = _ops(v, dims, share.plain, m) * share.factor
+    if share is not None and (f := share.of(v)) != 1.0:
+        out = _ops(v, dims, share.plain, m) * f
         memo[id(v)] = out
         return out
     rec = lambda x: _ops(x, dims, memo, m, share)  # noqa: E731
@@ -108,17 +117,30 @@ def estimate(sub: Lowered, dims: dict[str, int], m: CostModel = DEFAULT) -> floa
     return total
 
 
+def _blocks(n: int, size: int) -> int:
+    """Blocks ``n`` indices run in: ``size`` at a time, the rest in its binary digits."""
+    return n // size + bin(n % size).count("1")
+
+
 def _jam_share(k: K.Kernel, dims: dict[str, int]) -> _Share | None:
-    """The jam of ``k``'s schedule as a cost factor: blocks run per index of the jammed dim
-    (its extent in blocks of ``jam``, the rest in blocks of its binary digits)."""
+    """The jams of ``k``'s schedule as cost factors: blocks run per index of each jammed dim
+    (the outer one in blocks of ``jam``; the innermost in blocks of ``jam2`` within each task's
+    chunk of it)."""
     sched = k.schedule
-    if sched is None or sched.jam < 2:
+    if sched is None:
         return None
-    ext = int(_num(k.shape[sched.jam_dim], dims))
-    if ext < 1:
-        return None
-    blocks = ext // sched.jam + bin(ext % sched.jam).count("1")
-    return _Share(f"_i{sched.jam_dim}", blocks / ext)
+    factors: dict[str, float] = {}
+    if sched.jam > 1:
+        ext = int(_num(k.shape[sched.jam_dim], dims))
+        if ext >= 1:
+            factors[f"_i{sched.jam_dim}"] = _blocks(ext, sched.jam) / ext
+    if sched.jam2 > 1:
+        ext = int(_num(k.shape[-1], dims))
+        chunk = -(-(sched.chunk or 16) // sched.jam2) * sched.jam2  # as code generation does
+        if ext >= 1:
+            whole = ext // chunk * _blocks(chunk, sched.jam2)
+            factors[f"_i{len(k.shape) - 1}"] = (whole + _blocks(ext % chunk, sched.jam2)) / ext
+    return _Share(factors) if factors else None
 
 
 def _reread_bytes(
@@ -145,13 +167,16 @@ def _reread_bytes(
     for x in K.walk(k.value):
         if isinstance(x, K.Load):
             uses.setdefault(x.buf, set()).update(sym.var_names(x.index))
+    rows = 1.0  # a block of rows reads the weight once
+    for var, f in (share.factors if share else {}).items():
+        rows *= f if var in outer_vars else 1.0
     total = 0.0
     for buf, names in uses.items():
         size = _num(sub.buffers[buf].nbytes(), dims)
         if size <= m.cache_bytes:
             continue
         if sched.order == 0 and inner in names and not names & outer_vars:
-            total += (outer * (share.factor if share else 1.0) - 1) * size
+            total += (outer * rows - 1) * size
         elif sched.order == 1 and inner not in names and names & outer_vars:
             total += (chunks - 1) * size
     return total
