@@ -309,7 +309,13 @@ def test_ill_typed_rule_is_an_error_naming_it() -> None:
 
 def test_pass_list_flag_and_debug_output(monkeypatch, capsys) -> None:
     names = [s.name for s in pipeline.STAGES]
-    assert names[: names.index("lower")] == ["fold_scales", "siblings", "egraph", "stage"]
+    assert names[: names.index("lower")] == [
+        "act_quant",
+        "fold_scales",
+        "siblings",
+        "egraph",
+        "stage",
+    ]
     g = CASES["log2-exp2"][0]
     graph = _graph(g, [(9,)], F)
     monkeypatch.setenv(flags.EGRAPH.name, "0")
