@@ -15,6 +15,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include "cpu/compiler.hpp"
+
 namespace luminal {
 
 struct Executor::Prepared {
@@ -365,6 +367,20 @@ std::vector<std::pair<int64_t, int64_t>> Executor::profile() const {
 void prepare(const std::vector<std::shared_ptr<const Plan>> &plans, const std::string &backend,
              unsigned jobs) {
   if (jobs == 0) jobs = std::max(1u, std::thread::hardware_concurrency());
+  if (base_backend(backend) == "cpu") {
+    // every plan's C kernels in one batch, so that the compiler groups them (far fewer
+    // compiler runs); a unit that fails is reported below, by the Executor of its plan
+    std::vector<std::string> sources;
+    for (const auto &p : plans)
+      if (p && p->backend == "cpu")
+        for (const Kernel &k : p->kernels)
+          if (k.format == KernelFormat::c_source)
+            sources.push_back(cpu::kernel_unit(k.entry, k.code).source);
+    try {
+      cpu::compile_all(sources, jobs);
+    } catch (const Error &) {
+    }
+  }
   std::vector<std::exception_ptr> errors(plans.size());
   std::atomic<size_t> next{0};
   auto work = [&] {

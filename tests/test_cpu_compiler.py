@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import time
 
 import numpy as np
@@ -41,7 +42,13 @@ def _chain(n: int, scale: float) -> tuple[Plan, np.ndarray, np.ndarray]:
 
 
 def _libs(cache: str) -> set[str]:
-    return {os.path.basename(p) for p in glob.glob(os.path.join(cache, "cpu-*.so"))}
+    """The kernels in the cache: each has its own library or a ``.ref`` to a group's."""
+    names = (os.path.basename(p) for p in glob.glob(os.path.join(cache, "cpu-*")))
+    return {n for n in names if re.fullmatch(r"cpu-[0-9a-f]{16}\.(so|ref)", n)}
+
+
+def _groups(cache: str) -> list[str]:
+    return glob.glob(os.path.join(cache, "cpu-group-*.so"))
 
 
 def _check(plan: Plan, xv: np.ndarray, want: np.ndarray) -> None:
@@ -130,6 +137,59 @@ def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
         _check(*c)
     assert _libs(str(tmp_path)) == made  # every executor found its kernels compiled
     prepare([])
+
+
+def test_a_plans_missing_kernels_compile_in_groups(tmp_path, monkeypatch) -> None:
+    """Twelve missing kernels compile as at most one group per core, not twelve compiler runs;
+    each is then found by its own text: a plan holding some of them compiles nothing."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    _check(*_chain(12, 1.3))
+    groups = _groups(str(tmp_path))
+    assert 1 <= len(groups) <= max(2, os.cpu_count() or 1)
+    made = _libs(str(tmp_path))
+    assert len(made) == 12 and all(n.endswith(".ref") for n in made)
+    before = sorted(os.listdir(tmp_path))
+    _check(*_chain(5, 1.3))
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_group_that_fails_compiles_its_kernels_alone(tmp_path, monkeypatch) -> None:
+    """One broken kernel among good ones: the error is its own, and the good ones are cached."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    plan = _chain(4, 0.2)[0]
+    k = plan.kernels[2]
+    k.code = bytes(k.code).replace(b"y[j] = ", b"y[j] = not C;")
+    with pytest.raises(RuntimeError, match=r"C compiler failed(.|\n)*kernel:\d+:\d+: error.*not"):
+        runtime.Executor(plan)
+    assert len(_libs(str(tmp_path))) == 3 and not _groups(str(tmp_path))
+
+
+def test_a_kernel_with_its_own_macros_is_not_grouped(tmp_path, monkeypatch) -> None:
+    """A #define after the prelude would reach the next kernel of a group: that kernel gets a
+    library of its own."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    plan = _chain(3, 0.6)[0]
+    k = plan.kernels[1]
+    k.code = bytes(k.code).replace(b"void step1(", b"#define lm_maxf(a, b) 0.0f\nvoid step1(")
+    ex = runtime.Executor(plan)
+    assert len(_groups(str(tmp_path))) <= 1
+    own = [n for n in _libs(str(tmp_path)) if n.endswith(".so")]
+    assert len(own) == 1  # the kernel with the macro
+    x = np.random.default_rng(3).standard_normal(37).astype(np.float32)
+    y = x.astype(np.float64)
+    for i in range(3):  # kernel 1 reads 0 for lm_maxf, the others are unchanged
+        y = (np.maximum(y, 0) if i != 1 else 0.0) * 0.6 + np.exp2(y * 0.125) - i
+    np.testing.assert_allclose(ex.run({"x": x})["y"], y, rtol=2e-4, atol=2e-4)
+
+
+def test_a_reference_to_a_missing_group_is_a_miss(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    plan, xv, want = _chain(4, 0.45)
+    _check(plan, xv, want)
+    for g in _groups(str(tmp_path)):  # removed by hand, or by another process
+        os.remove(g)
+    _check(plan, xv, want)
+    assert _groups(str(tmp_path))
 
 
 def test_prepare_reports_bad_input(tmp_path, monkeypatch) -> None:

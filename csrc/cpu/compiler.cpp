@@ -1,7 +1,6 @@
 #include "compiler.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -331,11 +330,39 @@ Outcome run_compiler(const std::string &source, const std::string &src, const st
                              " (source kept at " + src + ")\n" + o.log);
 }
 
-// The cached library of `source`, compiled first when missing.
-std::string compiled_library(const std::string &source) {
-  std::string dir = cache_dir();
-  mkdirs(dir);
-  std::string key = hex(fnv1a(source, fnv1a(toolchain_id())));
+std::string kernel_key(const std::string &source) {
+  return hex(fnv1a(source, fnv1a(toolchain_id())));
+}
+
+// The symbol a kernel of key `key` is exported under in a group's library.
+std::string group_symbol(const std::string &key) {
+  return std::string(kFixedEntry) + "_" + key;
+}
+
+// Where the cache holds a kernel: its own library (`symbol` empty), or a group's, named by
+// the kernel's `.ref` file ("cpu-group-<hash>.so").
+struct Cached {
+  std::string path, symbol;
+};
+
+bool find_cached(const std::string &dir, const std::string &key, Cached &out) {
+  std::string so = dir + "/cpu-" + key + ".so";
+  if (::access(so.c_str(), R_OK) == 0) {
+    out = {so, ""};
+    return true;
+  }
+  std::istringstream ref(read_file(dir + "/cpu-" + key + ".ref"));
+  std::string lib, extra;
+  if (!(ref >> lib) || (ref >> extra) || lib.rfind("cpu-group-", 0) != 0 ||
+      lib.find('/') != std::string::npos || ::access((dir + "/" + lib).c_str(), R_OK) != 0)
+    return false;
+  out = {dir + "/" + lib, group_symbol(key)};
+  return true;
+}
+
+// The cached library of `source` (key `key`), compiled first when missing.
+std::string compiled_library(const std::string &dir, const std::string &source,
+                             const std::string &key) {
   std::string so = dir + "/cpu-" + key + ".so";
   if (::access(so.c_str(), R_OK) == 0) return so;
   std::string tmp = dir + "/tmp-" + key + "-" + unique_suffix();
@@ -351,6 +378,160 @@ std::string compiled_library(const std::string &source) {
   if (std::rename(out.c_str(), so.c_str()) != 0)
     throw Error("cannot move compiled kernels into the cache: " + so);
   return so;
+}
+
+// Where the entry point's definition starts in a unit in kernel_unit's fixed-name form, or
+// npos when it is not in that form or when the code from there on has preprocessor
+// directives other than #pragma and #line: in a group, a macro it defined would reach the
+// kernels after it. Whatever precedes the entry is the same text for a group's kernels.
+size_t groupable_at(const std::string &src) {
+  const std::string def = std::string("void ") + kFixedEntry + "(void *const *args,";
+  size_t at = src.find(def);
+  if (at == std::string::npos || src.find(kFixedEntry) != at + 5 ||
+      src.find(kFixedEntry, at + 6) != std::string::npos)
+    return std::string::npos;
+  for (size_t p = at; p < src.size();) {
+    size_t e = std::min(src.find('\n', p), src.size());
+    size_t q = src.find_first_not_of(" \t", p);
+    if (q < e && src[q] == '#') {
+      size_t w = std::min(src.find_first_not_of(" \t", q + 1), e);
+      if (src.compare(w, 6, "pragma") != 0 && src.compare(w, 4, "line") != 0)
+        return std::string::npos;
+    }
+    p = e + 1;
+  }
+  return at;
+}
+
+// One compiler run: a single unit, or a group (units sharing their text before the entry
+// point, each entry renamed to group_symbol(key)).
+struct Task {
+  std::vector<size_t> units;
+  size_t bytes = 0;
+};
+
+// Compiles a group into one library and writes each member's `.ref`. False when the
+// compiler fails (the members are then compiled one by one, whose errors are the ones shown).
+bool compile_group(const std::string &dir, const std::vector<std::string> &sources,
+                   const std::vector<std::string> &keys, const std::vector<size_t> &units) {
+  size_t first = groupable_at(sources[units[0]]);
+  std::string text = sources[units[0]].substr(0, first);
+  for (size_t i : units) {
+    const std::string &s = sources[i];
+    size_t at = groupable_at(s);
+    text += "void " + group_symbol(keys[i]) + s.substr(at + 5 + std::strlen(kFixedEntry)) + "\n";
+  }
+  std::string name = "cpu-group-" + hex(fnv1a(text, fnv1a(toolchain_id()))) + ".so";
+  std::string so = dir + "/" + name;
+  if (::access(so.c_str(), R_OK) != 0) {
+    std::string tmp = dir + "/tmp-" + name + "-" + unique_suffix();
+    std::string src = tmp + ".c", out = tmp + ".so";
+    write_file(src, text);
+    Outcome o = run_compiler(text, src, out);
+    std::remove(src.c_str());
+    if (o.rc != 0 || std::rename(out.c_str(), so.c_str()) != 0) {
+      std::remove(out.c_str());
+      return false;
+    }
+  }
+  // written after the library is in place: a reader that finds a .ref finds its library
+  for (size_t i : units) write_atomic(dir + "/cpu-" + keys[i] + ".ref", name + "\n");
+  return true;
+}
+
+// The misses among `units` as compiler runs: one group per core of the units that may share
+// one (largest first onto the least loaded group), the rest alone.
+std::vector<Task> plan_tasks(const std::vector<std::string> &sources,
+                             const std::vector<size_t> &misses, unsigned jobs) {
+  std::vector<Task> tasks;
+  std::map<std::string, std::vector<size_t>> classes; // text before the entry -> units
+  size_t total = 0;
+  for (size_t i : misses) {
+    size_t at = misses.size() > 1 ? groupable_at(sources[i]) : std::string::npos;
+    if (at == std::string::npos)
+      tasks.push_back({{i}, sources[i].size()});
+    else
+      classes[sources[i].substr(0, at)].push_back(i);
+    total += sources[i].size();
+  }
+  for (auto &[head, units] : classes) {
+    size_t bytes = 0;
+    for (size_t i : units) bytes += sources[i].size() - head.size();
+    size_t n = std::clamp<size_t>((jobs * bytes + total / 2) / std::max<size_t>(total, 1), 1,
+                                  units.size());
+    std::sort(units.begin(), units.end(),
+              [&](size_t a, size_t b) { return sources[a].size() > sources[b].size(); });
+    std::vector<Task> groups(n);
+    for (size_t i : units) {
+      auto g = std::min_element(groups.begin(), groups.end(),
+                                [](const Task &a, const Task &b) { return a.bytes < b.bytes; });
+      g->units.push_back(i);
+      g->bytes += sources[i].size() - head.size();
+    }
+    for (auto &g : groups) tasks.push_back(std::move(g));
+  }
+  std::sort(tasks.begin(), tasks.end(),
+            [](const Task &a, const Task &b) { return a.bytes > b.bytes; });
+  return tasks;
+}
+
+// Every unit's place in the cache, compiling the missing ones first, `jobs` compilers at a
+// time. A unit that failed to compile has its error instead.
+std::vector<Cached> ensure_compiled(const std::vector<std::string> &sources, unsigned jobs,
+                                    std::vector<std::exception_ptr> &errors) {
+  std::string dir = cache_dir();
+  mkdirs(dir);
+  std::vector<std::string> keys(sources.size());
+  std::vector<Cached> found(sources.size());
+  std::vector<size_t> misses;
+  std::map<std::string, size_t> first; // key -> the unit that compiles it
+  for (size_t i = 0; i < sources.size(); ++i) {
+    keys[i] = kernel_key(sources[i]);
+    if (!find_cached(dir, keys[i], found[i]) && first.emplace(keys[i], i).second)
+      misses.push_back(i);
+  }
+  errors.assign(sources.size(), nullptr);
+  std::vector<Task> queue = plan_tasks(sources, misses, jobs ? jobs : default_jobs());
+  std::mutex mu;
+  size_t next = 0;
+  auto work = [&] {
+    for (;;) {
+      Task t;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (next == queue.size()) return;
+        t = queue[next++];
+      }
+      if (t.units.size() > 1) {
+        if (!compile_group(dir, sources, keys, t.units)) {
+          std::lock_guard<std::mutex> lock(mu); // alone, each shows its own error
+          for (size_t i : t.units) queue.push_back({{i}, sources[i].size()});
+        }
+        continue;
+      }
+      size_t i = t.units[0];
+      try {
+        found[i] = {compiled_library(dir, sources[i], keys[i]), ""};
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min<size_t>(jobs ? jobs : default_jobs(), queue.size()); ++t)
+    threads.emplace_back(work);
+  work();
+  for (auto &t : threads) t.join();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    size_t j = first.count(keys[i]) ? first[keys[i]] : i;
+    if (errors[j])
+      errors[i] = errors[j];
+    else if (found[i].path.empty() && !find_cached(dir, keys[i], found[i]))
+      errors[i] = std::make_exception_ptr(Error("kernel library missing from the cache after "
+                                                "its compile: cpu-" +
+                                                keys[i]));
+  }
+  return found;
 }
 } // namespace
 
@@ -370,7 +551,18 @@ unsigned default_jobs() {
   return n ? n : 1;
 }
 
-SharedLib::SharedLib(const std::string &path) : path_(path) {
+KernelUnit kernel_unit(const std::string &entry, const std::string &code) {
+  size_t at = code.find("void " + entry + "(void *const *args,");
+  if (at != std::string::npos && code.find(entry) == at + 5 &&
+      code.find(entry, at + 6) == std::string::npos)
+    return {"#line 1 \"kernel\"\n" + code.substr(0, at) + "void " + kFixedEntry +
+                code.substr(at + 5 + entry.size()) + "\n",
+            kFixedEntry};
+  return {"#line 1 \"" + entry + "\"\n" + code + "\n", entry};
+}
+
+SharedLib::SharedLib(const std::string &path, std::pair<std::string, std::string> alias)
+    : path_(path), alias_(std::move(alias)) {
   handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) throw Error("cannot load kernel library '" + path + "': " + ::dlerror());
 }
@@ -380,32 +572,31 @@ SharedLib::~SharedLib() {
 }
 
 void *SharedLib::symbol(const std::string &name) const {
-  void *p = ::dlsym(handle_, name.c_str());
-  if (!p) throw Error("kernel entry point '" + name + "' not found in '" + path_ + "'");
+  const std::string &exported =
+      !alias_.first.empty() && name == alias_.first ? alias_.second : name;
+  void *p = ::dlsym(handle_, exported.c_str());
+  if (!p) throw Error("kernel entry point '" + exported + "' not found in '" + path_ + "'");
   return p;
 }
 
 std::vector<std::shared_ptr<SharedLib>> compile_each(const std::vector<std::string> &sources) {
-  std::vector<std::string> paths(sources.size());
-  std::vector<std::exception_ptr> errors(sources.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next++) < sources.size();) try {
-        paths[i] = compiled_library(sources[i]);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-  };
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < std::min<size_t>(default_jobs(), sources.size()); ++t)
-    threads.emplace_back(work);
-  work();
-  for (auto &t : threads) t.join();
+  std::vector<std::exception_ptr> errors;
+  auto found = ensure_compiled(sources, 0, errors);
   for (auto &e : errors)
     if (e) std::rethrow_exception(e);
   std::vector<std::shared_ptr<SharedLib>> libs;
-  for (const auto &p : paths) libs.push_back(std::make_shared<SharedLib>(p));
+  for (const auto &c : found)
+    libs.push_back(std::make_shared<SharedLib>(
+        c.path, c.symbol.empty() ? std::pair<std::string, std::string>{}
+                                 : std::pair<std::string, std::string>{kFixedEntry, c.symbol}));
   return libs;
+}
+
+void compile_all(const std::vector<std::string> &sources, unsigned jobs) {
+  std::vector<std::exception_ptr> errors;
+  ensure_compiled(sources, jobs, errors);
+  for (auto &e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 std::shared_ptr<SharedLib> load_shared_object(const std::string &image) {

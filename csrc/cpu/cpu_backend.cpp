@@ -156,8 +156,6 @@ public:
   void copy_in(void *dst, const void *host, size_t n) override { std::memcpy(dst, host, n); }
   void copy_out(void *host, const void *src, size_t n) override { std::memcpy(host, src, n); }
 
-  static constexpr const char *kEntry = "lm_kernel_entry";
-
   std::vector<KernelHandle> load_kernels(const Plan &plan) override {
     // Each C source is a library of its own, cached by its text: a kernel that the search
     // compiled to measure it, or that another plan holds (a model's decode and prefill
@@ -174,19 +172,9 @@ public:
         if (!entries.emplace(k.entry, i).second)
           throw PlanError("two c_source kernels define entry point '" + k.entry + "'");
         c_kernels.push_back(i);
-        symbols.push_back(k.entry);
-        sources.push_back("#line 1 \"" + k.entry + "\"\n" + k.code + "\n");
-        // compiled under a fixed name when the source names the entry point only where it
-        // defines it, as the code generator writes it: kernels that differ only in their names
-        // (a model's layers in its decode and prefill plans, a variant renamed in the plan they
-        // merge into) share one library
-        size_t at = k.code.find("void " + k.entry + "(void *const *args,");
-        if (at != std::string::npos && k.code.find(k.entry) == at + 5 &&
-            k.code.find(k.entry, at + 6) == std::string::npos) {
-          symbols.back() = kEntry;
-          sources.back() = "#line 1 \"kernel\"\n" + k.code.substr(0, at) + "void " + kEntry +
-                           k.code.substr(at + 5 + k.entry.size()) + "\n";
-        }
+        auto unit = cpu::kernel_unit(k.entry, k.code); // may be a fixed name shared by plans
+        sources.push_back(std::move(unit.source));
+        symbols.push_back(std::move(unit.symbol));
       } else if (k.format != KernelFormat::shared_object) {
         throw Error("the cpu backend cannot run kernel '" + k.name + "' of format " +
                     kernel_format_name(k.format));
