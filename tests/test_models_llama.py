@@ -354,7 +354,9 @@ def test_smollm2_prefill_plan_matches_transformers(smol) -> None:
     _, tok, hf = smol
     model, _ = load_gguf(_smollm2(), dequant="graph", max_context=128)
     ids = tok.encode(
-        "Write one sentence about the history of Paris, the capital of France, and its river."
+        "Write one sentence about the history of Paris, the capital of France, and its river. "
+        "Then name three bridges over that river, the oldest first, and say in which century "
+        "each of them was built."
     )
     s = LlamaSession(model, "compiled")
     assert s.prefill_min is not None and len(ids) >= s.prefill_min

@@ -229,9 +229,11 @@ def test_compiled_matches_transformers(arch: str, tmp_path, fast_compile, monkey
 def test_long_prompt_runs_on_the_prefill_plan(tmp_path) -> None:
     """A prompt of PREFILL_MIN+ tokens compiles the prefill plan (weights folded), which
     fills the cache the decode plan continues from."""
+    from luminal.models.llama import PREFILL_MIN
+
     hf = make_hf("gemma2", tmp_path)
-    s = load(tmp_path, backend="compiled", max_context=48)
-    ids = [int(t) for t in np.random.default_rng(0).integers(3, VOCAB, 20)]
+    s = load(tmp_path, backend="compiled", max_context=PREFILL_MIN + 16)
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, VOCAB, PREFILL_MIN + 4)]
     assert _rel(s.forward(ids), hf_logits(hf, ids)[-1]) <= 1e-4
     assert s.prefill_runner is not None and s.prefill_runner.backend == "compiled"
     s.reset()

@@ -298,10 +298,12 @@ class _Folded:
 
 
 # Prompts of at least this many tokens run on the prefill plan (``Llama.build_prefill``).
-# SmolLM2-135M on 2 cores: at 16 tokens the prefill plan runs 301 tok/s against the decode
-# plan's 155, at 128 tokens 781 against 167 (docs/models.md). Shorter steps gain less: the
-# prefill plan reads 4-byte weights once per step whatever its length.
-PREFILL_MIN = 16
+# Below it the decode plan's jammed quantized products are faster: SmolLM2-135M on 2 AVX2
+# cores, fastest of 7 runs each, 24 tokens 65 ms against the prefill plan's 87, 40 tokens
+# 110 against 120, 48 tokens 172 against 132 (docs/plan-cache.md). A chat prompt of one short
+# question (~30-40 tokens with the template) then needs no prefill plan: none compiled on a
+# cold start, none mapped on a warm one.
+PREFILL_MIN = 40
 
 
 class LlamaSession:
