@@ -804,6 +804,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--reps", type=int, help="MiniLM calls per contender (default 20; quick 3)")
     p.add_argument("--budget", type=float, help="seconds per MiniLM timing (default 5; quick 1)")
+    p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
+                   help="luminal's activations in products by quantized weights: f32, or q8 "
+                   "(int8 per block of 32, llama.cpp's numerics; LUMINAL_ACT_QUANT)")  # fmt: skip
     p.add_argument("--torch-compile-cap", type=float, default=240.0,
                    help="seconds torch.compile may take (prefill + decode shapes)")  # fmt: skip
     a = p.parse_args(argv)
@@ -818,6 +821,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     a = parse_args()
+    # read when a plan compiles, and part of the plan cache's key
+    os.environ["LUMINAL_ACT_QUANT"] = "" if a.act_quant == "f32" else a.act_quant
     import torch
 
     torch.set_num_threads(a.threads)
@@ -847,7 +852,8 @@ def main() -> None:
     samples.append(measure_limits(a.quick))
     limits = best_limits(samples)
     s = report(a, llm, mini, limits, unset)
-    s.update(threads=a.threads, quick=a.quick, blas_env_unset=list(BLAS_OVERRIDES),
+    s.update(threads=a.threads, quick=a.quick, act_quant=a.act_quant,
+             blas_env_unset=list(BLAS_OVERRIDES),
              blas_env_was_set=unset.split(",") if unset else [],
              loadavg_start=list(load0), loadavg_end=list(os.getloadavg()),
              total_s=time.perf_counter() - t_start)  # fmt: skip

@@ -432,6 +432,16 @@ def cmd_cache(a: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- main
+def _act_quant_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--act-quant",
+        choices=["f32", "q8"],
+        default=None,
+        help="activations of products by quantized weights: f32, or q8 (int8 per block of 32, "
+        "llama.cpp's numerics; default: LUMINAL_ACT_QUANT, else f32; docs/quantization.md)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="luminal", description="luminal: an ahead-of-time inference compiler"
@@ -466,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="quantized weights: dequantize inside the graph or once at load",
     )
+    _act_quant_argument(g)
     g.set_defaults(fn=cmd_generate)
     e = sub.add_parser("embed", help="sentence embeddings (default model: all-MiniLM-L6-v2)")
     e.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
@@ -535,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(serve_cli.__doc__ or "").split("\n\n")[0],
     )
     serve_cli.add_arguments(sv)
+    _act_quant_argument(sv)
     sv.set_defaults(fn=serve_cli.main)
     q = sub.add_parser(
         "quantize",
@@ -548,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    act_quant = getattr(args, "act_quant", None)
+    if act_quant is not None:  # read when a plan compiles, and part of the plan cache's key
+        os.environ[flags.ACT_QUANT.name] = "" if act_quant == "f32" else act_quant
     try:
         return int(args.fn(args))
     except BrokenPipeError:  # output piped into `head`: stop quietly, as other tools do

@@ -27,7 +27,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.ops import Leaf, Op
-from ..graph.view import View
+from ..graph.view import View, idx_vars
 from ..loaders.quants import block_tag, tagged_graph
 from ..tensor import Tensor
 
@@ -57,7 +57,10 @@ def fake_quant_q8(x: Tensor) -> Tensor:
         raise ValueError(f"q8 activations need a summed axis of a multiple of 32, not {k}")
     g = x.graph
     xb = x.reshape(*lead, k // Q8_BLOCK, Q8_BLOCK)
-    sign = g.tensor(np.array([[1.0], [-1.0]], dtype=np.float32))
+    # |x| as the larger of x and -x: a sign from an IOTA, not a constant table (a weight,
+    # which the search's measurements would fill with random values)
+    h = Tensor(g.add_op(Op.IOTA, [], arg=idx_vars((2, 1))[0], shape=(2, 1), dtype=dt.i32))
+    sign = h.cast(dt.f32).mul(-2.0).add(1.0)
     amax = xb.unsqueeze(-2).mul(sign).max_reduce(-1).max_reduce(-1, keepdim=True)
     # amax / 127 correctly rounded: in f64 the product by 1/127 is within far less than half
     # an f32 ulp of the quotient, which is never that close to an f32 rounding midpoint
