@@ -104,9 +104,12 @@ def test_a_block_loads_and_dequantizes_the_weight_once() -> None:
 
 
 def test_the_default_jams_a_dequantized_weight_only() -> None:
-    for fmt, want in (("Q4_1", S.DEFAULT_JAM), ("Q8_0", S.DEFAULT_JAM), ("f32", 0)):
+    # an f32 weight's product gets the default 2-D block instead (test_schedule_tiles.py)
+    for fmt, want in (("Q4_1", S.DEFAULT_JAM), ("Q8_0", S.DEFAULT_JAM),
+                      ("f32", S.DEFAULT_BLOCK[0])):  # fmt: skip
         k = S.apply(_kernel(_product(fmt, 5, 8, 64))[1])
         assert k.schedule is not None and k.schedule.jam == want, fmt
+        assert k.schedule.jam2 == (S.DEFAULT_BLOCK[1] if fmt == "f32" else 0), fmt
     # one row: nothing to jam
     k = S.apply(_kernel(_product("Q4_1", 1, 8, 64))[1])
     assert k.schedule is not None and k.schedule.jam == 0

@@ -166,6 +166,23 @@ def test_blocks_that_do_not_apply_are_dropped() -> None:
     assert isinstance(rs, K.Kernel) and not S.jam2_applies(rs)
 
 
+def test_the_default_blocks_vector_products_only() -> None:
+    rows, cols = S.DEFAULT_BLOCK
+    k = S.apply(_kernel(_product("f32", 9, 16, 32))[1]).schedule
+    assert k is not None and (k.jam, k.jam2) == (rows, cols)
+    # a weight read with a stride along the sum ([in, out], GPT-2's) stays unblocked
+    g = lm.Graph("strided")
+    x = g.input("x", (9, 32))
+    w = g.weight("w", data=RNG.standard_normal((32, 16)).astype(np.float32))
+    g.output("y", x @ w)
+    s = S.apply(_kernel(g)[1]).schedule
+    assert s is not None and s.jam2 == 0
+    # an explicit split, or no jam, leaves the sums as they are
+    for sched in (K.Schedule(split=16), K.Schedule(jam=0)):
+        got = S.apply(_kernel(_product("f32", 9, 16, 32))[1], sched).schedule
+        assert got is not None and got.jam2 == 0
+
+
 def test_alternatives_offer_blocks_of_plain_products_only() -> None:
     _, kern = _kernel(_product("f32", 32, 64, 128))
     blocks = {(s.jam, s.jam2, s.order) for s in S.alternatives(kern, SPACE) if s.jam2 > 1}

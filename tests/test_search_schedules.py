@@ -289,7 +289,9 @@ def test_a_stage_prepares_every_kernels_candidates_in_one_batch():
     t = Tuner(measure, "batch", None, prepare=lambda subs: batches.append(len(subs)))
     schedules.choose_schedules(lower(g), t, _signature)
     assert t.stats.searched == 2  # two kernels, two decisions ...
-    assert len(batches) == 1 and batches[0] == len(set(measured))  # ... and one batch
+    # ... and one batch, with each decision's reference (unblocked: the default blocks these
+    # products, so the kept candidate is checked against a program of its own)
+    assert len(batches) == 1 and batches[0] == len(set(measured)) + 2
 
 
 def test_measured_programs_run_their_schedule():
@@ -318,3 +320,33 @@ def test_measured_programs_run_their_schedule():
         assert _signature(k, []) == _signature(done, [])
     with pytest.raises(ValueError, match="applied"):
         S.apply(S.apply(kern), K.Schedule(split=8))
+
+
+def test_schedule_signatures_are_kept_on_disk(tmp_path, monkeypatch):
+    """Telling a kernel's schedules apart renders each one once per code version: a new
+    process reads the signatures instead; a damaged file or another code version renders
+    them again."""
+    import luminal.plan_cache
+    import luminal.targets.cpu as tc
+
+    (kern,) = lower(_gemv()).kernels
+    ks = [replace(kern, schedule=s) for s in (None, K.Schedule(split=8), K.Schedule(split=32))]
+    tc._SIGNATURE_FILES.clear()
+    first = [_signature(k, []) for k in ks]
+    assert len(set(first)) == 3
+    rendered: list[str] = []
+    real = tc.render
+    monkeypatch.setattr(tc, "render", lambda k, names: rendered.append(k.name) or real(k, names))
+
+    def again() -> list:
+        tc._SIGNATURE_FILES.clear()  # as a new process
+        return [_signature(k, []) for k in ks]
+
+    assert again() == first and rendered == []
+    (path,) = (tmp_path / "search").glob("signatures-*.txt")
+    path.write_text("torn\n")
+    assert again() == first and len(rendered) == 3
+    assert again() == first and len(rendered) == 3  # written back
+    monkeypatch.setattr(luminal.plan_cache, "_CODE_ID", "another-version")
+    assert again() == first and len(rendered) == 6
+    assert len(list((tmp_path / "search").glob("signatures-*.txt"))) == 2

@@ -209,6 +209,9 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
         d = jam_dim(done)
         dequantizes = d is not None and shared_work(done, d) >= DEFAULT_JAM_SHARED
         sched = replace(sched, jam=DEFAULT_JAM if dequantizes else 0, jam_dim=d or 0)
+        rows, cols = DEFAULT_BLOCK
+        if not dequantizes and sched.jam2 == 0 and cols > 1 and _vector_products(done):
+            sched = replace(sched, jam=rows if d is not None else 0, jam2=cols)
     if sched.jam > 1 and not jam_applies(done, sched.jam_dim):
         sched = replace(sched, jam=0, jam_dim=0)
     if sched.jam2 > 1 and not jam2_applies(done):
@@ -229,6 +232,13 @@ def _written_out(r: K.Reduce) -> bool:
 # and none.
 DEFAULT_JAM = 4
 DEFAULT_JAM_SHARED = 4
+
+# The default 2-D block (rows, columns) of products of plain float sums with unit-stride
+# loads, so the library-call stage times the generated kernel blocked. Set by
+# bench/tiles.py (f32, M 17-128 by BERT's and SmolLM2's K x N, 2 threads of an AVX2 machine):
+# 3 x 3 was the fastest block at 8 of 12 sizes and 1.5-6x faster than no block at every one;
+# its 9 accumulators and 6 loaded vectors fit 16 vector registers.
+DEFAULT_BLOCK = (3, 3)
 
 
 def top_reduces(v: K.Value) -> list[K.Reduce]:
@@ -416,6 +426,20 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
                 continue
             out += [K.Schedule(-1, 0, o, r if r > 1 else 0, d or 0, c) for o in space.orders]
     return out
+
+
+def _vector_products(k: K.Kernel) -> bool:
+    """Plain sums (``_plain_sums``) whose loads that vary along the sum are unit-stride in it:
+    the products a 2-D block computes as vectors (a strided weight stays scalar)."""
+    if not (_plain_sums(k) and jam2_applies(k)):
+        return False
+    for r in _jam_reduces(k, len(k.shape) - 1):
+        for x in _vector_loads(r.body, r.var.name):
+            step = sym.add(sym.substitute(x.index, {r.var.name: sym.add(r.var, 1)}),
+                           sym.mul(x.index, -1))  # fmt: skip
+            if step != 1:
+                return False
+    return True
 
 
 def _plain_sums(k: K.Kernel) -> bool:
