@@ -18,6 +18,8 @@ threads:
   tokens equal to the f32 model's;
 - prefill tok/s: the median of --prefill-reps prefills of --prefill tokens (the prefill plan;
   --quick uses the decode plan);
+- with --act-quant q8, each format again with int8 activations (``<fmt>@q8``), its agreement
+  also against the same file's f32-activation run (``top1_agree_same_weights``);
 - llama.cpp (llama-cpp-python) decode tok/s on the same file where llama.cpp reads it, and
   ``vs_llamacpp`` = luminal decode / llama.cpp decode (> 1: luminal faster).
 
@@ -154,6 +156,16 @@ def llamacpp_decode(path: str, prompt: list[int], n: int, threads: int) -> float
     return 1.0 / statistics.median(times)
 
 
+def _agree(
+    logits: list[np.ndarray], greedy: list[int], ref_logits: list[np.ndarray], ref_greedy: list[int]
+) -> tuple[float, float]:
+    """(teacher-forced top-1 agreement, greedy agreement: the fraction of leading tokens
+    equal) of a run against a reference run."""
+    top = [int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(logits, ref_logits)]
+    same = next((i for i, (x, y) in enumerate(zip(greedy, ref_greedy)) if x != y), None)
+    return statistics.fmean(top), (len(greedy) if same is None else same) / len(greedy)
+
+
 def bench(a: argparse.Namespace) -> dict[str, Any]:
     from luminal import quant
     from luminal.loaders.gguf import GGUFFile
@@ -184,12 +196,20 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_greedy: list[int] = []
-    for fmt in ("f32", *a.formats):
-        r: dict[str, Any] = {"file_mib": os.path.getsize(files[fmt]) / 2**20}
+    # with --act-quant q8, each format again with int8 activations ("<fmt>@q8"), compared with
+    # the f32 reference and with the same weights' f32-activation run
+    runs = [(f, "") for f in ("f32", *a.formats)]
+    if a.act_quant == "q8":
+        runs = [r for f, q in runs for r in ([(f, q)] if f == "f32" else [(f, q), (f, "q8")])]
+    same_weights: dict[str, tuple[list[np.ndarray], list[int]]] = {}
+    for fmt_file, act in runs:
+        fmt = f"{fmt_file}@{act}" if act else fmt_file
+        r: dict[str, Any] = {"file_mib": os.path.getsize(files[fmt_file]) / 2**20}
         res["formats"][fmt] = r
         log(f"{fmt}: compile ...")
+        os.environ["LUMINAL_ACT_QUANT"] = act  # read when the plans compile
         try:
-            m = Luminal(files[fmt], ctx, a.quick)
+            m = Luminal(files[fmt_file], ctx, a.quick)
         except Exception as e:  # one format failing must not hide the others
             r["skipped"] = f"{type(e).__name__}: {e}"[:300]
             log(f"  skipped: {r['skipped']}")
@@ -204,13 +224,18 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         if fmt == "f32":
             ref_logits, ref_greedy = logits, greedy
         else:
-            top = [int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(logits, ref_logits)]
-            r["top1_agree"] = statistics.fmean(top)
-            same = next((i for i, (x, y) in enumerate(zip(greedy, ref_greedy)) if x != y), None)
-            r["greedy_agree"] = (len(greedy) if same is None else same) / len(greedy)
+            r["top1_agree"], r["greedy_agree"] = _agree(logits, greedy, ref_logits, ref_greedy)
+            if act and fmt_file in same_weights:
+                r["top1_agree_same_weights"], r["greedy_agree_same_weights"] = _agree(
+                    logits, greedy, *same_weights[fmt_file]
+                )
+            else:
+                same_weights[fmt_file] = (logits, greedy)
         log(f"{fmt}: prefill {len(long_prompt)} tokens ...")
         r["prefill_tok_s"] = m.prefill(long_prompt, a.prefill_reps)
         del m
+        if act:  # llama.cpp's decode on this file is measured once, with the f32 run
+            continue
         if a.skip_llamacpp or not quant.llama_cpp_reads(*fmt.split("+")):
             r["llamacpp"] = "skipped" if a.skip_llamacpp else "does not read luminal formats"
             continue
@@ -242,10 +267,11 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
               f"{f(r.get('llamacpp_decode_tok_s'), '.1f'):>11}"
               f"{f(r.get('vs_llamacpp'), '.2f'):>7}")  # fmt: skip
         for k in ("file_mib", "decode_tok_s", "prefill_tok_s", "top1_agree", "greedy_agree",
-                  "ppl", "llamacpp_decode_tok_s", "vs_llamacpp", "compile_s"):  # fmt: skip
+                  "ppl", "llamacpp_decode_tok_s", "vs_llamacpp", "compile_s",
+                  "top1_agree_same_weights", "greedy_agree_same_weights"):  # fmt: skip
             if k in r:
                 flat[f"{fmt}_{k}"] = round(r[k], 4)
-        if fmt != "f32" and "vs_llamacpp" not in r:
+        if fmt != "f32" and "@" not in fmt and "vs_llamacpp" not in r:
             flat[f"{fmt}_vs_llamacpp"] = None
     flat["quick"] = res["quick"]
     return flat
@@ -263,6 +289,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", help="keep the quantized files here (reused when present)")
     p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
+                   help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "
+                   "as <fmt>@q8, agreeing also with the f32-activation run")  # fmt: skip
     p.add_argument("--json-out", help="also write the JSON line to this file")
     p.add_argument("--quick", action="store_true",
                    help="32 tokens, 8 greedy, a short prefill, no measured search")  # fmt: skip
