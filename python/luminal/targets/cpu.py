@@ -11,6 +11,9 @@ blocks of rows x columns of plain products (``codegen/cpu/jam.py``: those that f
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import platform
 import time
 from collections import OrderedDict
@@ -58,6 +61,74 @@ def render(k: K.Kernel, dim_names: list[str]) -> CKernel:
     if len(_RENDERED) > RENDERED_MAX:
         _RENDERED.popitem(last=False)
     return c
+
+
+class _SignatureFile:
+    """Schedule signatures of kernels seen before, one line (key, signature) each, in a file
+    of the search cache per luminal code version (the C a kernel renders to depends on the
+    kernel, the dim names and the code generator). A search tells a decision's candidates
+    apart by their C: with every decision cached this rendering was most of a compile
+    (SmolLM2's decode plan: 825 renders, 12 of 29 s)."""
+
+    KEEP = 4  # files of other code versions kept (the most recently used)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.known: dict[str, str] = {}
+        try:
+            with open(path, encoding="ascii") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2:  # a torn last line of a killed writer is skipped
+                        self.known[parts[0]] = parts[1]
+        except (OSError, UnicodeDecodeError):
+            self.known.clear()
+
+    def get(self, key: str) -> str | None:
+        return self.known.get(key)
+
+    def add(self, key: str, sig: str) -> None:
+        self.known[key] = sig
+        folder = os.path.dirname(self.path)
+        try:
+            new = not os.path.exists(self.path)
+            os.makedirs(folder, exist_ok=True)
+            # one short line per append: concurrent writers do not interleave within a line
+            with open(self.path, "a", encoding="ascii") as f:
+                f.write(f"{key} {sig}\n")
+            if new:
+                self._prune(folder)
+        except OSError:
+            pass  # a read-only cache: signatures are rendered again next time
+
+    def _prune(self, folder: str) -> None:
+        old = [os.path.join(folder, n) for n in os.listdir(folder)
+               if n.startswith("signatures-") and os.path.join(folder, n) != self.path]  # fmt: skip
+        old.sort(key=lambda p: os.stat(p).st_mtime, reverse=True)
+        for p in old[self.KEEP :]:
+            with contextlib.suppress(OSError):
+                os.remove(p)
+
+
+_SIGNATURE_FILES: dict[str, _SignatureFile] = {}
+
+
+def _signatures() -> _SignatureFile:
+    from ..compiler.search.tuner import cache_dir
+    from ..plan_cache import code_id
+
+    path = os.path.join(cache_dir(), f"signatures-{code_id()}.txt")
+    f = _SIGNATURE_FILES.get(path)
+    if f is None:
+        f = _SIGNATURE_FILES[path] = _SignatureFile(path)
+    return f
+
+
+def _signature_key(k: K.Kernel, dim_names: list[str]) -> str:
+    """What the C of ``k`` depends on: the kernel (every field) and the dim names."""
+    text = (f"{K.fingerprint([k])}|{k.name}|{k.schedule!r}|{k.scheduled}|{k.reads!r}|"
+            f"{k.when!r}|{','.join(dim_names)}")  # fmt: skip
+    return hashlib.sha1(text.encode()).hexdigest()[:32]
 
 
 def render_all(low: Lowered) -> list[Launchable]:
@@ -198,15 +269,23 @@ class CpuTarget:
         self._prepared.update({id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)})
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
-        # rendered as its measuring plan renders it (cut out, buffers and variables renamed in
-        # order), so preparing that plan finds the render kept
+        # a digest of the C as its measuring plan renders it (cut out, buffers and variables
+        # renamed in order), so preparing that plan finds the render kept; known signatures
+        # come from the disk (_signatures)
+        memo = _signatures()
+        key = _signature_key(k, dim_names)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
         w, r = K.step_buffers(k)
         ids = {b: i for i, b in enumerate(dict.fromkeys(r + w))}
         row = K.remap_buffers(k.scatter_row, ids) if k.scatter_row is not None else None
         value = canonical_vars(K.remap_buffers(k.value, ids), [0])
         cut = replace(k, value=value, out=ids[k.out], scatter_row=row)
         c = render(replace(_as_run(cut), name=k.name), dim_names)
-        return c.source, repr(c.tasks), c.min_chunk
+        sig = hashlib.sha1(f"{c.source}\x00{c.tasks!r}\x00{c.min_chunk}".encode()).hexdigest()
+        memo.add(key, sig)
+        return sig
 
     def __post_init__(self) -> None:
         self._prepared: dict[int, tuple[Lowered, Plan]] = {}
