@@ -503,8 +503,13 @@ std::vector<Cached> ensure_compiled(const std::vector<std::string> &sources, uns
         t = queue[next++];
       }
       if (t.units.size() > 1) {
-        if (!compile_group(dir, sources, keys, t.units)) {
-          std::lock_guard<std::mutex> lock(mu); // alone, each shows its own error
+        bool ok = false;
+        try { // a cache it cannot write to included: alone, each shows its own error
+          ok = compile_group(dir, sources, keys, t.units);
+        } catch (...) {
+        }
+        if (!ok) {
+          std::lock_guard<std::mutex> lock(mu);
           for (size_t i : t.units) queue.push_back({{i}, sources[i].size()});
         }
         continue;
