@@ -3,7 +3,9 @@ jam alone and the BLAS call, at M x K x N sizes of small transformers:
 
 - ``jam=J``: J rows per reduction loop sharing each weight load (the row jam);
 - ``RxC``: R rows by C columns per reduction loop: R + C loads for R * C products;
-- ``gemm``: the library call the search offers for the product.
+- ``gemm``: the library call the search offers for the product;
+- ``in,out``: the generated kernel (default schedule) of the weight stored [in, out] and not
+  transposed at compile time (``fold.py``'s transposed reads): its loads strided along the sum.
 
     python bench/tiles.py [--m 17,32,128] [--kn 128x384,128x512,512x128,576x1536]
                           [--blocks 4x1,8x1,4x2,4x3,2x4] [--rounds 3]
@@ -48,6 +50,11 @@ def _programs(k: int, n: int, blocks: list[tuple[int, int]]) -> dict[str, Lowere
             sched = K.Schedule(-1, 0, order, r if r > 1 else 0, 0, c if c > 1 else 0)
             name = f"{r}x{c}" + ("/1" if order else "")
             out[name] = replace(low, kernels=[replace(kern, schedule=sched)])
+    # the weight stored [in, out] (GPT-2's), unfolded: its loads strided along the sum
+    gt = lm.Graph(f"tiles_t_{k}x{n}")
+    xt = gt.input("x", (sym.dim("rows", 1, 256), k))
+    gt.output("y", xt @ gt.weight("wt", data=np.ascontiguousarray(g.weights["w"].T)))
+    out["in,out"] = lower(gt)
     alt = match_any(kern, len(low.buffers))
     if alt is not None and not alt.copies and alt.epilogue is None:
         out["gemm"] = replace(low, kernels=[alt.call])
@@ -89,7 +96,7 @@ def main() -> None:
     for (m, k, n), ts in best.items():
         old = [s for s in names if s.split("/")[0].endswith("x1")]  # the row jam alone
         jam = min(ts[s] for s in old)
-        mine = [s for s in names if s not in ("gemm", "plain") and s not in old]
+        mine = [s for s in names if s not in ("gemm", "plain", "in,out") and s not in old]
         gen = min(ts[s] for s in mine)
         pick = min(mine, key=ts.__getitem__)
         gf = 2 * m * k * n / gen / 1e9

@@ -261,7 +261,9 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
     when that takes at most ``FOLD_SCALE_RATIO`` of the bytes of the weight it comes from, so a
     plan grows by a fraction of its packed weights, or when the value holds a transcendental
     op and takes no more bytes than the weights it reads (a batch norm's scale); the values
-    are the same floats the graph computes. Returns ``graph`` itself when nothing qualifies."""
+    are the same floats the graph computes. A float weight read once with a stride along its
+    reader's innermost axis is stored in the reader's order instead (``_transposed_reads``).
+    Returns ``graph`` itself when nothing qualifies."""
     fold, _ = foldable_nodes(graph)
     dep = _dependence(graph, fold)
     by_id = {n.id: n for n in graph.nodes}
@@ -304,10 +306,10 @@ def fold_scales(graph: G, progress: Callable[[str], None] | None = None) -> G:
         for s, _ in n.srcs:
             users.setdefault(s.id, []).append(n)
     targets = [by_id[i] for i in sorted(ok) if any(u.id not in ok for u in users.get(i, []))]
-    if not targets:
-        return graph
     folded_ids = {n.id for n in targets}
-    reads = _sparse_reads(graph, folded_ids, ok)
+    reads = _sparse_reads(graph, folded_ids, ok) | _transposed_reads(graph)
+    if not targets and not reads:
+        return graph
     t0 = time.perf_counter()
     g = type(graph)(graph.name)
     new: dict[int, Node] = {}
@@ -403,6 +405,46 @@ def _sparse_reads(graph: Graph, folded: set[int], ok: set[int]) -> set[tuple[int
             total = int(np.asarray(graph.weights[s.arg[0]]).size)
             if elems <= REPACK_RATIO * total:
                 out.add((n.id, j))
+    return out
+
+
+def _transposed_reads(graph: Graph) -> set[tuple[int, int]]:
+    """(node id, source position) of the one read of a float weight whose index is not
+    unit-stride along the reader's innermost axis though the weight is (a product's weight
+    stored [in, out] and summed along ``in``, GPT-2's): repacked in the reader's axis order, a
+    transposed copy, its loads are contiguous and vectorize (a generated 128 x 768 x 768
+    product ran 30-60x slower than the library's). Only a weight read once, by one index, so
+    the copy replaces it and the plan does not grow."""
+    reads: dict[int, list[tuple[Node, int, View]]] = {}
+    for n in graph.nodes:
+        for j, (s, v) in enumerate(n.srcs):
+            if s.op is Leaf.INPUT and s.arg[1] and s.arg[0] in graph.weights:
+                reads.setdefault(s.id, []).append((n, j, v))
+    out: set[tuple[int, int]] = set()
+    for rs in reads.values():
+        if len(rs) != 1:
+            continue
+        n, j, v = rs[0]
+        s = n.srcs[j][0]
+        if not isinstance(n.op, Op) or n.op in (Op.GATHER, Op.SCATTER) or not s.dtype.is_float:
+            continue
+        if tuple(v.shape) != tuple(n.shape) or v.valid != 1 or not isinstance(v.index, sym.Expr):
+            continue
+        sizes = [sym.as_int(x) for x in v.shape]
+        axes = _axis_vars(tuple(v.shape))
+        names = sym.var_names(v.index)
+        last = f"_i{len(v.shape) - 1}"
+        if last not in names or names - set(axes) or any(sizes[axes[x]] is None for x in names):
+            continue
+        iv = idx_vars(v.shape)[len(v.shape) - 1]
+        step = sym.add(sym.substitute(v.index, {last: sym.add(iv, 1)}), sym.mul(v.index, -1))
+        w = np.asarray(graph.weights[s.arg[0]])
+        elems = 1
+        for x in names:
+            elems *= sizes[axes[x]] or 0
+        # the whole weight, each element once, and not unit-stride where the reader loops
+        if step != 1 and elems == w.size and w.ndim >= 2 and w.strides[-1] == w.itemsize:
+            out.add((n.id, j))
     return out
 
 

@@ -235,7 +235,7 @@ DEFAULT_JAM_SHARED = 4
 
 # The default 2-D block (rows, columns) of products of plain float sums with unit-stride
 # loads, so the library-call stage times the generated kernel blocked. Set by
-# bench/tiles.py (f32, M 17-128 by BERT's and SmolLM2's K x N, 2 threads of an AVX2 machine):
+# bench/tiles.py (f32, M 17-128 by BERT's and SmolLM2's K x N, 2 threads, 8-lane vectors):
 # 3 x 3 was the fastest block at 8 of 12 sizes and 1.5-6x faster than no block at every one;
 # its 9 accumulators and 6 loaded vectors fit 16 vector registers.
 DEFAULT_BLOCK = (3, 3)
