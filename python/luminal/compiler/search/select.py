@@ -9,6 +9,11 @@ on random inputs, and caches the decision on disk by (kernel, alternative, sizes
 a second compile is fast and the choice is deterministic once cached. ``LUMINAL_DEBUG>=3``
 prints every decision.
 
+With q8 activations (``compiler/actquant.py``) a product by a block-quantized weight also has
+a ``qdot`` call (``gemm.match_qdot``: integer dot products); every option of that choice is
+timed and checked with the kernel that writes the activation cut out beside it, so the call
+sees the q8 values the plan computes, not random floats.
+
 A choice is timed at both ends of its dim's range. When one program wins at the smallest size
 and another at the representative one, and the kept one is ``SPLIT_LOSS`` times slower than
 the best at either end (a GEMV that dequantizes its weights per row, against a dequantized copy
