@@ -45,7 +45,7 @@ from ..target import CostModel, ScheduleSpace
 # v3: symbolic dims are measured at their smallest values too; v4: vector code at the
 # target's native width; v5: padding masks as loop windows, outer indices advanced per task;
 # v6: candidates measured with their schedule applied, which v5 timed as the default code)
-CACHE_VERSION = "tuner-v6"
+CACHE_VERSION = "tuner-v7"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
