@@ -31,10 +31,15 @@ def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
-def _graph(w: np.ndarray, hi: int = 64, scale: float = 2.0, name: str = "t") -> luminal.Graph:
+def _graph(
+    w: np.ndarray, hi: int = 64, scale: float = 2.0, name: str = "t", rows: bool = False
+) -> luminal.Graph:
+    """``scale * x @ w``; ``rows``: ``w`` is stored (out, in), read contiguously along the sum
+    (the compiler keeps such a weight as it is, where it stores an (in, out) one transposed)."""
     g = luminal.Graph(name)
-    x = g.input("x", (luminal.dim("seq", 1, hi), w.shape[0]))
-    g.output("y", x.matmul(g.weight("w", data=w)).mul(scale))
+    x = g.input("x", (luminal.dim("seq", 1, hi), w.shape[1] if rows else w.shape[0]))
+    wt = g.weight("w", data=w)
+    g.output("y", x.matmul(wt.permute(1, 0) if rows else wt).mul(scale))
     return g
 
 
@@ -111,18 +116,19 @@ def test_weight_file_identity_is_the_key(tmp_path: Path) -> None:
     st = SafetensorsFile(f)
     ident = pc.weight_identity(st["w"])
     assert ident[2] == "file" and ident[3] == os.path.realpath(f)
-    k1 = _key(_graph(st["w"]))
+    k1 = _key(_graph(st["w"], rows=True))
     cache, log = pc.PlanCache(), []
-    path, _ = cache.get_or_build(k1, _build(_graph(st["w"]), log))
+    path, _ = cache.get_or_build(k1, _build(_graph(st["w"], rows=True), log))
     plan = Plan.load(path)
     assert [type(x) for x in plan.weights] == [FileWeight]  # referred to, not copied
-    x = np.ones((2, 7), np.float32)
-    np.testing.assert_allclose(luminal.load(str(path)).run({"x": x})["y"], 2 * x @ _w(), rtol=1e-5)
+    x = np.ones((2, 5), np.float32)
+    got = luminal.load(str(path)).run({"x": x})["y"]
+    np.testing.assert_allclose(got, 2 * x @ _w().T, rtol=1e-5)
     del st, plan
     time.sleep(0.01)
     save_safetensors(f, {"w": _w(1)})  # same size, new bytes and mtime
     st = SafetensorsFile(f)
-    k2 = _key(_graph(st["w"]))
+    k2 = _key(_graph(st["w"], rows=True))
     assert k2.digest != k1.digest
     assert cache.lookup(k1) is None and not path.exists()  # its file changed: dropped
 
