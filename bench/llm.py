@@ -280,8 +280,8 @@ class LuminalLLM(Contender):
     def __init__(self, path: str, facts: ModelFacts, ctx: int) -> None:
         self.path, self.ctx, self.weight_bytes = path, ctx, facts.gguf_bytes
         self.note = (
-            "Q4_1 GGUF, dequantized inside the graph (decode); prompts of 16+ tokens on a "
-            "prefill plan with the weights folded to f32 (GEMMs); f32 KV cache"
+            "Q4_1 GGUF, dequantized inside the graph (decode); prompts of PREFILL_MIN (40)+ "
+            "tokens on a prefill plan with the weights folded to f32 (GEMMs); f32 KV cache"
         )
 
     def setup(self, prompt: list[int]) -> dict[str, Any]:
