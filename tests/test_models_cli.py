@@ -44,7 +44,12 @@ def test_generate_second_run_loads_cached_plans(capsys, monkeypatch) -> None:
     from luminal.models import smollm2_path
 
     _have(smollm2_path)
-    args = ["generate", "-n", "3", "--ctx", "64", "The capital of France is"]
+    # templated, past PREFILL_MIN tokens: the prompt runs on the prefill plan
+    prompt = (
+        "The capital of France is Paris and the capital of Germany is Berlin. "
+        "The capital of Italy is"
+    )
+    args = ["generate", "-n", "3", "--ctx", "64", prompt]
     monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")  # default kernels: a quicker compile
     assert main(args) == 0
     first = capsys.readouterr()
