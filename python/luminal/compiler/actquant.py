@@ -133,21 +133,14 @@ def quantize_activations(graph: G) -> G:
         found[c.id] = (1 - j, r.arg)
     if not found:
         return graph
-    g = type(graph)(graph.name)
-    new: dict[int, Node] = {}
-    for name, n in graph.inputs.items():
-        new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
-        if name in graph.weights:
-            g.weights[name] = graph.weights[name]
-    for n in graph.toposort():
-        if n.id in new:
-            continue
-        srcs = [(new[s.id], v) for s, v in n.srcs]
+
+    def sources(g: Graph, n: Node, srcs: list[tuple[Node, View]]) -> list[tuple[Node, View]]:
         if n.id in found:
             j, axis = found[n.id]
             srcs[j] = _quantized_operand(Tensor(srcs[j][0], srcs[j][1]), axis)
-        up = graph.state.get(n.arg) if n.op is Leaf.OUTPUT else None
-        new[n.id] = g.add_like(n, srcs, updates=up)
+        return srcs
+
+    g = graph.rebuilt(sources)
     g.verify()
     return g
 

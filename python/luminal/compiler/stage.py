@@ -66,23 +66,12 @@ def stage_strided_reads(graph: G) -> G:
     found = strided_sum_operands(graph)
     if not found:
         return graph
-    g = type(graph)(graph.name)
-    new: dict[int, Node] = {}
-    for name, n in graph.inputs.items():
-        new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
-        if name in graph.weights:
-            g.weights[name] = graph.weights[name]
-    for n in graph.toposort():
-        if n.id in new:
-            continue
-        srcs = []
-        for j, (s, v) in enumerate(n.srcs):
-            if (n.id, j) in found:
-                srcs.append(_staged(g, new[s.id], v, found[(n.id, j)]))
-            else:
-                srcs.append((new[s.id], v))
-        up = graph.state.get(n.arg) if n.op is Leaf.OUTPUT else None
-        new[n.id] = g.add_like(n, srcs, updates=up)
+
+    def sources(g: Graph, n: Node, srcs: list[tuple[Node, View]]) -> list[tuple[Node, View]]:
+        return [_staged(g, s, v, found[(n.id, j)]) if (n.id, j) in found else (s, v)
+                for j, (s, v) in enumerate(srcs)]  # fmt: skip
+
+    g = graph.rebuilt(sources)
     g.verify()
     return g
 

@@ -9,8 +9,8 @@ shape or dtype raises at the line that made it, naming the op and the shapes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from . import dtypes as dt
 from . import symbolic as sym
@@ -103,6 +103,9 @@ def infer(op: Op | Leaf, srcs: Sequence[Src], arg: Any) -> tuple[DType, tuple[si
     raise ValueError(f"{name}: cannot infer (leaf nodes are made by Graph methods)")
 
 
+_G = TypeVar("_G", bound="Graph")
+
+
 class Graph:
     """A static graph of primitive ops. Build it through ``luminal.Tensor`` methods."""
 
@@ -191,6 +194,24 @@ class Graph:
             return self.add_op(n.op, [], arg=n.arg, shape=n.shape, dtype=n.dtype)
         assert isinstance(n.op, Op), f"input {n} was not registered"
         return self.add_op(n.op, list(srcs), arg=n.arg)
+
+    def rebuilt(self: _G, sources: Callable[[Graph, Node, list[Src]], list[Src]]) -> _G:
+        """A copy (same inputs and weights) in which each non-input node reads
+        ``sources(copy, node, srcs)``, ``srcs`` being its sources already in the copy: how a
+        rewrite that changes what some nodes read builds its graph."""
+        g = type(self)(self.name)
+        new: dict[int, Node] = {}
+        for name, n in self.inputs.items():
+            new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
+            if name in self.weights:
+                g.weights[name] = self.weights[name]
+        for n in self.toposort():
+            if n.id in new:
+                continue
+            srcs = sources(g, n, [(new[s.id], v) for s, v in n.srcs])
+            up = self.state.get(n.arg) if n.op is Leaf.OUTPUT else None
+            new[n.id] = g.add_like(n, srcs, updates=up)
+        return g
 
     def add_constant(self, value: Any, dtype: Any) -> Node:
         d = dt.to_dtype(dtype)

@@ -187,14 +187,18 @@ def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative |
     direct = kern.value is r
     out = kern.out if direct else new_buffer_id
     call = K.LibCall(f"{kern.name}_gemm", "gemm", fields, [a_load.buf, b_load.buf, out], out)  # type: ignore[union-attr]
-    epilogue = None
-    if not direct:
-        flat: sint = 0
-        for j, st in enumerate(contiguous_strides(shape)):
-            flat = sym.add(flat, sym.mul(sym.index_var(j, shape[j]), st))
-        value = _replace(kern.value, r, K.Load(out, flat, 1, dt.f32))
-        epilogue = K.Kernel(f"{kern.name}_epi", shape, kern.out, value, kern.dtype)
+    epilogue = None if direct else _epilogue(kern, r, out, shape)
     return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size, k_size, batch)
+
+
+def _epilogue(kern: K.Kernel, r: K.Reduce, out: int, shape: tuple[sint, ...]) -> K.Kernel:
+    """The rest of ``kern`` after a library call wrote its sum ``r`` to buffer ``out``
+    (contiguous, of ``shape``): the kernel's value reading the product instead of summing."""
+    flat: sint = 0
+    for j, st in enumerate(contiguous_strides(shape)):
+        flat = sym.add(flat, sym.mul(sym.index_var(j, shape[j]), st))
+    value = _replace(kern.value, r, K.Load(out, flat, 1, dt.f32))
+    return K.Kernel(f"{kern.name}_epi", shape, kern.out, value, kern.dtype)
 
 
 def regrouped(kern: K.Kernel, t: int, s: int) -> K.Kernel | None:
@@ -433,13 +437,7 @@ def _match_qdot(
             "q_offset": q_off, "q_stride": q_stride,
         }  # fmt: skip
         call = K.LibCall(f"{kern.name}_qdot", "qdot", fields, [a.buf, *bufs, out], out)
-        epilogue = None
-        if not direct:
-            flat: sint = 0
-            for j, st in enumerate(contiguous_strides(shape)):
-                flat = sym.add(flat, sym.mul(sym.index_var(j, shape[j]), st))
-            value = _replace(kern.value, r, K.Load(out, flat, 1, dt.f32))
-            epilogue = K.Kernel(f"{kern.name}_epi", shape, kern.out, value, kern.dtype)
+        epilogue = None if direct else _epilogue(kern, r, out, shape)
         return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size,
                                k_size, 1)  # fmt: skip
     return None
