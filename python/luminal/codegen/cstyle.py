@@ -129,6 +129,19 @@ class Emitter:
         # a row kernel's prefetch of the next row, placed in one of its loops (cpu/rows.py)
         self.prefetch: Any = None  # a RowPrefetch (cpu/rows.py) or None
 
+    def checkpoint(self) -> Callable[[], None]:
+        """A function that puts the emitter back as it is now (lines, temporaries and the
+        innermost scope): a vector form that finds a value it cannot vectorize backs out."""
+        lines, n, scope = list(self.lines), self.n, dict(self.scopes[-1])
+
+        def restore() -> None:
+            self.lines[:] = lines
+            self.n = n
+            self.scopes[-1].clear()
+            self.scopes[-1].update(scope)
+
+        return restore
+
     def tmp(self) -> str:
         self.n += 1
         return f"v{self.n}"

@@ -78,7 +78,7 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
         return None
     if any(isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r0.body)):
         return None
-    saved, n_saved, scope = list(em.lines), em.n, dict(em.scopes[-1])
+    restore = em.checkpoint()
     for r in rs:
         em.hoist(r.body, frozenset({r.var.name}), ind)
     accs = [em.tmp() for _ in rs]
@@ -104,10 +104,7 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
 
     em.block(step)
     if not ok:
-        em.lines[:] = saved
-        em.n = n_saved
-        em.scopes[-1].clear()
-        em.scopes[-1].update(scope)
+        restore()
         return None
     em.lines.append(f"{ind}}}")
     sums = [em.tmp() for _ in rs]

@@ -272,7 +272,7 @@ def blocked_sum(em: Emitter, vs: Sequence[K.Reduce], ind: str) -> list[str] | No
     inners = [x.body for x in vs]
     assert all(isinstance(x, K.Reduce) for x in inners)
     bodies0 = [x.body for x in inners]  # type: ignore[union-attr]
-    saved, n_saved, scope = list(em.lines), em.n, dict(em.scopes[-1])
+    restore = em.checkpoint()
     jam = len(vs)
     accv = em.tmp()
     acc1 = em.tmp() if jam == 1 else ""  # (one copy's names as they were before jams)
@@ -328,10 +328,7 @@ def blocked_sum(em: Emitter, vs: Sequence[K.Reduce], ind: str) -> list[str] | No
         if ok:
             em.block(lambda: step(u))  # noqa: B023 (called at once)
     if not ok:
-        em.lines[:] = saved
-        em.n = n_saved
-        em.scopes[-1].clear()
-        em.scopes[-1].update(scope)
+        restore()
         return None
     em.lines.append(f"{ind}}}")
     out = []
