@@ -3,6 +3,8 @@ an exact ``where`` as a two-way gather, the product read from its buffer everywh
 epilogue, and expressions of no loop variable computed once per call. Each is checked for its
 structure and, through compile, against numpy at odd sizes."""
 
+import dataclasses
+
 import numpy as np
 
 import luminal as lm
@@ -53,7 +55,7 @@ def test_gemm_epilogue_reads_every_equal_copy_of_the_product():
     (kern,) = low.kernels
     r = kern.value
     assert isinstance(r, K.Reduce)
-    copy = K.substitute(r, {})  # equal, not the same object: two paths to one product
+    copy = dataclasses.replace(r)  # equal, not the same object: two paths to one product
     assert copy == r and copy is not r
     kern2 = K.Kernel(kern.name, kern.shape, kern.out, K.Alu(lm.Op.MUL, (r, copy), r.dtype),
                      kern.dtype)  # fmt: skip

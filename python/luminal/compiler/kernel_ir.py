@@ -282,9 +282,12 @@ def walk(v: Value):
             stack += [x.weight, x.score]
 
 
-def substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any] | None = None) -> Value:
+def substitute(v: Value, mapping: dict[str, sint], memo: dict[Any, Any] | None = None) -> Value:
     """Rename index variables throughout a value tree (used to inline through views). Shared
-    subtrees are rewritten once."""
+    subtrees are rewritten once, also under reductions (each scope that hides a variable has
+    its own memo); a subtree that does not change is returned as it is."""
+    if not mapping:
+        return v
     memo = {} if memo is None else memo
     hit = memo.get(id(v))
     if hit is not None:
@@ -294,37 +297,60 @@ def substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any] | None =
     return out
 
 
-def _substitute(v: Value, mapping: dict[str, sint], memo: dict[int, Any]) -> Value:
+def _scope(mapping: dict[str, sint], memo: dict[Any, Any], name: str) -> tuple[dict, dict]:
+    """The mapping and memo inside a loop over ``name`` (which hides a mapping of it)."""
+    if name not in mapping:
+        return mapping, memo
+    key = ("scope", name)
+    inner = memo.get(key)
+    if inner is None:
+        inner = memo[key] = {"mapping": {k: e for k, e in mapping.items() if k != name}}
+    return inner["mapping"], inner
+
+
+def _substitute(v: Value, mapping: dict[str, sint], memo: dict[Any, Any]) -> Value:
     emem: dict[int, sint] = memo.setdefault(-1, {})
     s = lambda e: sym.substitute(e, mapping, emem)  # noqa: E731
     if isinstance(v, Load):
         valid = s(v.valid)
-        return Const(0, v.dtype) if valid == 0 else Load(v.buf, s(v.index), valid, v.dtype)
+        if valid == 0:
+            return Const(0, v.dtype)
+        index = s(v.index)
+        return v if index is v.index and valid is v.valid else Load(v.buf, index, valid, v.dtype)
     if isinstance(v, Const):
         return v
     if isinstance(v, IndexVal):
-        return IndexVal(s(v.expr), v.dtype)
+        e = s(v.expr)
+        return v if e is v.expr else IndexVal(e, v.dtype)
     if isinstance(v, Alu):
-        return Alu(v.op, tuple(substitute(x, mapping, memo) for x in v.srcs), v.dtype)
+        srcs = tuple(substitute(x, mapping, memo) for x in v.srcs)
+        same = all(a is b for a, b in zip(srcs, v.srcs, strict=True))
+        return v if same else Alu(v.op, srcs, v.dtype)
     if isinstance(v, Cast):
-        return Cast(substitute(v.src, mapping, memo), v.dtype)
+        src = substitute(v.src, mapping, memo)
+        return v if src is v.src else Cast(src, v.dtype)
     if isinstance(v, Masked):
         valid = s(v.valid)
         if valid == 0:
             return Const(0, v.dtype)
         inner_v = substitute(v.value, mapping, memo)
-        return inner_v if valid == 1 else Masked(valid, inner_v, v.dtype)
+        if valid == 1:
+            return inner_v
+        return v if valid is v.valid and inner_v is v.value else Masked(valid, inner_v, v.dtype)
+    extent = s(v.rows) if isinstance(v, Gather) else s(v.extent)
+    imap, imemo = _scope(mapping, memo, v.var.name)
     if isinstance(v, Reduce):
-        inner = {k: e for k, e in mapping.items() if k != v.var.name}
-        return Reduce(v.op, v.var, s(v.extent), substitute(v.body, inner), v.dtype)
+        body = substitute(v.body, imap, imemo)
+        same = extent is v.extent and body is v.body
+        return v if same else Reduce(v.op, v.var, extent, body, v.dtype)
     if isinstance(v, SoftmaxSum):
-        inner = {k: e for k, e in mapping.items() if k != v.var.name}
-        return SoftmaxSum(
-            v.var, s(v.extent), substitute(v.score, inner), substitute(v.weight, inner), v.dtype
-        )
-    inner = {k: e for k, e in mapping.items() if k != v.var.name}
+        score, weight = substitute(v.score, imap, imemo), substitute(v.weight, imap, imemo)
+        same = extent is v.extent and score is v.score and weight is v.weight
+        return v if same else SoftmaxSum(v.var, extent, score, weight, v.dtype)
     row = substitute(v.row, mapping, memo)
-    return Gather(v.var, row, s(v.rows), substitute(v.body, inner), v.dtype)
+    body = substitute(v.body, imap, imemo)
+    same = row is v.row and extent is v.rows and body is v.body
+    return v if same else Gather(v.var, row, extent, body, v.dtype)
 
 
 def two_way_gather(var: sym.Expr, row: Value, rows: sint, body: Value, dtype: DType) -> Value:
@@ -450,24 +476,41 @@ class LibCall:
             raise ValueError(f"library call {self.name}: output buffer not among its arguments")
 
 
-def remap_buffers(v: Value, ids: dict[int, int]) -> Value:
-    """The same tree with buffer ids renamed (used to cut kernels out into small plans)."""
+def remap_buffers(v: Value, ids: dict[int, int], memo: dict[int, Value] | None = None) -> Value:
+    """The same tree with buffer ids renamed (used to cut kernels out into small plans). Shared
+    subtrees are renamed once; a subtree whose buffers keep their ids is returned as it is."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit
+    rec = lambda x: remap_buffers(x, ids, memo)  # noqa: E731
+    out: Value = v
     if isinstance(v, Load):
-        return Load(ids[v.buf], v.index, v.valid, v.dtype)
-    if isinstance(v, Alu):
-        return Alu(v.op, tuple(remap_buffers(s, ids) for s in v.srcs), v.dtype)
-    if isinstance(v, Cast):
-        return Cast(remap_buffers(v.src, ids), v.dtype)
-    if isinstance(v, Masked):
-        return Masked(v.valid, remap_buffers(v.value, ids), v.dtype)
-    if isinstance(v, Reduce):
-        return Reduce(v.op, v.var, v.extent, remap_buffers(v.body, ids), v.dtype)
-    if isinstance(v, Gather):
-        return Gather(v.var, remap_buffers(v.row, ids), v.rows, remap_buffers(v.body, ids), v.dtype)
-    if isinstance(v, SoftmaxSum):
-        sc, w = remap_buffers(v.score, ids), remap_buffers(v.weight, ids)
-        return SoftmaxSum(v.var, v.extent, sc, w, v.dtype)
-    return v
+        buf = ids[v.buf]
+        out = v if buf == v.buf else Load(buf, v.index, v.valid, v.dtype)
+    elif isinstance(v, Alu):
+        srcs = tuple(rec(s) for s in v.srcs)
+        if any(a is not b for a, b in zip(srcs, v.srcs, strict=True)):
+            out = Alu(v.op, srcs, v.dtype)
+    elif isinstance(v, Cast):
+        src = rec(v.src)
+        out = v if src is v.src else Cast(src, v.dtype)
+    elif isinstance(v, Masked):
+        val = rec(v.value)
+        out = v if val is v.value else Masked(v.valid, val, v.dtype)
+    elif isinstance(v, Reduce):
+        body = rec(v.body)
+        out = v if body is v.body else Reduce(v.op, v.var, v.extent, body, v.dtype)
+    elif isinstance(v, Gather):
+        row, body = rec(v.row), rec(v.body)
+        same = row is v.row and body is v.body
+        out = v if same else Gather(v.var, row, v.rows, body, v.dtype)
+    elif isinstance(v, SoftmaxSum):
+        sc, w = rec(v.score), rec(v.weight)
+        same = sc is v.score and w is v.weight
+        out = v if same else SoftmaxSum(v.var, v.extent, sc, w, v.dtype)
+    memo[id(v)] = out
+    return out
 
 
 def step_buffers(step: Kernel | LibCall) -> tuple[list[int], list[int]]:
@@ -482,10 +525,11 @@ def step_buffers(step: Kernel | LibCall) -> tuple[list[int], list[int]]:
 
 def fingerprint(steps: list[Kernel | LibCall]) -> str:
     """A stable digest of kernels and library calls (DAG-aware), for on-disk caches."""
-    memo: dict[int, str] = {}
 
     def fp_val(v: Value) -> str:
-        hit = memo.get(id(v))
+        # a node's digest is kept on it (nodes are immutable): the search digests the same
+        # trees many times (every candidate of a kernel shares its value)
+        hit = v.__dict__.get("_fp")
         if hit is not None:
             return hit
         parts: list[str] = [type(v).__name__, v.dtype.name]
@@ -513,7 +557,8 @@ def fingerprint(steps: list[Kernel | LibCall]) -> str:
                 sym.fingerprint(v.rows),
                 fp_val(v.body),
             ]
-        out = memo[id(v)] = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+        out = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+        object.__setattr__(v, "_fp", out)
         return out
 
     parts = []

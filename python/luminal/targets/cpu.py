@@ -29,7 +29,7 @@ from ..codegen.cpu.jam import BLOCKS, block_fits, vector_registers
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
 from ..compiler.schedule import apply
-from ..compiler.search.select import canonical_vars, subprogram
+from ..compiler.search.select import canonical_vars, cut_value, subprogram
 from ..compiler.search.tuner import Timing, random_inputs, sub_fingerprint
 from ..compiler.target import CostModel, ScheduleSpace
 from ..plan import KernelFormat, Plan
@@ -280,8 +280,7 @@ class CpuTarget:
         w, r = K.step_buffers(k)
         ids = {b: i for i, b in enumerate(dict.fromkeys(r + w))}
         row = K.remap_buffers(k.scatter_row, ids) if k.scatter_row is not None else None
-        value = canonical_vars(K.remap_buffers(k.value, ids), [0])
-        cut = replace(k, value=value, out=ids[k.out], scatter_row=row)
+        cut = replace(k, value=cut_value(k.value, ids), out=ids[k.out], scatter_row=row)
         c = render(replace(_as_run(cut), name=k.name), dim_names)
         sig = hashlib.sha1(f"{c.source}\x00{c.tasks!r}\x00{c.min_chunk}".encode()).hexdigest()
         memo.add(key, sig)

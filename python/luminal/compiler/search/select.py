@@ -25,6 +25,7 @@ carry ``when`` (they run only for their part: plan format 3 conditions).
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -99,11 +100,33 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
             new_steps.append(replace(s, args=[ids[a] for a in s.args], out=ids[s.out]))
         else:
             row = K.remap_buffers(s.scatter_row, ids) if s.scatter_row is not None else None
-            value = canonical_vars(K.remap_buffers(s.value, ids), [0])
-            new_steps.append(replace(s, value=value, out=ids[s.out], scatter_row=row))
+            new_steps.append(replace(s, value=cut_value(s.value, ids), out=ids[s.out],
+                                     scatter_row=row))  # fmt: skip
     whens = {s.when for s in steps}
     dims = restricted(low.dims, whens.pop() if len(whens) == 1 else None)
     return Lowered(new_bufs, new_steps, dims, {})  # type: ignore[arg-type]
+
+
+# cut_value results kept: the search cuts out every schedule candidate of a kernel (they
+# share its value tree) and renders each the same way
+CUT_KEPT = 2048
+_CUT: OrderedDict[tuple, tuple[K.Value, K.Value]] = OrderedDict()
+
+
+def cut_value(v: K.Value, ids: dict[int, int]) -> K.Value:
+    """``v`` as a cut-out program holds it: buffers renumbered by ``ids``, variables renamed
+    by ``canonical_vars``. Kept per tree object (held with its entry, so the id is not
+    reused while the entry lives) and buffer map."""
+    key = (id(v), tuple(sorted(ids.items())))
+    hit = _CUT.get(key)
+    if hit is not None and hit[0] is v:
+        _CUT.move_to_end(key)
+        return hit[1]
+    out = canonical_vars(K.remap_buffers(v, ids), [0])
+    _CUT[key] = (v, out)
+    if len(_CUT) > CUT_KEPT:
+        _CUT.popitem(last=False)
+    return out
 
 
 def canonical_vars(
