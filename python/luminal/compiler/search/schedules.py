@@ -91,7 +91,14 @@ def _candidates(
     names: list[str],
     reference: Lowered,
 ) -> Decision | None:
-    """The decision to take for ``kern``; None when it keeps its schedule unmeasured."""
+    """The decision to take for ``kern``; None when it keeps its schedule unmeasured.
+
+    Every schedule is estimated, but only the best ranked are rendered to tell equal code
+    apart: the tuner measures the default and the ``max_candidates - 1`` best others, so the
+    walk down the ranking stops once that many distinct ones are found (rendering every
+    schedule was most of a cold search's Python time). The candidates are the default, then
+    the others in rank order, so the tuner ranks them as this walk did; the ones the walk did
+    not reach are listed unrendered and are never measured."""
     scheds = alternatives(kern, tuner.space)
     if not scheds:
         return None
@@ -100,27 +107,33 @@ def _candidates(
         dims = representative_dims(reference)
     if estimate(subprogram(low, [kern]), dims, tuner.cost) * 1e6 < flags.SEARCH_MIN_US.as_float():
         return None  # too small for a measured choice to pay for its compile time
-    ref_sig = signature(_applied(unsplit), names)
-    seen: set[Hashable] = set()
-    options: list[tuple[str, K.Kernel]] = []
-    for s in scheds:
-        k = replace(kern, schedule=s)
-        sig = signature(_applied(k), names)
-        if sig not in seen:
-            seen.add(sig)
-            options.append((s.label(), k))
+    options: list[tuple[str, K.Kernel]] = [(s.label(), replace(kern, schedule=s)) for s in scheds]
     for hook in EXTRA_CANDIDATES:
         alt = hook(kern)
         if alt is not None:
             options.append((f"test:{getattr(hook, '__name__', 'hook')}", alt))
-    if len(options) < 2:
-        return None
     cands = []
     for label, k in options:
-        same = k.schedule is not None and signature(_applied(k), names) == ref_sig
-        sub = reference if same else subprogram(low, [k])
+        sub = subprogram(low, [k])
         cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k))
-    return Decision(dims, reference, cands)
+    # the default first (alternatives lists it first), the rest by (cost, listed order)
+    ranked = [cands[0]] + sorted(cands[1:], key=lambda c: c.cost)
+    ref_sig = signature(_applied(unsplit), names)
+    seen: set[Hashable] = set()
+    kept: list[Candidate] = []
+    for i, c in enumerate(ranked):
+        if len(kept) >= tuner.max_candidates:
+            kept += ranked[i:]  # not reached: never measured, listed for the record
+            break
+        sig = signature(_applied(c.payload), names)
+        if sig in seen:
+            continue
+        seen.add(sig)
+        same = c.payload.schedule is not None and sig == ref_sig
+        kept.append(replace(c, sub=reference) if same else c)
+    if len(seen) < 2:
+        return None
+    return Decision(dims, reference, kept)
 
 
 def _decide(kern: K.Kernel, tuner: Tuner, d: Decision) -> K.Schedule | None:

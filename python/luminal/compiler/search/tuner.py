@@ -44,8 +44,11 @@ from ..target import CostModel, ScheduleSpace
 # bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers;
 # v3: symbolic dims are measured at their smallest values too; v4: vector code at the
 # target's native width; v5: padding masks as loop windows, outer indices advanced per task;
-# v6: candidates measured with their schedule applied, which v5 timed as the default code)
-CACHE_VERSION = "tuner-v7"
+# v6: candidates measured with their schedule applied, which v5 timed as the default code;
+# v7: a plain product's default schedule renders a 2-D register block;
+# v8: a schedule decision lists its candidates default first, then by cost, unrendered past
+# the measured ones)
+CACHE_VERSION = "tuner-v8"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
