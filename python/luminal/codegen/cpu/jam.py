@@ -21,7 +21,7 @@ from ...graph import symbolic as sym
 from ...graph.ops import Op
 from ...graph.symbolic import sint
 from ...graph.view import contiguous_strides
-from .vector import _Unsupported, _Vec, blocked_sum
+from .vector import BLOCK_LANES, _terms, _Unsupported, _Vec
 
 if TYPE_CHECKING:
     from ..cstyle import Emitter
@@ -34,7 +34,7 @@ def jam_reduce(em: Emitter, rs: list[K.Reduce], ind: str, vector: bool = False) 
 
     r0 = rs[0]
     if em.simd_reductions and _blocked_sum(r0) and len(rs) > 1:
-        got = blocked_sum(em, rs, ind)
+        got = _split_sums(em, rs, ind)
         return got if got is not None else _blocked_scalar(em, rs, ind)
     if len(rs) == 1 or isinstance(r0.extent, int) and r0.extent <= 4:  # one, or written out
         return [em.emit(r, ind) for r in rs]
@@ -120,6 +120,108 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     em.block(tail)
     em.lines.append(f"{ind}}}")
     return sums
+
+
+# Independent accumulator chains that keep the FMA units busy (2 units x 4 cycles of latency
+# on the AVX2 machines measured): a block of fewer copies splits each copy's addends.
+ACC_CHAINS = 8
+
+
+def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
+    """The copies ``rs`` of a split float sum (``r = g*ro + ri``: a product by a block-
+    quantized weight) in a register block: one native vector accumulator per copy (per addend
+    where fewer than ``ACC_CHAINS`` copies), named, not an array indexed by lane chunk (an
+    array of ``copies x g / LM_VL`` spilled a jam of 8 on AVX2). Each step computes one
+    addend (a nibble half) for every copy before the next, so a weight block's dequantized
+    vector is live while the block's rows use it, and each row's activation vector while the
+    block's columns use it; each product is added as soon as it is made (so it contracts to
+    an FMA where its operands are live). None (nothing emitted) when a body is not covered."""
+    from ..cstyle import _c_name, cexpr
+
+    r0 = rs[0]
+    inner0 = r0.body
+    assert isinstance(inner0, K.Reduce)
+    g = inner0.extent
+    if r0.dtype is not dt.f32 or not isinstance(g, int) or g % BLOCK_LANES or g > 4 * BLOCK_LANES:
+        return None
+    bodies0 = [r.body.body for r in rs]  # type: ignore[union-attr]
+    lane = inner0.var.name
+    terms = [_terms(b, 2) for b in bodies0]
+    # an addend that is the same in every lane (a bias): the whole body in one accumulator
+    terms = [ts if all(lane in K.free_vars(t, em.fv_memo) for t in ts) else [b]
+             for ts, b in zip(terms, bodies0, strict=True)]  # fmt: skip
+    nt = len(terms[0])
+    per = nt if len(rs) * nt <= ACC_CHAINS and all(len(t) == nt for t in terms) else 1
+    restore = em.checkpoint()
+    for b in bodies0:
+        em.hoist(b, frozenset({r0.var.name, inner0.var.name}), ind)
+    accs = [[em.tmp() for _ in range(per)] for _ in rs]
+    ro, ri = _c_name(r0.var), _c_name(inner0.var)
+    em.lines.append(f"{ind}lm_f32v {', '.join(f'{a} = {{0}}' for row in accs for a in row)};")
+    em.lines.append(f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(r0.extent)}; ++{ro}) {{")
+    shared = _shared_loads(bodies0)
+    ok = True
+
+    def step() -> None:
+        nonlocal ok
+        for b in bodies0:
+            em.hoist(b, frozenset({inner0.var.name}), ind + "  ")
+        i2 = ind + "    "
+        em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += LM_VL) {{")
+        vec = _Vec(em, inner0.var, i2)
+        done = 0
+        try:
+            for t in range(max(len(x) for x in terms)):
+                for j, ts in enumerate(terms):
+                    if t >= len(ts):
+                        continue
+                    x, kind = vec.val(ts[t])
+                    if kind != "f":
+                        raise _Unsupported
+                    em.lines.extend(_keep(vec.lines[done:], vec, shared))
+                    done = len(vec.lines)
+                    em.lines.append(f"{i2}{accs[j][t if per > 1 else 0]} += {x};")
+        except _Unsupported:
+            ok = False
+            return
+        em.lines.append(f"{ind}  }}")
+
+    em.block(step)
+    if not ok:
+        restore()
+        return None
+    em.lines.append(f"{ind}}}")
+    out = []
+    for row in accs:
+        name = em.tmp()
+        em.lines.append(f"{ind}const float {name} = lm_vsum_f32({' + '.join(row)});")
+        out.append(name)
+    return out
+
+
+def _shared_loads(bodies: list[K.Value]) -> set[K.Load]:
+    """Loads that two or more of ``bodies`` read (a block's rows' or columns' operands)."""
+    users: dict[K.Load, int] = {}
+    for body in bodies:
+        for x in {x for x in K.walk(body) if isinstance(x, K.Load)}:
+            users[x] = users.get(x, 0) + 1
+    return {x for x, n in users.items() if n > 1}
+
+
+def _keep(lines: list[str], vec: _Vec, shared: set[K.Load]) -> list[str]:
+    """``lines`` of ``vec``, the float vectors loaded for ``shared`` loads held in registers
+    (``LM_KEEP``)."""
+    names = {vec.memo[x][0] for x in shared if x in vec.memo}
+    out = []
+    for line in lines:
+        head, _, _ = line.partition(" = ")
+        name = head.rsplit(" ", 1)[-1]
+        if name in names and head.lstrip().startswith("const lm_f32v "):
+            out.append(line.replace("const lm_f32v ", "lm_f32v ", 1))
+            out.append(f"{head[: len(head) - len(head.lstrip())]}LM_KEEP({name});")
+        else:
+            out.append(line)
+    return out
 
 
 # 2-D blocks (rows, columns) the search measures for products of plain sums, where they fit

@@ -112,8 +112,7 @@ class CpuEmitter(Emitter):
     """The C emitter with the CPU's explicit-vector split sums (``vector.py``)."""
 
     def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
-        got = blocked_sum(self, [v], ind)
-        return None if got is None else got[0]
+        return blocked_sum(self, v, ind)
 
 
 @dataclass

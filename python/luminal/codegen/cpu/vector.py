@@ -15,7 +15,6 @@ the caller then writes the scalar loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ...compiler import kernel_ir as K
@@ -255,13 +254,12 @@ def _terms(body: K.Value, limit: int = 4) -> list[K.Value]:
     return terms
 
 
-def blocked_sum(em: Emitter, vs: Sequence[K.Reduce], ind: str) -> list[str] | None:
-    """``vs`` (float sums over blocks of an inner sum of ``BLOCK_LANES``-multiple length; more
-    than one: the copies of a jammed block, alike but for their index variables) with the
-    inner bodies as vector code in one loop, or None (nothing emitted) when a body is not
-    covered. The lane count is the C compiler's (``LM_VL``), so the accumulator count is a C
-    constant. What the copies share (a weight's vectors) is computed once per step."""
-    v = vs[0]
+def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
+    """``v`` (a float sum over blocks of an inner sum of ``BLOCK_LANES``-multiple length) with
+    the inner body as vector code, or None (nothing emitted) when the body is not covered. The
+    lane count is the C compiler's (``LM_VL``), so the accumulator count is a C constant. Each
+    addend has accumulators of its own and the outer loop is unrolled, so consecutive FMAs do
+    not wait on one another. (A jammed block's copies: ``jam.py``'s ``_split_sums``.)"""
     inner = v.body
     assert isinstance(inner, K.Reduce)
     g = inner.extent
@@ -269,23 +267,15 @@ def blocked_sum(em: Emitter, vs: Sequence[K.Reduce], ind: str) -> list[str] | No
         return None
     from ..cstyle import _c_name, cexpr
 
-    inners = [x.body for x in vs]
-    assert all(isinstance(x, K.Reduce) for x in inners)
-    bodies0 = [x.body for x in inners]  # type: ignore[union-attr]
+    body0 = inner.body
     restore = em.checkpoint()
-    jam = len(vs)
-    accv = em.tmp()
-    acc1 = em.tmp() if jam == 1 else ""  # (one copy's names as they were before jams)
+    accv, acc = em.tmp(), em.tmp()
     ro, ri = _c_name(v.var), _c_name(inner.var)
-    # one copy: its addends in accumulators of their own, the outer loop unrolled; a jammed
-    # block already has a chain per copy, and more accumulators would not fit in registers
-    unroll = _unroll(v.extent) if jam == 1 else 1
-    n_terms = len(_terms(inner.body)) if jam == 1 else 1
+    unroll = _unroll(v.extent)
+    n_terms = len(_terms(body0))
     chunks, sets = f"({g} / LM_VL)", unroll * n_terms
-    for b in bodies0:
-        em.hoist(b, frozenset({v.var.name, inner.var.name}), ind)
-    n_acc = f"{jam * sets} * {chunks}"
-    em.lines.append(f"{ind}lm_f32v {accv}[{n_acc}] = {{{{0}}}};")
+    em.hoist(body0, frozenset({v.var.name, inner.var.name}), ind)
+    em.lines.append(f"{ind}lm_f32v {accv}[{sets} * {chunks}] = {{{{0}}}};")
     em.lines.append(
         f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(v.extent)}; {ro} += {unroll}) {{"
     )
@@ -293,35 +283,28 @@ def blocked_sum(em: Emitter, vs: Sequence[K.Reduce], ind: str) -> list[str] | No
 
     def step(u: int) -> None:
         nonlocal ok
-        shift = {v.var.name: sym.add(v.var, u)}
-        bodies = bodies0 if u == 0 else [K.substitute(b, shift) for b in bodies0]
-        em.made.extend(bodies)
-        for b in bodies:
-            em.hoist(b, frozenset({inner.var.name}), ind + "  ")
+        body = body0 if u == 0 else K.substitute(body0, {v.var.name: sym.add(v.var, u)})
+        em.made.append(body)
+        em.hoist(body, frozenset({inner.var.name}), ind + "  ")
         i2 = ind + "    "
         # the lane variable holds the first index of the current LM_VL: every load's index is
         # unit-stride in it, so the scalar index expression addresses lane 0
         em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += LM_VL) {{")
-        vec = _Vec(em, inner.var, i2)  # one for all copies: what they share is computed once
-        adds: list[tuple[int, str]] = []
-        for j, body in enumerate(bodies):
-            terms = _terms(body)
-            try:
-                xs = [vec.val(t) for t in terms]
-                if any(kind != "f" for _, kind in xs):
-                    # a scalar addend (a bias, say): the whole body into one accumulator
-                    xs = [vec.val(body)]
-            except _Unsupported:
-                ok = False
-                return
+        vec = _Vec(em, inner.var, i2)
+        try:
+            xs = [vec.val(t) for t in _terms(body)]
             if any(kind != "f" for _, kind in xs):
-                ok = False
-                return
-            base = j * sets + u * n_terms
-            adds += [(base + (t if jam == 1 else 0), x) for t, (x, _) in enumerate(xs)]
+                # a scalar addend (a bias, say): the whole body into one accumulator
+                xs = [vec.val(body)]
+        except _Unsupported:
+            ok = False
+            return
+        if any(kind != "f" for _, kind in xs):
+            ok = False
+            return
         em.lines += vec.lines
-        for slot, x in adds:
-            em.lines.append(f"{i2}{accv}[{slot} * {chunks} + {ri} / LM_VL] += {x};")
+        for t, (x, _) in enumerate(xs):
+            em.lines.append(f"{i2}{accv}[{u * n_terms + t} * {chunks} + {ri} / LM_VL] += {x};")
         em.lines.append(f"{ind}  }}")
 
     for u in range(unroll):
@@ -331,16 +314,8 @@ def blocked_sum(em: Emitter, vs: Sequence[K.Reduce], ind: str) -> list[str] | No
         restore()
         return None
     em.lines.append(f"{ind}}}")
-    out = []
-    for j in range(jam):
-        tot, k = em.tmp(), em.tmp()
-        acc = acc1 or em.tmp()
-        first = f"{accv}[{j * sets} * {chunks}]" if j else f"{accv}[0]"
-        em.lines.append(f"{ind}lm_f32v {tot} = {first};")
-        em.lines.append(
-            f"{ind}for (int {k} = 1; {k} < {sets} * {chunks}; ++{k}) "
-            f"{tot} += {accv}[{f'{j * sets} * {chunks} + ' if j else ''}{k}];"
-        )
-        em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({tot});")
-        out.append(acc)
-    return out
+    tot, k = em.tmp(), em.tmp()
+    em.lines.append(f"{ind}lm_f32v {tot} = {accv}[0];")
+    em.lines.append(f"{ind}for (int {k} = 1; {k} < {sets} * {chunks}; ++{k}) {tot} += {accv}[{k}];")
+    em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({tot});")
+    return acc
