@@ -48,7 +48,7 @@ from ..target import CostModel, ScheduleSpace
 # v7: a plain product's default schedule renders a 2-D register block;
 # v8: a schedule decision lists its candidates default first, then by cost, unrendered past
 # the measured ones)
-CACHE_VERSION = "tuner-v8"
+CACHE_VERSION = "tuner-v9"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
