@@ -47,7 +47,7 @@ from ..target import CostModel, ScheduleSpace
 # v6: candidates measured with their schedule applied, which v5 timed as the default code;
 # v7: a plain product's default schedule renders a 2-D register block;
 # v8: a schedule decision lists its candidates default first, then by cost, unrendered past
-# the measured ones)
+# the measured ones; v9: jammed products by quantized weights in named vector accumulators)
 CACHE_VERSION = "tuner-v9"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
