@@ -129,13 +129,14 @@ ACC_CHAINS = 8
 
 def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     """The copies ``rs`` of a split float sum (``r = g*ro + ri``: a product by a block-
-    quantized weight) in a register block: one native vector accumulator per copy (per addend
-    where fewer than ``ACC_CHAINS`` copies), named, not an array indexed by lane chunk (an
-    array of ``copies x g / LM_VL`` spilled a jam of 8 on AVX2). Each step computes one
-    addend (a nibble half) for every copy before the next, so a weight block's dequantized
-    vector is live while the block's rows use it, and each row's activation vector while the
-    block's columns use it; each product is added as soon as it is made (so it contracts to
-    an FMA where its operands are live). None (nothing emitted) when a body is not covered."""
+    quantized weight) in a register block: named native vector accumulators, not an array
+    indexed by lane chunk (an array of ``copies x g / LM_VL`` spilled a jam of 8 on AVX2).
+    A block of fewer than ``ACC_CHAINS`` copies gives each copy's addends (nibble halves)
+    accumulators of their own, then unrolls the outer loop with more. Each step computes
+    one addend for every copy before the next, so a weight block's dequantized vector is
+    live while the block's rows use it, and each row's activation vector while the block's
+    columns use it; each product is added as soon as it is made (an FMA while its operands
+    are live). None (nothing emitted) when a body is not covered."""
     from ..cstyle import _c_name, cexpr
 
     r0 = rs[0]
@@ -150,29 +151,36 @@ def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     # an addend that is the same in every lane (a bias): the whole body in one accumulator
     terms = [ts if all(lane in K.free_vars(t, em.fv_memo) for t in ts) else [b]
              for ts, b in zip(terms, bodies0, strict=True)]  # fmt: skip
-    nt = len(terms[0])
-    per = nt if len(rs) * nt <= ACC_CHAINS and all(len(t) == nt for t in terms) else 1
+    nt = max(len(ts) for ts in terms)
+    want = max(1, ACC_CHAINS // len(rs))  # chains per copy
+    per = nt if nt <= want and all(len(ts) == nt for ts in terms) else 1
+    unroll = next(u for u in (4, 2, 1) if u * per <= want and _divides(u, r0.extent))
     restore = em.checkpoint()
     for b in bodies0:
         em.hoist(b, frozenset({r0.var.name, inner0.var.name}), ind)
-    accs = [[em.tmp() for _ in range(per)] for _ in rs]
+    accs = [[em.tmp() for _ in range(per * unroll)] for _ in rs]
     ro, ri = _c_name(r0.var), _c_name(inner0.var)
     em.lines.append(f"{ind}lm_f32v {', '.join(f'{a} = {{0}}' for row in accs for a in row)};")
-    em.lines.append(f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(r0.extent)}; ++{ro}) {{")
+    step_by = f"{ro} += {unroll}" if unroll > 1 else f"++{ro}"
+    em.lines.append(f"{ind}for ({em.index_type} {ro} = 0; {ro} < {cexpr(r0.extent)}; {step_by}) {{")
     shared = _shared_loads(bodies0)
     ok = True
 
-    def step() -> None:
+    def step(u: int) -> None:
         nonlocal ok
-        for b in bodies0:
+        shift = {r0.var.name: sym.add(r0.var, u)}
+        at = [[K.substitute(t, shift) for t in ts] for ts in terms] if u else terms
+        bodies = [K.substitute(b, shift) for b in bodies0] if u else bodies0
+        em.made.extend(bodies)
+        for b in bodies:
             em.hoist(b, frozenset({inner0.var.name}), ind + "  ")
         i2 = ind + "    "
         em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += LM_VL) {{")
         vec = _Vec(em, inner0.var, i2)
         done = 0
         try:
-            for t in range(max(len(x) for x in terms)):
-                for j, ts in enumerate(terms):
+            for t in range(nt):
+                for j, ts in enumerate(at):
                     if t >= len(ts):
                         continue
                     x, kind = vec.val(ts[t])
@@ -180,13 +188,15 @@ def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
                         raise _Unsupported
                     em.lines.extend(_keep(vec.lines[done:], vec, shared))
                     done = len(vec.lines)
-                    em.lines.append(f"{i2}{accs[j][t if per > 1 else 0]} += {x};")
+                    em.lines.append(f"{i2}{accs[j][u * per + (t if per > 1 else 0)]} += {x};")
         except _Unsupported:
             ok = False
             return
         em.lines.append(f"{ind}  }}")
 
-    em.block(step)
+    for u in range(unroll):
+        if ok:
+            em.block(lambda: step(u))  # noqa: B023 (called at once)
     if not ok:
         restore()
         return None
@@ -197,6 +207,10 @@ def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
         em.lines.append(f"{ind}const float {name} = lm_vsum_f32({' + '.join(row)});")
         out.append(name)
     return out
+
+
+def _divides(u: int, extent: sym.sint) -> bool:
+    return u == 1 or isinstance(extent, int) and extent % u == 0
 
 
 def _shared_loads(bodies: list[K.Value]) -> set[K.Load]:
