@@ -41,13 +41,15 @@ class ScheduleSpace:
     dim one reduction loop computes together; () where the target's renderer has none), and
     blocks: (rows, columns) of elements one loop of plain sums computes together, jammed over
     an outer dim and the innermost one (``K.Schedule.jam`` x ``jam2``), each within what the
-    target's registers hold."""
+    target's registers hold; qblocks: the same for split sums (products by block-quantized
+    weights), whose dequantization temporaries take registers of their own."""
 
     splits: tuple[int, ...] = (8, 16, 32)
     chunks: tuple[int, ...] = (8, 32)
     orders: tuple[int, ...] = (0, 1)
     jams: tuple[int, ...] = ()
     blocks: tuple[tuple[int, int], ...] = ()
+    qblocks: tuple[tuple[int, int], ...] = ()
 
 
 class Target(Protocol):
