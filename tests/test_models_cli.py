@@ -44,7 +44,7 @@ def test_generate_second_run_loads_cached_plans(capsys, monkeypatch) -> None:
     from luminal.models import smollm2_path
 
     _have(smollm2_path)
-    # templated, past PREFILL_MIN tokens: the prompt runs on the prefill plan
+    # templated, past PREFILL_MIN tokens: the first run compiles the prefill plan
     prompt = (
         "The capital of France is Paris and the capital of Germany is Berlin. "
         "The capital of Italy is"

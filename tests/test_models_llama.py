@@ -212,6 +212,56 @@ def test_prefill_min_is_checked() -> None:
 @pytest.mark.skipif(
     not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
 )
+def test_prefill_split_is_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``prefill_min="auto"`` the first long step compiles the prefill plan and measures
+    from how many tokens it beats the decode plan; the plan splits there, the answer is
+    remembered, and a second session neither measures again nor compiles the prefill plan
+    for a step shorter than the split."""
+    from luminal.models import crossing
+    from luminal.models import llama as L
+
+    monkeypatch.setenv("LUMINAL_SEARCH_BUDGET_S", "0")  # default kernels: quick compiles
+    monkeypatch.setattr(L, "PREFILL_MIN", 4)
+    hf, model = _tiny(ctx=32)
+    calls = _count_compiles(monkeypatch)
+    s = LlamaSession(model, "compiled")
+    assert s.prefill_min == 4 and s.split_measured and s.prefill_from is None
+    ids = [5, 17, 3, 42, 8, 60, 1, 9, 33, 2, 7, 11]
+    first = s.forward(ids[:6])
+    assert calls == ["llama", "llama_prefill"]
+    start = s.prefill_from
+    assert start is not None and 4 <= start <= model.ctx
+    assert s.split_ms is not None and min(s.split_ms["decode"]) == 4  # the ladder starts there
+    assert s.plan.metadata["variants"] == f"seq: [1, {start}), [{start}, 33)"
+    ref = _hf_logits(hf, ids)
+    np.testing.assert_allclose(first, ref[5], atol=1e-4, rtol=1e-3)  # either variant: same
+
+    memo = crossing.read_memo(L._SPLIT_MEMO)
+    assert [v["from"] for v in memo.values()] == [start]
+    # a split the decode plan keeps up to 7 tokens: a second session reads it, and a 6-token
+    # step compiles no prefill plan
+    key = next(iter(memo))
+    crossing.write_memo(L._SPLIT_MEMO, key, {"from": 7})
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again: the remembered split was not used")
+
+    monkeypatch.setattr(crossing, "measure", no_measuring)
+    calls.clear()
+    s2 = LlamaSession(model, "compiled")
+    assert not s2.wants_prefill(6) and s2.wants_prefill(7)
+    np.testing.assert_allclose(s2.forward(ids[:6]), ref[5], atol=1e-4, rtol=1e-3)
+    assert s2.prefill_runner is None and s2.prefill_from == 7
+    s2.forward(ids[6:])  # 6 more tokens at position 6: still under the split
+    assert s2.prefill_runner is None
+    s2.reset()
+    np.testing.assert_allclose(s2.forward(ids[:8]), ref[7], atol=1e-4, rtol=1e-3)
+    assert s2.prefill_runner is not None and s2.plan.metadata["variants"].startswith("seq: [1, 7)")
+
+
+@pytest.mark.skipif(
+    not _compiled_available(), reason="luminal.compile / the C++ runtime is not built"
+)
 def test_long_prompts_use_the_prefill_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt of prefill_min+ tokens compiles the prefill plan once (on first use) and runs
     on it; shorter prompts and decode steps run on the decode plan; both are variants of one

@@ -119,10 +119,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
             f"the context limit is {model.ctx} (--ctx)"
         )
         return 2
-    pmin = session.prefill_min
-    if compiled and session.has_prefill and pmin is not None and len(ids) >= pmin:
+    if compiled and session.prefill_runner is None and session.wants_prefill(len(ids)):
         # compiled here, not inside the timed prefill (a first compile takes a while)
-        with _stage(f"preparing the prefill plan (prompts of {pmin}+ tokens)"):
+        with _stage(f"preparing the prefill plan (prompts of {session.prefill_min}+ tokens)"):
             session.compile_prefill()
     budget = min(a.max_tokens, model.ctx - len(ids))
     sampler = Sampler(a.temperature, a.top_k, a.top_p, a.seed)

@@ -42,6 +42,7 @@ from ..graph import symbolic as sym
 from ..graph.ops import Op
 from ..graph.view import idx_vars
 from ..tensor import Graph, Tensor
+from . import crossing
 from .base import Runner, WeightSource, progress
 
 
@@ -297,13 +298,20 @@ class _Folded:
         return self.source.rows(g, name, idx)
 
 
-# Prompts of at least this many tokens run on the prefill plan (``Llama.build_prefill``).
-# Below it the decode plan's jammed quantized products are faster: SmolLM2-135M on 2 AVX2
-# cores, fastest of 7 runs each, 24 tokens 65 ms against the prefill plan's 87, 40 tokens
-# 110 against 120, 48 tokens 172 against 132 (docs/plan-cache.md). A chat prompt of one short
-# question (~30-40 tokens with the template) then needs no prefill plan: none compiled on a
-# cold start, none mapped on a warm one.
+# The smallest step that may run on the prefill plan (``Llama.build_prefill``): a step this long
+# compiles it (its search sizes start here) and measures from how many tokens it beats the
+# decode program, whose jammed quantized products win on short steps; that measured split is
+# what the plan uses (``LlamaSession``). Set below the crossing measured for SmolLM2-135M on 2
+# AVX2 cores (fastest of 7 runs each: 24 tokens 65 ms against the prefill plan's 87, 40
+# tokens 110 against 120, 48 tokens 172 against 132; docs/plan-cache.md): a chat prompt of
+# one short question (~30-40 tokens with the template) needs no prefill plan at all.
 PREFILL_MIN = 40
+
+# Seconds the first long step may spend measuring the split (once per model, machine and
+# thread setting: remembered in the plan cache's folder, ``measured/prefill_split.json``); a
+# ladder of step lengths, each 1.5x the last, stops when the prefill plan has won twice in a row.
+SPLIT_BUDGET_S = 5.0
+_SPLIT_MEMO = os.path.join("measured", "prefill_split.json")
 
 
 class LlamaSession:
@@ -311,33 +319,49 @@ class LlamaSession:
     positions and returns the logits of the last one.
 
     One plan runs every step: the decode program (``model.build()``, quantized weights
-    dequantized inside the matmuls: right for one token at a time) and, for steps of at least
-    ``prefill_min`` tokens, the prefill program (``model.build_prefill()``: f32 weights folded
-    at compile time, GEMMs) are variants of one plan chosen by ``seq`` (``luminal.plan.by_dim``;
-    each is compiled, searched and cached for its own part of the range). The prefill variant
-    is compiled the first time a long enough prompt arrives (with a progress line unless
-    ``quiet``), or at once with ``compile_prefill()``; ``prefill_min=None`` turns it off.
-    Decode steps never compile."""
+    dequantized inside the matmuls: right for one token at a time) and, for long steps, the
+    prefill program (``model.build_prefill()``: f32 weights folded at compile time, GEMMs) are
+    variants of one plan chosen by ``seq`` (``luminal.plan.by_dim``; each is compiled, searched
+    and cached for its own part of the range). The prefill variant is compiled the first time
+    a step of ``prefill_min`` tokens or more arrives (with a progress line unless ``quiet``),
+    or at once with ``compile_prefill()``; ``prefill_min=None`` turns it off. Decode steps
+    never compile.
+
+    From how many tokens the prefill variant runs (``prefill_from``): with ``prefill_min=
+    "auto"`` (the default: ``PREFILL_MIN``) it is measured when the prefill plan is first
+    compiled, at step lengths from ``PREFILL_MIN`` up, and remembered in the plan cache's
+    folder, so a later session runs shorter steps on the decode plan without compiling or
+    mapping the prefill one (without a plan cache: ``PREFILL_MIN``, unmeasured); an int is
+    used as given."""
 
     def __init__(
         self,
         model: Any,
         backend: str = "auto",
         quiet: bool = True,
-        prefill_min: int | None = PREFILL_MIN,
+        prefill_min: int | str | None = "auto",
     ) -> None:
         # any decoder with build(), new_cache(), ctx and config.vocab_size: Llama, GPT2;
         # a prefill plan needs build_prefill() as well
+        measured = prefill_min == "auto"
+        if measured:
+            prefill_min = PREFILL_MIN
         if prefill_min is not None and (
             isinstance(prefill_min, bool) or not isinstance(prefill_min, int) or prefill_min < 1
         ):
-            raise ValueError(f"prefill_min must be a positive int or None, got {prefill_min!r}")
+            raise ValueError(
+                f"prefill_min must be a positive int, 'auto' or None, got {prefill_min!r}"
+            )
         self.model = model
         self.quiet = quiet
         # a cached plan needs no graph: it is built only to compile or interpret it
         self.runner = Runner(model.build, backend, quiet, key=self._key("decode"), name="llama")
         self.graph = self.runner.graph
-        self.prefill_min = prefill_min
+        self.prefill_min: int | None = prefill_min
+        # the first step length the prefill variant runs: measured (None: not yet known)
+        self.split_measured = measured
+        self.prefill_from: int | None = None if measured else prefill_min
+        self.split_ms: dict[str, dict[int, float]] | None = None  # what the measurement saw
         self.prefill_runner: Runner | None = None
         self._merged_plan: Any = None  # the plan with both variants (see ``plan``)
         self._plan_path: Any = None
@@ -360,6 +384,14 @@ class LlamaSession:
             and self.prefill_min <= self.model.ctx
         )
 
+    def wants_prefill(self, n_tokens: int) -> bool:
+        """Whether a step of ``n_tokens`` needs the prefill variant compiled or loaded: it is
+        long enough to run on it, or long enough that where it starts is still unmeasured."""
+        if not self.has_prefill or self.prefill_min is None or n_tokens < self.prefill_min:
+            return False
+        start = self.prefill_from if self.prefill_from is not None else self._remembered_split()
+        return start is None or n_tokens >= start
+
     def compile_prefill(self) -> bool:
         """Compile the prefill plan now (it is otherwise compiled on the first long prompt);
         False when this session has none (see ``has_prefill``)."""
@@ -378,8 +410,75 @@ class LlamaSession:
             key = self._key("prefill", min_seq=pmin)
             self.prefill_runner = Runner(build, "compiled", self.quiet, key=key,
                                          name="llama_prefill")  # fmt: skip
-            self._one_plan(pmin)
+            if self.prefill_from is None:
+                self.prefill_from = self._measured_split(pmin)
+            self._one_plan(self.prefill_from)
         return True
+
+    def _split_key(self) -> str | None:
+        """The memo key of the measured split: both programs' cache keys (model, weights,
+        options, luminal's code) and the threads; None without a plan cache."""
+        from .. import plan_cache
+
+        pmin = self.prefill_min
+        parts = [self._key("decode"), self._key("prefill", min_seq=pmin)]
+        if plan_cache.default_cache() is None:
+            return None
+        digests = []
+        for p in parts:
+            if p is None:  # a model without cache keys: nothing to remember it by
+                return None
+            digests.append(plan_cache.make_key(p, "cpu", {"search": True}).digest)
+        return crossing.memo_key(digests)
+
+    def _remembered_split(self) -> int | None:
+        """The split a session of this model measured before (None: never measured)."""
+        if not self.split_measured:
+            return self.prefill_from
+        key = self._split_key()
+        got = crossing.read_memo(_SPLIT_MEMO).get(key) if key is not None else None
+        if isinstance(got, dict) and isinstance(got.get("from"), int):
+            self.prefill_from = max(int(got["from"]), self.prefill_min or 1)
+        return self.prefill_from
+
+    def _measured_split(self, pmin: int) -> int:
+        """The first step length from which the prefill plan is faster than the decode plan:
+        remembered, else measured (each at lengths from ``pmin`` up, 1.5x apart, on a scratch
+        cache), else ``pmin`` when nothing can be remembered (no plan cache)."""
+        known = self._remembered_split()
+        if known is not None:
+            return known
+        key = self._split_key()
+        if key is None or self.prefill_runner is None:
+            return pmin
+        ctx = self.model.ctx
+        sizes, n = [], pmin
+        while n < ctx:
+            sizes.append(n)
+            n = max(n + 1, -(-n * 3 // 2))
+        sizes.append(ctx)
+        scratch = self.model.new_cache()
+        vocab = self.model.config.vocab_size
+
+        def step(r: Runner, rows: int) -> None:
+            toks = (np.arange(rows, dtype=np.int32) * 7919) % vocab
+            r({"tokens": toks, **scratch}, pos=0)
+
+        def settled(t: dict[str, dict[int, float]]) -> bool:  # the prefill plan won twice
+            won = [t["prefill"][k] < t["decode"][k] for k in sorted(t["prefill"])]
+            return won[-2:] == [True, True]
+
+        progress("measuring from how many tokens the prefill plan is faster", self.quiet)
+        runners = {"decode": self.runner, "prefill": self.prefill_runner}
+        t = crossing.measure(step, runners, sizes, budget_s=SPLIT_BUDGET_S, done=settled,
+                             warmup=pmin)  # fmt: skip
+        found = crossing.threshold(t["decode"], t["prefill"])
+        last = max(t["prefill"])
+        # never the faster: from past the measured lengths (a full-context step if all were)
+        start = found or next((n for n in sizes if n > last), ctx)
+        self.split_ms = {k: {n: round(1e3 * s, 2) for n, s in v.items()} for k, v in t.items()}
+        crossing.write_memo(_SPLIT_MEMO, key, {"from": start, "ms": self.split_ms})
+        return max(start, pmin)
 
     def _one_plan(self, pmin: int) -> None:
         """The decode and prefill plans as one plan whose variants are chosen by ``seq``. With
@@ -428,7 +527,7 @@ class LlamaSession:
 
     def _prepare(self, n_tokens: int) -> None:
         """Compiles the prefill variant the first time a long enough step arrives."""
-        if self.prefill_min is not None and n_tokens >= self.prefill_min:
+        if self.prefill_runner is None and self.wants_prefill(n_tokens):
             self.compile_prefill()
 
     def reset(self) -> None:

@@ -8,8 +8,6 @@ idle unload does not measure again."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,9 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from ..plan_cache import cache_root
+from ..models import crossing
+from ..models.crossing import measure, threshold
 
-THREAD_VARS = ("LUMINAL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+__all__ = ["choose_f32_from", "measure", "step_sizes", "threshold"]
+
+_MEMO = os.path.join("serve", "plan_choice.json")
 
 
 def step_sizes(max_rows: int) -> list[int]:
@@ -31,39 +32,6 @@ def step_sizes(max_rows: int) -> list[int]:
     return [*sizes, max_rows]
 
 
-def threshold(packed: dict[int, float], folded: dict[int, float]) -> int:
-    """The smallest measured row count from which the folded plan is faster at every measured
-    count; 0 when it is never the faster at the largest one (the packed plan runs every
-    step)."""
-    sizes = sorted(packed)
-    best = 0
-    for n in reversed(sizes):
-        if folded[n] < packed[n]:
-            best = n
-        else:
-            break
-    return best
-
-
-def measure(
-    step: Callable[[Any, int], None], runners: dict[str, Any], sizes: list[int], reps: int = 3
-) -> dict[str, dict[int, float]]:
-    """Seconds of ``step(runner, rows)`` for each runner and size: the fastest of ``reps``
-    runs (after one warm-up run each, which loads the plan's kernels), the contenders
-    interleaved run by run so that a shared machine's load falls on both alike."""
-    for r in runners.values():
-        step(r, 1)
-    best: dict[str, dict[int, float]] = {k: {} for k in runners}
-    for n in sizes:
-        for _ in range(reps):
-            for k, r in runners.items():
-                t0 = time.perf_counter()
-                step(r, n)
-                dt = time.perf_counter() - t0
-                best[k][n] = min(best[k].get(n, dt), dt)
-    return best
-
-
 def _memo_key(runners: dict[str, Any]) -> str | None:
     """The plans' files and the thread setting; None when a plan has no file (no plan cache,
     or the interpreter): nothing is remembered then."""
@@ -73,36 +41,11 @@ def _memo_key(runners: dict[str, Any]) -> str | None:
         if path is None:
             return None
         parts.append(f"{k}={os.path.basename(str(path))}")
-    parts += [f"{v}={os.environ.get(v, '')}" for v in THREAD_VARS]
-    parts.append(f"cpus={os.cpu_count()}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    return crossing.memo_key(parts)
 
 
 def _memo_file() -> str:
-    return os.path.join(cache_root(), "serve", "plan_choice.json")
-
-
-def _read_memo() -> dict[str, Any]:
-    try:
-        with open(_memo_file()) as fh:
-            got = json.load(fh)
-        return got if isinstance(got, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_memo(key: str, value: dict[str, Any]) -> None:
-    memo = _read_memo()
-    memo[key] = value
-    path = _memo_file()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(memo, fh)
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache folder: measured again next load
-        pass
+    return crossing.memo_path(_MEMO)
 
 
 def choose_f32_from(
@@ -119,7 +62,7 @@ def choose_f32_from(
     runners = {"packed": packed, "folded": folded}
     key = _memo_key(runners)
     if key is not None:
-        got = _read_memo().get(key)
+        got = crossing.read_memo(_MEMO).get(key)
         if isinstance(got, dict) and isinstance(got.get("f32_from"), int):
             log(f"f32 plan from {got['f32_from']} rows (measured before: {got.get('ms')})")
             return int(got["f32_from"])
@@ -132,7 +75,7 @@ def choose_f32_from(
         decoder.step(r, cache, np.zeros(n, np.int32), np.full(n, pos), ids, picks)
 
     t0 = time.perf_counter()
-    times = measure(step, runners, step_sizes(max_rows))
+    times = measure(step, runners, step_sizes(max_rows))  # this module's name: tests patch it
     f32_from = threshold(times["packed"], times["folded"])
     ms = {k: {n: round(1e3 * s, 1) for n, s in v.items()} for k, v in times.items()}
     log(
@@ -140,5 +83,5 @@ def choose_f32_from(
         f"{time.perf_counter() - t0:.1f} s)"
     )
     if key is not None:
-        _write_memo(key, {"f32_from": f32_from, "ms": ms})
+        crossing.write_memo(_MEMO, key, {"f32_from": f32_from, "ms": ms})
     return f32_from
