@@ -251,6 +251,21 @@ def block_fits(rows: int, cols: int, registers: int) -> bool:
     return rows * cols + rows + cols + 1 <= registers
 
 
+# 2-D blocks (rows, columns) the search measures for products by block-quantized weights
+# (split sums), where they fit (``qblock_fits``).
+QBLOCKS = ((4, 2), (8, 2), (4, 4))
+
+
+def qblock_fits(rows: int, cols: int, registers: int) -> bool:
+    """A block of ``rows`` x ``cols`` products by a block-quantized weight (``_split_sums``)
+    holds an accumulator per element, and per column its dequantized vector and its block
+    scale, plus a row's activation vector, the weight's bytes and a mask. Set by
+    bench/rowjam.py (Q4_1 1536 x 576 and Q8_0 12288 x 576, 1 thread, AVX2's 16 registers):
+    4 x 2 (15) ran as fast as a jam of 8 or faster at 4-16 rows; 5 x 2 (17), 6 x 2 (19),
+    3 x 3 (18) and 2 x 4 (19) ran 1.1-1.6x slower than 4 x 2."""
+    return rows * cols + 2 * cols + 3 <= registers
+
+
 def vector_registers() -> int:
     """The vector registers of the machine kernels are compiled for (``-march=native``):
     32 with AVX-512, else 16 (AVX2, and the 16 of SSE and NEON's 32 counted low)."""
