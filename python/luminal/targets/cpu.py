@@ -5,8 +5,8 @@ Cost constants are round numbers for one core class (they only rank which candid
 measured; measurement decides). The schedule space: reduction splits of 8, 16 and 32 lanes (8
 floats are one AVX2 register, 16 one AVX-512 register, 32 two registers of independent
 partial sums), 8 or 32 output elements per task, both task orders, jams of 2, 4 or 8 rows
-(register blocks: on AVX2 a jam of 4 measured fastest, 8 runs out of registers), and 2-D
-blocks of rows x columns of plain products (``codegen/cpu/jam.py``: those that fit).
+(register blocks), and 2-D blocks of rows x columns of plain products and of products by
+block-quantized weights (``codegen/cpu/jam.py``: those that fit the registers).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import flags
 from ..codegen.cpu import CKernel, render_kernel
-from ..codegen.cpu.jam import BLOCKS, block_fits, vector_registers
+from ..codegen.cpu.jam import BLOCKS, QBLOCKS, block_fits, qblock_fits, vector_registers
 from ..compiler import kernel_ir as K
 from ..compiler.lower import Lowered
 from ..compiler.schedule import apply
@@ -39,7 +39,8 @@ COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, launch=5e-6,
                  cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
 _REGS = vector_registers()  # 2-D blocks: those within the registers (codegen/cpu/jam.py)
 SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
-                      blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)))  # fmt: skip
+                      blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)),
+                      qblocks=tuple(b for b in QBLOCKS if qblock_fits(*b, _REGS)))  # fmt: skip
 
 
 # rendered kernels kept by content: the search renders a candidate to tell schedules apart,
