@@ -172,7 +172,7 @@ def test_search_keeps_a_jam_and_the_plan_computes_the_same(monkeypatch, tmp_path
     tuner.clear_memory_cache()
     g = _product("Q4_1", 6, 64, 128)
     low = lower(graph_passes(g))
-    want = "jam=2@0"  # not the default (a jam of 4 generates the default's code)
+    want = "jam=2@0"  # not the default (a jam of 8 generates the default's code)
 
     def measure(sub, dims):
         k = sub.kernels[0]

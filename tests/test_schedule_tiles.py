@@ -186,14 +186,15 @@ def test_the_default_blocks_vector_products_only() -> None:
         assert got is not None and got.jam2 == 0
 
 
-def test_alternatives_offer_blocks_of_plain_products_only() -> None:
+def test_alternatives_offer_each_kind_of_product_its_blocks() -> None:
     _, kern = _kernel(_product("f32", 32, 64, 128))
     blocks = {(s.jam, s.jam2, s.order) for s in S.alternatives(kern, SPACE) if s.jam2 > 1}
     want = {(r if r > 1 else 0, c, o) for r, c in SPACE.blocks for o in SPACE.orders}
     assert SPACE.blocks and blocks == want
-    # a quantized product's split sums hold several accumulators per element: no blocks
+    # a quantized product's split sums get the blocks that fit their dequantization
     _, q = _kernel(_product("Q4_1", 32, 64, 128))
-    assert not [s for s in S.alternatives(q, SPACE) if s.jam2 > 1]
+    qb = {(s.jam, s.jam2, s.order) for s in S.alternatives(q, SPACE) if s.jam2 > 1}
+    assert SPACE.qblocks and qb == {(r, c, o) for r, c in SPACE.qblocks for o in SPACE.orders}
     # a space without blocks (targets whose renderers have no jams) offers none
     assert not [s for s in S.alternatives(kern, ScheduleSpace()) if s.jam2 > 1]
 

@@ -226,11 +226,12 @@ def _written_out(r: K.Reduce) -> bool:
 
 # The default jam, where the shared work is at least DEFAULT_JAM_SHARED nodes (a weight's
 # dequantization: Q8_0's is 4, Q4_1's 10; an f32 weight's load is 1, and its products mostly
-# go to the library). Set by bench/rowjam.py (Q4_1 1536 x 576, one thread, 8-lane vectors):
-# a jam of 4 ran 1.9-2.9x faster than none from 2 to 64 rows and as fast at 1; a jam of 8
-# ran out of vector registers (0.90 against 0.49 ms at 16 rows). The search measures 2, 4, 8
-# and none.
-DEFAULT_JAM = 4
+# go to the library). Set by bench/rowjam.py (1 thread, 8-lane vectors, 16 registers): with
+# one named accumulator per row (codegen/cpu/jam.py) a jam of 8 ran as fast as a jam of 4
+# from 1 to 8 rows and 1.15-1.25x faster at 32 and 64 (Q4_1 1536 x 576: 1.51 against 1.81
+# ms at 64 rows; Q8_0 12288 x 576: 15.2 against 19.3). The search measures 2, 4, 8, none
+# and the target's 2-D blocks.
+DEFAULT_JAM = 8
 DEFAULT_JAM_SHARED = 4
 
 # The default 2-D block (rows, columns) of products of plain float sums with unit-stride
@@ -411,7 +412,7 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         # the other task order: worth it when an operand shared by every outer index (a
         # weight) is larger than a cache and the outer extent is small (a product of few rows)
         out += [K.Schedule(s, c, 1) for c in (0, *space.chunks) for s in (-1, *space.splits)]
-    d = jam_dim(k) if space.jams or space.blocks else None
+    d = jam_dim(k) if space.jams or space.blocks or space.qblocks else None
     if d is not None and space.jams:
         # register blocks of a few rows sharing each load (and dequantization) of a weight;
         # in order 1 a thread's blocks share a chunk of weight rows, for longer products
@@ -419,9 +420,11 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         out += [K.Schedule(s, 0, 0, j, d) for j in jams for s in (-1, *space.splits)]
         if 1 in space.orders:
             out += [K.Schedule(-1, 0, 1, j, d) for j in space.jams]
-    if space.blocks and _plain_sums(k) and jam2_applies(k):
-        # 2-D register blocks: R rows share each weight load, C columns each row load
-        for r, c in space.blocks:
+    blocks = space.blocks if _plain_sums(k) else space.qblocks if _split_sums(k) else ()
+    if blocks and jam2_applies(k):
+        # 2-D register blocks: R rows share each weight load (and dequantization), C columns
+        # each row load
+        for r, c in blocks:
             if r > 1 and d is None:
                 continue
             out += [K.Schedule(-1, 0, o, r if r > 1 else 0, d or 0, c) for o in space.orders]
@@ -451,6 +454,22 @@ def _plain_sums(k: K.Kernel) -> bool:
         r.op is Op.SUM_REDUCE
         and r.dtype.is_float
         and not _has_divmod_of(r.body, r.var.name)
+        and not any(
+            isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r.body)
+        )
+        for r in tops
+    )
+
+
+def _split_sums(k: K.Kernel) -> bool:
+    """Whether every reduction each element runs along the innermost dim is a float sum over
+    a block-structured operand (a quantized weight: the default split cuts it into blocks)
+    with a straight-line body: the products ``ScheduleSpace.qblocks`` block."""
+    tops = _jam_reduces(k, len(k.shape) - 1)
+    return bool(tops) and all(
+        r.op is Op.SUM_REDUCE
+        and r.dtype.is_float
+        and _has_divmod_of(r.body, r.var.name)
         and not any(
             isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r.body)
         )
