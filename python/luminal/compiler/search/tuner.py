@@ -47,8 +47,9 @@ from ..target import CostModel, ScheduleSpace
 # v6: candidates measured with their schedule applied, which v5 timed as the default code;
 # v7: a plain product's default schedule renders a 2-D register block;
 # v8: a schedule decision lists its candidates default first, then by cost, unrendered past
-# the measured ones; v9: jammed products by quantized weights in named vector accumulators)
-CACHE_VERSION = "tuner-v9"
+# the measured ones; v9: jammed products by quantized weights in named vector accumulators;
+# v10: their default jam is 8, few rows unrolled)
+CACHE_VERSION = "tuner-v10"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
