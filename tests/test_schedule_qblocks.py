@@ -125,6 +125,9 @@ def test_alternatives_offer_quantized_products_the_quantized_blocks() -> None:
     space = ScheduleSpace(jams=(2, 4), blocks=((3, 3),), qblocks=((4, 2), (1, 2)))
     got = {(s.jam, s.jam2, s.order) for s in S.alternatives(q, space) if s.jam2 > 1}
     assert got == {(4, 2, 0), (4, 2, 1), (0, 2, 0), (0, 2, 1)}
+    # in each split of the weight's blocks (Q8_0's 32 is not the default)
+    splits = {s.split for s in S.alternatives(q, space) if s.jam2 > 1}
+    assert splits == {-1, *space.splits}
     # none where the target offers none
     assert not [s for s in S.alternatives(q, replace(space, qblocks=())) if s.jam2 > 1]
 
