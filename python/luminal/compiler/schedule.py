@@ -208,7 +208,8 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
     if sched.jam < 0:  # the default rule
         d = jam_dim(done)
         dequantizes = d is not None and shared_work(done, d) >= DEFAULT_JAM_SHARED
-        sched = replace(sched, jam=DEFAULT_JAM if dequantizes else 0, jam_dim=d or 0)
+        jam = _default_jam(done, d) if dequantizes and d is not None else 0
+        sched = replace(sched, jam=jam, jam_dim=d or 0)
         rows, cols = DEFAULT_BLOCK
         if not dequantizes and sched.jam2 == 0 and cols > 1 and _vector_products(done):
             sched = replace(sched, jam=rows if d is not None else 0, jam2=cols)
@@ -233,6 +234,27 @@ def _written_out(r: K.Reduce) -> bool:
 # and the target's 2-D blocks.
 DEFAULT_JAM = 8
 DEFAULT_JAM_SHARED = 4
+# The default jam is halved where a block's operand rows (its activations, read again for
+# every output column) exceed JAM_ROW_BYTES, a 32 KiB L1 data cache. Set by bench/rowjam.py
+# (Q4_1, 1 thread): at k = 1536 (6 KiB rows) a jam of 8 ran 1.35-1.4x slower than a jam of 4
+# at 16-64 rows; at k = 4096 a jam of 4 ran as fast as 8 and 2 up to 16 rows, 1.35x faster
+# than 2 at 64 (rows out of L1 either way: not halved twice).
+JAM_ROW_BYTES = 32 << 10
+
+
+def _default_jam(k: K.Kernel, d: int) -> int:
+    """``DEFAULT_JAM``, halved once where ``DEFAULT_JAM`` rows of what each element of dim
+    ``d`` reads along its reductions exceed ``JAM_ROW_BYTES``."""
+    name = f"_i{d}"
+    row = 0
+    for r in _jam_reduces(k, d):
+        n = 1
+        for x in K.walk(r):
+            if isinstance(x, K.Reduce):
+                n *= sym.upper_bound(x.extent)
+        row += n * sum(max(1, x.dtype.bits // 8) for x in _vector_loads(r.body, name))
+    return DEFAULT_JAM if DEFAULT_JAM * row <= JAM_ROW_BYTES else DEFAULT_JAM // 2
+
 
 # The default 2-D block (rows, columns) of products of plain float sums with unit-stride
 # loads, so the library-call stage times the generated kernel blocked. Set by
