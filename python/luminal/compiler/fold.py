@@ -463,8 +463,11 @@ def _repacked(
     sizes = [sym.as_int(v.shape[k]) or 0 for k in used]
     key = (s.id, v.index, tuple(v.shape[k] for k in used))
     if key not in packed:
-        grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in sizes], indexing="ij")
-        env = {f"_i{k}": a for k, a in zip(used, grid)}
+        # open grids: each index variable's terms are computed along its own axis, and only
+        # the sums that need every axis take the weight's full size
+        grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in sizes], indexing="ij",
+                           sparse=True)  # fmt: skip
+        env = {f"_i{k}": a for k, a in zip(used, grid, strict=True)}
         flat = np.asarray(sym.evaluate(v.index, env), dtype=np.int64)
         src = np.asarray(graph.weights[s.arg[0]]).reshape(-1)
         values = np.ascontiguousarray(np.broadcast_to(src[flat], sizes))
