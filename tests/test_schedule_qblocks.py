@@ -85,7 +85,7 @@ def test_blocks_match_the_interpreter_at_odd_row_counts(fmt: str, sched: K.Sched
 
 def _full_step(src: str, rows: int) -> str:
     """The vector step of the C of a full block of ``rows`` rows (its first inner loop)."""
-    full = src[src.index(f"if (lm_jn == {rows}) {{") : src.index("} else {")]
+    full = src[src.index(f"if (lm_jn == {rows}) {{") : src.index("} else switch")]
     step = full[full.index("+= LM_VL) {") :]
     return step[: step.index("\n          }")]
 
@@ -107,7 +107,7 @@ def test_a_block_dequantizes_each_column_once_and_loads_each_row_once() -> None:
 def test_few_rows_unroll_into_more_accumulator_chains() -> None:
     _, kern = _kernel(_product("Q8_0", 9, 16, 128))
     src = render_kernel(S.apply(kern, _block(2, 1)), []).source  # type: ignore[arg-type]
-    block = src[src.index("if (lm_jn == 2) {") : src.index("} else {")]
+    block = src[src.index("if (lm_jn == 2) {") : src.index("} else switch")]
     # Q8_0's sum has one addend: 2 rows x 4 unrolled steps fill ACC_CHAINS chains
     assert ACC_CHAINS == 8 and "+= 4) {" in block and block.count("lm_vsum_f32(") == 2
     assert block.count(" = {0}") == 8
@@ -179,3 +179,13 @@ def test_the_default_jam_halves_where_its_rows_leave_the_l1_cache() -> None:
         sched = S.apply(kern).schedule
         assert sched is not None and sched.jam == want, k
     assert S.DEFAULT_JAM * 576 * 4 <= S.JAM_ROW_BYTES < S.DEFAULT_JAM * 1536 * 4
+
+
+def test_the_rest_of_the_rows_runs_as_one_block() -> None:
+    # 7 rows of a jam of 8: one block of 7 (each weight block dequantized once), not 4, 2, 1
+    _, kern = _kernel(_product("Q4_1", 7, 16, 64))
+    src = render_kernel(S.apply(kern, _block(8, 1)), []).source  # type: ignore[arg-type]
+    cases = src[src.index("} else switch (lm_jn) {") :]
+    assert [f"case {m}: {{" in cases for m in range(1, 8)] == [True] * 7
+    seven = cases[cases.index("case 7: {") : cases.index("case 6: {")]
+    assert seven.count("lm_vload_u8(") == 1 and seven.count("lm_vsum_f32(") == 7

@@ -4,9 +4,11 @@ of the chunk, every reduction along the jammed dim runs one loop for the whole b
 accumulator per index, and what the copies of its body share (a weight's loads and
 dequantization) is emitted once per iteration: the emitter's memo finds the equal subtrees.
 
-The last block of a dim whose extent is not a multiple of ``jam`` runs its indices in
-smaller blocks, one per binary digit of their count (7 of a jam of 8: 4, 2, 1), so a decode
-step's one row runs the plain kernel's code.
+The last block of a dim whose extent is not a multiple of ``jam`` runs its indices as one
+smaller block of their count (a C ``switch`` over the ``jam - 1`` sizes), so a decode step's
+one row runs the plain kernel's code and each weight is read once per ``jam`` rows or fewer.
+Columns past a task's last full block of ``jam2`` run in blocks of the binary digits of their
+count.
 """
 
 from __future__ import annotations
@@ -471,12 +473,14 @@ def jam_task(
     )
     lines.append(f"{ind}if (lm_jn == {size}) {{")
     em.block(lambda: block(size, "lm_j0", ind + "  "))
-    lines.append(f"{ind}}} else {{")
-    lines.append(f"{ind}  int64_t lm_jo = lm_j0;")
-    for p in _digits(size):
-        lines.append(f"{ind}  if (lm_jn & {p}) {{")
-        em.block(lambda: block(p, "lm_jo", ind + "    "))  # noqa: B023 (called at once)
-        lines.append(f"{ind}    lm_jo += {p};")
+    # the rest of the jammed dim in one block of its size: in blocks of its binary digits
+    # (7 rows: 4, 2, 1) each weight was read and dequantized again per block (bench/rowjam.py,
+    # Q4_1 1536 x 576, 1 thread, jam 8: 1.3-1.75x slower at 3, 7, 13 and 15 rows)
+    lines.append(f"{ind}}} else switch (lm_jn) {{")
+    for m in range(size - 1, 0, -1):
+        lines.append(f"{ind}  case {m}: {{")
+        em.block(lambda: block(m, "lm_j0", ind + "    "))  # noqa: B023 (called at once)
+        lines.append(f"{ind}    break;")
         lines.append(f"{ind}  }}")
     lines.append(f"{ind}}}")
     return lines
