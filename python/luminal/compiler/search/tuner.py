@@ -48,8 +48,9 @@ from ..target import CostModel, ScheduleSpace
 # v7: a plain product's default schedule renders a 2-D register block;
 # v8: a schedule decision lists its candidates default first, then by cost, unrendered past
 # the measured ones; v9: jammed products by quantized weights in named vector accumulators;
-# v10: their default jam is 8, few rows unrolled; v11: 4 where 8 rows leave the L1)
-CACHE_VERSION = "tuner-v11"
+# v10: their default jam is 8, few rows unrolled; v11: 4 where 8 rows leave the L1;
+# v12: a jammed dim's rest runs as one block)
+CACHE_VERSION = "tuner-v12"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
