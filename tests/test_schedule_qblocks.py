@@ -28,7 +28,7 @@ from luminal.targets.cpu import SPACE, CpuTarget
 from test_loaders import _random_blocks
 
 RNG = np.random.default_rng(17)
-ROWS = (1, 3, 7, 17, 33)
+ROWS = (1, 3, 5, 6, 7, 17, 33)
 
 
 def _product(fmt: str, rows: sym.sint, n: int, k: int) -> lm.Graph:
@@ -85,7 +85,7 @@ def test_blocks_match_the_interpreter_at_odd_row_counts(fmt: str, sched: K.Sched
 
 def _full_step(src: str, rows: int) -> str:
     """The vector step of the C of a full block of ``rows`` rows (its first inner loop)."""
-    full = src[src.index(f"if (lm_jn == {rows}) {{") : src.index("} else switch")]
+    full = src[src.index(f"if (lm_jr >= {rows - rows // 4}) {{") : src.index("lm_jo += lm_jv;")]
     step = full[full.index("+= LM_VL) {") :]
     return step[: step.index("\n          }")]
 
@@ -107,7 +107,7 @@ def test_a_block_dequantizes_each_column_once_and_loads_each_row_once() -> None:
 def test_few_rows_unroll_into_more_accumulator_chains() -> None:
     _, kern = _kernel(_product("Q8_0", 9, 16, 128))
     src = render_kernel(S.apply(kern, _block(2, 1)), []).source  # type: ignore[arg-type]
-    block = src[src.index("if (lm_jn == 2) {") : src.index("} else switch")]
+    block = src[src.index("if (lm_jr >= 2) {") : src.index("lm_jo += lm_jv;")]
     # Q8_0's sum has one addend: 2 rows x 4 unrolled steps fill ACC_CHAINS chains
     assert ACC_CHAINS == 8 and "+= 4) {" in block and block.count("lm_vsum_f32(") == 2
     assert block.count(" = {0}") == 8
@@ -181,11 +181,16 @@ def test_the_default_jam_halves_where_its_rows_leave_the_l1_cache() -> None:
     assert S.DEFAULT_JAM * 576 * 4 <= S.JAM_ROW_BYTES < S.DEFAULT_JAM * 1536 * 4
 
 
-def test_the_rest_of_the_rows_runs_as_one_block() -> None:
-    # 7 rows of a jam of 8: one block of 7 (each weight block dequantized once), not 4, 2, 1
+def test_the_rest_of_the_rows_runs_in_few_blocks() -> None:
+    # a jam of 8: 7 or 6 rows run as one block of 8, 3 as one of 4 (each weight block
+    # dequantized once), the rows past the rest clamped to the last one and not stored
     _, kern = _kernel(_product("Q4_1", 7, 16, 64))
     src = render_kernel(S.apply(kern, _block(8, 1)), []).source  # type: ignore[arg-type]
-    cases = src[src.index("} else switch (lm_jn) {") :]
-    assert [f"case {m}: {{" in cases for m in range(1, 8)] == [True] * 7
-    seven = cases[cases.index("case 7: {") : cases.index("case 6: {")]
-    assert seven.count("lm_vload_u8(") == 1 and seven.count("lm_vsum_f32(") == 7
+    heads = re.findall(r"if \(lm_jr >= (\d+)\) \{", src)
+    assert heads == ["6", "3", "2", "1"]
+    eight = src[src.index("if (lm_jr >= 6) {") : src.index("if (lm_jr >= 3) {")]
+    assert "const int64_t i0j7 = lm_jo + lm_min(7, lm_jv - 1);" in eight
+    assert eight.count("if (7 < lm_jv) {") == 1 and "if (0 < lm_jv)" not in eight
+    # a block of 2 runs only when 2 rows are left: plain rows and stores
+    two = src[src.index("if (lm_jr >= 2) {") : src.index("if (lm_jr >= 1) {")]
+    assert "const int64_t i0j1 = lm_jo + 1;" in two and "< lm_jv)" not in two

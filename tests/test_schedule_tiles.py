@@ -143,7 +143,7 @@ def test_the_schedule_shows_in_the_printed_kernel() -> None:
     src = render_kernel(k, []).source.rsplit("#endif\n", 1)[-1]
     assert "/* block 4x3 of dims 0, 1 */" in src
     # a full block: four row loads and three weight loads per step, twelve accumulators
-    full = src[src.index("if (lm_jn == 4) {") : src.index("} else switch")]
+    full = src[src.index("if (lm_jr >= 3) {") : src.index("lm_jo += lm_jv;")]
     step = full[full.index("+= LM_VL) {") :]
     step = step[: step.index("}")]
     assert step.count("lm_vload_f32(") == 7 and step.count(" += ") == 12

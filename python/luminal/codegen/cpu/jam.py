@@ -4,11 +4,12 @@ of the chunk, every reduction along the jammed dim runs one loop for the whole b
 accumulator per index, and what the copies of its body share (a weight's loads and
 dequantization) is emitted once per iteration: the emitter's memo finds the equal subtrees.
 
-The last block of a dim whose extent is not a multiple of ``jam`` runs its indices as one
-smaller block of their count (a C ``switch`` over the ``jam - 1`` sizes), so a decode step's
-one row runs the plain kernel's code and each weight is read once per ``jam`` rows or fewer.
-Columns past a task's last full block of ``jam2`` run in blocks of the binary digits of their
-count.
+The last block of a dim whose extent is not a multiple of ``jam`` runs its indices in
+smaller blocks, one per binary digit of their count, except that a block of ``p`` takes the
+rest when at least 3/4 of ``p`` is left (computing the missing rows again from the last
+one, unstored): 7 rows of a jam of 8 run as one block of 8, 3 as one of 4, 5 as 4 and 1, so
+a decode step's one row runs the plain kernel's code. Columns past a task's last full block
+of ``jam2`` run in blocks of the binary digits of their count.
 """
 
 from __future__ import annotations
@@ -423,7 +424,10 @@ def jam_task(
                 x = em.emit(full.values[a][b], ei)
                 lines.extend(em.lines)
                 em.lines = []
-                lines.append(store(_flat(k.shape, at), x, ei))
+                line = store(_flat(k.shape, at), x, ei)
+                if a and clamped:  # a clamped block's rows past the rest are not stored
+                    line = f"{ei}if ({a} < lm_jv) {{ {line.strip()} }}"
+                lines.append(line)
 
     def columns(m: int, bi: str) -> None:
         """The innermost dim's elements ``lo .. hi`` for block rows ``0 .. m - 1``."""
@@ -449,10 +453,14 @@ def jam_task(
             lines.append(f"{bi}  {iv} += {p};")
             lines.append(f"{bi}}}")
 
+    clamped = False
+
     def block(m: int, base: str, bi: str) -> None:
-        """Indices ``base .. base + m - 1`` of the jammed dim."""
+        """Indices ``base .. base + m - 1`` of the jammed dim (``clamped``: the first
+        ``lm_jv`` of them; the others compute the last one's value again, unstored)."""
         for j in range(m):
-            lines.append(f"{bi}const int64_t {_c_name(full.rows[j])} = {base} + {j};")
+            at = f"lm_min({j}, lm_jv - 1)" if clamped and j else str(j)
+            lines.append(f"{bi}const int64_t {_c_name(full.rows[j])} = {base} + {at};")
         em.lines = []
         for a in range(m):
             for v in full.values[a][:csize]:
@@ -471,16 +479,18 @@ def jam_task(
         f"{ind}const int64_t lm_j0 = i{d} * {size}, "
         f"lm_jn = lm_min({size}, {cexpr(k.shape[d])} - lm_j0);"
     )
-    lines.append(f"{ind}if (lm_jn == {size}) {{")
-    em.block(lambda: block(size, "lm_j0", ind + "  "))
-    # the rest of the jammed dim in one block of its size: in blocks of its binary digits
-    # (7 rows: 4, 2, 1) each weight was read and dequantized again per block (bench/rowjam.py,
-    # Q4_1 1536 x 576, 1 thread, jam 8: 1.3-1.75x slower at 3, 7, 13 and 15 rows)
-    lines.append(f"{ind}}} else switch (lm_jn) {{")
-    for m in range(size - 1, 0, -1):
-        lines.append(f"{ind}  case {m}: {{")
-        em.block(lambda: block(m, "lm_j0", ind + "    "))  # noqa: B023 (called at once)
-        lines.append(f"{ind}    break;")
-        lines.append(f"{ind}  }}")
-    lines.append(f"{ind}}}")
+    # the block's rows in blocks of the binary digits of their count, a block of p taking the
+    # rest when at least 3/4 of p is left (its rows past the rest computed, not stored): in
+    # blocks of the digits alone each weight was read and dequantized again per block (Q4_1
+    # 1536 x 576, 1 thread, a jam of 8: 7 rows as 4, 2, 1 ran 1.3-1.75x slower than one
+    # block of 7; a block for every rest size doubled the jammed kernels' compile time)
+    lines.append(f"{ind}int64_t lm_jo = lm_j0, lm_jr = lm_jn;")
+    for p in (size, *_digits(size)):
+        lines.append(f"{ind}if (lm_jr >= {p - p // 4}) {{")
+        lines.append(f"{ind}  const int64_t lm_jv = lm_min({p}, lm_jr); (void)lm_jv;")
+        clamped = p // 4 > 0
+        em.block(lambda: block(p, "lm_jo", ind + "  "))  # noqa: B023 (called at once)
+        lines.append(f"{ind}  lm_jo += lm_jv;")
+        lines.append(f"{ind}  lm_jr -= lm_jv;")
+        lines.append(f"{ind}}}")
     return lines
