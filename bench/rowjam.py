@@ -7,14 +7,15 @@
 - ``RxC``: 2-D register blocks (``K.Schedule.jam`` x ``jam2``): R rows by C weight rows per
   reduction loop, each weight block dequantized once for R rows and each activation vector
   loaded once for C columns; ``/1`` after a name: task order 1 (a thread's tasks share a
-  chunk of weight rows across the row blocks);
+  chunk of weight rows across the row blocks), ``/sS``: the reduction split by S
+  (``--splits``; Q8_0's blocks of 32 split by 32 instead of the default 16);
 - ``copy+gemm``: the weight dequantized into a scratch buffer, then a BLAS GEMM (the library
   call the search offers for the quantized kernel);
 - ``f32 gemm``: a GEMM on weights folded to f32 before the run (what ``luminal serve``'s
   folded plan does: no dequantization, 4 bytes per weight read).
 
     python bench/rowjam.py [--fmt Q4_1] [--n 1536] [--k 576] [--rows 1,2,4,8,16,64]
-                           [--jams 2,4,8] [--blocks 4x2,3x3,2x4]
+                           [--jams 2,4,8] [--blocks 4x2,3x3,2x4] [--splits=-1,32]
 
 Each program is timed through the runtime by the search's own measurement (the CPU target's
 ``measure``: fastest of up to 5 runs, caches evicted first when the inputs exceed an L1),
@@ -71,17 +72,18 @@ def _graph(fmt: str, n: int, k: int) -> lm.Graph:
 
 
 def _programs(
-    fmt: str, n: int, k: int, jams: list[int], blocks: list[tuple[int, int]]
+    fmt: str, n: int, k: int, jams: list[int], blocks: list[tuple[int, int]], splits: list[int]
 ) -> dict[str, Lowered]:
     g = _graph(fmt, n, k)
     low = lower(graph_passes(g))
     (kern,) = [s for s in low.kernels if isinstance(s, K.Kernel)]
     scheds = {"plain": K.Schedule(jam=0)}
-    for order in (0, 1):
-        tail = "/1" if order else ""
-        scheds |= {f"jam={j}{tail}": K.Schedule(order=order, jam=j) for j in jams}
-        scheds |= {f"{r}x{c}{tail}": K.Schedule(-1, 0, order, r if r > 1 else 0, 0, c)
-                   for r, c in blocks}  # fmt: skip
+    for split in splits:
+        for order in (0, 1):
+            tail = ("/1" if order else "") + (f"/s{split}" if split > 0 else "")
+            scheds |= {f"jam={j}{tail}": K.Schedule(split, 0, order, j) for j in jams}
+            scheds |= {f"{r}x{c}{tail}": K.Schedule(split, 0, order, r if r > 1 else 0, 0, c)
+                       for r, c in blocks}  # fmt: skip
     out = {name: replace(low, kernels=[replace(kern, schedule=s)]) for name, s in scheds.items()}
     alt = match_any(kern, len(low.buffers))
     if alt is not None and fmt != "F32":
@@ -107,11 +109,13 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,64")
     ap.add_argument("--jams", default="2,4,8")
     ap.add_argument("--blocks", default="4x2,3x3,2x4", help="2-D blocks RxC ('' for none)")
+    ap.add_argument("--splits", default="-1", help="splits of the weight's blocks (-1: default)")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
     blocks = [(int(r), int(c)) for r, c in (b.split("x") for b in a.blocks.split(",") if b)]
-    progs = _programs(a.fmt, a.n, a.k, [int(j) for j in a.jams.split(",")], blocks)
+    jams, splits = [int(j) for j in a.jams.split(",")], [int(s) for s in a.splits.split(",")]
+    progs = _programs(a.fmt, a.n, a.k, jams, blocks, splits)
     target = CpuTarget()
     target.prepare(list(progs.values()))
     ref = {r: target.evaluate(progs["plain"], {"rows": r})["y"] for r in rows}
