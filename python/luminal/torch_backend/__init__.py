@@ -91,7 +91,9 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
     fw = functools.partial(_compile_aten, weight_positions=weights, n_inputs=len(phs))
     try:
         return aot_autograd(
-            fw_compiler=fw, decompositions=_decompositions(), keep_inference_input_mutations=True
+            fw_compiler=fw,
+            decompositions=_decompositions(inference=True),
+            keep_inference_input_mutations=True,
         )(gm, example_inputs)
     except _TRACE_ERRORS as e:  # tracing to ATen failed on a data-dependent size: eager runs it
         msg = str(e).splitlines()[0][:200] if str(e) else ""

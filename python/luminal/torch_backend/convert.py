@@ -764,7 +764,9 @@ def _sdpa_cpu(
     attn_mask: Any = None,
     scale: Any = None,
 ) -> tuple:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale), None
+    # the CPU kernel takes grouped key/value heads as they are (what enable_gqa=True reaches)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                          True), None  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- structure
