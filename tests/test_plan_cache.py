@@ -347,9 +347,14 @@ def test_cache_command(
     (base / "search").mkdir(parents=True, exist_ok=True)
     (base / "cpu-0123.so").write_bytes(b"x")
     (base / "search" / "d.json").write_text("{}")
+    from luminal.models import crossing  # measured choices between plans: measured again
+
+    crossing.write_memo("measured/prefill_split.json", "k", {"from": 40})
+    assert crossing.read_memo("measured/prefill_split.json")
     assert main(["cache", "clear"]) == 0
     out = capsys.readouterr().out
     assert "removed 1 cached plan " in out and "compiled-kernel and search-decision files" in out
     assert not path.exists() and pc.PlanCache().entries() == []
     assert not (base / "cpu-0123.so").exists() and not (base / "search" / "d.json").exists()
+    assert crossing.read_memo("measured/prefill_split.json") == {}
     assert main(["cache"]) == 0 and "0 plans" in capsys.readouterr().out

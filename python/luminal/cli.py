@@ -16,6 +16,7 @@ Results go to stdout (and files); progress and speed go to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -412,6 +413,12 @@ def cmd_cache(a: argparse.Namespace) -> int:
             except OSError:
                 pass
         print(f"removed {gone} compiled-kernel and search-decision files from {base}")
+        # measured choices between plans (serve's f32 batch, the prefill split): measured again
+        for memo in ("measured", "serve"):
+            folder = cache.root / memo
+            for p in folder.glob("*.json") if folder.is_dir() else []:
+                with contextlib.suppress(OSError):
+                    p.unlink()
         return 0
     entries = cache.entries()
     state = "" if enabled() else " (off: LUMINAL_PLAN_CACHE=0)"
