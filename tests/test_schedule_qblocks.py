@@ -194,3 +194,26 @@ def test_the_rest_of_the_rows_runs_in_few_blocks() -> None:
     # a block of 2 runs only when 2 rows are left: plain rows and stores
     two = src[src.index("if (lm_jr >= 2) {") : src.index("if (lm_jr >= 1) {")]
     assert "const int64_t i0j1 = lm_jo + 1;" in two and "< lm_jv)" not in two
+
+
+@pytest.mark.parametrize("sched", [_block(8, 1), _block(8, 1, 1), _block(4, 1)], ids=str)
+def test_a_costly_epilogue_runs_along_the_columns(sched: K.Schedule) -> None:
+    # a SiLU of a product times another input (a gated MLP's up projection): the block's sums
+    # are staged and the epilogue runs as a loop along the columns, per row
+    seq = sym.dim("seq", 1, 40)
+    g = lm.Graph("gated")
+    x = g.input("x", (seq, 96))
+    gate = g.input("gate", (seq, 45))
+    raw = _random_blocks("Q4_1", 45, 96).reshape(-1)
+    w = quants.quantized_weight(g, "w", "Q4_1", raw, (45, 96))
+    g.output("y", gate * (gate * -1.0).exp().add(1.0).reciprocal() * (x @ w.transpose(0, 1)))
+    low, kern = _kernel(g)
+    k = S.apply(kern, sched)
+    assert isinstance(k, K.Kernel) and "lm_red[" in render_kernel(k, ["seq"]).source
+    cg = lm.load(build_plan(replace(low, kernels=[replace(kern, schedule=sched)])).to_bytes())
+    for r in ROWS:
+        xv = RNG.standard_normal((r, 96)).astype(np.float32)
+        gv = RNG.standard_normal((r, 45)).astype(np.float32)
+        ref = g.run({"x": xv, "gate": gv}, seq=r)["y"]
+        got = cg.run({"x": xv, "gate": gv}, seq=r)["y"]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))

@@ -361,6 +361,19 @@ def _blocked_scalar(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
     return out
 
 
+# the most elements of a task whose block's sums are staged for a vector epilogue: 8 rows of
+# 256 floats are 8 KiB of stack
+STAGE_SPAN = 256
+_COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
+
+
+def _costly_epilogue(v: K.Value) -> bool:
+    """Whether ``v`` computes a costly op (exp2, log2, sin, sqrt, recip) outside its
+    reductions."""
+    inside = {y for r in K.walk(v) if isinstance(r, K.Reduce) for y in K.walk(r)}
+    return any(isinstance(x, K.Alu) and x.op in _COSTLY and x not in inside for x in K.walk(v))
+
+
 def _flat(shape: tuple[sint, ...], at: dict[int, sym.Expr]) -> sint:
     """The output's flat index with ``at[d]`` as dim ``d``'s index."""
     out: sint = 0
@@ -388,11 +401,12 @@ def jam_task(
     hi: str,
     store: Callable[[sint, str, str], str],
     ind: str = "    ",
+    span: int | None = None,
 ) -> list[str]:
     """The lines of one task of jammed kernel ``k``: block ``i<d>`` of the jammed dim ``d``
     (or index ``i<d>``, when only the innermost dim is jammed), elements ``lo .. hi`` of the
     innermost dim, in blocks of ``jam2`` of them. ``store(flat index, C value, indent)``
-    writes one element."""
+    writes one element. ``span``: the most elements ``hi - lo`` counts (None: unbounded)."""
     from ..cstyle import _c_name, cexpr
 
     sched = k.schedule
@@ -429,8 +443,57 @@ def jam_task(
                     line = f"{ei}if ({a} < lm_jv) {{ {line.strip()} }}"
                 lines.append(line)
 
+    # a costly epilogue (a SiLU's exp and reciprocal) of one column of rows is scalar code per
+    # element: the block's sums are staged in a stack array and the epilogue runs row by row
+    # along the columns, a loop the C compiler vectorizes
+    staged = (
+        csize == 1
+        and span is not None
+        and span <= STAGE_SPAN
+        and bool(full.groups)
+        and _costly_epilogue(full.values[0][0])
+    )
+
+    def staged_columns(m: int, bi: str) -> None:
+        at = f"{iv} - ({lo})"
+        lines.append(f"{bi}float lm_red[{len(full.groups)}][{m}][{span}];")
+        lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+
+        def sums() -> None:
+            em.lines = []
+            for gi, grp in enumerate(full.groups):
+                names = jam_reduce(em, [grp[a][0] for a in range(m)], bi + "  ")
+                lines.extend(em.lines)
+                em.lines = []
+                lines.extend(f"{bi}  lm_red[{gi}][{a}][{at}] = {x};" for a, x in enumerate(names))
+
+        em.block(sums)
+        lines.append(f"{bi}}}")
+        for a in range(m):
+            ei = bi + "  "
+            lines.append(f"{bi}if ({a} < lm_jv) {{" if a and clamped else f"{bi}{{")
+            lines.append(f"{bi}#pragma omp simd")
+            lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+
+            def epilogue() -> None:
+                for gi, grp in enumerate(full.groups):
+                    em.scopes[-1][grp[a][0]] = f"lm_red[{gi}][{a}][{at}]"  # noqa: B023
+                em.lines = []
+                x = em.emit(full.values[a][0], ei)  # noqa: B023
+                lines.extend(em.lines)
+                em.lines = []
+                rows = {d: full.rows[a]} if full.rows else {}  # noqa: B023
+                lines.append(store(_flat(k.shape, rows), x, ei))  # noqa: B023
+
+            em.block(epilogue)
+            lines.append(f"{bi}}}")
+            lines.append(f"{bi}}}")
+
     def columns(m: int, bi: str) -> None:
         """The innermost dim's elements ``lo .. hi`` for block rows ``0 .. m - 1``."""
+        if staged:
+            staged_columns(m, bi)
+            return
         if csize == 1:
             lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
             em.block(lambda: element(m, 1, bi + "  "))

@@ -315,7 +315,12 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
     body: list[str] = []
     if jam:
         lines += jam_task(
-            em, k, lo, hi, lambda i, x, ind: ind + store_stmt("b0", cexpr(i), x, k.dtype)
+            em,
+            k,
+            lo,
+            hi,
+            lambda i, x, ind: ind + store_stmt("b0", cexpr(i), x, k.dtype),
+            span=None if single else chunk,
         )
         loop_close = ["  }"]
     else:
