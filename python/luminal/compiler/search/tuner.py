@@ -49,8 +49,9 @@ from ..target import CostModel, ScheduleSpace
 # v8: a schedule decision lists its candidates default first, then by cost, unrendered past
 # the measured ones; v9: jammed products by quantized weights in named vector accumulators;
 # v10: their default jam is 8, few rows unrolled; v11: 4 where 8 rows leave the L1;
-# v12: a jammed dim's rest runs as one block; v13: in clamped blocks of its digits)
-CACHE_VERSION = "tuner-v13"
+# v12: a jammed dim's rest runs as one block; v13: in clamped blocks of its digits;
+# v14: a jammed block's costly epilogue runs along its columns)
+CACHE_VERSION = "tuner-v14"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
