@@ -358,3 +358,27 @@ def test_cache_command(
     assert not (base / "cpu-0123.so").exists() and not (base / "search" / "d.json").exists()
     assert crossing.read_memo("measured/prefill_split.json") == {}
     assert main(["cache"]) == 0 and "0 plans" in capsys.readouterr().out
+
+
+def test_kernel_cache_evicts_the_longest_unused(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:  # fmt: skip
+    """Past the kernel cache's limit the libraries unused longest go, never one used within
+    the last hour (a process may be about to load it); other files stay."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    now = time.time()
+    ages = {"cpu-a.so": 3, "cpu-b.ref": 2, "cpu-group-c.so": 5, "cpu-d.so": 0.1}
+    for name, hours in ages.items():
+        (tmp_path / name).write_bytes(b"x" * 1000)
+        os.utime(tmp_path / name, (now - hours * 3600, now - hours * 3600))
+    (tmp_path / "pch-1.h").write_bytes(b"x" * 5000)  # the prelude: not a kernel
+    (tmp_path / "search").mkdir()
+    assert pc.evict_kernels(limit_bytes=10_000) == []  # under the limit
+    gone = pc.evict_kernels(limit_bytes=1500)
+    assert [Path(p).name for p in gone] == ["cpu-group-c.so", "cpu-a.so", "cpu-b.ref"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-d.so", "pch-1.h", "search"]
+    assert pc.evict_kernels(limit_bytes=0) == []  # used within the hour: kept
+    monkeypatch.setenv("LUMINAL_KERNEL_CACHE_MB", "0")
+    os.utime(tmp_path / "cpu-d.so", (now - 7200, now - 7200))
+    g = _graph(_w())
+    pc.PlanCache(tmp_path / "plans").get_or_build(_key(g), _build(g, []))  # storing evicts
+    assert not (tmp_path / "cpu-d.so").exists()

@@ -416,9 +416,9 @@ def cmd_cache(a: argparse.Namespace) -> int:
         # measured choices between plans (serve's f32 batch, the prefill split): measured again
         for memo in ("measured", "serve"):
             folder = cache.root / memo
-            for p in folder.glob("*.json") if folder.is_dir() else []:
+            for f in folder.glob("*.json") if folder.is_dir() else []:
                 with contextlib.suppress(OSError):
-                    p.unlink()
+                    f.unlink()
         return 0
     entries = cache.entries()
     state = "" if enabled() else " (off: LUMINAL_PLAN_CACHE=0)"

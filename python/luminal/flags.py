@@ -47,6 +47,11 @@ PLAN_CACHE_MB = Flag(
     "LUMINAL_PLAN_CACHE_MB", "4096",
     "plan cache size limit in MiB; least recently used plans are evicted past it",
 )  # fmt: skip
+KERNEL_CACHE_MB = Flag(
+    "LUMINAL_KERNEL_CACHE_MB", "2048",
+    "compiled-kernel cache size limit in MiB; kernels unused longest are removed past it "
+    "(compiled again when a plan needs them)",
+)  # fmt: skip
 NUM_THREADS = Flag("LUMINAL_NUM_THREADS", "", "CPU worker threads (default: all cores)")
 CC = Flag("CC", "cc", "C compiler for CPU kernels")
 CUDA_ARCH = Flag(
@@ -122,7 +127,7 @@ PROGRESS = Flag(
     "when stderr is a terminal and LUMINAL_DEBUG is off)",
 )  # fmt: skip
 
-ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB,
+ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB, KERNEL_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,

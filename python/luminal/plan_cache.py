@@ -22,7 +22,8 @@ when a file's identity changed since it was written) or whose weight files chang
 removed and rebuilt, never run. A size limit
 (``LUMINAL_PLAN_CACHE_MB``) evicts the least recently used entries; ``luminal cache list``
 and ``luminal cache clear`` show and empty it; ``LUMINAL_PLAN_CACHE=0`` turns it off.
-See docs/plan-cache.md.
+The compiled kernels beside it (``$LUMINAL_CACHE_DIR``) have a limit of their own
+(``LUMINAL_KERNEL_CACHE_MB``, ``evict_kernels``). See docs/plan-cache.md.
 """
 
 from __future__ import annotations
@@ -519,6 +520,7 @@ class PlanCache:
                 total -= e.size
                 removed.append(e.digest)
             self._sweep()
+        evict_kernels()
         return removed
 
     def _sweep(self, older_than_s: float = 3600.0) -> None:
@@ -554,6 +556,42 @@ class PlanCache:
                     with contextlib.suppress(OSError):
                         p.unlink()
         return n
+
+
+# A compiled kernel used this recently is never removed: a process may be about to load it
+# (the runtime checks a library exists, then opens it).
+KERNEL_IDLE_S = 3600.0
+
+
+def evict_kernels(limit_bytes: int | None = None) -> list[str]:
+    """Removes compiled kernel libraries (``cpu-*.so``, the ``.ref`` files naming a group's
+    library, device binaries) unused longest until their total fits ``limit_bytes`` (default
+    ``LUMINAL_KERNEL_CACHE_MB``); returns the removed paths. Nothing breaks: the runtime
+    compiles a missing kernel again from the plan's source. Last use is the file's access
+    time (or its write time, if later; file systems mounted ``relatime`` update access times
+    about daily, which is as fine as this needs)."""
+    if limit_bytes is None:
+        limit_bytes = int(flags.KERNEL_CACHE_MB.as_float() * 2**20)
+    base = Path(flags.cache_base())
+    files: list[tuple[float, int, Path]] = []
+    for folder, pattern in ((base, "cpu-*"), (base / "cuda", "*")):
+        for p in folder.glob(pattern) if folder.is_dir() else []:
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            files.append((max(st.st_atime, st.st_mtime), st.st_size, p))
+    total = sum(f[1] for f in files)
+    removed: list[str] = []
+    now = time.time()
+    for used, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= limit_bytes or now - used < KERNEL_IDLE_S:
+            break
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(str(p))
+            total -= size
+    return removed
 
 
 def default_cache() -> PlanCache | None:
