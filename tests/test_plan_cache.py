@@ -375,10 +375,15 @@ def test_kernel_cache_evicts_the_longest_unused(monkeypatch: pytest.MonkeyPatch,
     assert pc.evict_kernels(limit_bytes=10_000) == []  # under the limit
     gone = pc.evict_kernels(limit_bytes=1500)
     assert [Path(p).name for p in gone] == ["cpu-group-c.so", "cpu-a.so", "cpu-b.ref"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-d.so", "pch-1.h", "search"]
+    kept = ["cpu-d.so", "kernels-checked", "pch-1.h", "search"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
     assert pc.evict_kernels(limit_bytes=0) == []  # used within the hour: kept
     monkeypatch.setenv("LUMINAL_KERNEL_CACHE_MB", "0")
     os.utime(tmp_path / "cpu-d.so", (now - 7200, now - 7200))
     g = _graph(_w())
-    pc.PlanCache(tmp_path / "plans").get_or_build(_key(g), _build(g, []))  # storing evicts
+    store = pc.PlanCache(tmp_path / "plans")
+    store.get_or_build(_key(g), _build(g, []))  # looked at the kernels a moment ago: not again
+    assert (tmp_path / "cpu-d.so").exists()
+    os.utime(tmp_path / "kernels-checked", (now - 7200, now - 7200))
+    store.evict()  # as each store does
     assert not (tmp_path / "cpu-d.so").exists()

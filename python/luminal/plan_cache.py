@@ -520,7 +520,7 @@ class PlanCache:
                 total -= e.size
                 removed.append(e.digest)
             self._sweep()
-        evict_kernels()
+        evict_kernels(every_s=KERNEL_SCAN_EVERY_S)
         return removed
 
     def _sweep(self, older_than_s: float = 3600.0) -> None:
@@ -561,18 +561,30 @@ class PlanCache:
 # A compiled kernel used this recently is never removed: a process may be about to load it
 # (the runtime checks a library exists, then opens it).
 KERNEL_IDLE_S = 3600.0
+# The plan cache's evictions look at the kernels at most this often (a folder of 20k kernels
+# takes 0.2 s to list), noted by the time of a stamp file in it.
+KERNEL_SCAN_EVERY_S = 600.0
 
 
-def evict_kernels(limit_bytes: int | None = None) -> list[str]:
+def evict_kernels(limit_bytes: int | None = None, every_s: float = 0.0) -> list[str]:
     """Removes compiled kernel libraries (``cpu-*.so``, the ``.ref`` files naming a group's
     library, device binaries) unused longest until their total fits ``limit_bytes`` (default
     ``LUMINAL_KERNEL_CACHE_MB``); returns the removed paths. Nothing breaks: the runtime
     compiles a missing kernel again from the plan's source. Last use is the file's access
     time (or its write time, if later; file systems mounted ``relatime`` update access times
-    about daily, which is as fine as this needs)."""
+    about daily, which is as fine as this needs). With ``every_s``, nothing is done when
+    the last look was more recent."""
     if limit_bytes is None:
         limit_bytes = int(flags.KERNEL_CACHE_MB.as_float() * 2**20)
     base = Path(flags.cache_base())
+    stamp = base / "kernels-checked"
+    now = time.time()
+    with contextlib.suppress(OSError):
+        if every_s > 0 and now - stamp.stat().st_mtime < every_s:
+            return []
+    if base.is_dir():
+        with contextlib.suppress(OSError):
+            stamp.touch()
     files: list[tuple[float, int, Path]] = []
     for folder, pattern in ((base, "cpu-*"), (base / "cuda", "*")):
         for p in folder.glob(pattern) if folder.is_dir() else []:
@@ -583,7 +595,6 @@ def evict_kernels(limit_bytes: int | None = None) -> list[str]:
             files.append((max(st.st_atime, st.st_mtime), st.st_size, p))
     total = sum(f[1] for f in files)
     removed: list[str] = []
-    now = time.time()
     for used, size, p in sorted(files, key=lambda f: f[0]):
         if total <= limit_bytes or now - used < KERNEL_IDLE_S:
             break
