@@ -162,6 +162,22 @@ def _jam_pairs(r: K.Reduce) -> K.Reduce:
     )
 
 
+# _rebuild's answers per (tree, split), each held with its tree (so the id is not reused):
+# the search applies a kernel's 30-50 schedules, which use a few splits
+_REBUILT: dict[tuple[int, int], tuple[K.Value, K.Value]] = {}
+REBUILT_KEPT = 1024
+
+
+def _rebuilt(v: K.Value, split: int) -> K.Value:
+    hit = _REBUILT.get((id(v), split))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    if len(_REBUILT) >= REBUILT_KEPT:
+        _REBUILT.clear()
+    out = _REBUILT[(id(v), split)] = (v, _rebuild(v, {}, split))
+    return out[1]
+
+
 def _rebuild(v: K.Value, memo: dict[int, K.Value], split: int) -> K.Value:
     hit = memo.get(id(v))
     if hit is not None:
@@ -203,7 +219,7 @@ def apply(k: Step, sched: K.Schedule | None = None) -> Step:
             raise ValueError(f"kernel {k.name} has schedule {k.schedule} applied, not {sched}")
         return k
     sched = sched or k.schedule or K.Schedule()
-    value = _rebuild(k.value, {}, sched.split)
+    value = _rebuilt(k.value, sched.split)
     done = replace(k, value=value)
     if sched.jam < 0:  # the default rule
         d = jam_dim(done)
