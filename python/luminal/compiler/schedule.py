@@ -244,7 +244,7 @@ def _written_out(r: K.Reduce) -> bool:
 # The default jam, where the shared work is at least DEFAULT_JAM_SHARED nodes (a weight's
 # dequantization: Q8_0's is 4, Q4_1's 10; an f32 weight's load is 1, and its products mostly
 # go to the library). Set by bench/rowjam.py (1 thread, 8-lane vectors, 16 registers): with
-# one named accumulator per row (codegen/cpu/jam.py) a jam of 8 ran as fast as a jam of 4
+# one named accumulator per row (the renderer's jammed form) a jam of 8 ran as fast as 4
 # from 1 to 8 rows and 1.15-1.25x faster at 32 and 64 (Q4_1 1536 x 576: 1.51 against 1.81
 # ms at 64 rows; Q8_0 12288 x 576: 15.2 against 19.3). The search measures 2, 4, 8, none
 # and the target's 2-D blocks.
