@@ -208,9 +208,8 @@ def test_split_parts_keeping_generated_kernels_of_other_orders_get_their_own_nam
 
 
 def test_library_calls_of_a_program_are_prepared_together_and_renumbered(tmp_path, monkeypatch):
-    """Every kernel's candidates are prepared together (one batch: fewer than
-    ``PREPARE_BATCH`` programs), numbered as if every call were kept; a kept call's buffers
-    follow the program's, and the program computes the same."""
+    """Every kernel's candidates are prepared in one batch, numbered as if every call were
+    kept; a kept call's buffers follow the program's, and the program computes the same."""
     from luminal.compiler.search.tuner import Tuner
     from luminal.targets.cpu import CpuTarget
 

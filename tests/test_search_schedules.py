@@ -286,19 +286,12 @@ def test_a_stage_prepares_every_kernels_candidates_in_one_batch():
         measured.append(id(sub))
         return 1.0
 
-    def prepare(subs):
-        assert not measured  # every batch before the first measurement
-        batches.append(len(subs))
-
-    t = Tuner(measure, "batch", None, prepare=prepare)
+    t = Tuner(measure, "batch", None, prepare=lambda subs: batches.append(len(subs)))
     schedules.choose_schedules(lower(g), t, _signature)
     assert t.stats.searched == 2  # two kernels, two decisions ...
-    # ... whose programs are prepared once each, with each decision's reference (unblocked:
-    # the default blocks these products, so the kept candidate is checked against a program
-    # of its own), in batches of at least PREPARE_BATCH programs but the last
-    assert sum(batches) == len(set(measured)) + 2
-    assert all(n >= tuner.PREPARE_BATCH for n in batches[:-1])
-    assert len(batches) <= sum(batches) // tuner.PREPARE_BATCH + 1
+    # ... and one batch, with each decision's reference (unblocked: the default blocks these
+    # products, so the kept candidate is checked against a program of its own)
+    assert len(batches) == 1 and batches[0] == len(set(measured)) + 2
 
 
 def test_measured_programs_run_their_schedule():

@@ -15,10 +15,9 @@ import contextlib
 import hashlib
 import os
 import platform
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -227,28 +226,6 @@ def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
     return tuple((n, id(a), a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
 
 
-class _Background:
-    """A function run on a thread of its own; ``wait`` returns when it is done and raises
-    what it raised."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="luminal-prepare", daemon=True)
-        self._thread.start()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
 def cpu_id() -> str:
     """Names the CPU measured decisions belong to: its model, feature flags and core count
     (a decision measured with AVX-512 does not hold on an AVX2 machine)."""
@@ -281,26 +258,16 @@ class CpuTarget:
 
     def prepare(self, lows: list[Lowered]) -> None:
         """Compiles the kernels of every program in ``lows`` at once, on all cores, into the
-        disk cache: the measuring runs after it compile nothing. The plans are rendered here;
-        the compiler runs in the background (the runtime releases the GIL), so the search
-        lists its next decisions meanwhile; a later ``prepare`` and every run wait for it."""
+        disk cache: the measuring runs after it compile nothing."""
         from .. import _rt
 
         plans = [self._measuring_plan(low) for low in lows]
-        loaded = [_rt.Plan.from_parts(p.parts(), ".") for p in plans]
-        self._wait()
+        _rt.prepare([_rt.Plan.from_parts(p.parts(), ".") for p in plans], "cpu", 0)
         # the measuring runs take these plans instead of rendering them again (a search's
         # later, smaller batches add to a stage's; bounded across compiles)
         if len(self._prepared) > PREPARED_MAX:
             self._prepared.clear()
         self._prepared.update({id(low): (low, plan) for low, plan in zip(lows, plans, strict=True)})
-        self._compiling: _Background | None = _Background(lambda: _rt.prepare(loaded, "cpu", 0))
-
-    def _wait(self) -> None:
-        """Waits for the compiler started by ``prepare``; its error, if any, is raised here."""
-        job, self._compiling = self._compiling, None
-        if job is not None:
-            job.wait()
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:
         # a digest of the C as its measuring plan renders it (cut out, buffers and variables
@@ -322,15 +289,12 @@ class CpuTarget:
 
     def __post_init__(self) -> None:
         self._prepared: dict[int, tuple[Lowered, Plan]] = {}
-        self._compiling = None
         # id(low) -> (low, its executor), most recently used last
         self._executors: OrderedDict[int, tuple[Lowered, Any]] = OrderedDict()
         self._rings: OrderedDict[tuple, _Ring] = OrderedDict()
 
     def _executor(self, low: Lowered) -> Any:
         from .. import runtime
-
-        self._wait()  # measured runs never share the cores with the compiler
 
         hit = self._executors.get(id(low))
         if hit is not None and hit[0] is low:

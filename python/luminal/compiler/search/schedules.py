@@ -32,8 +32,7 @@ EXTRA_CANDIDATES: list[Callable[[K.Kernel], K.Kernel | None]] = []
 
 def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowered:
     """``low`` with a measured schedule set on every kernel that has alternatives. Every
-    kernel's candidates are listed before any is measured, so the tuner prepares them in a
-    few batches while the rest are listed."""
+    kernel's candidates are listed first, so the tuner prepares them in one batch."""
     dims = representative_dims(low)
     names = sorted(low.dims)
     # identical kernels (a model's layers) get one decision: candidates are rendered to tell
@@ -50,10 +49,8 @@ def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowere
         key = f"{sub_fingerprint(reference)}|{kern.schedule}|{ranges}"
         keys.append(key)
         if key not in decisions:
-            d = decisions[key] = _candidates(low, kern, tuner, signature, dims, names, reference)
-            if d is not None:
-                tuner.queue("schedule", d.dims, d.reference, d.cands)
-    tuner.flush()
+            decisions[key] = _candidates(low, kern, tuner, signature, dims, names, reference)
+    tuner.prefetch([("schedule", d.dims, d.reference, d.cands) for d in decisions.values() if d])
     chosen: dict[str, K.Schedule | None] = {}
     steps: list[Step] = []
     for kern, k in zip(low.kernels, keys, strict=True):

@@ -173,7 +173,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     ``measure`` is a Tuner, or a measuring function for a Tuner on ``target``.
 
     Every kernel's candidates are listed first (their new buffers numbered as if every call
-    were kept), so the tuner prepares them in a few batches; a kept call's buffers are then
+    were kept), so the tuner prepares them in one batch; a kept call's buffers are then
     renumbered to follow the buffers the program has."""
     tuner = measure if isinstance(measure, Tuner) else Tuner(measure, target)
     dims = representative_dims(low)
@@ -186,9 +186,8 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
         if choice is not None:
             provisional += choice.extra
             if choice.key not in decisions:
-                cands = decisions[choice.key] = _candidates(low, provisional, choice, tuner, dims)
-                tuner.queue("gemm", dims, cands[0].sub, cands)
-    tuner.flush()
+                decisions[choice.key] = _candidates(low, provisional, choice, tuner, dims)
+    tuner.prefetch([("gemm", dims, cands[0].sub, cands) for cands in decisions.values()])
     steps: list[Step] = []
     buffers = list(low.buffers)
     memo: dict[str, list[tuple[str, tuple[str, int, int] | None]]] = {}

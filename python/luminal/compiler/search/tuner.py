@@ -64,14 +64,6 @@ RACE_MARGIN = 3.0
 RACE_FLOOR_S = 1e-3
 
 
-# programs queued before a stage's decisions start compiling (Tuner.queue): small enough
-# that the first batch compiles while the stage lists the rest (two decisions' programs),
-# large enough that each compiler run of a batch (one per core) holds several kernels: a run
-# costs about 50 ms besides its kernels (process start, the precompiled prelude's load; an
-# elementwise kernel alone compiled in 90 ms, a blocked product in 230, 2 cores)
-PREPARE_BATCH = 8
-
-
 def smallest_dims(sub: Lowered, dims: Mapping[str, int]) -> dict[str, int]:
     """``dims`` with every symbolic dim at its smallest value (a decode step's one token): a
     plan serves its whole range, so a choice is measured at both ends of it."""
@@ -282,8 +274,7 @@ class Tuner:
         if self.max_candidates < 1:
             raise ValueError(f"{flags.SEARCH_CANDIDATES.name} must be at least 1")
         self._spent = 0.0
-        self._ready: dict[int, Lowered] = {}  # the candidate programs prepared, by id
-        self._pending: list[Lowered] = []  # queued for the next prepare
+        self._ready: set[int] = set()  # ids of candidate programs prefetch prepared
         self._keys: dict[int, tuple[Any, ...]] = {}  # id(candidates) -> (them, ..., cache key)
 
     def _count(self, what: str, n: float = 1) -> None:
@@ -389,36 +380,21 @@ class Tuner:
         self, decisions: Sequence[tuple[str, dict[str, int], Lowered, Sequence[Candidate]]]
     ) -> None:
         """Ready the target to measure the candidates of many decisions (``(kind, dims,
-        reference, candidates)``, default 0): ``queue`` each, then ``flush``."""
-        for d in decisions:
-            self.queue(*d)
-        self.flush()
-
-    def queue(
-        self, kind: str, dims: dict[str, int], reference: Lowered, candidates: Sequence[Candidate]
-    ) -> None:
-        """Add a decision's programs to the next ``prepare``, which starts once
-        ``PREPARE_BATCH`` programs wait: a stage's kernels compile on all cores together, in
-        the background where the target can (while the stage lists its other decisions).
-        Cached decisions need nothing."""
-        if self.prepare is None or self._spent >= self.budget_s or len(candidates) < 2:
+        reference, candidates)``, default 0) in one ``prepare``: a stage's kernels compile on
+        all cores together instead of a few at a time. Cached decisions need nothing."""
+        if self.prepare is None or self._spent >= self.budget_s:
             return
-        if self._cached(kind, dims, reference, candidates)[1] is None:
-            self._pending += _to_prepare(
-                reference, [candidates[i] for i in self._measured(candidates, 0)]
-            )
-            if len(self._pending) >= PREPARE_BATCH:
-                self.flush()
-
-    def flush(self) -> None:
-        """``prepare`` the queued programs now."""
-        subs, self._pending = self._pending, []
-        if self.prepare is None or not subs:
-            return
-        t0 = time.perf_counter()
-        self.prepare(subs)
-        self._spent += time.perf_counter() - t0
-        self._ready.update((id(s), s) for s in subs)
+        subs = []
+        for kind, dims, reference, candidates in decisions:
+            if len(candidates) > 1 and self._cached(kind, dims, reference, candidates)[1] is None:
+                subs += _to_prepare(
+                    reference, [candidates[i] for i in self._measured(candidates, 0)]
+                )
+        if len(subs) > 1:
+            t0 = time.perf_counter()
+            self.prepare(subs)
+            self._spent += time.perf_counter() - t0
+            self._ready = {id(s) for s in subs}
 
     def _search(
         self,
@@ -438,7 +414,7 @@ class Tuner:
         small_times: dict[int, float] = {}
         if self.prepare is not None and len(chosen) > 1:
             subs = _to_prepare(reference, [candidates[i] for i in chosen])
-            if not all(self._ready.get(id(s)) is s for s in subs):
+            if not all(id(s) in self._ready for s in subs):
                 self.prepare(subs)
         for i in sorted(chosen, key=lambda i: rank[i]):
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
