@@ -151,7 +151,8 @@ class Schedule:
     share (what does not depend on that dim: a weight, dequantized) is computed once for
     all of them; 0 or 1: one element at a time; -1: the default rule (schedule.py). A dim
     whose extent is not a multiple runs its last indices in smaller blocks (the binary
-    digits of the rest).
+    digits of the rest, except that a block takes the rest when 3/4 of it is left: its
+    extra indices repeat the last real one and are not stored).
     ``jam2``: indices of the innermost output dim computed together as well, so a block is
     ``jam`` x ``jam2`` elements (with ``jam`` 0 or 1: 1 x ``jam2``): what their bodies share
     along that dim (the other operand's load) is computed once per ``jam2`` columns, and a
