@@ -14,6 +14,7 @@ from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler import schedule as S
 from luminal.compiler.lower import Lowered, lower
+from luminal.compiler.pipeline import graph_passes
 from luminal.compiler.search import schedules, select, tuner
 from luminal.compiler.search.tuner import Timing, Tuner, mismatch
 from luminal.graph.ops import Op
@@ -350,3 +351,42 @@ def test_schedule_signatures_are_kept_on_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(luminal.plan_cache, "_CODE_ID", "another-version")
     assert again() == first and len(rendered) == 6
     assert len(list((tmp_path / "search").glob("signatures-*.txt"))) == 2
+
+
+def test_measured_slots_spread_over_distinct_structures_among_ties():
+    # a 2-D block default tied with its chunk and order variants, two other blocks a little
+    # dearer (within the margin), one far dearer: each block and the other task order get a
+    # slot before a chunk variant of the default
+    block = lambda r, c, order=0, chunk=0: ((0, r, c), order, -1, chunk)  # noqa: E731
+    groups = [block(3, 3), block(3, 3, chunk=8), block(3, 3, chunk=32), block(3, 3, order=1),
+              block(4, 2), block(2, 4), block(8, 1)]  # fmt: skip
+    costs = [1.0, 1.0, 1.0, 1.0, 1.02, 1.02, 2.0]
+    assert tuner.spread_order(costs, groups, 0, 4) == [0, 4, 5, 3]
+    # past the margin, cost decides before structure: the far dearer block comes last
+    assert tuner.spread_order(costs, groups, 0, 7) == [0, 4, 5, 3, 1, 2, 6]
+    # candidates without a group are each their own (a library call's): cost order
+    t = Tuner(lambda s, d: 1.0, "test", max_candidates=3)
+    cands = [tuner.Candidate(f"c{i}", None, c) for i, c in enumerate([3.0, 1.0, 2.0, 1.0])]
+    assert t._measured(cands, 0) == [0, 1, 3]
+    # with groups the tuner spreads the same way
+    cands = [tuner.Candidate(str(i), None, c, group=g)
+             for i, (c, g) in enumerate(zip(costs, groups, strict=True))]  # fmt: skip
+    assert t._measured(cands, 0) == [0, 4, 5]
+
+
+def test_a_schedule_search_measures_the_blocks_the_model_nearly_ties(monkeypatch):
+    # x(32,128) @ w(128,512): the default 3x3 block, its chunk and order variants score the
+    # same; the 4x2 and 2x4 blocks 2-3% more. The 3 slots past the default go to both blocks
+    # and the other order, not to chunk variants the model cannot tell from the default
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "4")
+    g = lm.Graph("mm")
+    x = g.input("x", (32, 128))
+    w = g.weight("w", data=rand(128, 512))
+    g.output("y", x @ w)
+    space = replace(S.ScheduleSpace(), jams=(2, 4, 8), blocks=((4, 2), (2, 4)))
+    t, log = _fake_tuner(space=space)
+    low = lower(graph_passes(g))  # the weight transposed: the default is a 3x3 block
+    schedules.choose_schedules(low, t, _signature)
+    labels = [label for label, _ in log]
+    assert sorted(labels) == ["split=default", "split=default,jam=2@0,jam2=4",
+                              "split=default,jam=4@0,jam2=2", "split=default,order=1"]  # fmt: skip

@@ -20,7 +20,7 @@ from ..lower import Lowered
 from ..schedule import alternatives, apply
 from .cost import estimate
 from .select import Step, representative_dims, subprogram
-from .tuner import Candidate, Tuner, sub_fingerprint
+from .tuner import Candidate, Tuner, spread, sub_fingerprint
 
 # signature(scheduled kernel, dim names): equal for kernels that generate the same code
 Signature = Callable[[K.Kernel, list[str]], Hashable]
@@ -94,11 +94,11 @@ def _candidates(
     """The decision to take for ``kern``; None when it keeps its schedule unmeasured.
 
     Every schedule is estimated, but only the best ranked are rendered to tell equal code
-    apart: the tuner measures the default and the ``max_candidates - 1`` best others, so the
-    walk down the ranking stops once that many distinct ones are found (rendering every
-    schedule was most of a cold search's Python time). The candidates are the default, then
-    the others in rank order, so the tuner ranks them as this walk did; the ones the walk did
-    not reach are listed unrendered and are never measured."""
+    apart: the tuner measures the default and the ``max_candidates - 1`` others ``spread``
+    picks, so the walk in that order stops once that many distinct ones are found (rendering
+    every schedule was most of a cold search's Python time). The candidates are the default,
+    then the others in the walk's order, so the tuner picks them as this walk did; the ones
+    the walk did not reach are listed unrendered and are never measured."""
     scheds = alternatives(kern, tuner.space)
     if not scheds:
         return None
@@ -115,25 +115,44 @@ def _candidates(
     cands = []
     for label, k in options:
         sub = subprogram(low, [k])
-        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k))
-    # the default first (alternatives lists it first), the rest by (cost, listed order)
-    ranked = [cands[0]] + sorted(cands[1:], key=lambda c: c.cost)
+        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k, _group(k)))
+    # the default first (alternatives lists it first), the rest in the order the tuner
+    # measures them (``spread``: by cost, ties spread over distinct structures); a schedule
+    # that renders as one already kept is dropped and not counted as picked, so the tuner,
+    # given the kept ones and the rest, picks as this walk did
+    costs = [c.cost for c in cands]
+    groups = [c.group for c in cands]
     ref_sig = signature(_applied(unsplit), names)
     seen: set[Hashable] = set()
     kept: list[Candidate] = []
-    for i, c in enumerate(ranked):
-        if len(kept) >= tuner.max_candidates:
-            kept += ranked[i:]  # not reached: never measured, listed for the record
-            break
+    picked: list[int] = []
+    pool = list(range(len(cands)))
+    i: int | None = 0
+    while i is not None:
+        pool.remove(i)
+        c = cands[i]
         sig = signature(_applied(c.payload), names)
-        if sig in seen:
-            continue
-        seen.add(sig)
-        same = c.payload.schedule is not None and sig == ref_sig
-        kept.append(replace(c, sub=reference) if same else c)
+        if sig not in seen:
+            seen.add(sig)
+            same = c.payload.schedule is not None and sig == ref_sig
+            kept.append(replace(c, sub=reference) if same else c)
+            picked.append(i)
+        if len(kept) >= tuner.max_candidates:
+            break
+        i = spread(costs, groups, picked, pool)
     if len(seen) < 2:
         return None
+    # not reached: never measured, listed for the record
+    kept += sorted((cands[j] for j in pool), key=lambda c: c.cost)
     return Decision(dims, reference, kept)
+
+
+def _group(k: K.Kernel) -> tuple[Hashable, ...]:
+    """A schedule's structure for ``spread``, coarse to fine: its register block (jammed dim,
+    rows, columns; the default rule's resolved), task order, split, chunk."""
+    s = _applied(k).schedule or K.Schedule()
+    block = (s.jam_dim if s.jam > 1 else 0, max(s.jam, 1), max(s.jam2, 1))
+    return (block, s.order, s.split, s.chunk)
 
 
 def _decide(kern: K.Kernel, tuner: Tuner, d: Decision) -> K.Schedule | None:

@@ -28,7 +28,7 @@ import sys
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +50,9 @@ from ..target import CostModel, ScheduleSpace
 # the measured ones; v9: jammed products by quantized weights in named vector accumulators;
 # v10: their default jam is 8, few rows unrolled; v11: 4 where 8 rows leave the L1;
 # v12: a jammed dim's rest runs as one block; v13: in clamped blocks of its digits;
-# v14: a jammed block's costly epilogue runs along its columns)
-CACHE_VERSION = "tuner-v14"
+# v14: a jammed block's costly epilogue runs along its columns; v15: the measured slots go
+# to candidates of distinct structure among those the cost model (nearly) ties, ``spread``)
+CACHE_VERSION = "tuner-v15"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
@@ -62,6 +63,67 @@ RACE_MARGIN = 3.0
 # ... and never below this many seconds: a short first run carries one-time costs (binding,
 # first touch of the outputs) of the order of a small kernel, and repeating it is cheap
 RACE_FLOOR_S = 1e-3
+
+# Estimates within this fraction of the cheapest candidate not yet taken count as a tie
+# (``spread``): the cost model does not see task order or chunking, and scores a kernel's
+# 2-D blocks a few percent apart. Set by x(32,128) @ w(128,512) then tanh-GELU: schedules
+# the model scores equal (601 us) measured 101-132 us, the 4x2 and 2x4 blocks scored 616.
+TIE_MARGIN = 0.1
+
+
+def spread(
+    costs: Sequence[float],
+    groups: Sequence[tuple[Hashable, ...]],
+    picked: Sequence[int],
+    pool: Iterable[int],
+    counts: dict[tuple[Hashable, ...], int] | None = None,
+) -> int | None:
+    """The next candidate to measure after ``picked``, from ``pool`` (None when empty).
+
+    Among the candidates whose cost is within ``TIE_MARGIN`` of the cheapest in the pool, the
+    one least like those picked: ``groups[i]`` describes candidate ``i`` coarse to fine (a
+    schedule's block shape, task order, split, chunk), and a candidate sharing fewer picks'
+    first level wins, then fewer picks' first two levels, and so on; then the cheaper, then
+    the earlier listed. So a kernel's 2-D blocks, jams and task orders each get a slot
+    before a third variant the model cannot tell apart from the default (its ties were
+    otherwise broken by list order, and the slots went to near copies of the default).
+    ``counts`` (prefix -> picks with it) may be passed to keep between calls; it must then
+    already count ``picked``."""
+    pool = list(pool)
+    if not pool:
+        return None
+    if counts is None:
+        counts = {}
+        for j in picked:
+            for n in range(1, len(groups[j]) + 1):
+                counts[groups[j][:n]] = counts.get(groups[j][:n], 0) + 1
+    bound = min(costs[i] for i in pool) * (1 + TIE_MARGIN)
+
+    def key(i: int) -> tuple:
+        g = groups[i]
+        return (tuple(counts.get(g[:n], 0) for n in range(1, len(g) + 1)), costs[i], i)
+
+    return min((i for i in pool if costs[i] <= bound), key=key)
+
+
+def spread_order(
+    costs: Sequence[float], groups: Sequence[tuple[Hashable, ...]], first: int, n: int
+) -> list[int]:
+    """``first``, then the next ``n - 1`` candidates ``spread`` picks one after another."""
+    picked = [first]
+    counts: dict[tuple[Hashable, ...], int] = {}
+    pool = set(range(len(costs))) - {first}
+    while True:
+        last = groups[picked[-1]]
+        for k in range(1, len(last) + 1):
+            counts[last[:k]] = counts.get(last[:k], 0) + 1
+        if len(picked) >= n:
+            return picked
+        i = spread(costs, groups, picked, sorted(pool), counts)
+        if i is None:
+            return picked
+        picked.append(i)
+        pool.discard(i)
 
 
 def smallest_dims(sub: Lowered, dims: Mapping[str, int]) -> dict[str, int]:
@@ -104,6 +166,12 @@ class Candidate:
     sub: Lowered  # the cut-out program that runs it
     cost: float  # cost-model estimate in seconds: ranks which candidates are measured
     payload: Any = None  # what the caller applies when this one is chosen
+    # its structure, coarse to fine (``spread``); () counts as its label alone
+    group: tuple[Hashable, ...] = ()
+
+
+def _groups(candidates: Sequence[Candidate]) -> list[tuple[Hashable, ...]]:
+    return [c.group or (c.label,) for c in candidates]
 
 
 @dataclass
@@ -372,9 +440,9 @@ class Tuner:
         return key, hit if ok else None
 
     def _measured(self, candidates: Sequence[Candidate], default: int) -> list[int]:
-        """The candidates a search measures: the default and the best ranked others."""
-        order = sorted(range(len(candidates)), key=lambda i: (candidates[i].cost, i != default, i))
-        return [default] + [i for i in order if i != default][: self.max_candidates - 1]
+        """The candidates a search measures: the default and the others ``spread`` picks."""
+        costs = [c.cost for c in candidates]
+        return spread_order(costs, _groups(candidates), default, self.max_candidates)
 
     def prefetch(
         self, decisions: Sequence[tuple[str, dict[str, int], Lowered, Sequence[Candidate]]]
@@ -404,6 +472,8 @@ class Tuner:
         candidates: Sequence[Candidate],
         default: int,
     ) -> dict[str, Any]:
+        # ranks by the cost model: the order measured in (a likely winner first, so racing
+        # cuts the losers short), not which are (``spread``)
         order = sorted(range(len(candidates)), key=lambda i: (candidates[i].cost, i != default, i))
         rank = {i: r + 1 for r, i in enumerate(order)}
         chosen = self._measured(candidates, default)
