@@ -26,6 +26,9 @@ class CostModel:
     bandwidth: float = 10e9  # bytes per second
     ops: float = 10e9  # simple vectorized operations per second in generated loops
     library_speedup: float = 8.0  # a tuned library GEMM against generated loops, per flop
+    # a kernel that reduces (its loops run along a sum, vectorized) against other generated
+    # loops: its operations and re-reads from a cache take this many times less time
+    reduce_speedup: float = 1.0
     launch: float = 5e-6  # seconds per step
     divmod: float = 4.0  # an integer division or modulus in an index, in simple operations
     block: float = 4.0  # per pass of an outer loop of a split reduction

@@ -35,8 +35,14 @@ from ..compiler.target import CostModel, ScheduleSpace
 from ..plan import KernelFormat, Plan
 from .base import Launchable, assemble_plan
 
-COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, launch=5e-6,
-                 cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
+# reduce_speedup: generated kernels that reduce measured 4-14x faster than ``ops`` makes them
+# (f32 products x @ w.T, (rows x n x k) 32x512x128, 64x576x576, 128x768x768, 128x3072x768:
+# 4-9x; Q4_1 1x576x576, 8x1536x576, 32x1536x576: 13-14x; 2 threads, AVX2), while the
+# dequantizing copy of copy+gemm measured at 0.7-1.2x of its estimate and the GEMM call at
+# 0.5-1.2x: at 1 a product by a quantized weight ranked copy+gemm first though it measured
+# 3-9x slower than the generated kernel (and timed fully, before the racing cutoff was set)
+COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, reduce_speedup=8.0,
+                 launch=5e-6, cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
 _REGS = vector_registers()  # 2-D blocks: those within the registers (codegen/cpu/jam.py)
 SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
                       blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)),

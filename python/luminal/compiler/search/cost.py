@@ -1,7 +1,8 @@
 """The search's cost model: a run-time estimate of a cut-out program from the bytes it moves,
 the arithmetic it does and the steps it launches. It only ranks candidates (which few are
 measured); measurement decides. The constants are the target's (``target.CostModel``): round
-numbers, not fitted; what matters is the order they give.
+numbers; what matters is the order they give (the CPU's ``reduce_speedup`` was set by
+measured products, targets/cpu.py).
 """
 
 from __future__ import annotations
@@ -112,8 +113,12 @@ def estimate(sub: Lowered, dims: dict[str, int], m: CostModel = DEFAULT) -> floa
         for s in k.shape:
             points *= _num(s, dims)
         share = _jam_share(k, dims)
-        total += points * _ops(k.value, dims, {}, m, share) / m.ops
-        total += _reread_bytes(k, sub, dims, m, share) / m.cache_bandwidth
+        # a reducing kernel's loops, its operations and its re-reads alike (so its schedules
+        # rank among themselves as without the speedup)
+        work = points * _ops(k.value, dims, {}, m, share) / m.ops
+        work += _reread_bytes(k, sub, dims, m, share) / m.cache_bandwidth
+        reduces = any(isinstance(x, K.Reduce) for x in K.walk(k.value))
+        total += work / m.reduce_speedup if reduces else work
     return total
 
 
