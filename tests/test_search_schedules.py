@@ -390,3 +390,19 @@ def test_a_schedule_search_measures_the_blocks_the_model_nearly_ties(monkeypatch
     labels = [label for label, _ in log]
     assert sorted(labels) == ["split=default", "split=default,jam=2@0,jam2=4",
                               "split=default,jam=4@0,jam2=2", "split=default,order=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("k,fits", [(576, True), (1536, False)])
+def test_a_jam_whose_rows_leave_the_l1_is_estimated_as_half_of_it(k, fits):
+    # Q4_1 by 32 rows: 8 rows of k f32 activations within JAM_ROW_BYTES (576: 18 KiB) make a
+    # jam of 8 cheaper than 4; past it (1536: 48 KiB) they tie, and the search measures both
+    from luminal.compiler.search.cost import estimate
+    from luminal.targets.cpu import COST
+    from test_schedule_qblocks import _product
+
+    low = lower(graph_passes(_product("Q4_1", 32, 576, k)))
+    (kern,) = [s for s in low.kernels if isinstance(s, K.Kernel)]
+    jammed = lambda j: replace(kern, schedule=K.Schedule(-1, 0, 0, j, 0))  # noqa: E731
+    cost = {j: estimate(select.subprogram(low, [jammed(j)]), {}, COST) for j in (2, 4, 8)}
+    assert cost[2] > cost[4]
+    assert (cost[8] < cost[4]) if fits else (cost[8] == cost[4])

@@ -52,8 +52,9 @@ from ..target import CostModel, ScheduleSpace
 # v12: a jammed dim's rest runs as one block; v13: in clamped blocks of its digits;
 # v14: a jammed block's costly epilogue runs along its columns; v15: the measured slots go
 # to candidates of distinct structure among those the cost model (nearly) ties, ``spread``;
-# v16: reducing kernels estimated at the target's reduce_speedup, ranked above copy+gemm)
-CACHE_VERSION = "tuner-v16"
+# v16: reducing kernels estimated at the target's reduce_speedup, ranked above copy+gemm;
+# v17: a jam whose rows leave the L1 estimated as half of it)
+CACHE_VERSION = "tuner-v17"
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
