@@ -735,40 +735,6 @@ def _adaptive_avg_pool2d(cx: Ctx, x: Tensor, output_size: Sequence[int]) -> Tens
     return F.adaptive_avg_pool2d(x, list(output_size))
 
 
-@op(aten.scaled_dot_product_attention.default)
-def _sdpa(
-    cx: Ctx,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    *,
-    scale: Any = None,
-    enable_gqa: bool = False,
-) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
-                                          enable_gqa)  # fmt: skip
-
-
-@op(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def _sdpa_cpu(
-    cx: Ctx,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    *,
-    attn_mask: Any = None,
-    scale: Any = None,
-) -> tuple:
-    # the CPU kernel takes grouped key/value heads as they are (what enable_gqa=True reaches)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
-                                          True), None  # fmt: skip
-
-
 # ----------------------------------------------------------------------------- structure
 @op(operator.getitem)
 def _getitem(cx: Ctx, seq: Any, k: int) -> Any:

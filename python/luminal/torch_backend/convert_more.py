@@ -690,3 +690,40 @@ def _upsample_aa(cx: Ctx, x: Tensor, output_size: Sequence[int], align_corners: 
     wh = cx.g.tensor(_aa_weights(h, oh, scales_h).astype(np.float32)).cast(d)
     ww = cx.g.tensor(_aa_weights(w, ow, scales_w).astype(np.float32)).cast(d)
     return F.matmul(F.matmul(wh, x.cast(d)), ww.mT)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@op(aten.scaled_dot_product_attention.default)
+def _sdpa(
+    cx: Ctx,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                          enable_gqa)  # fmt: skip
+
+
+@op(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_cpu(
+    cx: Ctx,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: Any = None,
+    scale: Any = None,
+) -> tuple:
+    # the CPU kernel takes grouped key/value heads as they are (what enable_gqa=True reaches)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                          True), None  # fmt: skip
