@@ -1,8 +1,8 @@
 """The search's cost model: a run-time estimate of a cut-out program from the bytes it moves,
 the arithmetic it does and the steps it launches. It only ranks candidates (which few are
 measured); measurement decides. The constants are the target's (``target.CostModel``): round
-numbers; what matters is the order they give (the CPU's ``reduce_speedup`` was set by
-measured products, targets/cpu.py).
+numbers; what matters is the order they give (a target's ``reduce_speedup`` is set by
+products it measured, and says which).
 """
 
 from __future__ import annotations
