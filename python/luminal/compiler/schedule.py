@@ -258,9 +258,9 @@ DEFAULT_JAM_SHARED = 4
 JAM_ROW_BYTES = 32 << 10
 
 
-def _default_jam(k: K.Kernel, d: int) -> int:
-    """``DEFAULT_JAM``, halved once where ``DEFAULT_JAM`` rows of what each element of dim
-    ``d`` reads along its reductions exceed ``JAM_ROW_BYTES``."""
+def jam_row_bytes(k: K.Kernel, d: int) -> int:
+    """Bytes one element of output dim ``d`` reads along its reductions (a jam of J reads J
+    such rows of the operand that differs along ``d``)."""
     name = f"_i{d}"
     row = 0
     for r in _jam_reduces(k, d):
@@ -269,7 +269,13 @@ def _default_jam(k: K.Kernel, d: int) -> int:
             if isinstance(x, K.Reduce):
                 n *= sym.upper_bound(x.extent)
         row += n * sum(max(1, x.dtype.bits // 8) for x in _vector_loads(r.body, name))
-    return DEFAULT_JAM if DEFAULT_JAM * row <= JAM_ROW_BYTES else DEFAULT_JAM // 2
+    return row
+
+
+def _default_jam(k: K.Kernel, d: int) -> int:
+    """``DEFAULT_JAM``, halved once where ``DEFAULT_JAM`` rows of what each element of dim
+    ``d`` reads along its reductions exceed ``JAM_ROW_BYTES``."""
+    return DEFAULT_JAM if DEFAULT_JAM * jam_row_bytes(k, d) <= JAM_ROW_BYTES else DEFAULT_JAM // 2
 
 
 # The default 2-D block (rows, columns) of products of plain float sums with unit-stride

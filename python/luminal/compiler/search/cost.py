@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..lower import Lowered
-from ..schedule import JAM_ROW_BYTES, _jam_reduces, _vector_loads, apply
+from ..schedule import JAM_ROW_BYTES, apply, jam_row_bytes
 from ..target import CostModel
 
 DEFAULT = CostModel()
@@ -141,7 +141,7 @@ def _jam_share(k: K.Kernel, dims: dict[str, int]) -> _Share | None:
         # cache for every column, which costs it what the larger block saves: it shares as
         # half as many rows would (so jams of 8 and 4 tie there, and both are measured)
         jam = sched.jam
-        if jam > 2 and jam * _jam_row_bytes(k, sched.jam_dim) > JAM_ROW_BYTES:
+        if jam > 2 and jam * jam_row_bytes(k, sched.jam_dim) > JAM_ROW_BYTES:
             jam //= 2
         if ext >= 1:
             factors[f"_i{sched.jam_dim}"] = _blocks(ext, jam) / ext
@@ -152,20 +152,6 @@ def _jam_share(k: K.Kernel, dims: dict[str, int]) -> _Share | None:
             whole = ext // chunk * _blocks(chunk, sched.jam2)
             factors[f"_i{len(k.shape) - 1}"] = (whole + _blocks(ext % chunk, sched.jam2)) / ext
     return _Share(factors) if factors else None
-
-
-def _jam_row_bytes(k: K.Kernel, d: int) -> int:
-    """Bytes one element of output dim ``d`` reads along its reductions, as the default jam
-    rule counts them (``schedule._default_jam``)."""
-    name = f"_i{d}"
-    row = 0
-    for r in _jam_reduces(k, d):
-        n = 1
-        for x in K.walk(r):
-            if isinstance(x, K.Reduce):
-                n *= sym.upper_bound(x.extent)
-        row += n * sum(max(1, x.dtype.bits // 8) for x in _vector_loads(r.body, name))
-    return row
 
 
 def _reread_bytes(
