@@ -255,8 +255,21 @@ def block_fits(rows: int, cols: int, registers: int) -> bool:
 
 
 # 2-D blocks (rows, columns) the search measures for products by block-quantized weights
-# (split sums), where they fit (``qblock_fits``).
-QBLOCKS = ((4, 2), (8, 2), (4, 4))
+# (split sums), where they fit (``qblock_fits``): register blocks, and panel blocks of
+# ``PANEL_ROWS`` rows.
+PANEL_ROWS = 32
+QBLOCKS = ((4, 2), (8, 2), (4, 4), (PANEL_ROWS, 2), (PANEL_ROWS, 4))
+
+
+def qblock_panel(rows: int, cols: int, registers: int) -> bool:
+    """Whether a block of ``rows`` x ``cols`` products by a block-quantized weight runs over a
+    dequantized panel (``panel.py``): its accumulators and dequantization temporaries do not
+    fit the registers, and it has more rows than one register block over the panel
+    (``PANEL_SUB``). Each weight block is then dequantized once for the task's rows (up to
+    ``rows``) instead of once per register block of 4."""
+    from .panel import PANEL_MIN_ROWS
+
+    return rows * cols + 2 * cols + 3 > registers and rows >= PANEL_MIN_ROWS
 
 
 def qblock_fits(rows: int, cols: int, registers: int) -> bool:
@@ -265,8 +278,14 @@ def qblock_fits(rows: int, cols: int, registers: int) -> bool:
     scale, plus a row's activation vector, the weight's bytes and a mask. Set by
     bench/rowjam.py (Q4_1 1536 x 576 and Q8_0 12288 x 576, 1 thread, AVX2's 16 registers):
     4 x 2 (15) ran as fast as a jam of 8 or faster at 4-16 rows; 5 x 2 (17), 6 x 2 (19),
-    3 x 3 (18) and 2 x 4 (19) ran 1.1-1.6x slower than 4 x 2."""
-    return rows * cols + 2 * cols + 3 <= registers
+    3 x 3 (18) and 2 x 4 (19) ran 1.1-1.6x slower than 4 x 2. A larger block runs over a
+    dequantized panel (``qblock_panel``, ``panel.py``), offered at ``PANEL_ROWS`` rows, where its register
+    blocks (``PANEL_SUB``) fit."""
+    from .panel import PANEL_SUB
+
+    if rows * cols + 2 * cols + 3 <= registers:
+        return True
+    return rows >= PANEL_ROWS and block_fits(*PANEL_SUB, registers)
 
 
 def vector_registers() -> int:
@@ -293,6 +312,7 @@ JAM_HELPERS = r"""
 #else
 #define LM_KEEP(v) (void)(v)
 #endif
+static inline void lm_vstore_f32(float *p, lm_f32v v) { memcpy(p, &v, sizeof v); }
 """
 
 
@@ -446,18 +466,28 @@ def jam_task(
     # a costly epilogue (a SiLU's exp and reciprocal) of one column of rows is scalar code per
     # element: the block's sums are staged in a stack array and the epilogue runs row by row
     # along the columns, a loop the C compiler vectorizes
-    staged = (
-        csize == 1
-        and span is not None
+    costly = (
+        span is not None
         and span <= STAGE_SPAN
         and bool(full.groups)
         and _costly_epilogue(full.values[0][0])
+    )
+    staged = csize == 1 and costly
+
+    # one column at a time where the block has columns (a panel block's few rows): the
+    # values' first column is the loop's
+    one_col = (
+        f"const int64_t {_c_name(full.cols[0])} = {iv};"
+        if full.cols[0].name != f"_i{n - 1}"
+        else ""
     )
 
     def staged_columns(m: int, bi: str) -> None:
         at = f"{iv} - ({lo})"
         lines.append(f"{bi}float lm_red[{len(full.groups)}][{m}][{span}];")
         lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+        if one_col:
+            lines.append(f"{bi}  {one_col}")
 
         def sums() -> None:
             em.lines = []
@@ -474,6 +504,8 @@ def jam_task(
             lines.append(f"{bi}if ({a} < lm_jv) {{" if a and clamped else f"{bi}{{")
             lines.append(f"{bi}#pragma omp simd")
             lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+            if one_col:
+                lines.append(f"{bi}  {one_col}")
 
             def epilogue() -> None:
                 for gi, grp in enumerate(full.groups):
@@ -496,6 +528,8 @@ def jam_task(
             return
         if csize == 1:
             lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+            if one_col:
+                lines.append(f"{bi}  {one_col}")
             em.block(lambda: element(m, 1, bi + "  "))
             lines.append(f"{bi}}}")
             return
@@ -542,18 +576,40 @@ def jam_task(
         f"{ind}const int64_t lm_j0 = i{d} * {size}, "
         f"lm_jn = lm_min({size}, {cexpr(k.shape[d])} - lm_j0);"
     )
+    lines.append(f"{ind}int64_t lm_jo = lm_j0, lm_jr = lm_jn;")
+    sizes = (size, *_digits(size))
+    rind = ind
+    if csize > 1 and qblock_panel(size, csize, vector_registers()):
+        from .panel import PANEL_MIN_ROWS, PANEL_SUB, panel_task
+
+        em.lines = []
+        got = panel_task(em, k, full, lo, hi, store, ind + "  ", csize)
+        if got is not None:  # else every row runs in register blocks
+            lines.append(f"{ind}if (lm_jr >= {PANEL_MIN_ROWS}) {{")
+            lines.extend(got)
+            lines.append(f"{ind}}} else {{")
+            rind = ind + "  "
+        # the other rows in row jams of up to PANEL_SUB's rows, a column at a time: at 1-2
+        # rows a block of 2 columns streamed a weight larger than the caches 2-2.5x slower
+        # (Q8_0 49152 x 576, 1 thread: 8.3 ms against 3.5 at 1 row)
+        sizes = (PANEL_SUB[0], *_digits(PANEL_SUB[0]))
+        csize, staged = 1, costly
     # the block's rows in blocks of the binary digits of their count, a block of p taking the
     # rest when at least 3/4 of p is left (its rows past the rest computed, not stored): in
     # blocks of the digits alone each weight was read and dequantized again per block (Q4_1
     # 1536 x 576, 1 thread, a jam of 8: 7 rows as 4, 2, 1 ran 1.3-1.75x slower than one
     # block of 7; a block for every rest size doubled the jammed kernels' compile time)
-    lines.append(f"{ind}int64_t lm_jo = lm_j0, lm_jr = lm_jn;")
-    for p in (size, *_digits(size)):
-        lines.append(f"{ind}if (lm_jr >= {p - p // 4}) {{")
-        lines.append(f"{ind}  const int64_t lm_jv = lm_min({p}, lm_jr); (void)lm_jv;")
+    for i, p in enumerate(sizes):
+        # a panel block's rows that do not take the panel run in register blocks, the first
+        # size repeated while rows are left
+        again = i == 0 and sizes[0] < size
+        lines.append(f"{rind}{'while' if again else 'if'} (lm_jr >= {p - p // 4}) {{")
+        lines.append(f"{rind}  const int64_t lm_jv = lm_min({p}, lm_jr); (void)lm_jv;")
         clamped = p // 4 > 0
-        em.block(lambda: block(p, "lm_jo", ind + "  "))  # noqa: B023 (called at once)
-        lines.append(f"{ind}  lm_jo += lm_jv;")
-        lines.append(f"{ind}  lm_jr -= lm_jv;")
+        em.block(lambda: block(p, "lm_jo", rind + "  "))  # noqa: B023 (called at once)
+        lines.append(f"{rind}  lm_jo += lm_jv;")
+        lines.append(f"{rind}  lm_jr -= lm_jv;")
+        lines.append(f"{rind}}}")
+    if rind != ind:
         lines.append(f"{ind}}}")
     return lines

@@ -1,0 +1,356 @@
+"""Panel blocks of products by block-quantized weights (``jam.qblock_panel``: a
+``ScheduleSpace.qblocks`` block whose accumulators do not fit the registers). A task is up
+to ``jam`` rows by a chunk of columns. For each ``jam2`` columns of the chunk (then column by
+column), the columns' weight rows are dequantized once into an f32 panel on the task's stack,
+then every row's products run over the panel in register blocks of ``PANEL_SUB`` (the
+task's last rows in blocks of 2 and 1): a weight block is dequantized once for all of the
+task's rows, where a register block of 4 rows dequantizes it once per 4 rows, which at 16
+rows and more was most of a product's time.
+
+What the panel holds is found from the IR, no format named: the largest subtrees of each
+reduction's body that vary along the lanes but not along the rows (``_row_free``: a weight
+block's dequantized values; a pair of nibbles gives two per step). The rows' products read
+them back as the vectors they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from ...compiler import kernel_ir as K
+from ...compiler.schedule import Jammed
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.symbolic import sint
+from .jam import ACC_CHAINS, _digits, _flat, _keep, _shared_loads
+from .vector import BLOCK_LANES, _terms, _Unsupported, _Vec
+
+if TYPE_CHECKING:
+    from ..cstyle import Emitter
+
+# A panel block runs its rows over the panel when at least this many are left: up to 4 rows,
+# one register block dequantizes each weight block once anyway, without the panel's stores
+# and reloads.
+PANEL_MIN_ROWS = 5
+# The register block (rows, columns) of products over the f32 panel: its 8 accumulators and
+# the 6 vectors a step loads fit AVX2's 16 registers (``jam.block_fits``).
+PANEL_SUB = (4, 2)
+# The most bytes of panel a task holds on its stack: the columns' dequantized weight rows,
+# read again by every block of rows, stay in the L1 data cache.
+PANEL_BYTES = 32 << 10
+# Column blocks ahead whose weight bytes a fill prefetches.
+PANEL_AHEAD = 2
+
+
+def _row_free(v: K.Value, row: str, lane: str, memo: dict[int, frozenset[str]]) -> list[K.Value]:
+    """The largest subtrees of ``v`` that vary along the lanes ``lane`` but not along the
+    jammed dim's index ``row``: a weight's dequantized values, which the panel holds."""
+    fv = K.free_vars(v, memo)
+    if lane not in fv:
+        return []
+    if row not in fv:
+        return [v]
+    if isinstance(v, K.Alu):
+        return [w for s in v.srcs for w in _row_free(s, row, lane, memo)]
+    if isinstance(v, K.Cast):
+        return _row_free(v.src, row, lane, memo)
+    return []
+
+
+@dataclass
+class _Group:
+    """One reduction of the block's elements (``Jammed.groups``): its copies, the outer and
+    inner loops of its split, and per column the values the panel holds (``ws[b]``)."""
+
+    copies: list[list[K.Reduce]]
+    outer: K.Reduce
+    inner: K.Reduce
+    ws: list[list[K.Value]]
+
+    @property
+    def floats(self) -> int:
+        """Floats of the panel per column."""
+        assert isinstance(self.outer.extent, int) and isinstance(self.inner.extent, int)
+        return self.outer.extent * self.inner.extent * len(self.ws[0])
+
+    def at(self, ro: str, j: int, ri: str) -> str:
+        """The panel offset of value ``j`` of outer step ``ro`` at lane ``ri``."""
+        return f"({ro} * {len(self.ws[0])} + {j}) * {self.inner.extent} + {ri}"
+
+
+def _inner(r: K.Reduce) -> K.Reduce:
+    assert isinstance(r.body, K.Reduce)
+    return r.body
+
+
+def _groups(em: Emitter, full: Jammed, csize: int) -> list[_Group] | None:
+    """The block's reductions as panel groups; None when one is not a split float sum with
+    lanes the vector form takes, or a column's panel values differ in count."""
+    from ..cstyle import _blocked_sum
+
+    row = full.rows[0].name
+    out = []
+    for copies in full.groups:
+        r0 = copies[0][0]
+        if not (em.simd_reductions and _blocked_sum(r0)) or r0.dtype is not dt.f32:
+            return None
+        inner = _inner(r0)
+        g = inner.extent
+        if not isinstance(g, int) or g % BLOCK_LANES or g > 4 * BLOCK_LANES:
+            return None
+        if not isinstance(r0.extent, int):
+            return None
+        lane = inner.var.name
+        ws = [_row_free(_inner(copies[0][b]).body, row, lane, em.fv_memo) for b in range(csize)]
+        if not ws[0] or any(len(w) != len(ws[0]) for w in ws):
+            return None
+        out.append(_Group(copies, r0, inner, ws))
+    return out
+
+
+class _Panel:
+    """Writes one panel task (``panel_task``) into ``out``."""
+
+    def __init__(
+        self,
+        em: Emitter,
+        k: K.Kernel,
+        full: Jammed,
+        groups: list[_Group],
+        store: Callable[[sint, str, str], str],
+    ) -> None:
+        self.em, self.k, self.full, self.groups, self.store = em, k, full, groups, store
+        assert k.schedule is not None
+        self.d, self.n = k.schedule.jam_dim, len(k.shape)
+        self.csize = len(full.cols)
+        self.out: list[str] = []
+        self.ok = True  # cleared where the vector form does not cover a value
+
+    def loops(self, grp: _Group, bi: str) -> tuple[str, str, str]:
+        """Opens the outer loop of ``grp``'s split; its C variables and the inner loop's
+        head (opened by the caller inside the outer loop's scope)."""
+        from ..cstyle import _c_name, cexpr
+
+        em = self.em
+        ro, ri = _c_name(grp.outer.var), _c_name(grp.inner.var)
+        em.lines.append(f"{bi}for ({em.index_type} {ro} = 0; {ro} < {cexpr(grp.outer.extent)}; ++{ro}) {{")  # fmt: skip
+        head = f"{bi}  for ({em.index_type} {ri} = 0; {ri} < {grp.inner.extent}; {ri} += LM_VL) {{"
+        return ro, ri, head
+
+    def fill(self, p: int, bi: str) -> None:
+        """Dequantize columns ``0 .. p - 1`` of every group into its panel."""
+        em = self.em
+        for gi, grp in enumerate(self.groups):
+            em.lines = []
+            ws = [w for b in range(p) for w in grp.ws[b]]
+            for w in ws:
+                em.hoist(w, frozenset({grp.outer.var.name, grp.inner.var.name}), bi)
+            ro, ri, head = self.loops(grp, bi)
+            em.block(partial(self._fill_step, gi, grp, p, ro, ri, head, bi))
+            em.lines.append(f"{bi}}}")
+            self.out.extend(em.lines)
+        em.lines = []
+
+    def _fill_step(
+        self, gi: int, grp: _Group, p: int, ro: str, ri: str, head: str, bi: str
+    ) -> None:
+        from ..cstyle import cexpr
+
+        em = self.em
+        for b in range(p):
+            for w in grp.ws[b]:
+                em.hoist(w, frozenset({grp.inner.var.name}), bi + "  ")
+        # the weight's bytes of the columns PANEL_AHEAD blocks on: a task's rows compute
+        # between two fills, so without it each fill waited on memory
+        lane = grp.inner.var.name
+        seen: set[str] = set()
+        for b in range(p):
+            col = self.full.cols[b]
+            ahead = {col.name: sym.add(col, PANEL_AHEAD * self.csize)}
+            for x in K.walk(grp.copies[0][b].body):
+                if isinstance(x, K.Load) and isinstance(x.index, sym.Expr):
+                    names = {v.name for v in x.index.vars()}
+                    if lane in names and col.name in names:
+                        at = sym.substitute(sym.substitute(x.index, ahead), {lane: 0})
+                        line = f"{bi}  __builtin_prefetch(&{em.ptr_of(x.buf)}[{cexpr(at)}]);"
+                        if line not in seen:
+                            seen.add(line)
+                            em.lines.append(line)
+        i2 = bi + "    "
+        em.lines.append(head)
+        vec = _Vec(em, grp.inner.var, i2)
+        try:
+            for b in range(p):
+                for j, w in enumerate(grp.ws[b]):
+                    x, kind = vec.val(w)
+                    if kind != "f":
+                        raise _Unsupported
+                    em.lines.extend(vec.lines)
+                    vec.lines = []
+                    em.lines.append(
+                        f"{i2}lm_vstore_f32(&lm_pw{gi}[{b}][{grp.at(ro, j, ri)}], {x});"
+                    )
+        except _Unsupported:
+            self.ok = False
+        em.lines.append(f"{bi}  }}")
+
+    def products(self, m: int, b0: int, pc: int, bi: str) -> None:
+        """The sums of rows ``0 .. m - 1`` by panel columns ``b0 .. b0 + pc - 1``, named in
+        the emitter's current scope."""
+        em = self.em
+        for gi, grp in enumerate(self.groups):
+            em.lines = []
+            cells = [(a, b) for a in range(m) for b in range(b0, b0 + pc)]
+            bodies = {c: _inner(grp.copies[c[0]][c[1]]).body for c in cells}
+            lane = grp.inner.var.name
+            terms = {c: _terms(x, 2) for c, x in bodies.items()}
+            # an addend that is the same in every lane (a bias): the whole body in one sum
+            terms = {c: ts if all(lane in K.free_vars(t, em.fv_memo) for t in ts) else [bodies[c]]
+                     for c, ts in terms.items()}  # fmt: skip
+            nt = max(len(ts) for ts in terms.values())
+            per = nt if len(cells) * nt <= ACC_CHAINS else 1  # chains per element
+            accs = {c: [em.tmp() for _ in range(per)] for c in cells}
+            for x in bodies.values():
+                em.hoist(x, frozenset({grp.outer.var.name, lane}), bi)
+            em.lines.append(
+                f"{bi}lm_f32v {', '.join(f'{a} = {{0}}' for c in cells for a in accs[c])};"
+            )
+            ro, ri, head = self.loops(grp, bi)
+            em.block(
+                partial(
+                    self._products_step, gi, grp, m, b0, pc, bodies, terms, accs, ro, ri, head, bi
+                )
+            )
+            em.lines.append(f"{bi}}}")
+            for c in cells:
+                name = em.tmp()
+                em.lines.append(f"{bi}const float {name} = lm_vsum_f32({' + '.join(accs[c])});")
+                em.scopes[-1][grp.copies[c[0]][c[1]]] = name
+            self.out.extend(em.lines)
+        em.lines = []
+
+    def _products_step(
+        self,
+        gi: int,
+        grp: _Group,
+        m: int,
+        b0: int,
+        pc: int,
+        bodies: dict[tuple[int, int], K.Value],
+        terms: dict[tuple[int, int], list[K.Value]],
+        accs: dict[tuple[int, int], list[str]],
+        ro: str,
+        ri: str,
+        head: str,
+        bi: str,
+    ) -> None:
+        em = self.em
+        for x in bodies.values():
+            em.hoist(x, frozenset({grp.inner.var.name}), bi + "  ")
+        i2 = bi + "    "
+        em.lines.append(head)
+        vec = _Vec(em, grp.inner.var, i2)
+        # the panel's vectors of this step, read by every row of the block: held in registers
+        for b in range(b0, b0 + pc):
+            for j, w in enumerate(grp.ws[b]):
+                name = em.tmp()
+                em.lines.append(f"{i2}lm_f32v {name} = lm_vload_f32(&lm_pw{gi}[{b}][{grp.at(ro, j, ri)}]);")  # fmt: skip
+                if m > 1:
+                    em.lines.append(f"{i2}LM_KEEP({name});")
+                vec.memo[w] = (name, "f")
+        shared = _shared_loads(list(bodies.values()))
+        nt = max(len(ts) for ts in terms.values())
+        done = 0
+        try:
+            for t in range(nt):
+                for c, ts in terms.items():
+                    if t >= len(ts):
+                        continue
+                    e, kind = vec.val(ts[t])
+                    if kind != "f":
+                        raise _Unsupported
+                    em.lines.extend(_keep(vec.lines[done:], vec, shared))
+                    done = len(vec.lines)
+                    em.lines.append(f"{i2}{accs[c][t if len(accs[c]) > 1 else 0]} += {e};")
+        except _Unsupported:
+            self.ok = False
+        em.lines.append(f"{bi}  }}")
+
+    def rows(self, m: int, p: int, bi: str) -> None:
+        """Rows ``lm_jo .. lm_jo + m - 1`` by the panel's columns ``0 .. p - 1``, stored."""
+        from ..cstyle import _c_name
+
+        full = self.full
+        for a in range(m):
+            self.out.append(f"{bi}const int64_t {_c_name(full.rows[a])} = lm_jo + {a};")
+        for b0 in range(0, p, PANEL_SUB[1]):
+            self.em.block(partial(self._cells, m, b0, min(PANEL_SUB[1], p - b0), bi))
+
+    def _cells(self, m: int, b0: int, pc: int, bi: str) -> None:
+        em, full = self.em, self.full
+        self.products(m, b0, pc, bi)
+        for a in range(m):
+            for b in range(b0, b0 + pc):
+                x = em.emit(full.values[a][b], bi)
+                self.out.extend(em.lines)
+                em.lines = []
+                at = {self.d: full.rows[a], self.n - 1: full.cols[b]}
+                self.out.append(self.store(_flat(self.k.shape, at), x, bi))
+
+    def columns(self, p: int, iv: str, bi: str) -> None:
+        """Columns ``iv .. iv + p - 1``: their panel, then every row of the task over it."""
+        from ..cstyle import _c_name
+
+        for b in range(p):
+            self.out.append(f"{bi}const int64_t {_c_name(self.full.cols[b])} = {iv} + {b};")
+        self.em.block(lambda: self.fill(p, bi))
+        sub = PANEL_SUB[0]
+        self.out.append(f"{bi}int64_t lm_jo = lm_j0, lm_jr = lm_jn;")
+        self.out.append(f"{bi}for (; lm_jr >= {sub}; lm_jo += {sub}, lm_jr -= {sub}) {{")
+        self.em.block(lambda: self.rows(sub, p, bi + "  "))
+        self.out.append(f"{bi}}}")
+        for q in _digits(sub):
+            self.out.append(f"{bi}if (lm_jr & {q}) {{")
+            self.em.block(partial(self.rows, q, p, bi + "  "))
+            self.out.append(f"{bi}  lm_jo += {q};")
+            self.out.append(f"{bi}}}")
+
+
+def panel_task(
+    em: Emitter,
+    k: K.Kernel,
+    full: Jammed,
+    lo: str,
+    hi: str,
+    store: Callable[[sint, str, str], str],
+    ind: str,
+    csize: int,
+) -> list[str] | None:
+    """The lines of a panel block's task over rows ``lm_j0 .. lm_j0 + lm_jn - 1`` and
+    columns ``lo .. hi``; ``store(flat index, C value, indent)`` writes one element. None
+    (nothing emitted) when a reduction is not a split sum the vector form covers, or the
+    panel exceeds ``PANEL_BYTES``."""
+    groups = _groups(em, full, csize)
+    if groups is None or 4 * csize * sum(g.floats for g in groups) > PANEL_BYTES:
+        return None
+    restore = em.checkpoint()
+    w = _Panel(em, k, full, groups, store)
+    for gi, grp in enumerate(groups):
+        w.out.append(f"{ind}float lm_pw{gi}[{csize}][{grp.floats}] __attribute__((aligned(64)));")
+    iv = f"i{len(k.shape) - 1}"
+    w.out.append(f"{ind}int64_t {iv} = {lo};")
+    w.out.append(f"{ind}for (; {iv} + {csize} <= {hi}; {iv} += {csize}) {{")
+    em.block(lambda: w.columns(csize, iv, ind + "  "))
+    w.out.append(f"{ind}}}")
+    # the last columns one by one (the first column's copies), over a panel of one column
+    w.out.append(f"{ind}for (; {iv} < {hi}; ++{iv}) {{")
+    em.block(lambda: w.columns(1, iv, ind + "  "))
+    w.out.append(f"{ind}}}")
+    em.lines = []
+    if not w.ok:
+        restore()
+        return None
+    return w.out
