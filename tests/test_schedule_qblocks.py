@@ -175,9 +175,14 @@ def test_gpu_targets_ignore_the_cpu_blocks() -> None:
 def test_the_default_jam_halves_where_its_rows_leave_the_l1_cache() -> None:
     # eight f32 rows of k = 576 (18 KiB) fit JAM_ROW_BYTES; of k = 1536 or 4096 they do not
     for k, want in ((576, S.DEFAULT_JAM), (1536, S.DEFAULT_JAM // 2), (4096, S.DEFAULT_JAM // 2)):
+        _, kern = _kernel(_product("Q4_1", 8, 8, k))
+        sched = S.apply(kern).schedule
+        assert sched is not None and sched.jam == want and S.default_jam(kern, 0) == want, k
+        # more rows than a jam: the default block, whose few rows run in the same jams
         _, kern = _kernel(_product("Q4_1", 20, 8, k))
         sched = S.apply(kern).schedule
-        assert sched is not None and sched.jam == want, k
+        assert sched is not None and (sched.jam, sched.jam2) == S.DEFAULT_QBLOCK, k
+        assert S.default_jam(kern, 0) == want, k
     assert S.DEFAULT_JAM * 576 * 4 <= S.JAM_ROW_BYTES < S.DEFAULT_JAM * 1536 * 4
 
 

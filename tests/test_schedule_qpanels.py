@@ -23,9 +23,9 @@ from test_loaders import _random_blocks
 from test_schedule_qblocks import _block, _check, _kernel, _product
 
 RNG = np.random.default_rng(23)
-# 1-4: row jams; 5-7: the panel's row blocks of 4 with every tail; 33, 40: a second task
-ROWS = (1, 2, 3, 4, 5, 6, 7, 9, 33, 40)
-PANELS = [_block(8, 2), _block(PANEL_ROWS, 2), _block(PANEL_ROWS, 4), _block(PANEL_ROWS, 2, 1),
+# 1-8: row jams; 9-15: the panel's row blocks of 4 with every tail; 33, 40: a second task
+ROWS = (1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 15, 17, 33, 40)
+PANELS = [_block(16, 2), _block(PANEL_ROWS, 2), _block(PANEL_ROWS, 4), _block(PANEL_ROWS, 2, 1),
           _block(PANEL_ROWS, 2, 0, 32)]  # fmt: skip
 
 
@@ -52,7 +52,7 @@ def test_panels_match_the_interpreter_at_odd_sizes(fmt: str, sched: K.Schedule) 
 def test_a_panel_dequantizes_each_weight_block_once_per_task() -> None:
     _, kern = _kernel(_product("Q8_0", sym.dim("seq", 1, 64), 16, 64))
     src = _source(kern, _block(PANEL_ROWS, 2))
-    body = src[src.index("if (lm_jr >= 5) {") : src.index("} else {")]
+    body = src[src.index(f"if (lm_jr >= {panel.PANEL_MIN_ROWS}) {{") : src.index("} else {")]
     pair = body[: body.index("for (; i1 < ")]
     fill = pair[: pair.index("int64_t lm_jo = lm_j0")]
     rows = pair[pair.index("for (; lm_jr >= 4;") : pair.index("if (lm_jr & 2) {")]
@@ -72,21 +72,26 @@ def test_few_rows_run_as_row_jams_a_column_at_a_time() -> None:
     _, kern = _kernel(_product("Q4_1", sym.dim("seq", 1, 64), 16, 64))
     src = _source(kern, _block(PANEL_ROWS, 2))
     few = src[src.index("} else {") :]
+    # the default jam of 8 (6-8 rows clamped to one block), then 4, 2, 1
+    assert S.default_jam(kern, 0) == 8
     assert re.findall(r"(while|if) \(lm_jr >= (\d+)\) \{", few) == [
-        ("while", "3"), ("if", "2"), ("if", "1")
+        ("while", "6"), ("if", "3"), ("if", "2"), ("if", "1")
     ]  # fmt: skip
     # one column per step (a block of columns streamed a large weight 2x slower at 1 row)
     assert "const int64_t i1j0 = i1;" in few and "i1j1" not in few
 
 
 def test_a_panel_too_large_for_its_budget_runs_row_jams(monkeypatch) -> None:
-    monkeypatch.setattr(panel, "PANEL_BYTES", 1024)
+    # a panel of 2 x 160 floats and 4 rows of 160 floats: 3840 bytes
     seq = sym.dim("seq", 1, 40)
     g = _product("Q4_1", seq, 21, 160)
     low, kern = _kernel(g)
     sched = _block(PANEL_ROWS, 2)
+    monkeypatch.setattr(panel, "PANEL_BYTES", 3840)
+    assert "lm_pw0" in _source(kern, sched)
+    monkeypatch.setattr(panel, "PANEL_BYTES", 3839)
     src = _source(kern, sched)
-    assert "lm_pw0" not in src and "while (lm_jr >= 3) {" in src
+    assert "lm_pw0" not in src and "while (lm_jr >= 6) {" in src
     cg = lm.load(build_plan(replace(low, kernels=[replace(kern, schedule=sched)])).to_bytes())
     for r in (1, 6, 9, 33):
         x = RNG.standard_normal((r, 160)).astype(np.float32)
@@ -95,7 +100,7 @@ def test_a_panel_too_large_for_its_budget_runs_row_jams(monkeypatch) -> None:
 
 def test_a_panel_per_product_under_a_costly_epilogue() -> None:
     # two products by weights of two formats in one kernel, one under an exp: each its own
-    # panel, the epilogue per element
+    # panel, their sums staged and the epilogue run along the columns
     seq = sym.dim("seq", 1, 40)
     g = lm.Graph("two")
     x, z = g.input("x", (seq, 96)), g.input("z", (seq, 64))
@@ -107,7 +112,7 @@ def test_a_panel_per_product_under_a_costly_epilogue() -> None:
     low, kern = _kernel(g)
     sched = _block(PANEL_ROWS, 2)
     src = _source(kern, sched)
-    assert "lm_pw0" in src and "lm_pw1" in src
+    assert "lm_pw0" in src and "lm_pw1" in src and "lm_red[1][lm_r][" in src
     cg = lm.load(build_plan(replace(low, kernels=[replace(kern, schedule=sched)])).to_bytes())
     for r in ROWS:
         xv = RNG.standard_normal((r, 96)).astype(np.float32)
@@ -118,10 +123,10 @@ def test_a_panel_per_product_under_a_costly_epilogue() -> None:
 
 
 def test_the_panel_rule() -> None:
-    # a block whose accumulators and dequantization do not fit 16 registers, of 5+ rows
-    assert qblock_panel(PANEL_ROWS, 2, 16) and qblock_panel(8, 2, 16)
-    assert not qblock_panel(4, 2, 16) and not qblock_panel(3, 3, 16)
-    assert not qblock_panel(8, 2, 32)  # AVX-512's registers hold it
+    # a block whose accumulators and dequantization do not fit 16 registers, of 9+ rows
+    assert qblock_panel(PANEL_ROWS, 2, 16) and qblock_panel(9, 2, 16)
+    assert not qblock_panel(8, 2, 16) and not qblock_panel(3, 3, 16)
+    assert not qblock_panel(9, 1, 32)  # AVX-512's registers hold it
     # offered where the register block over the panel fits, at PANEL_ROWS rows
     assert qblock_fits(PANEL_ROWS, 2, 16) and qblock_fits(PANEL_ROWS, 4, 16)
     assert not qblock_fits(8, 2, 16) and not qblock_fits(5, 2, 16)

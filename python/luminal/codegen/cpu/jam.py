@@ -18,13 +18,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...compiler import kernel_ir as K
-from ...compiler.schedule import jammed
+from ...compiler.schedule import default_jam, jammed
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import Op
 from ...graph.symbolic import sint
-from ...graph.view import contiguous_strides
-from .vector import BLOCK_LANES, _terms, _Unsupported, _Vec
+from .panel import PANEL_MIN_ROWS, PANEL_SUB, panel_task
+from .vector import (
+    ACC_CHAINS,
+    BLOCK_LANES,
+    _digits,
+    _flat,
+    _keep,
+    _shared_loads,
+    _terms,
+    _Unsupported,
+    _Vec,
+)
 
 if TYPE_CHECKING:
     from ..cstyle import Emitter
@@ -125,11 +135,6 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     return sums
 
 
-# Independent accumulator chains that keep the FMA units busy (2 units x 4 cycles of latency
-# on the AVX2 machines measured): a block of fewer copies splits each copy's addends.
-ACC_CHAINS = 8
-
-
 def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     """The copies ``rs`` of a split float sum (``r = g*ro + ri``: a product by a block-
     quantized weight) in a register block: named native vector accumulators, not an array
@@ -216,31 +221,6 @@ def _divides(u: int, extent: sym.sint) -> bool:
     return u == 1 or isinstance(extent, int) and extent % u == 0
 
 
-def _shared_loads(bodies: list[K.Value]) -> set[K.Load]:
-    """Loads that two or more of ``bodies`` read (a block's rows' or columns' operands)."""
-    users: dict[K.Load, int] = {}
-    for body in bodies:
-        for x in {x for x in K.walk(body) if isinstance(x, K.Load)}:
-            users[x] = users.get(x, 0) + 1
-    return {x for x, n in users.items() if n > 1}
-
-
-def _keep(lines: list[str], vec: _Vec, shared: set[K.Load]) -> list[str]:
-    """``lines`` of ``vec``, the float vectors loaded for ``shared`` loads held in registers
-    (``LM_KEEP``)."""
-    names = {vec.memo[x][0] for x in shared if x in vec.memo}
-    out = []
-    for line in lines:
-        head, _, _ = line.partition(" = ")
-        name = head.rsplit(" ", 1)[-1]
-        if name in names and head.lstrip().startswith("const lm_f32v "):
-            out.append(line.replace("const lm_f32v ", "lm_f32v ", 1))
-            out.append(f"{head[: len(head) - len(head.lstrip())]}LM_KEEP({name});")
-        else:
-            out.append(line)
-    return out
-
-
 # 2-D blocks (rows, columns) the search measures for products of plain sums, where they fit
 # (``block_fits``). Few: each measured one costs a C compile at search time.
 BLOCKS = ((4, 4), (3, 3), (4, 2), (2, 4))
@@ -264,11 +244,9 @@ QBLOCKS = ((4, 2), (8, 2), (4, 4), (PANEL_ROWS, 2), (PANEL_ROWS, 4))
 def qblock_panel(rows: int, cols: int, registers: int) -> bool:
     """Whether a block of ``rows`` x ``cols`` products by a block-quantized weight runs over a
     dequantized panel (``panel.py``): its accumulators and dequantization temporaries do not
-    fit the registers, and it has more rows than one register block over the panel
-    (``PANEL_SUB``). Each weight block is then dequantized once for the task's rows (up to
-    ``rows``) instead of once per register block of 4."""
-    from .panel import PANEL_MIN_ROWS
-
+    fit the registers, and it has rows enough to share the panel (``PANEL_MIN_ROWS``). Each
+    weight block is then dequantized once for the task's rows (up to ``rows``) instead of
+    once per register block."""
     return rows * cols + 2 * cols + 3 > registers and rows >= PANEL_MIN_ROWS
 
 
@@ -278,11 +256,9 @@ def qblock_fits(rows: int, cols: int, registers: int) -> bool:
     scale, plus a row's activation vector, the weight's bytes and a mask. Set by
     bench/rowjam.py (Q4_1 1536 x 576 and Q8_0 12288 x 576, 1 thread, AVX2's 16 registers):
     4 x 2 (15) ran as fast as a jam of 8 or faster at 4-16 rows; 5 x 2 (17), 6 x 2 (19),
-    3 x 3 (18) and 2 x 4 (19) ran 1.1-1.6x slower than 4 x 2. A larger block runs over a
-    dequantized panel (``qblock_panel``, ``panel.py``), offered at ``PANEL_ROWS`` rows, where its register
-    blocks (``PANEL_SUB``) fit."""
-    from .panel import PANEL_SUB
-
+    3 x 3 (18) and 2 x 4 (19) ran 1.1-1.6x slower than 4 x 2. A block of ``PANEL_ROWS``
+    runs over a dequantized panel (``qblock_panel``), where the panel's register blocks
+    (``panel.PANEL_SUB``) fit."""
     if rows * cols + 2 * cols + 3 <= registers:
         return True
     return rows >= PANEL_ROWS and block_fits(*PANEL_SUB, registers)
@@ -392,26 +368,6 @@ def _costly_epilogue(v: K.Value) -> bool:
     reductions."""
     inside = {y for r in K.walk(v) if isinstance(r, K.Reduce) for y in K.walk(r)}
     return any(isinstance(x, K.Alu) and x.op in _COSTLY and x not in inside for x in K.walk(v))
-
-
-def _flat(shape: tuple[sint, ...], at: dict[int, sym.Expr]) -> sint:
-    """The output's flat index with ``at[d]`` as dim ``d``'s index."""
-    out: sint = 0
-    for j, (s, st) in enumerate(zip(shape, contiguous_strides(shape), strict=True)):
-        out = sym.add(out, sym.mul(at.get(j, sym.index_var(j, s)), st))
-    return out
-
-
-def _digits(size: int) -> list[int]:
-    """The block sizes a rest of fewer than ``size`` indices runs in, largest first."""
-    p = 1
-    while p * 2 < size:
-        p *= 2
-    out = []
-    while p >= 1:
-        out.append(p)
-        p //= 2
-    return out
 
 
 def jam_task(
@@ -580,19 +536,20 @@ def jam_task(
     sizes = (size, *_digits(size))
     rind = ind
     if csize > 1 and qblock_panel(size, csize, vector_registers()):
-        from .panel import PANEL_MIN_ROWS, PANEL_SUB, panel_task
-
         em.lines = []
-        got = panel_task(em, k, full, lo, hi, store, ind + "  ", csize)
+        got = panel_task(em, k, full, lo, hi, store, ind + "  ", csize, span if costly else None)
         if got is not None:  # else every row runs in register blocks
             lines.append(f"{ind}if (lm_jr >= {PANEL_MIN_ROWS}) {{")
             lines.extend(got)
             lines.append(f"{ind}}} else {{")
             rind = ind + "  "
-        # the other rows in row jams of up to PANEL_SUB's rows, a column at a time: at 1-2
-        # rows a block of 2 columns streamed a weight larger than the caches 2-2.5x slower
-        # (Q8_0 49152 x 576, 1 thread: 8.3 ms against 3.5 at 1 row)
-        sizes = (PANEL_SUB[0], *_digits(PANEL_SUB[0]))
+        # fewer rows run in the default row jams, a column at a time: the panel's stores and
+        # reloads cost more than a second dequantization up to 8 rows (SmolLM2's batched
+        # step at 8 rows, 1 thread: 44.5 ms against 40.1), and at 1-2 rows a block of 2
+        # columns streamed a weight larger than the caches 2-2.5x slower than one (Q8_0
+        # 49152 x 576: 8.3 ms against 3.5 at 1 row)
+        few = default_jam(k, d)
+        sizes = (few, *_digits(few))
         csize, staged = 1, costly
     # the block's rows in blocks of the binary digits of their count, a block of p taking the
     # rest when at least 3/4 of p is left (its rows past the rest computed, not stored): in

@@ -21,25 +21,36 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ...compiler import kernel_ir as K
-from ...compiler.schedule import Jammed
+from ...compiler.schedule import Jammed, jam_row_bytes
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.symbolic import sint
-from .jam import ACC_CHAINS, _digits, _flat, _keep, _shared_loads
-from .vector import BLOCK_LANES, _terms, _Unsupported, _Vec
+from .vector import (
+    ACC_CHAINS,
+    BLOCK_LANES,
+    _digits,
+    _flat,
+    _keep,
+    _shared_loads,
+    _terms,
+    _Unsupported,
+    _Vec,
+)
 
 if TYPE_CHECKING:
     from ..cstyle import Emitter
 
-# A panel block runs its rows over the panel when at least this many are left: up to 4 rows,
-# one register block dequantizes each weight block once anyway, without the panel's stores
-# and reloads.
-PANEL_MIN_ROWS = 5
+# A panel block runs its rows over the panel when at least this many are left; fewer run in
+# the default row jams (``schedule.default_jam``: up to 8 rows dequantize each weight block
+# once, without the panel's stores and reloads).
+PANEL_MIN_ROWS = 9
 # The register block (rows, columns) of products over the f32 panel: its 8 accumulators and
 # the 6 vectors a step loads fit AVX2's 16 registers (``jam.block_fits``).
 PANEL_SUB = (4, 2)
-# The most bytes of panel a task holds on its stack: the columns' dequantized weight rows,
-# read again by every block of rows, stay in the L1 data cache.
+# The most bytes of panel a task holds on its stack, with the rows of one register block
+# (their operand rows, read again for every column block): both stay in the L1 data cache.
+# Set by the batched step of SmolLM2 (16 rows, 1 thread): its down projection (k = 1536: 12
+# KiB of panel and 24 KiB of rows) ran 1.25x slower over a panel than in row jams of 4.
 PANEL_BYTES = 32 << 10
 # Column blocks ahead whose weight bytes a fill prefetches.
 PANEL_AHEAD = 2
@@ -126,6 +137,7 @@ class _Panel:
         assert k.schedule is not None
         self.d, self.n = k.schedule.jam_dim, len(k.shape)
         self.csize = len(full.cols)
+        self.staged: str | None = None  # the task's first column, where sums are staged
         self.out: list[str] = []
         self.ok = True  # cleared where the vector form does not cover a value
 
@@ -290,8 +302,18 @@ class _Panel:
             self.em.block(partial(self._cells, m, b0, min(PANEL_SUB[1], p - b0), bi))
 
     def _cells(self, m: int, b0: int, pc: int, bi: str) -> None:
+        from ..cstyle import _c_name
+
         em, full = self.em, self.full
         self.products(m, b0, pc, bi)
+        if self.staged is not None:  # the sums wait for the epilogue (``epilogue``)
+            for gi, grp in enumerate(self.groups):
+                for a in range(m):
+                    for b in range(b0, b0 + pc):
+                        cell = f"[lm_jo - lm_j0 + {a}][{_c_name(full.cols[b])} - ({self.staged})]"
+                        name = em.scopes[-1][grp.copies[a][b]]
+                        self.out.append(f"{bi}lm_red[{gi}]{cell} = {name};")
+            return
         for a in range(m):
             for b in range(b0, b0 + pc):
                 x = em.emit(full.values[a][b], bi)
@@ -299,6 +321,30 @@ class _Panel:
                 em.lines = []
                 at = {self.d: full.rows[a], self.n - 1: full.cols[b]}
                 self.out.append(self.store(_flat(self.k.shape, at), x, bi))
+
+    def epilogue(self, iv: str, lo: str, hi: str, bi: str) -> None:
+        """The staged sums' epilogue: row by row of the task, a loop along the columns that
+        the C compiler vectorizes (a SiLU's exp and reciprocal, scalar per element)."""
+        from ..cstyle import _c_name
+
+        em, full = self.em, self.full
+        self.out.append(f"{bi}for (int64_t lm_r = 0; lm_r < lm_jn; ++lm_r) {{")
+        self.out.append(f"{bi}  const int64_t {_c_name(full.rows[0])} = lm_j0 + lm_r;")
+        self.out.append(f"{bi}  #pragma omp simd")
+        self.out.append(f"{bi}  for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+        ei = bi + "    "
+        self.out.append(f"{ei}const int64_t {_c_name(full.cols[0])} = {iv};")
+        em.scopes.append({})
+        for gi, grp in enumerate(self.groups):
+            em.scopes[-1][grp.copies[0][0]] = f"lm_red[{gi}][lm_r][{iv} - ({lo})]"
+        em.lines = []
+        x = em.emit(full.values[0][0], ei)
+        self.out.extend(em.lines)
+        em.lines = []
+        self.out.append(self.store(_flat(self.k.shape, {self.d: full.rows[0]}), x, ei))
+        em.scopes.pop()
+        self.out.append(f"{bi}  }}")
+        self.out.append(f"{bi}}}")
 
     def columns(self, p: int, iv: str, bi: str) -> None:
         """Columns ``iv .. iv + p - 1``: their panel, then every row of the task over it."""
@@ -328,18 +374,29 @@ def panel_task(
     store: Callable[[sint, str, str], str],
     ind: str,
     csize: int,
+    stage: int | None = None,
 ) -> list[str] | None:
     """The lines of a panel block's task over rows ``lm_j0 .. lm_j0 + lm_jn - 1`` and
-    columns ``lo .. hi``; ``store(flat index, C value, indent)`` writes one element. None
-    (nothing emitted) when a reduction is not a split sum the vector form covers, or the
-    panel exceeds ``PANEL_BYTES``."""
+    columns ``lo .. hi``; ``store(flat index, C value, indent)`` writes one element.
+    ``stage``: the task's most columns, where its sums are staged for a costly epilogue
+    (None: each element computed and stored as its sums are made). None (nothing emitted)
+    when a reduction is not a split sum the vector form covers, or the panel and a register
+    block's rows exceed ``PANEL_BYTES``."""
     groups = _groups(em, full, csize)
-    if groups is None or 4 * csize * sum(g.floats for g in groups) > PANEL_BYTES:
+    if groups is None:
+        return None
+    floats = csize * sum(g.floats for g in groups)
+    assert k.schedule is not None
+    if 4 * floats + PANEL_SUB[0] * jam_row_bytes(k, k.schedule.jam_dim) > PANEL_BYTES:
         return None
     restore = em.checkpoint()
     w = _Panel(em, k, full, groups, store)
     for gi, grp in enumerate(groups):
         w.out.append(f"{ind}float lm_pw{gi}[{csize}][{grp.floats}] __attribute__((aligned(64)));")
+    if stage is not None:
+        w.staged = lo
+        rows = len(full.rows)
+        w.out.append(f"{ind}float lm_red[{len(groups)}][{rows}][{stage}];")
     iv = f"i{len(k.shape) - 1}"
     w.out.append(f"{ind}int64_t {iv} = {lo};")
     w.out.append(f"{ind}for (; {iv} + {csize} <= {hi}; {iv} += {csize}) {{")
@@ -349,6 +406,8 @@ def panel_task(
     w.out.append(f"{ind}for (; {iv} < {hi}; ++{iv}) {{")
     em.block(lambda: w.columns(1, iv, ind + "  "))
     w.out.append(f"{ind}}}")
+    if stage is not None:
+        w.epilogue(iv, lo, hi, ind)
     em.lines = []
     if not w.ok:
         restore()

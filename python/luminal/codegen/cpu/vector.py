@@ -21,6 +21,8 @@ from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import COMMUTATIVE, Op
+from ...graph.symbolic import sint
+from ...graph.view import contiguous_strides
 
 if TYPE_CHECKING:
     from ..cstyle import Emitter
@@ -319,3 +321,55 @@ def blocked_sum(em: Emitter, v: K.Reduce, ind: str) -> str | None:
     em.lines.append(f"{ind}for (int {k} = 1; {k} < {sets} * {chunks}; ++{k}) {tot} += {accv}[{k}];")
     em.lines.append(f"{ind}const float {acc} = lm_vsum_f32({tot});")
     return acc
+
+
+# -- helpers of the register blocks (jam.py, panel.py) ----------------------------------------
+
+# Independent accumulator chains that keep the FMA units busy (2 units x 4 cycles of latency
+# on the AVX2 machines measured): a block of fewer copies splits each copy's addends.
+ACC_CHAINS = 8
+
+
+def _shared_loads(bodies: list[K.Value]) -> set[K.Load]:
+    """Loads that two or more of ``bodies`` read (a block's rows' or columns' operands)."""
+    users: dict[K.Load, int] = {}
+    for body in bodies:
+        for x in {x for x in K.walk(body) if isinstance(x, K.Load)}:
+            users[x] = users.get(x, 0) + 1
+    return {x for x, n in users.items() if n > 1}
+
+
+def _keep(lines: list[str], vec: _Vec, shared: set[K.Load]) -> list[str]:
+    """``lines`` of ``vec``, the float vectors loaded for ``shared`` loads held in registers
+    (``LM_KEEP``)."""
+    names = {vec.memo[x][0] for x in shared if x in vec.memo}
+    out = []
+    for line in lines:
+        head, _, _ = line.partition(" = ")
+        name = head.rsplit(" ", 1)[-1]
+        if name in names and head.lstrip().startswith("const lm_f32v "):
+            out.append(line.replace("const lm_f32v ", "lm_f32v ", 1))
+            out.append(f"{head[: len(head) - len(head.lstrip())]}LM_KEEP({name});")
+        else:
+            out.append(line)
+    return out
+
+
+def _flat(shape: tuple[sint, ...], at: dict[int, sym.Expr]) -> sint:
+    """The output's flat index with ``at[d]`` as dim ``d``'s index."""
+    out: sint = 0
+    for j, (s, st) in enumerate(zip(shape, contiguous_strides(shape), strict=True)):
+        out = sym.add(out, sym.mul(at.get(j, sym.index_var(j, s)), st))
+    return out
+
+
+def _digits(size: int) -> list[int]:
+    """The block sizes a rest of fewer than ``size`` indices runs in, largest first."""
+    p = 1
+    while p * 2 < size:
+        p *= 2
+    out = []
+    while p >= 1:
+        out.append(p)
+        p //= 2
+    return out
