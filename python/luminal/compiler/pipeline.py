@@ -95,8 +95,10 @@ def _tuner(c: Compilation) -> Tuner | None:
         return None
     if c.tuner is None:
         t = c.target
+        schedules = t.searches_schedules and flags.SEARCH_SCHEDULES.get() != "0"
         c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants,
-                        getattr(t, "prepare", None), races=getattr(t, "races", False))  # fmt: skip
+                        getattr(t, "prepare", None), races=getattr(t, "races", False),
+                        schedules=schedules)  # fmt: skip
     return c.tuner
 
 

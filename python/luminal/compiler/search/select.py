@@ -37,7 +37,7 @@ from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
 from .cost import estimate
 from .gemm import GemmAlternative, match_any, match_qdot
-from .tuner import Candidate, Timing, Tuner, sub_fingerprint
+from .tuner import Candidate, Timing, Tuner, smallest_dims, sub_fingerprint
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
 MIN_GEMM_WORK = 1 << 15
@@ -47,6 +47,12 @@ REPRESENTATIVE_DIM = 256
 # SmolLM2's 576 x 576 projection, whose dequantized copy + GEMM lost 1.17x at one token in the
 # search and about 1.4x in decode (0.55 ms against 0.39)
 SPLIT_LOSS = 1.1
+# an option the cost model estimates this many times the cheapest, at the representative and
+# at the smallest sizes, is not measured. Set by SmolLM2's decode and prefill plans (2 threads,
+# AVX2): over their 16 generated-or-library choices every option estimated 2.2x the cheapest
+# or more measured 1.9-120x slower than the fastest (dequantized copies + GEMMs of Q4_1
+# weights, generated f32 GEMMs), and every winner was estimated within 1.4x of the cheapest
+DECISIVE = 2.0
 
 Step = K.Kernel | K.LibCall
 # measure(lowered_subprogram, dims) -> median seconds (or a Timing with the outputs)
@@ -179,15 +185,16 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     dims = representative_dims(low)
     provisional = list(low.buffers)
     plans: list[_Choice | None] = []
-    decisions: dict[str, list[Candidate]] = {}
+    decisions: dict[str, _Decision | None] = {}
     for kern in low.kernels:
         choice = _options(low, kern, provisional, tuner, dims)
         plans.append(choice)
         if choice is not None:
             provisional += choice.extra
             if choice.key not in decisions:
-                decisions[choice.key] = _candidates(low, provisional, choice, tuner, dims)
-    tuner.prefetch([("gemm", dims, cands[0].sub, cands) for cands in decisions.values()])
+                cands = _candidates(low, provisional, choice, tuner, dims)
+                decisions[choice.key] = _decision(low, choice, cands, tuner, dims)
+    tuner.prefetch([("gemm", dims, d.reference, d.cands) for d in decisions.values() if d])
     steps: list[Step] = []
     buffers = list(low.buffers)
     memo: dict[str, list[tuple[str, tuple[str, int, int] | None]]] = {}
@@ -196,7 +203,8 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
             steps.append(kern)
             continue
         if choice.key not in memo:
-            memo[choice.key] = _decide(decisions[choice.key], tuner, dims, kern.name)
+            d = decisions[choice.key]
+            memo[choice.key] = [("generated", None)] if d is None else _decide(d, tuner, kern.name)
         payloads = dict(choice.options)
         picks = [(payloads[label], when) for label, when in memo[choice.key]]
         added = False
@@ -318,6 +326,16 @@ def _renumbered(step: Step, ids: dict[int, int]) -> Step:
                    scatter_row=row)  # fmt: skip
 
 
+@dataclass
+class _Decision:
+    """One library-call choice to measure: the candidates within ``DECISIVE`` of the cheapest
+    estimate, and the program the kept one is checked against."""
+
+    cands: list[Candidate]
+    reference: Lowered
+    dims: dict[str, int]
+
+
 def _candidates(
     low: Lowered, buffers: list[BufferInfo], choice: _Choice, tuner: Tuner, dims: dict[str, int]
 ) -> list[Candidate]:
@@ -334,19 +352,41 @@ def _candidates(
     return cands
 
 
-def _decide(
-    cands: list[Candidate], tuner: Tuner, dims: dict[str, int], name: str
-) -> list[tuple[str, tuple[str, int, int] | None]]:
+def _decision(
+    low: Lowered, choice: _Choice, cands: list[Candidate], tuner: Tuner, dims: dict[str, int]
+) -> _Decision | None:
+    """The options of ``cands`` the cost model leaves in the running; None when the generated
+    kernel is kept unmeasured: every other option is estimated ``DECISIVE`` times slower at
+    both ends of the range, or only generated kernels are left and the schedule stage chooses
+    their task order anyway."""
+    small = smallest_dims(cands[0].sub, dims)
+    near = {i for i, c in enumerate(cands) if c.cost <= DECISIVE * min(x.cost for x in cands)}
+    if small != dims:
+        at_small = [estimate(c.sub, small, tuner.cost) for c in cands]
+        near |= {i for i, t in enumerate(at_small) if t <= DECISIVE * min(at_small)}
+    kept = [c for i, c in enumerate(cands) if i in near]
+    if all(isinstance(c.payload, K.Kernel) for c in kept) and (len(kept) == 1 or tuner.schedules):
+        return None
+    if kept[0] is cands[0]:
+        return _Decision(kept, cands[0].sub, dims)
+    # the generated kernel is not measured: the kept call is checked against the kernel as
+    # lowered, plain loops that compile in a fraction of the scheduled kernel's time
+    gen = choice.options[0][1]
+    assert isinstance(gen, K.Kernel)
+    plain = replace(gen, schedule=K.Schedule(split=0, jam=0))
+    return _Decision(kept, subprogram(low, [*choice.context, plain]), dims)
+
+
+def _decide(d: _Decision, tuner: Tuner, name: str) -> list[tuple[str, tuple[str, int, int] | None]]:
     """The labels of the candidates to keep, each with the part of the range it runs for."""
-    sub_gen = cands[0].sub
-    chosen, record = tuner.decide(name, "gemm", dims, sub_gen, cands)
-    parts = _split(sub_gen, dims, record)
+    chosen, record = tuner.decide(name, "gemm", d.dims, d.reference, d.cands)
+    parts = _split(d.reference, d.dims, record)
     if parts is None:
         return [(chosen.label, None)]
     picks: list[tuple[str, tuple[str, int, int] | None]] = []
     for rng in parts:
-        part = [replace(c, sub=_narrowed(c.sub, rng)) for c in cands]
-        ref = part[0].sub
+        part = [replace(c, sub=_narrowed(c.sub, rng)) for c in d.cands]
+        ref = part[0].sub if d.reference is d.cands[0].sub else _narrowed(d.reference, rng)
         label = f"{name}[{rng[0]} {rng[1]}..{rng[2]}]"
         picks.append((tuner.choose(label, "gemm", representative_dims(ref), ref, part).label, rng))
     return picks

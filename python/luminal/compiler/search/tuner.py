@@ -336,6 +336,8 @@ class Tuner:
     # measure takes ``cutoff=`` (Target.races): a candidate's first run slower than that is its
     # only one, so a clear loser costs one run instead of its repeats
     races: bool = False
+    # a schedule stage follows that chooses task orders: the library-call choice leaves them
+    schedules: bool = False
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)
@@ -456,7 +458,9 @@ class Tuner:
             return
         subs = []
         for kind, dims, reference, candidates in decisions:
-            if len(candidates) > 1 and self._cached(kind, dims, reference, candidates)[1] is None:
+            if (len(candidates) > 1 or candidates[0].sub is not reference) and self._cached(
+                kind, dims, reference, candidates
+            )[1] is None:
                 subs += _to_prepare(
                     reference, [candidates[i] for i in self._measured(candidates, 0)]
                 )
@@ -484,11 +488,14 @@ class Tuner:
         t0 = time.perf_counter()
         small = smallest_dims(reference, dims)
         small_times: dict[int, float] = {}
-        if self.prepare is not None and len(chosen) > 1:
+        if self.prepare is not None and (len(chosen) > 1 or candidates[0].sub is not reference):
             subs = _to_prepare(reference, [candidates[i] for i in chosen])
             if not all(id(s) in self._ready for s in subs):
                 self.prepare(subs)
         for i in sorted(chosen, key=lambda i: rank[i]):
+            if len(chosen) == 1:  # nothing to compare: only checked
+                timings[i] = Timing(0.0, 0)
+                break
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
             t = self._measure(candidates[i].sub, dims, [x.seconds for x in timings.values()])
@@ -530,7 +537,7 @@ class Tuner:
             "choice": choice,
             "candidates": [
                 {"label": c.label, "rank": rank[i], "cost": c.cost,
-                 "seconds": timings[i].seconds if i in timings else None,
+                 "seconds": timings[i].seconds if timings.get(i, Timing(0.0, 0)).runs else None,
                  "small_seconds": small_times.get(i),
                  "runs": timings[i].runs if i in timings else 0, "verdict": verdicts.get(i)}
                 for i, c in enumerate(candidates)
