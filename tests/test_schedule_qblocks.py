@@ -121,7 +121,7 @@ def test_the_quantized_register_rule() -> None:
 
 
 def test_alternatives_offer_quantized_products_the_quantized_blocks() -> None:
-    _, q = _kernel(_product("Q4_1", 32, 64, 128))
+    _, q = _kernel(_product("Q4_1", 8, 64, 128))
     space = ScheduleSpace(jams=(2, 4), blocks=((3, 3),), qblocks=((4, 2), (1, 2)))
     got = {(s.jam, s.jam2, s.order) for s in S.alternatives(q, space) if s.jam2 > 1}
     assert got == {(4, 2, 0), (4, 2, 1), (0, 2, 0), (0, 2, 1)}
@@ -130,6 +130,17 @@ def test_alternatives_offer_quantized_products_the_quantized_blocks() -> None:
     assert splits == {-1, *space.splits}
     # none where the target offers none
     assert not [s for s in S.alternatives(q, replace(space, qblocks=())) if s.jam2 > 1]
+
+
+def test_rows_longer_than_a_jam_are_offered_no_blocks_of_fewer_rows_than_the_default() -> None:
+    # the default is DEFAULT_QBLOCK; jams and blocks of fewer rows differ from it only at
+    # row counts the search does not measure at
+    _, q = _kernel(_product("Q4_1", sym.dim("batch", 1, 64), 64, 128))
+    assert (S.apply(q).schedule.jam, S.apply(q).schedule.jam2) == S.DEFAULT_QBLOCK  # type: ignore[union-attr]
+    space = ScheduleSpace(jams=(2, 4, 8), qblocks=((4, 2), (1, 2), S.DEFAULT_QBLOCK))
+    alts = S.alternatives(q, space)
+    assert {(s.jam, s.jam2) for s in alts} == {(-1, 0), (0, 0), S.DEFAULT_QBLOCK}
+    assert {s.order for s in alts} == {0, 1} and {s.split for s in alts} == {-1, 0, *space.splits}
 
 
 def test_search_keeps_a_quantized_block_and_the_plan_computes_the_same(

@@ -192,7 +192,7 @@ def test_alternatives_offer_each_kind_of_product_its_blocks() -> None:
     want = {(r if r > 1 else 0, c, o) for r, c in SPACE.blocks for o in SPACE.orders}
     assert SPACE.blocks and blocks == want
     # a quantized product's split sums get the blocks that fit their dequantization
-    _, q = _kernel(_product("Q4_1", 32, 64, 128))
+    _, q = _kernel(_product("Q4_1", 8, 64, 128))
     qb = {(s.jam, s.jam2, s.order) for s in S.alternatives(q, SPACE) if s.jam2 > 1}
     assert SPACE.qblocks and qb == {(r, c, o) for r, c in SPACE.qblocks for o in SPACE.orders}
     # a space without blocks (targets whose renderers have no jams) offers none

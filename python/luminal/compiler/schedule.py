@@ -474,12 +474,18 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         # weight) is larger than a cache and the outer extent is small (a product of few rows)
         out += [K.Schedule(s, c, 1) for c in (0, *space.chunks) for s in (-1, *space.splits)]
     d = jam_dim(k) if space.jams or space.blocks or space.qblocks else None
+    # where the default is DEFAULT_QBLOCK (rows that may exceed a jam), blocks of fewer rows
+    # are not offered: up to a jam's rows they run the default's code or dequantize more
+    # often, past it they dequantize more often, and the search measures at a few rows
+    # (``representative_dims``), where it cannot tell (SmolLM2's batched step: jams of 4
+    # picked at 6 rows ran the 16-row step 1.2x slower than the default)
+    long = d is not None and shared_work(k, d) >= DEFAULT_JAM_SHARED and _default_qblock(k, d)
     if d is not None and space.jams:
         # register blocks of a few rows sharing each load (and dequantization) of a weight;
         # in order 1 a thread's blocks share a chunk of weight rows, for longer products
-        jams = (0, *space.jams)  # none too: the default may jam
+        jams = (0, *([] if long else space.jams))  # none too: the default may jam
         out += [K.Schedule(s, 0, 0, j, d) for j in jams for s in (-1, *space.splits)]
-        if 1 in space.orders:
+        if 1 in space.orders and not long:
             out += [K.Schedule(-1, 0, 1, j, d) for j in space.jams]
     blocks = space.blocks if _plain_sums(k) else space.qblocks if _split_sums(k) else ()
     if blocks and jam2_applies(k):
@@ -489,7 +495,7 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         # faster than the default 16 in bench/rowjam.py's blocks)
         splits = (-1, *space.splits) if blocks is space.qblocks else (-1,)
         for r, c in blocks:
-            if r > 1 and d is None:
+            if r > 1 and d is None or long and r < DEFAULT_QBLOCK[0]:
                 continue
             out += [K.Schedule(s, 0, o, r if r > 1 else 0, d or 0, c)
                     for o in space.orders for s in splits]  # fmt: skip

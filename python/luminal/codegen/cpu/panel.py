@@ -1,11 +1,11 @@
 """Panel blocks of products by block-quantized weights (``jam.qblock_panel``: a
-``ScheduleSpace.qblocks`` block whose accumulators do not fit the registers). A task is up
-to ``jam`` rows by a chunk of columns. For each ``jam2`` columns of the chunk (then column by
-column), the columns' weight rows are dequantized once into an f32 panel on the task's stack,
-then every row's products run over the panel in register blocks of ``PANEL_SUB`` (the
-task's last rows in blocks of 2 and 1): a weight block is dequantized once for all of the
-task's rows, where a register block of 4 rows dequantizes it once per 4 rows, which at 16
-rows and more was most of a product's time.
+``ScheduleSpace.qblocks`` block of more rows than the registers hold). A task is up to ``jam``
+rows by a chunk of columns. Where ``PANEL_MIN_ROWS`` or more rows are left, for each ``jam2``
+columns of the chunk (then column by column) the columns' weight rows are dequantized once
+into an f32 panel on the task's stack, then every row's products run over the panel in
+register blocks of ``PANEL_SUB`` (the last rows in blocks of 2 and 1): a weight block is
+dequantized once for the task's rows, where a row jam or a register block dequantizes it
+once per 4-8 rows. Fewer rows run jam.py's default row jams.
 
 What the panel holds is found from the IR, no format named: the largest subtrees of each
 reduction's body that vary along the lanes but not along the rows (``_row_free``: a weight
