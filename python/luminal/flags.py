@@ -89,8 +89,13 @@ SEARCH_BUDGET = Flag(
     "LUMINAL_SEARCH_BUDGET_S", "60",
     "seconds of measuring per compile; past it, kernels keep their default (unmeasured) form",
 )  # fmt: skip
+# 3: each candidate of a product by a quantized weight costs 1-1.6 s of compile (SmolLM2's
+# panel blocks), a fourth about a quarter of a cold search; over 105 of SmolLM2's schedule
+# decisions (2 threads, a loaded machine) the best of four was within 5% of the best of the
+# first three in 77, 5-20% faster in 24 (about the spread of repeated measurements there),
+# up to 1.6x in 4 (kernels of 16-600 us)
 SEARCH_CANDIDATES = Flag(
-    "LUMINAL_SEARCH_CANDIDATES", "4",
+    "LUMINAL_SEARCH_CANDIDATES", "3",
     "alternatives measured per kernel (the best by the cost model; the default always)",
 )  # fmt: skip
 SEARCH_MEASURE_MS = Flag(
