@@ -7,6 +7,7 @@ products it measured, and says which).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ...graph import symbolic as sym
@@ -16,6 +17,26 @@ from ..schedule import JAM_ROW_BYTES, apply, jam_row_bytes
 from ..target import CostModel
 
 DEFAULT = CostModel()
+
+# kernels with their schedule applied, by kernel object (held with the entry, so its id is not
+# reused while the entry lives): the search estimates each candidate at two sizes and groups
+# it by its resolved schedule, and applying a schedule rewrites the whole value tree
+APPLIED_KEPT = 1024
+_APPLIED: OrderedDict[int, tuple[K.Kernel, K.Kernel]] = OrderedDict()
+
+
+def applied(k: K.Kernel) -> K.Kernel:
+    """``schedule.apply(k)``, kept."""
+    hit = _APPLIED.get(id(k))
+    if hit is not None and hit[0] is k:
+        _APPLIED.move_to_end(id(k))
+        return hit[1]
+    out = apply(k)
+    assert isinstance(out, K.Kernel)
+    _APPLIED[id(k)] = (k, out)
+    if len(_APPLIED) > APPLIED_KEPT:
+        _APPLIED.popitem(last=False)
+    return out
 
 
 def _num(e: sym.sint, dims: dict[str, int]) -> float:
@@ -107,8 +128,7 @@ def estimate(sub: Lowered, dims: dict[str, int], m: CostModel = DEFAULT) -> floa
                 flops *= _num(f.get(name, 1), dims)  # type: ignore[arg-type]
             total += flops / (m.ops * m.library_speedup)
             continue
-        k = apply(step)
-        assert isinstance(k, K.Kernel)
+        k = applied(step)
         points = 1.0
         for s in k.shape:
             points *= _num(s, dims)

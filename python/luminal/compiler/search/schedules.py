@@ -18,7 +18,7 @@ from ... import flags
 from .. import kernel_ir as K
 from ..lower import Lowered
 from ..schedule import alternatives, apply
-from .cost import estimate
+from .cost import applied, estimate
 from .select import Step, representative_dims, subprogram
 from .tuner import Candidate, Tuner, spread, sub_fingerprint
 
@@ -115,7 +115,9 @@ def _candidates(
     cands = []
     for label, k in options:
         sub = subprogram(low, [k])
-        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k, _group(k)))
+        cut = sub.kernels[0]
+        assert isinstance(cut, K.Kernel)
+        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), k, _group(cut)))
     # the default first (alternatives lists it first), the rest in the order the tuner
     # measures them (``spread``: by cost, ties spread over distinct structures); a schedule
     # that renders as one already kept is dropped and not counted as picked, so the tuner,
@@ -150,7 +152,7 @@ def _candidates(
 def _group(k: K.Kernel) -> tuple[Hashable, ...]:
     """A schedule's structure for ``spread``, coarse to fine: its register block (jammed dim,
     rows, columns; the default rule's resolved), task order, split, chunk."""
-    s = _applied(k).schedule or K.Schedule()
+    s = applied(k).schedule or K.Schedule()
     block = (s.jam_dim if s.jam > 1 else 0, max(s.jam, 1), max(s.jam2, 1))
     return (block, s.order, s.split, s.chunk)
 
