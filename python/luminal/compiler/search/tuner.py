@@ -11,7 +11,8 @@ reference sub-program (the kernel as lowered, before any rewrite of the search).
    the caller's runtime path; a candidate whose first run exceeds ``LUMINAL_SEARCH_MEASURE_MS``
    is run once, and so is one whose first run is ``RACE_MARGIN`` times the fastest so far
    (on targets that race); past ``LUMINAL_SEARCH_BUDGET_S`` of measuring in one compile,
-   kernels keep their default, unmeasured and uncached;
+   kernels keep their default, unmeasured and uncached; a lone candidate (the caller's cost
+   model left no other) is not timed, only checked;
 3. checks the fastest against the reference's outputs on the same seeded random inputs; a
    mismatch drops it (a warning at ``LUMINAL_DEBUG>=1``) and the next fastest is checked;
 4. caches the timings, verdicts and choice.
