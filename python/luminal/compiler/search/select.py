@@ -48,10 +48,11 @@ REPRESENTATIVE_DIM = 256
 # search and about 1.4x in decode (0.55 ms against 0.39)
 SPLIT_LOSS = 1.1
 # an option the cost model estimates this many times the cheapest, at the representative and
-# at the smallest sizes, is not measured. Set by SmolLM2's decode and prefill plans (2 threads,
-# AVX2): over their 16 generated-or-library choices every option estimated 2.2x the cheapest
-# or more measured 1.9-120x slower than the fastest (dequantized copies + GEMMs of Q4_1
-# weights, generated f32 GEMMs), and every winner was estimated within 1.4x of the cheapest
+# at the smallest sizes, is not measured. Set by SmolLM2's decode and prefill plans (2 threads
+# of the development machine): over their 16 generated-or-library choices every option
+# estimated 2.2x the cheapest or more measured 1.9-120x slower than the fastest (dequantized
+# copies + GEMMs of Q4_1 weights, generated f32 GEMMs), and every winner was estimated within
+# 1.4x of the cheapest
 DECISIVE = 2.0
 
 Step = K.Kernel | K.LibCall
