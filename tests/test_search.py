@@ -263,18 +263,10 @@ def test_the_cpu_cost_model_ranks_products_as_they_measured(fmt, rows, n, k, fir
     # the GEMM (targets/cpu.py: reduce_speedup): the measured-first candidate ranks first
     from luminal.compiler.pipeline import graph_passes
     from luminal.compiler.search.tuner import Tuner
-    from luminal.loaders import quants
     from luminal.targets.cpu import COST
-    from test_loaders import _random_blocks
+    from test_search_rules import _product
 
-    g = lm.Graph("product")
-    x = g.input("x", (rows, k))
-    if fmt == "f32":
-        w = g.weight("w", data=rand(n, k))
-    else:
-        w = quants.quantized_weight(g, "w", fmt, _random_blocks(fmt, n, k).reshape(-1), (n, k))
-    g.output("y", x @ w.transpose(0, 1))
-    low = lower(graph_passes(g))
+    low = lower(graph_passes(_product(fmt, rows, n, k)))
     t = Tuner(lambda s, d: 1.0, "test", cost=COST)
     dims = select.representative_dims(low)
     buffers = list(low.buffers)

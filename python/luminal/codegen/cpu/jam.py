@@ -27,9 +27,9 @@ from .panel import PANEL_MIN_ROWS, PANEL_SUB, panel_task
 from .vector import (
     ACC_CHAINS,
     BLOCK_LANES,
+    _accumulate,
     _digits,
     _flat,
-    _keep,
     _shared_loads,
     _terms,
     _Unsupported,
@@ -185,18 +185,9 @@ def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
         i2 = ind + "    "
         em.lines.append(f"{ind}  for ({em.index_type} {ri} = 0; {ri} < {g}; {ri} += LM_VL) {{")
         vec = _Vec(em, inner0.var, i2)
-        done = 0
         try:
-            for t in range(nt):
-                for j, ts in enumerate(at):
-                    if t >= len(ts):
-                        continue
-                    x, kind = vec.val(ts[t])
-                    if kind != "f":
-                        raise _Unsupported
-                    em.lines.extend(_keep(vec.lines[done:], vec, shared))
-                    done = len(vec.lines)
-                    em.lines.append(f"{i2}{accs[j][u * per + (t if per > 1 else 0)]} += {x};")
+            _accumulate(em, vec, list(enumerate(at)),
+                        lambda j, t: accs[j][u * per + (t if per > 1 else 0)], shared, i2)  # fmt: skip
         except _Unsupported:
             ok = False
             return

@@ -28,9 +28,9 @@ from ...graph.symbolic import sint
 from .vector import (
     ACC_CHAINS,
     BLOCK_LANES,
+    _accumulate,
     _digits,
     _flat,
-    _keep,
     _shared_loads,
     _terms,
     _Unsupported,
@@ -274,19 +274,9 @@ class _Panel:
                     em.lines.append(f"{i2}LM_KEEP({name});")
                 vec.memo[w] = (name, "f")
         shared = _shared_loads(list(bodies.values()))
-        nt = max(len(ts) for ts in terms.values())
-        done = 0
         try:
-            for t in range(nt):
-                for c, ts in terms.items():
-                    if t >= len(ts):
-                        continue
-                    e, kind = vec.val(ts[t])
-                    if kind != "f":
-                        raise _Unsupported
-                    em.lines.extend(_keep(vec.lines[done:], vec, shared))
-                    done = len(vec.lines)
-                    em.lines.append(f"{i2}{accs[c][t if len(accs[c]) > 1 else 0]} += {e};")
+            _accumulate(em, vec, list(terms.items()),
+                        lambda c, t: accs[c][t if len(accs[c]) > 1 else 0], shared, i2)  # fmt: skip
         except _Unsupported:
             self.ok = False
         em.lines.append(f"{bi}  }}")

@@ -15,7 +15,8 @@ the caller then writes the scalar loop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from ...compiler import kernel_ir as K
 from ...graph import dtypes as dt
@@ -337,6 +338,32 @@ def _shared_loads(bodies: list[K.Value]) -> set[K.Load]:
         for x in {x for x in K.walk(body) if isinstance(x, K.Load)}:
             users[x] = users.get(x, 0) + 1
     return {x for x, n in users.items() if n > 1}
+
+
+_Key = TypeVar("_Key")
+
+
+def _accumulate(
+    em: Emitter,
+    vec: _Vec,
+    cells: Sequence[tuple[_Key, list[K.Value]]],
+    acc: Callable[[_Key, int], str],
+    shared: set[K.Load],
+    ind: str,
+) -> None:
+    """``acc(key, t) += term t`` for each cell's terms, term by term across the cells (their
+    chains interleave); raises ``_Unsupported`` where a term is not a float vector."""
+    done = 0
+    for t in range(max((len(ts) for _, ts in cells), default=0)):
+        for key, ts in cells:
+            if t >= len(ts):
+                continue
+            x, kind = vec.val(ts[t])
+            if kind != "f":
+                raise _Unsupported
+            em.lines.extend(_keep(vec.lines[done:], vec, shared))
+            done = len(vec.lines)
+            em.lines.append(f"{ind}{acc(key, t)} += {x};")
 
 
 def _keep(lines: list[str], vec: _Vec, shared: set[K.Load]) -> list[str]:
