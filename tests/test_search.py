@@ -157,10 +157,10 @@ def test_a_range_whose_ends_want_other_programs_is_split(bias, tmp_path, monkeyp
 
     chosen = select.choose_library_calls(low, measure, "test")
     # the lines cross at n = 50 / 1.9 = 26.3: the generated kernel up to 26, the call after
-    gens = [s for s in chosen.kernels if isinstance(s, K.Kernel) and s.when == ("seq", 1, 26)]
+    gens = [s for s in chosen.kernels if isinstance(s, K.Kernel) and s.when == (("seq",), 1, 26)]
     libs = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
     assert len(gens) == 1 and gens[0].name == low.kernels[0].name
-    assert [c.when for c in libs] == [("seq", 27, 4096)]
+    assert [c.when for c in libs] == [(("seq",), 27, 4096)]
     assert all(s.when is not None for s in chosen.kernels)
     plan = build_plan(chosen, "mm")
     assert " when " in plan.describe()
@@ -175,6 +175,41 @@ def test_a_range_whose_ends_want_other_programs_is_split(bias, tmp_path, monkeyp
     ex = lm.load(merged.to_bytes())
     for s in (1, 27, 99, 100, 150):
         a = rand(s, 64)
+        np.testing.assert_allclose(
+            ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
+        )
+
+
+def test_a_range_of_two_free_dims_is_split_on_their_product(tmp_path, monkeypatch):
+    """batch x seq rows: which program wins follows the rows, so the parts are ranges of the
+    product (a batch of sentences, one long sentence), not of one dim."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    g = lm.Graph("bmm")
+    batch, seq = lm.dim("batch", 1, 64), lm.dim("seq", 1, 128)
+    x = g.input("x", (batch, seq, 64))
+    w = g.weight("w", data=rand(48, 64))
+    g.output("y", (x.unsqueeze(2) * w.unsqueeze(0).unsqueeze(0)).sum(-1))
+    low = lower(g)
+    sizes: list[tuple[int, int]] = []
+
+    def measure(sub, dims):
+        sizes.append((dims["batch"], dims["seq"]))
+        n = dims["batch"] * dims["seq"]
+        if any(isinstance(s, K.LibCall) for s in sub.kernels):
+            return 50e-6 + 0.1e-6 * n
+        return 2e-6 * n
+
+    chosen = select.choose_library_calls(low, measure, "test")
+    gens = [s for s in chosen.kernels if isinstance(s, K.Kernel) and s.when is not None]
+    libs = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
+    assert [s.when for s in gens] == [(("batch", "seq"), 1, 26)]
+    assert [c.when for c in libs] == [(("batch", "seq"), 27, 64 * 128)]
+    # each part is measured at sizes inside it
+    assert any(b * s_ <= 26 and b * s_ > 1 for b, s_ in sizes)
+    assert any(b * s_ == 27 for b, s_ in sizes)
+    ex = lm.load(build_plan(chosen, "bmm").to_bytes())
+    for b, s_ in ((1, 1), (2, 13), (3, 9), (1, 27), (5, 40)):
+        a = rand(b, s_, 64)
         np.testing.assert_allclose(
             ex.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4
         )

@@ -10,6 +10,7 @@ Renderers in codegen/ turn kernels into source for each target; nothing here nam
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,22 @@ class SoftmaxSum:
 
 Value = Load | Const | IndexVal | Alu | Cast | Masked | Reduce | Gather | SoftmaxSum
 
+# A step's condition ``(dims, lo, hi)``: it runs only where lo <= the product of the dims
+# <= hi. A product, not one dim: a batch of sequences has batch x seq rows, and which program
+# is faster follows the rows.
+When = tuple[tuple[str, ...], int, int]
+
+
+def when_label(when: When) -> str:
+    """``when`` as part of an identifier: ``seq27``, ``batch_seq27``."""
+    return f"{'_'.join(when[0])}{when[1]}"
+
+
+def part_of(steps: Sequence[Kernel | LibCall]) -> When | None:
+    """The condition every one of ``steps`` runs under, or None (none, or not all the same)."""
+    whens = {s.when for s in steps}
+    return whens.pop() if len(whens) == 1 else None
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -199,9 +216,9 @@ class Kernel:
     # the value holds the schedule's loop rewrites already (compiler/schedule.py::apply, which
     # code generation calls too: a cut-out program is measured as the plan will run it)
     scheduled: bool = False
-    # (dim, lo, hi): runs only where lo <= dim <= hi (the search kept another program for the
-    # rest of the dim's range, compiler/search/select.py); None: always
-    when: tuple[str, int, int] | None = None
+    # runs only where its condition holds (the search kept another program for the rest of
+    # the range, compiler/search/select.py); None: always
+    when: When | None = None
 
     def verify(self) -> None:
         """Check dtypes and variable scoping of the value tree."""
@@ -470,7 +487,7 @@ class LibCall:
     fields: dict[str, sint | float]
     args: list[int]
     out: int
-    when: tuple[str, int, int] | None = None  # as Kernel.when
+    when: When | None = None  # as Kernel.when
 
     def verify(self) -> None:
         if self.out not in self.args:

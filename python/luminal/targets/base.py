@@ -29,13 +29,15 @@ class Launchable:
     block: tuple
 
 
-def _condition(low: Lowered, when: tuple[str, int, int] | None) -> sym.sint | None:
-    """A step's ``when`` (dim, lo, hi) as the plan's condition: None where it always holds."""
+def _condition(low: Lowered, when: K.When | None) -> sym.sint | None:
+    """A step's ``when`` (dims, lo, hi) as the plan's condition: None where it always holds."""
     if when is None:
         return None
-    name, lo, hi = when
-    d = low.dims[name]
-    cond = sym.logical_and(sym.lt(lo - 1, d), sym.lt(d, hi + 1))
+    names, lo, hi = when
+    n: sym.sint = 1
+    for name in names:
+        n = sym.mul(n, low.dims[name])
+    cond = sym.logical_and(sym.lt(lo - 1, n), sym.lt(n, hi + 1))
     return None if cond == 1 else cond
 
 

@@ -37,7 +37,7 @@ from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
 from .cost import estimate
 from .gemm import GemmAlternative, match_any, match_qdot
-from .tuner import Candidate, Timing, Tuner, smallest_dims, sub_fingerprint
+from .tuner import Candidate, Timing, Tuner, fit_product, smallest_dims, sub_fingerprint
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
 MIN_GEMM_WORK = 1 << 15
@@ -67,15 +67,27 @@ def representative_dims(low: Lowered) -> dict[str, int]:
     candidate, at a size the model rarely sees."""
     free = [n for n, d in low.dims.items() if d.hi > d.lo]
     each = max(1, int(round(REPRESENTATIVE_DIM ** (1 / max(len(free), 1)))))
-    return {n: min(max(each, d.lo), d.hi) for n, d in low.dims.items()}
+    out = {n: min(max(each, d.lo), d.hi) for n, d in low.dims.items()}
+    return fit_product(out, K.part_of(low.kernels), low.dims)
 
 
-def restricted(dims: dict[str, sym.Expr], when: tuple[str, int, int] | None) -> dict[str, sym.Expr]:
-    """``dims`` with the dim of ``when`` narrowed to its range."""
+def restricted(dims: dict[str, sym.Expr], when: K.When | None) -> dict[str, sym.Expr]:
+    """``dims`` with the dims of ``when`` narrowed to its range: exactly for one dim; for a
+    product, each dim to the values some point of the part has (the part itself is kept with
+    the steps, which ``representative_dims`` and ``smallest_dims`` measure within)."""
     if when is None:
         return dict(dims)
-    name, lo, hi = when
-    return {**dims, name: sym.dim(name, lo, hi)}
+    names, lo, hi = when
+    out = dict(dims)
+    for n in names:
+        others_lo = others_hi = 1
+        for m in names:
+            if m != n:
+                others_lo *= max(dims[m].lo, 1)
+                others_hi *= dims[m].hi
+        d = dims[n]
+        out[n] = sym.dim(n, max(d.lo, -(-lo // others_hi)), min(d.hi, hi // others_lo))
+    return out
 
 
 def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] = ()) -> Lowered:
@@ -109,8 +121,7 @@ def subprogram(low: Lowered, steps: Sequence[Step], extra: Sequence[BufferInfo] 
             row = K.remap_buffers(s.scatter_row, ids) if s.scatter_row is not None else None
             new_steps.append(replace(s, value=cut_value(s.value, ids), out=ids[s.out],
                                      scatter_row=row))  # fmt: skip
-    whens = {s.when for s in steps}
-    dims = restricted(low.dims, whens.pop() if len(whens) == 1 else None)
+    dims = restricted(low.dims, K.part_of(steps))
     return Lowered(new_bufs, new_steps, dims, {})  # type: ignore[arg-type]
 
 
@@ -198,7 +209,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     tuner.prefetch([("gemm", dims, d.reference, d.cands) for d in decisions.values() if d])
     steps: list[Step] = []
     buffers = list(low.buffers)
-    memo: dict[str, list[tuple[str, tuple[str, int, int] | None]]] = {}
+    memo: dict[str, list[tuple[str, K.When | None]]] = {}
     for kern, choice in zip(low.kernels, plans, strict=True):
         if choice is None:
             steps.append(kern)
@@ -215,7 +226,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                 # a part after the first keeps a generated kernel under a name of its own:
                 # its code may differ from the first part's (another task order)
                 name = payload.name if when is None or when is picks[0][1] else (
-                    f"{payload.name}_{when[0]}{when[1]}"
+                    f"{payload.name}_{K.when_label(when)}"
                 )  # fmt: skip
                 steps.append(replace(payload, when=when, name=name))
                 continue
@@ -378,41 +389,45 @@ def _decision(
     return _Decision(kept, subprogram(low, [*choice.context, plain]), dims)
 
 
-def _decide(d: _Decision, tuner: Tuner, name: str) -> list[tuple[str, tuple[str, int, int] | None]]:
+def _decide(d: _Decision, tuner: Tuner, name: str) -> list[tuple[str, K.When | None]]:
     """The labels of the candidates to keep, each with the part of the range it runs for."""
     chosen, record = tuner.decide(name, "gemm", d.dims, d.reference, d.cands)
     parts = _split(d.reference, d.dims, record)
     if parts is None:
         return [(chosen.label, None)]
-    picks: list[tuple[str, tuple[str, int, int] | None]] = []
+    picks: list[tuple[str, K.When | None]] = []
     for rng in parts:
         part = [replace(c, sub=_narrowed(c.sub, rng)) for c in d.cands]
         ref = part[0].sub if d.reference is d.cands[0].sub else _narrowed(d.reference, rng)
-        label = f"{name}[{rng[0]} {rng[1]}..{rng[2]}]"
+        label = f"{name}[{'*'.join(rng[0])} {rng[1]}..{rng[2]}]"
         picks.append((tuner.choose(label, "gemm", representative_dims(ref), ref, part).label, rng))
     return picks
 
 
-def _narrowed(sub: Lowered, when: tuple[str, int, int]) -> Lowered:
-    return replace(sub, dims=restricted(sub.dims, when))
+def _narrowed(sub: Lowered, when: K.When) -> Lowered:
+    """``sub`` run for the part ``when`` only (measured within it)."""
+    steps = [replace(s, when=when) for s in sub.kernels]
+    return replace(sub, kernels=steps, dims=restricted(sub.dims, when))
 
 
-def _split(
-    sub: Lowered, dims: dict[str, int], record: dict | None
-) -> list[tuple[str, int, int]] | None:
-    """The two parts of the range of the one free dim of the kernel cut out as ``sub`` to
-    decide apart (see the module doc), or None. Each candidate's time is taken as linear in the
-    dim through its two measurements; the parts meet where the small-end winner's line crosses
-    the representative winner's."""
+def _split(sub: Lowered, dims: dict[str, int], record: dict | None) -> list[K.When] | None:
+    """The two parts of the range of the kernel cut out as ``sub`` to decide apart (see the
+    module doc), or None. The range is of the product of its free dims (its rows: batch x
+    seq); each candidate's time is taken as linear in the product through its two
+    measurements, and the parts meet where the small-end winner's line crosses the
+    representative winner's."""
     shapes = [k.shape for k in sub.kernels if isinstance(k, K.Kernel)] + [
         b.shape for b in sub.buffers
     ]
     used = {v.name for shape in shapes for v in sym.free_dims(shape)}
-    free = [n for n, d in sub.dims.items() if d.hi > d.lo and n in used]
-    if record is None or len(free) != 1:
+    free = tuple(sorted(n for n, d in sub.dims.items() if d.hi > d.lo and n in used))
+    if record is None or not free:
         return None
-    name, d = free[0], sub.dims[free[0]]
-    n0, n1 = max(d.lo, 1), dims[name]
+    n0 = n1 = lo = hi = 1
+    small = smallest_dims(sub, dims)
+    for n in free:
+        n0, n1 = n0 * small[n], n1 * dims[n]
+        lo, hi = lo * sub.dims[n].lo, hi * sub.dims[n].hi
     timed = [c for c in record["candidates"] if c["seconds"] and c.get("small_seconds")]
     if n1 <= n0 + 1 or len(timed) < 2:
         return None
@@ -435,4 +450,4 @@ def _split(
     (a_s, b_s), (a_r, b_r) = line(at_small), line(at_rep)
     cross = (a_r - a_s) / (b_s - b_r) if b_s > b_r else (n0 * n1) ** 0.5
     t = min(max(int(cross) + 1, n0 + 1), n1)
-    return [(name, d.lo, t - 1), (name, t, d.hi)]
+    return [(free, lo, t - 1), (free, t, hi)]

@@ -131,8 +131,45 @@ def spread_order(
 
 def smallest_dims(sub: Lowered, dims: Mapping[str, int]) -> dict[str, int]:
     """``dims`` with every symbolic dim at its smallest value (a decode step's one token): a
-    plan serves its whole range, so a choice is measured at both ends of it."""
-    return {n: (max(sub.dims[n].lo, 1) if n in sub.dims else v) for n, v in dims.items()}
+    plan serves its whole range, so a choice is measured at both ends of it. A program that
+    runs for a part of a product of dims (``Kernel.when``) is measured within that part."""
+    low = {n: (max(sub.dims[n].lo, 1) if n in sub.dims else v) for n, v in dims.items()}
+    return fit_product(low, K.part_of(sub.kernels), sub.dims)
+
+
+def fit_product(
+    dims: Mapping[str, int], when: K.When | None, box: Mapping[str, sym.Expr]
+) -> dict[str, int]:
+    """``dims`` moved (each within its range in ``box``) so that the product of the dims of
+    ``when`` lies in its range: the largest dim shrinks while the product is above it, the
+    smallest grows while below. Unchanged for no condition or a one-dim one (the dim's own
+    range says it)."""
+    out = dict(dims)
+    if when is None or len(when[0]) < 2:
+        return out
+    names, lo, hi = [n for n in when[0] if n in out], when[1], when[2]
+
+    def prod() -> int:
+        p = 1
+        for n in names:
+            p *= out[n]
+        return p
+
+    while prod() > hi:
+        movable = [n for n in names if out[n] > max(box[n].lo, 1)]
+        if not movable:
+            break
+        n = max(movable, key=lambda n: out[n])
+        rest = prod() // out[n]
+        out[n] = max(max(box[n].lo, 1), min(out[n] - 1, hi // rest))
+    while prod() < lo:
+        movable = [n for n in names if out[n] < box[n].hi]
+        if not movable:
+            break
+        n = min(movable, key=lambda n: out[n])
+        rest = prod() // out[n]
+        out[n] = min(box[n].hi, max(out[n] + 1, -(-lo // rest)))
+    return out
 
 
 def _scores(rep: Mapping[int, float], small: Mapping[int, float]) -> dict[int, float]:
