@@ -171,3 +171,42 @@ def test_prompts_as_rows_of_one_step(backend: str, fold: bool) -> None:
                 np.testing.assert_allclose(out[k], want.reshape(-1), rtol=1e-4, atol=1e-4)
                 fed[i] += 1
                 last[i] = int(np.argmax(out[k]))
+
+
+@pytest.mark.parametrize("backend", ["interp", "compiled"])
+def test_dense_decode_matches_per_sequence_sessions(backend: str) -> None:
+    """The decode-only plan (row i is slot i, histories read in place): logits and greedy
+    tokens of per-sequence sessions, at every batch size up to the slots, while the slots
+    past the batch keep their rows untouched."""
+    model = tiny_llama()
+    bd = BatchedDecoder(model, slots=4)
+    dense = BatchedDecoder(model, slots=4, dense=True)
+    assert dense.rows == 4 and dense.cache_key() != bd.cache_key()
+    runner = dense.runner(backend)
+    cache = bd.new_cache()
+    for a in cache.values():
+        a[...] = 1e3
+    prompts = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12, 13], [3, 3]]
+    prefill = LlamaSession(model, backend, prefill_min=None)
+    refs = [LlamaSession(model, backend, prefill_min=None) for _ in prompts]
+    toks = []
+    for s, (p, ref) in enumerate(zip(prompts, refs, strict=True)):
+        got = bd.prefill(prefill, cache, s, p)
+        np.testing.assert_allclose(got, ref.forward(p), rtol=1e-4, atol=1e-4)
+        toks.append(int(np.argmax(got)))
+    pos = [len(p) for p in prompts]
+    for n in (4, 4, 2, 3, 1):
+        before = {k: a[n * model.ctx :].copy() for k, a in cache.items()}
+        out = dense.step(runner, cache, toks[:n], pos[:n], list(range(n)))
+        assert out.shape == (n, model.config.vocab_size)
+        want = np.stack([r.forward([t]) for r, t in zip(refs[:n], toks[:n], strict=True)])
+        np.testing.assert_allclose(out, want.reshape(n, -1), rtol=1e-4, atol=1e-4)
+        for k, a in cache.items():
+            np.testing.assert_array_equal(a[n * model.ctx :], before[k])
+        toks[:n] = [int(np.argmax(x)) for x in out]
+        assert toks[:n] == [int(np.argmax(x)) for x in want.reshape(n, -1)]
+        pos[:n] = [p + 1 for p in pos[:n]]
+    with pytest.raises(ValueError, match="row i is slot i"):
+        dense.step(runner, cache, [1, 2], [0, 0], [1, 0])
+    with pytest.raises(ValueError, match="1..4 rows"):
+        dense.step(runner, cache, [1] * 5, [0] * 5, list(range(5)))
