@@ -8,8 +8,9 @@ The last block of a dim whose extent is not a multiple of ``jam`` runs its indic
 smaller blocks, one per binary digit of their count, except that a block of ``p`` takes the
 rest when at least 3/4 of ``p`` is left (computing the missing rows again from the last
 one, unstored): 7 rows of a jam of 8 run as one block of 8, 3 as one of 4, 5 as 4 and 1, so
-a decode step's one row runs the plain kernel's code. Columns past a task's last full block
-of ``jam2`` run in blocks of the binary digits of their count.
+a decode step's one row runs the plain kernel's code. A chunk's last columns past its last
+full block of ``jam2`` run in that block the same way, the missing columns computed again
+from the last one (a block per rest size: more C to compile, for one step of the chunk).
 """
 
 from __future__ import annotations
@@ -406,8 +407,11 @@ def jam_task(
                 lines.extend(em.lines)
                 em.lines = []
                 line = store(_flat(k.shape, at), x, ei)
-                if a and clamped:  # a clamped block's rows past the rest are not stored
-                    line = f"{ei}if ({a} < lm_jv) {{ {line.strip()} }}"
+                # a clamped block's rows past the rest, and columns past the chunk, are not
+                # stored
+                held = [f"{a} < lm_jv"] * (a > 0 and clamped) + [f"{b} < lm_cv"] * (b > 0)
+                if held:
+                    line = f"{ei}if ({' && '.join(held)}) {{ {line.strip()} }}"
                 lines.append(line)
 
     # a costly epilogue (a SiLU's exp and reciprocal) of one column of rows is scalar code per
@@ -446,26 +450,39 @@ def jam_task(
 
         em.block(sums)
         lines.append(f"{bi}}}")
-        for a in range(m):
-            ei = bi + "  "
-            lines.append(f"{bi}if ({a} < lm_jv) {{" if a and clamped else f"{bi}{{")
-            lines.append(f"{bi}#pragma omp simd")
-            lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
-            if one_col:
-                lines.append(f"{bi}  {one_col}")
+        # the epilogue row by row, one loop for the block's rows, at a row index of its own
+        # (``_i<d>r``: what the block hoisted for its first row is not the loop's)
+        value = full.values[0][0]
+        reds: list[K.Value] = [grp[0][0] for grp in full.groups]
+        rows = {d: full.rows[0]} if full.rows else {}
+        ei, row = bi, "0"
+        if m > 1:
+            rv = sym.var(f"_i{d}r", *full.rows[0].args[1:])
+            memo: dict = {}
+            reds = [K.substitute(r, {full.rows[0].name: rv}, memo) for r in reds]
+            value = K.substitute(value, {full.rows[0].name: rv}, memo)
+            em.made += [value, *reds]
+            rows = {d: rv}
+            lines.append(f"{bi}for (int64_t lm_r = 0; lm_r < lm_jv; ++lm_r) {{")
+            lines.append(f"{bi}  const int64_t {_c_name(rv)} = lm_jo + lm_r;")
+            ei, row = bi + "  ", "lm_r"
+        lines.append(f"{ei}#pragma omp simd")
+        lines.append(f"{ei}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+        if one_col:
+            lines.append(f"{ei}  {one_col}")
 
-            def epilogue() -> None:
-                for gi, grp in enumerate(full.groups):
-                    em.scopes[-1][grp[a][0]] = f"lm_red[{gi}][{a}][{at}]"  # noqa: B023
-                em.lines = []
-                x = em.emit(full.values[a][0], ei)  # noqa: B023
-                lines.extend(em.lines)
-                em.lines = []
-                rows = {d: full.rows[a]} if full.rows else {}  # noqa: B023
-                lines.append(store(_flat(k.shape, rows), x, ei))  # noqa: B023
+        def epilogue() -> None:
+            for gi, r in enumerate(reds):
+                em.scopes[-1][r] = f"lm_red[{gi}][{row}][{at}]"
+            em.lines = []
+            x = em.emit(value, ei + "  ")
+            lines.extend(em.lines)
+            em.lines = []
+            lines.append(store(_flat(k.shape, rows), x, ei + "  "))
 
-            em.block(epilogue)
-            lines.append(f"{bi}}}")
+        em.block(epilogue)
+        lines.append(f"{ei}}}")
+        if m > 1:
             lines.append(f"{bi}}}")
 
     def columns(m: int, bi: str) -> None:
@@ -481,21 +498,15 @@ def jam_task(
             lines.append(f"{bi}}}")
             return
 
-        def step(p: int, si: str) -> None:
-            for b in range(p):
-                lines.append(f"{si}const int64_t {_c_name(full.cols[b])} = {iv} + {b};")
-            em.block(lambda: element(m, p, si))
-
-        lines.append(f"{bi}int64_t {iv} = {lo};")
-        lines.append(f"{bi}for (; {iv} + {csize} <= {hi}; {iv} += {csize}) {{")
-        step(csize, bi + "  ")
+        # a chunk's last columns in the same code, its missing columns computed again from
+        # its last one, unstored (a block per rest size: more C to compile, for one step)
+        lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; {iv} += {csize}) {{")
+        lines.append(f"{bi}  const int64_t lm_cv = lm_min({csize}, {hi} - {iv}); (void)lm_cv;")
+        for b in range(csize):
+            at = f" + lm_min({b}, lm_cv - 1)" if b else ""
+            lines.append(f"{bi}  const int64_t {_c_name(full.cols[b])} = {iv}{at};")
+        em.block(lambda: element(m, csize, bi + "  "))
         lines.append(f"{bi}}}")
-        lines.append(f"{bi}const int64_t lm_cn = {hi} - {iv}; (void)lm_cn;")
-        for p in _digits(csize):
-            lines.append(f"{bi}if (lm_cn & {p}) {{")
-            step(p, bi + "  ")
-            lines.append(f"{bi}  {iv} += {p};")
-            lines.append(f"{bi}}}")
 
     clamped = False
 
@@ -546,7 +557,9 @@ def jam_task(
     # rest when at least 3/4 of p is left (its rows past the rest computed, not stored): in
     # blocks of the digits alone each weight was read and dequantized again per block (Q4_1
     # 1536 x 576, 1 thread, a jam of 8: 7 rows as 4, 2, 1 ran 1.3-1.75x slower than one
-    # block of 7; a block for every rest size doubled the jammed kernels' compile time)
+    # block of 7; a block for every rest size doubled the jammed kernels' compile time), and
+    # fewer blocks cost more than they save (2 rows in a block of 4: 1.34x slower than in one
+    # of 2)
     for i, p in enumerate(sizes):
         # a panel block's rows that do not take the panel run in register blocks, the first
         # size repeated while rows are left

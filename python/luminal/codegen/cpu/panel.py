@@ -1,11 +1,16 @@
 """Panel blocks of products by block-quantized weights (``jam.qblock_panel``: a
 ``ScheduleSpace.qblocks`` block of more rows than the registers hold). A task is up to ``jam``
 rows by a chunk of columns. Where ``PANEL_MIN_ROWS`` or more rows are left, for each ``jam2``
-columns of the chunk (then column by column) the columns' weight rows are dequantized once
-into an f32 panel on the task's stack, then every row's products run over the panel in
-register blocks of ``PANEL_SUB`` (the last rows in blocks of 2 and 1): a weight block is
-dequantized once for the task's rows, where a row jam or a register block dequantizes it
-once per 4-8 rows. Fewer rows run jam.py's default row jams.
+columns of the chunk the columns' weight rows are dequantized once into an f32 panel on the
+task's stack, then every row's products run over the panel in register blocks of
+``PANEL_SUB`` (the last rows one by one): a weight block is dequantized once for the task's
+rows, where a row jam or a register block dequantizes it once per 4-8 rows. Fewer rows run
+jam.py's default row jams.
+
+A chunk's last columns run in the same code as the others, the block's missing columns
+computed again from its last one, unstored: a copy of the loops per rest size (of columns,
+and of rows in blocks of 2) made most of a panel block's C and of its -O3 compile, which
+the search pays for every candidate it measures.
 
 What the panel holds is found from the IR, no format named: the largest subtrees of each
 reduction's body that vary along the lanes but not along the rows (``_row_free``: a weight
@@ -29,7 +34,6 @@ from .vector import (
     ACC_CHAINS,
     BLOCK_LANES,
     _accumulate,
-    _digits,
     _flat,
     _shared_loads,
     _terms,
@@ -281,15 +285,15 @@ class _Panel:
             self.ok = False
         em.lines.append(f"{bi}  }}")
 
-    def rows(self, m: int, p: int, bi: str) -> None:
-        """Rows ``lm_jo .. lm_jo + m - 1`` by the panel's columns ``0 .. p - 1``, stored."""
+    def rows(self, m: int, bi: str) -> None:
+        """A register block of rows ``lm_jo .. lm_jo + m - 1`` by the panel's columns, stored."""
         from ..cstyle import _c_name
 
         full = self.full
         for a in range(m):
             self.out.append(f"{bi}const int64_t {_c_name(full.rows[a])} = lm_jo + {a};")
-        for b0 in range(0, p, PANEL_SUB[1]):
-            self.em.block(partial(self._cells, m, b0, min(PANEL_SUB[1], p - b0), bi))
+        for b0 in range(0, self.csize, PANEL_SUB[1]):
+            self.em.block(partial(self._cells, m, b0, min(PANEL_SUB[1], self.csize - b0), bi))
 
     def _cells(self, m: int, b0: int, pc: int, bi: str) -> None:
         from ..cstyle import _c_name
@@ -300,7 +304,9 @@ class _Panel:
             for gi, grp in enumerate(self.groups):
                 for a in range(m):
                     for b in range(b0, b0 + pc):
-                        cell = f"[lm_jo - lm_j0 + {a}][{_c_name(full.cols[b])} - ({self.staged})]"
+                        # a repeated column writes its own sums again, in its place
+                        row, col = _c_name(full.rows[a]), _c_name(full.cols[b])
+                        cell = f"[{row} - lm_j0][{col} - ({self.staged})]"
                         name = em.scopes[-1][grp.copies[a][b]]
                         self.out.append(f"{bi}lm_red[{gi}]{cell} = {name};")
             return
@@ -310,7 +316,10 @@ class _Panel:
                 self.out.extend(em.lines)
                 em.lines = []
                 at = {self.d: full.rows[a], self.n - 1: full.cols[b]}
-                self.out.append(self.store(_flat(self.k.shape, at), x, bi))
+                line = self.store(_flat(self.k.shape, at), x, bi)
+                if b:  # a repeated column is not stored
+                    line = f"{bi}if ({b} < lm_cv) {{ {line.strip()} }}"
+                self.out.append(line)
 
     def epilogue(self, iv: str, lo: str, hi: str, bi: str) -> None:
         """The staged sums' epilogue: row by row of the task, a loop along the columns that
@@ -336,23 +345,28 @@ class _Panel:
         self.out.append(f"{bi}  }}")
         self.out.append(f"{bi}}}")
 
-    def columns(self, p: int, iv: str, bi: str) -> None:
-        """Columns ``iv .. iv + p - 1``: their panel, then every row of the task over it."""
+    def columns(self, iv: str, hi: str, bi: str) -> None:
+        """Columns ``iv .. iv + csize - 1``: their panel, then every row of the task over it
+        in register blocks. Past ``hi`` (a chunk's last block) the last column is computed
+        again in the others' places, unstored."""
         from ..cstyle import _c_name
 
+        p, sub = self.csize, PANEL_SUB[0]
+        self.out.append(f"{bi}const int64_t lm_cv = lm_min({p}, {hi} - {iv}); (void)lm_cv;")
         for b in range(p):
-            self.out.append(f"{bi}const int64_t {_c_name(self.full.cols[b])} = {iv} + {b};")
+            at = f" + lm_min({b}, lm_cv - 1)" if b else ""
+            self.out.append(f"{bi}const int64_t {_c_name(self.full.cols[b])} = {iv}{at};")
         self.em.block(lambda: self.fill(p, bi))
-        sub = PANEL_SUB[0]
+        # the rows in register blocks, the last few one by one: a block of 4 clamped to 1-3
+        # rows ran 9 rows 1.18x slower (SmolLM2's 1536 x 576 Q4_1, 1 thread), a block of 2 as
+        # well is one more copy of the loops to compile
         self.out.append(f"{bi}int64_t lm_jo = lm_j0, lm_jr = lm_jn;")
         self.out.append(f"{bi}for (; lm_jr >= {sub}; lm_jo += {sub}, lm_jr -= {sub}) {{")
-        self.em.block(lambda: self.rows(sub, p, bi + "  "))
+        self.em.block(lambda: self.rows(sub, bi + "  "))
         self.out.append(f"{bi}}}")
-        for q in _digits(sub):
-            self.out.append(f"{bi}if (lm_jr & {q}) {{")
-            self.em.block(partial(self.rows, q, p, bi + "  "))
-            self.out.append(f"{bi}  lm_jo += {q};")
-            self.out.append(f"{bi}}}")
+        self.out.append(f"{bi}for (; lm_jr > 0; ++lm_jo, --lm_jr) {{")
+        self.em.block(lambda: self.rows(1, bi + "  "))
+        self.out.append(f"{bi}}}")
 
 
 def panel_task(
@@ -388,13 +402,8 @@ def panel_task(
         rows = len(full.rows)
         w.out.append(f"{ind}float lm_red[{len(groups)}][{rows}][{stage}];")
     iv = f"i{len(k.shape) - 1}"
-    w.out.append(f"{ind}int64_t {iv} = {lo};")
-    w.out.append(f"{ind}for (; {iv} + {csize} <= {hi}; {iv} += {csize}) {{")
-    em.block(lambda: w.columns(csize, iv, ind + "  "))
-    w.out.append(f"{ind}}}")
-    # the last columns one by one (the first column's copies), over a panel of one column
-    w.out.append(f"{ind}for (; {iv} < {hi}; ++{iv}) {{")
-    em.block(lambda: w.columns(1, iv, ind + "  "))
+    w.out.append(f"{ind}for (int64_t {iv} = {lo}; {iv} < {hi}; {iv} += {csize}) {{")
+    em.block(lambda: w.columns(iv, hi, ind + "  "))
     w.out.append(f"{ind}}}")
     if stage is not None:
         w.epilogue(iv, lo, hi, ind)
