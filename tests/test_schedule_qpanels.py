@@ -49,6 +49,20 @@ def test_panels_match_the_interpreter_at_odd_sizes(fmt: str, sched: K.Schedule) 
         _check(cg.run({"x": x}, seq=r)["y"], g, x, seq=r)
 
 
+@pytest.mark.parametrize("n", [38, 39])
+def test_a_panels_last_columns_at_every_rest(n: int) -> None:
+    # chunks of 16 columns end in 6 or 7: a block of 4 columns then one of 2 or 3, each past
+    # the last column clamped to it and not stored
+    seq = sym.dim("seq", 1, 40)
+    g = _product("Q4_1", seq, n, 64)
+    low, kern = _kernel(g)
+    sched = _block(PANEL_ROWS, 4)
+    cg = lm.load(build_plan(replace(low, kernels=[replace(kern, schedule=sched)])).to_bytes())
+    for r in (9, 14, 33):
+        x = RNG.standard_normal((r, 64)).astype(np.float32)
+        _check(cg.run({"x": x}, seq=r)["y"], g, x, seq=r)
+
+
 def test_a_panel_dequantizes_each_weight_block_once_per_task() -> None:
     _, kern = _kernel(_product("Q8_0", sym.dim("seq", 1, 64), 16, 64))
     src = _source(kern, _block(PANEL_ROWS, 2))
@@ -67,17 +81,21 @@ def test_a_panel_dequantizes_each_weight_block_once_per_task() -> None:
     assert len(adds) == 8 and all(re.fullmatch(r"v\d+ \+= v\d+;", a) for a in adds)
 
 
-def test_a_panels_last_columns_and_rows_run_in_its_blocks() -> None:
-    # one copy of the fill and of the register block of 4 rows, then one of a single row:
-    # a chunk's last columns run as a full block clamped to its last column, unstored
+def test_a_panels_loops_are_one_copy_for_every_column_and_row_count() -> None:
+    # one fill of the block's columns, those past the chunk's last clamped to it; the
+    # register block of 4 rows, then one of a single row, each a loop over the panel's
+    # columns in blocks of 2, a block past the chunk's last column computing that column
+    # again, unstored
     _, kern = _kernel(_product("Q4_1", sym.dim("seq", 1, 64), 37, 64))
     src = _source(kern, _block(PANEL_ROWS, 4))
     body = src[src.index(f"if (lm_jr >= {panel.PANEL_MIN_ROWS}) {{") : src.index("} else {")]
     assert body.count("for (int64_t i1 = ") == 1 and "lm_jr & " not in body
     assert "const int64_t i1j3 = i1 + lm_min(3, lm_cv - 1);" in body
-    assert body.count("lm_vstore_f32(&lm_pw0[3]") == 2  # a Q4_1 byte: two nibbles
+    assert body.count("lm_vstore_f32(&lm_pw0[3][") == 2  # a Q4_1 byte: two nibbles
     assert re.findall(r"for \(; lm_jr[^;]*;", body) == ["for (; lm_jr >= 4;", "for (; lm_jr > 0;"]
-    assert body.count("if (3 < lm_cv) {") == 4 + 1  # column 3 of the blocks of 4 rows and 1
+    assert body.count("for (int64_t lm_b = 0; lm_b < lm_cv; lm_b += 2) {") == 2
+    assert body.count("const int64_t lm_s1 = lm_min(lm_b + 1, lm_cv - 1);") == 2
+    assert body.count("if (lm_b + 1 < lm_cv) {") == 4 + 1  # the blocks of 4 rows and of 1
 
 
 def test_few_rows_run_as_row_jams_a_column_at_a_time() -> None:

@@ -141,6 +141,7 @@ class _Panel:
         assert k.schedule is not None
         self.d, self.n = k.schedule.jam_dim, len(k.shape)
         self.csize = len(full.cols)
+        self.iv = f"i{self.n - 1}"  # the first column of the task's current panel
         self.staged: str | None = None  # the task's first column, where sums are staged
         self.out: list[str] = []
         self.ok = True  # cleared where the vector form does not cover a value
@@ -156,34 +157,30 @@ class _Panel:
         head = f"{bi}  for ({em.index_type} {ri} = 0; {ri} < {grp.inner.extent}; {ri} += LM_VL) {{"
         return ro, ri, head
 
-    def fill(self, p: int, bi: str) -> None:
-        """Dequantize columns ``0 .. p - 1`` of every group into its panel."""
-        em = self.em
+    def fill(self, bi: str) -> None:
+        """Dequantize the block's columns into every group's panel."""
+        em, cols = self.em, range(self.csize)
         for gi, grp in enumerate(self.groups):
             em.lines = []
-            ws = [w for b in range(p) for w in grp.ws[b]]
-            for w in ws:
+            for w in [w for b in cols for w in grp.ws[b]]:
                 em.hoist(w, frozenset({grp.outer.var.name, grp.inner.var.name}), bi)
             ro, ri, head = self.loops(grp, bi)
-            em.block(partial(self._fill_step, gi, grp, p, ro, ri, head, bi))
+            em.block(partial(self._fill_step, gi, grp, ro, ri, head, bi))
             em.lines.append(f"{bi}}}")
             self.out.extend(em.lines)
         em.lines = []
 
-    def _fill_step(
-        self, gi: int, grp: _Group, p: int, ro: str, ri: str, head: str, bi: str
-    ) -> None:
+    def _fill_step(self, gi: int, grp: _Group, ro: str, ri: str, head: str, bi: str) -> None:
         from ..cstyle import cexpr
 
-        em = self.em
-        for b in range(p):
-            for w in grp.ws[b]:
-                em.hoist(w, frozenset({grp.inner.var.name}), bi + "  ")
+        em, cols = self.em, range(self.csize)
+        for w in [w for b in cols for w in grp.ws[b]]:
+            em.hoist(w, frozenset({grp.inner.var.name}), bi + "  ")
         # the weight's bytes of the columns PANEL_AHEAD blocks on: a task's rows compute
         # between two fills, so without it each fill waited on memory
         lane = grp.inner.var.name
         seen: set[str] = set()
-        for b in range(p):
+        for b in cols:
             col = self.full.cols[b]
             ahead = {col.name: sym.add(col, PANEL_AHEAD * self.csize)}
             for x in K.walk(grp.copies[0][b].body):
@@ -199,7 +196,7 @@ class _Panel:
         em.lines.append(head)
         vec = _Vec(em, grp.inner.var, i2)
         try:
-            for b in range(p):
+            for b in cols:
                 for j, w in enumerate(grp.ws[b]):
                     x, kind = vec.val(w)
                     if kind != "f":
@@ -213,13 +210,13 @@ class _Panel:
             self.ok = False
         em.lines.append(f"{bi}  }}")
 
-    def products(self, m: int, b0: int, pc: int, bi: str) -> None:
-        """The sums of rows ``0 .. m - 1`` by panel columns ``b0 .. b0 + pc - 1``, named in
-        the emitter's current scope."""
+    def products(self, m: int, slots: list[str], bi: str) -> None:
+        """The sums of rows ``0 .. m - 1`` by the block's first ``len(slots)`` columns, read
+        from the panel's columns ``slots``, named in the emitter's current scope."""
         em = self.em
         for gi, grp in enumerate(self.groups):
             em.lines = []
-            cells = [(a, b) for a in range(m) for b in range(b0, b0 + pc)]
+            cells = [(a, b) for a in range(m) for b in range(len(slots))]
             bodies = {c: _inner(grp.copies[c[0]][c[1]]).body for c in cells}
             lane = grp.inner.var.name
             terms = {c: _terms(x, 2) for c, x in bodies.items()}
@@ -237,7 +234,7 @@ class _Panel:
             ro, ri, head = self.loops(grp, bi)
             em.block(
                 partial(
-                    self._products_step, gi, grp, m, b0, pc, bodies, terms, accs, ro, ri, head, bi
+                    self._products_step, gi, grp, m, slots, bodies, terms, accs, ro, ri, head, bi
                 )
             )
             em.lines.append(f"{bi}}}")
@@ -253,8 +250,7 @@ class _Panel:
         gi: int,
         grp: _Group,
         m: int,
-        b0: int,
-        pc: int,
+        slots: list[str],
         bodies: dict[tuple[int, int], K.Value],
         terms: dict[tuple[int, int], list[K.Value]],
         accs: dict[tuple[int, int], list[str]],
@@ -270,10 +266,10 @@ class _Panel:
         em.lines.append(head)
         vec = _Vec(em, grp.inner.var, i2)
         # the panel's vectors of this step, read by every row of the block: held in registers
-        for b in range(b0, b0 + pc):
+        for b, slot in enumerate(slots):
             for j, w in enumerate(grp.ws[b]):
                 name = em.tmp()
-                em.lines.append(f"{i2}lm_f32v {name} = lm_vload_f32(&lm_pw{gi}[{b}][{grp.at(ro, j, ri)}]);")  # fmt: skip
+                em.lines.append(f"{i2}lm_f32v {name} = lm_vload_f32(&lm_pw{gi}[{slot}][{grp.at(ro, j, ri)}]);")  # fmt: skip
                 if m > 1:
                     em.lines.append(f"{i2}LM_KEEP({name});")
                 vec.memo[w] = (name, "f")
@@ -286,24 +282,33 @@ class _Panel:
         em.lines.append(f"{bi}  }}")
 
     def rows(self, m: int, bi: str) -> None:
-        """A register block of rows ``lm_jo .. lm_jo + m - 1`` by the panel's columns, stored."""
+        """A register block of rows ``lm_jo .. lm_jo + m - 1`` by the panel's columns, stored:
+        a loop over the panel's columns in blocks of ``PANEL_SUB[1]``, a block past the last
+        column computing that column again in its place, unstored."""
         from ..cstyle import _c_name
 
-        full = self.full
+        full, pc = self.full, min(PANEL_SUB[1], self.csize)
         for a in range(m):
             self.out.append(f"{bi}const int64_t {_c_name(full.rows[a])} = lm_jo + {a};")
-        for b0 in range(0, self.csize, PANEL_SUB[1]):
-            self.em.block(partial(self._cells, m, b0, min(PANEL_SUB[1], self.csize - b0), bi))
+        self.out.append(f"{bi}for (int64_t lm_b = 0; lm_b < lm_cv; lm_b += {pc}) {{")
+        ci = bi + "  "
+        slots = ["lm_b"] + [f"lm_s{b}" for b in range(1, pc)]
+        for b in range(1, pc):
+            self.out.append(f"{ci}const int64_t lm_s{b} = lm_min(lm_b + {b}, lm_cv - 1);")
+        for b, slot in enumerate(slots):
+            self.out.append(f"{ci}const int64_t {_c_name(full.cols[b])} = {self.iv} + {slot};")
+        self.em.block(partial(self._cells, m, slots, ci))
+        self.out.append(f"{bi}}}")
 
-    def _cells(self, m: int, b0: int, pc: int, bi: str) -> None:
+    def _cells(self, m: int, slots: list[str], bi: str) -> None:
         from ..cstyle import _c_name
 
         em, full = self.em, self.full
-        self.products(m, b0, pc, bi)
+        self.products(m, slots, bi)
         if self.staged is not None:  # the sums wait for the epilogue (``epilogue``)
             for gi, grp in enumerate(self.groups):
                 for a in range(m):
-                    for b in range(b0, b0 + pc):
+                    for b in range(len(slots)):
                         # a repeated column writes its own sums again, in its place
                         row, col = _c_name(full.rows[a]), _c_name(full.cols[b])
                         cell = f"[{row} - lm_j0][{col} - ({self.staged})]"
@@ -311,14 +316,14 @@ class _Panel:
                         self.out.append(f"{bi}lm_red[{gi}]{cell} = {name};")
             return
         for a in range(m):
-            for b in range(b0, b0 + pc):
+            for b in range(len(slots)):
                 x = em.emit(full.values[a][b], bi)
                 self.out.extend(em.lines)
                 em.lines = []
                 at = {self.d: full.rows[a], self.n - 1: full.cols[b]}
                 line = self.store(_flat(self.k.shape, at), x, bi)
                 if b:  # a repeated column is not stored
-                    line = f"{bi}if ({b} < lm_cv) {{ {line.strip()} }}"
+                    line = f"{bi}if (lm_b + {b} < lm_cv) {{ {line.strip()} }}"
                 self.out.append(line)
 
     def epilogue(self, iv: str, lo: str, hi: str, bi: str) -> None:
@@ -345,18 +350,22 @@ class _Panel:
         self.out.append(f"{bi}  }}")
         self.out.append(f"{bi}}}")
 
-    def columns(self, iv: str, hi: str, bi: str) -> None:
-        """Columns ``iv .. iv + csize - 1``: their panel, then every row of the task over it
-        in register blocks. Past ``hi`` (a chunk's last block) the last column is computed
-        again in the others' places, unstored."""
+    def columns(self, hi: str, bi: str) -> None:
+        """Columns ``iv .. iv + csize - 1`` (those before ``hi``): their panel, then every
+        row of the task over it in register blocks, each a loop over the panel's columns.
+        Columns past ``hi`` (a chunk's last block) repeat the last one, unstored."""
         from ..cstyle import _c_name
 
-        p, sub = self.csize, PANEL_SUB[0]
-        self.out.append(f"{bi}const int64_t lm_cv = lm_min({p}, {hi} - {iv}); (void)lm_cv;")
-        for b in range(p):
+        iv, sub = self.iv, PANEL_SUB[0]
+        self.out.append(f"{bi}const int64_t lm_cv = lm_min({self.csize}, {hi} - {iv});")
+        # the fill's columns in one loop body, a copy per column: a loop over the columns
+        # ran 16 rows of 32 x 4 1.02-1.03x slower (1536 x 576 Q4_1, 1 thread)
+        self.out.append(f"{bi}{{")
+        for b in range(self.csize):
             at = f" + lm_min({b}, lm_cv - 1)" if b else ""
-            self.out.append(f"{bi}const int64_t {_c_name(self.full.cols[b])} = {iv}{at};")
-        self.em.block(lambda: self.fill(p, bi))
+            self.out.append(f"{bi}  const int64_t {_c_name(self.full.cols[b])} = {iv}{at};")
+        self.em.block(lambda: self.fill(bi + "  "))
+        self.out.append(f"{bi}}}")
         # the rows in register blocks, the last few one by one: a block of 4 clamped to 1-3
         # rows ran 9 rows 1.18x slower (SmolLM2's 1536 x 576 Q4_1, 1 thread), a block of 2 as
         # well is one more copy of the loops to compile
@@ -401,9 +410,9 @@ def panel_task(
         w.staged = lo
         rows = len(full.rows)
         w.out.append(f"{ind}float lm_red[{len(groups)}][{rows}][{stage}];")
-    iv = f"i{len(k.shape) - 1}"
+    iv = w.iv
     w.out.append(f"{ind}for (int64_t {iv} = {lo}; {iv} < {hi}; {iv} += {csize}) {{")
-    em.block(lambda: w.columns(iv, hi, ind + "  "))
+    em.block(lambda: w.columns(hi, ind + "  "))
     w.out.append(f"{ind}}}")
     if stage is not None:
         w.epilogue(iv, lo, hi, ind)
