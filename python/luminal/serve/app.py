@@ -336,16 +336,25 @@ async def _events(
             if kind in ("done", "error"):
                 return
 
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+    async def one() -> tuple[int, str, Any]:
+        kind, value = await reqs[0].events.get()
+        return 0, kind, value
+
+    # one request (n = 1, the usual case) is read directly: no pump task per event
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)] if len(reqs) > 1 else []
+    get = merged.get if tasks else one
     left = len(reqs)
     try:
         while left:
-            try:
-                i, kind, value = await asyncio.wait_for(merged.get(), 0.5)
-            except TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    raise _Gone() from None
-                continue
+            if request is None:  # streaming: a gone client ends the response's generator
+                i, kind, value = await get()
+            else:
+                try:
+                    i, kind, value = await asyncio.wait_for(get(), 0.5)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        raise _Gone() from None
+                    continue
             if kind in ("done", "error"):
                 left -= 1
             yield i, kind, value
