@@ -14,12 +14,13 @@ a ``qdot`` call (``gemm.match_qdot``: integer dot products); every option of tha
 timed and checked with the kernel that writes the activation cut out beside it, so the call
 sees the q8 values the plan computes, not random floats.
 
-A choice is timed at both ends of its dim's range. When one program wins at the smallest size
-and another at the representative one, and the kept one is ``SPLIT_LOSS`` times slower than
-the best at either end (a GEMV that dequantizes its weights per row, against a dequantized copy
-and a GEMM: one token and 256), the range is split where the two programs' times, linear in
-the dim between the two measured sizes, cross; each part is decided on its own, and its steps
-carry ``when`` (they run only for their part: plan format 3 conditions).
+A choice is timed at both ends of its range. When one program wins at the smallest size and
+another at the representative one, and the kept one is ``SPLIT_LOSS`` times slower than the
+best at either end (a GEMV that dequantizes its weights per row, against a dequantized copy
+and a GEMM: one token and 256), the range of the product of the kernel's free dims (its rows)
+is split where the two programs' times, linear in it between the two measured sizes, cross;
+each part keeps its end's winner, and its steps carry ``when`` (they run only for their part:
+plan format 3 conditions).
 """
 
 from __future__ import annotations
@@ -390,32 +391,35 @@ def _decision(
 
 
 def _decide(d: _Decision, tuner: Tuner, name: str) -> list[tuple[str, K.When | None]]:
-    """The labels of the candidates to keep, each with the part of the range it runs for."""
+    """The labels of the candidates to keep, each with the part of the range it runs for.
+    A split range keeps the winner at each end for its part, from the measurements the
+    decision took (re-measuring within each part compiled every generated candidate again, for
+    the same answer); a part's winner other than the decision's is checked against the
+    reference first, and the range is not split when it does not match."""
     chosen, record = tuner.decide(name, "gemm", d.dims, d.reference, d.cands)
     parts = _split(d.reference, d.dims, record)
     if parts is None:
         return [(chosen.label, None)]
-    picks: list[tuple[str, K.When | None]] = []
-    for rng in parts:
-        part = [replace(c, sub=_narrowed(c.sub, rng)) for c in d.cands]
-        ref = part[0].sub if d.reference is d.cands[0].sub else _narrowed(d.reference, rng)
-        label = f"{name}[{'*'.join(rng[0])} {rng[1]}..{rng[2]}]"
-        picks.append((tuner.choose(label, "gemm", representative_dims(ref), ref, part).label, rng))
-    return picks
+    by_label = {c.label: c for c in d.cands}
+    for rng, label in parts:
+        cand = by_label[label]
+        if cand is chosen or cand.sub is d.reference:
+            continue
+        part = f"{name}[{'*'.join(rng[0])} {rng[1]}..{rng[2]}]"
+        _, rec = tuner.decide(part, "gemm", d.dims, d.reference, [cand])
+        if rec is None or rec["candidates"][0]["verdict"] is False:
+            return [(chosen.label, None)]
+    return [(label, rng) for rng, label in parts]
 
 
-def _narrowed(sub: Lowered, when: K.When) -> Lowered:
-    """``sub`` run for the part ``when`` only (measured within it)."""
-    steps = [replace(s, when=when) for s in sub.kernels]
-    return replace(sub, kernels=steps, dims=restricted(sub.dims, when))
-
-
-def _split(sub: Lowered, dims: dict[str, int], record: dict | None) -> list[K.When] | None:
+def _split(
+    sub: Lowered, dims: dict[str, int], record: dict | None
+) -> list[tuple[K.When, str]] | None:
     """The two parts of the range of the kernel cut out as ``sub`` to decide apart (see the
-    module doc), or None. The range is of the product of its free dims (its rows: batch x
-    seq); each candidate's time is taken as linear in the product through its two
-    measurements, and the parts meet where the small-end winner's line crosses the
-    representative winner's."""
+    module doc), each with the label of the candidate that won at its end, or None. The range
+    is of the product of its free dims (its rows: batch x seq); each candidate's time is
+    taken as linear in the product through its two measurements, and the parts meet where the
+    small-end winner's line crosses the representative winner's."""
     shapes = [k.shape for k in sub.kernels if isinstance(k, K.Kernel)] + [
         b.shape for b in sub.buffers
     ]
@@ -450,4 +454,4 @@ def _split(sub: Lowered, dims: dict[str, int], record: dict | None) -> list[K.Wh
     (a_s, b_s), (a_r, b_r) = line(at_small), line(at_rep)
     cross = (a_r - a_s) / (b_s - b_r) if b_s > b_r else (n0 * n1) ** 0.5
     t = min(max(int(cross) + 1, n0 + 1), n1)
-    return [(free, lo, t - 1), (free, t, hi)]
+    return [((free, lo, t - 1), at_small["label"]), ((free, t, hi), at_rep["label"])]
