@@ -349,8 +349,8 @@ def _blocked_scalar(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str]:
     return out
 
 
-# the most elements of a task whose block's sums are staged for a vector epilogue: 8 rows of
-# 256 floats are 8 KiB of stack
+# the most elements of a task whose sums are staged for a vector epilogue: a task of 32 rows of
+# 256 floats stages 32 KiB on its stack
 STAGE_SPAN = 256
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
 
@@ -415,8 +415,8 @@ def jam_task(
                 lines.append(line)
 
     # a costly epilogue (a SiLU's exp and reciprocal) of one column of rows is scalar code per
-    # element: the block's sums are staged in a stack array and the epilogue runs row by row
-    # along the columns, a loop the C compiler vectorizes
+    # element: the task's sums are staged in a stack array and the epilogue runs row by row
+    # along the columns, a loop the C compiler vectorizes, one copy for every block
     costly = (
         span is not None
         and span <= STAGE_SPAN
@@ -433,9 +433,13 @@ def jam_task(
         else ""
     )
 
+    # the staged sums of the task's rows (a block's rows past the rest write their last row's
+    # sums again, in its place), then one epilogue loop for them all (``staged_epilogue``)
+    stages = [False]
+
     def staged_columns(m: int, bi: str) -> None:
+        stages[0] = True
         at = f"{iv} - ({lo})"
-        lines.append(f"{bi}float lm_red[{len(full.groups)}][{m}][{span}];")
         lines.append(f"{bi}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
         if one_col:
             lines.append(f"{bi}  {one_col}")
@@ -446,44 +450,48 @@ def jam_task(
                 names = jam_reduce(em, [grp[a][0] for a in range(m)], bi + "  ")
                 lines.extend(em.lines)
                 em.lines = []
-                lines.extend(f"{bi}  lm_red[{gi}][{a}][{at}] = {x};" for a, x in enumerate(names))
+                for a, x in enumerate(names):
+                    row = f"{_c_name(full.rows[a])} - lm_j0" if full.rows else "0"
+                    lines.append(f"{bi}  lm_red[{gi}][{row}][{at}] = {x};")
 
         em.block(sums)
         lines.append(f"{bi}}}")
-        # the epilogue row by row, one loop for the block's rows, at a row index of its own
-        # (``_i<d>r``: what the block hoisted for its first row is not the loop's)
-        value = full.values[0][0]
-        reds: list[K.Value] = [grp[0][0] for grp in full.groups]
-        rows = {d: full.rows[0]} if full.rows else {}
-        ei, row = bi, "0"
-        if m > 1:
-            rv = sym.var(f"_i{d}r", *full.rows[0].args[1:])
-            memo: dict = {}
-            reds = [K.substitute(r, {full.rows[0].name: rv}, memo) for r in reds]
-            value = K.substitute(value, {full.rows[0].name: rv}, memo)
-            em.made += [value, *reds]
-            rows = {d: rv}
-            lines.append(f"{bi}for (int64_t lm_r = 0; lm_r < lm_jv; ++lm_r) {{")
-            lines.append(f"{bi}  const int64_t {_c_name(rv)} = lm_jo + lm_r;")
-            ei, row = bi + "  ", "lm_r"
+
+    def staged_epilogue(bi: str) -> None:
+        """The staged sums' epilogue row by row of the task, a loop along the columns that
+        the C compiler vectorizes (a SiLU's exp and reciprocal, scalar per element)."""
+        row, ei = "0", bi
+        if full.rows:
+            lines.append(f"{bi}for (int64_t lm_r = 0; lm_r < lm_jn; ++lm_r) {{")
+            lines.append(f"{bi}  const int64_t {_c_name(full.rows[0])} = lm_j0 + lm_r;")
+            row, ei = "lm_r", bi + "  "
         lines.append(f"{ei}#pragma omp simd")
         lines.append(f"{ei}for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
         if one_col:
             lines.append(f"{ei}  {one_col}")
 
         def epilogue() -> None:
-            for gi, r in enumerate(reds):
-                em.scopes[-1][r] = f"lm_red[{gi}][{row}][{at}]"
+            for gi, grp in enumerate(full.groups):
+                em.scopes[-1][grp[0][0]] = f"lm_red[{gi}][{row}][{iv} - ({lo})]"
             em.lines = []
-            x = em.emit(value, ei + "  ")
+            x = em.emit(full.values[0][0], ei + "  ")
             lines.extend(em.lines)
             em.lines = []
+            rows = {d: full.rows[0]} if full.rows else {}
             lines.append(store(_flat(k.shape, rows), x, ei + "  "))
 
         em.block(epilogue)
         lines.append(f"{ei}}}")
-        if m > 1:
+        if full.rows:
             lines.append(f"{bi}}}")
+
+    def finish() -> list[str]:
+        """``lines`` with the staged sums' array and epilogue where sums were staged."""
+        if stages[0]:
+            rows = size if full.rows else 1
+            lines.insert(1, f"{ind}float lm_red[{len(full.groups)}][{rows}][{span}];")
+            em.block(lambda: staged_epilogue(ind))
+        return lines
 
     def columns(m: int, bi: str) -> None:
         """The innermost dim's elements ``lo .. hi`` for block rows ``0 .. m - 1``."""
@@ -529,7 +537,7 @@ def jam_task(
             em.hoist(v, col_names, ind)
         lines.extend(em.lines)
         em.block(lambda: columns(1, ind))
-        return lines
+        return finish()
     lines.append(
         f"{ind}const int64_t lm_j0 = i{d} * {size}, "
         f"lm_jn = lm_min({size}, {cexpr(k.shape[d])} - lm_j0);"
@@ -539,8 +547,9 @@ def jam_task(
     rind = ind
     if csize > 1 and qblock_panel(size, csize, vector_registers()):
         em.lines = []
-        got = panel_task(em, k, full, lo, hi, store, ind + "  ", csize, span if costly else None)
+        got = panel_task(em, k, full, lo, hi, store, ind + "  ", csize, costly)
         if got is not None:  # else every row runs in register blocks
+            stages[0] = stages[0] or costly
             lines.append(f"{ind}if (lm_jr >= {PANEL_MIN_ROWS}) {{")
             lines.extend(got)
             lines.append(f"{ind}}} else {{")
@@ -573,4 +582,4 @@ def jam_task(
         lines.append(f"{rind}}}")
     if rind != ind:
         lines.append(f"{ind}}}")
-    return lines
+    return finish()

@@ -305,7 +305,7 @@ class _Panel:
 
         em, full = self.em, self.full
         self.products(m, slots, bi)
-        if self.staged is not None:  # the sums wait for the epilogue (``epilogue``)
+        if self.staged is not None:  # the sums wait for the caller's epilogue
             for gi, grp in enumerate(self.groups):
                 for a in range(m):
                     for b in range(len(slots)):
@@ -325,30 +325,6 @@ class _Panel:
                 if b:  # a repeated column is not stored
                     line = f"{bi}if (lm_b + {b} < lm_cv) {{ {line.strip()} }}"
                 self.out.append(line)
-
-    def epilogue(self, iv: str, lo: str, hi: str, bi: str) -> None:
-        """The staged sums' epilogue: row by row of the task, a loop along the columns that
-        the C compiler vectorizes (a SiLU's exp and reciprocal, scalar per element)."""
-        from ..cstyle import _c_name
-
-        em, full = self.em, self.full
-        self.out.append(f"{bi}for (int64_t lm_r = 0; lm_r < lm_jn; ++lm_r) {{")
-        self.out.append(f"{bi}  const int64_t {_c_name(full.rows[0])} = lm_j0 + lm_r;")
-        self.out.append(f"{bi}  #pragma omp simd")
-        self.out.append(f"{bi}  for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
-        ei = bi + "    "
-        self.out.append(f"{ei}const int64_t {_c_name(full.cols[0])} = {iv};")
-        em.scopes.append({})
-        for gi, grp in enumerate(self.groups):
-            em.scopes[-1][grp.copies[0][0]] = f"lm_red[{gi}][lm_r][{iv} - ({lo})]"
-        em.lines = []
-        x = em.emit(full.values[0][0], ei)
-        self.out.extend(em.lines)
-        em.lines = []
-        self.out.append(self.store(_flat(self.k.shape, {self.d: full.rows[0]}), x, ei))
-        em.scopes.pop()
-        self.out.append(f"{bi}  }}")
-        self.out.append(f"{bi}}}")
 
     def columns(self, hi: str, bi: str) -> None:
         """Columns ``iv .. iv + csize - 1`` (those before ``hi``): their panel, then every
@@ -387,14 +363,14 @@ def panel_task(
     store: Callable[[sint, str, str], str],
     ind: str,
     csize: int,
-    stage: int | None = None,
+    staged: bool = False,
 ) -> list[str] | None:
     """The lines of a panel block's task over rows ``lm_j0 .. lm_j0 + lm_jn - 1`` and
     columns ``lo .. hi``; ``store(flat index, C value, indent)`` writes one element.
-    ``stage``: the task's most columns, where its sums are staged for a costly epilogue
-    (None: each element computed and stored as its sums are made). None (nothing emitted)
-    when a reduction is not a split sum the vector form covers, or the panel and a register
-    block's rows exceed ``PANEL_BYTES``."""
+    ``staged``: the sums are written to the caller's ``lm_red[group][row - lm_j0][column -
+    lo]`` for a costly epilogue it runs (else each element is computed and stored as its
+    sums are made). None (nothing emitted) when a reduction is not a split sum the vector
+    form covers, or the panel and a register block's rows exceed ``PANEL_BYTES``."""
     groups = _groups(em, full, csize)
     if groups is None:
         return None
@@ -406,16 +382,12 @@ def panel_task(
     w = _Panel(em, k, full, groups, store)
     for gi, grp in enumerate(groups):
         w.out.append(f"{ind}float lm_pw{gi}[{csize}][{grp.floats}] __attribute__((aligned(64)));")
-    if stage is not None:
+    if staged:
         w.staged = lo
-        rows = len(full.rows)
-        w.out.append(f"{ind}float lm_red[{len(groups)}][{rows}][{stage}];")
     iv = w.iv
     w.out.append(f"{ind}for (int64_t {iv} = {lo}; {iv} < {hi}; {iv} += {csize}) {{")
     em.block(lambda: w.columns(hi, ind + "  "))
     w.out.append(f"{ind}}}")
-    if stage is not None:
-        w.epilogue(iv, lo, hi, ind)
     em.lines = []
     if not w.ok:
         restore()
