@@ -302,7 +302,6 @@ def main() -> int:
         help="luminal serve --prefill",
     )
     p.add_argument("--no-prefix-reuse", action="store_true", help="luminal serve --no-prefix-reuse")
-    p.add_argument("--no-dense", action="store_true", help="luminal serve --no-dense")
     p.add_argument("--idle", type=float, default=3.0, help="luminal serve --idle-unload")
     p.add_argument("--no-llamacpp", action="store_true")
     a = p.parse_args()
@@ -340,7 +339,6 @@ def main() -> int:
             "--prefill",
             a.prefill,
             *(["--no-prefix-reuse"] if a.no_prefix_reuse else []),
-            *(["--no-dense"] if a.no_dense else []),
         ]
 
     # one luminal process: its first start compiles the plans unless cached (the cache key
@@ -443,7 +441,6 @@ def main() -> int:
         "step_tokens": a.step_tokens,
         "prefill": a.prefill,
         "prefix_reuse": not a.no_prefix_reuse,
-        "dense": not a.no_dense,
         f"agg_tok_s_{hi}": round(lum[hi].tok_s, 1),
         f"agg_tok_s_{lo}": round(lum[lo].tok_s, 1),
         f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),

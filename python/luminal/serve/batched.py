@@ -16,13 +16,6 @@ one); a non-finite row's NaN reaches every picked row (the engine fails those re
 ``batch`` (1..rows), ``picked`` (1..rows) and ``kv`` (1..ctx: the longest sequence's length
 after this step) are symbolic dims of one plan. Output ``logits`` (picked, vocab) and
 the updated caches (written in place).
-
-The dense variant (``dense=True``) is for decode steps only: row i is the next token of the
-sequence in slot i, for slots 0..batch-1 (no ``slots`` or ``picks`` input; logits of every
-row). Slot i's history is then rows ``i * ctx .. i * ctx + kv - 1`` of the cache, a view
-that attention reads in place, where the general plan copies each row's history out with a
-GATHER first (the lowering materializes gathers): at 16 rows and 80 positions that copy is
-about a tenth of the step.
 """
 
 from __future__ import annotations
@@ -51,7 +44,6 @@ class BatchedDecoder:
         fold: bool = False,
         rows: int | None = None,
         picks: bool = True,
-        dense: bool = False,
     ) -> None:
         """``rows``: tokens one step takes at most (default ``slots``: one per sequence;
         more leave room for prompt tokens). ``picks``: the plan computes logits for the
@@ -59,9 +51,7 @@ class BatchedDecoder:
         plan's weights are folded to f32 at build time (``compiler.fold``, as
         ``Llama.build_prefill`` does), so its projections are GEMMs over the batch rows
         instead of kernels that dequantize every weight again for each sequence; right for
-        larger batches, at 4 bytes per weight. ``dense``: the decode-only variant (below):
-        row i is the next token of the sequence in slot i, for slots 0..batch-1, and every
-        row's logits are returned."""
+        larger batches, at 4 bytes per weight."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         if rows is None:
@@ -70,9 +60,8 @@ class BatchedDecoder:
             raise ValueError(f"rows must be a positive int, got {rows!r}")
         self.model = model
         self.slots = slots
-        self.dense = dense
-        self.rows = slots if dense else rows
-        self.picks = picks and not dense
+        self.rows = rows
+        self.picks = picks
         self.fold = fold
         self.ctx = model.ctx
 
@@ -89,40 +78,31 @@ class BatchedDecoder:
         return {n: a[lo : lo + self.ctx] for n, a in cache.items()}
 
     def cache_key(self) -> dict[str, Any] | None:
-        opts: dict[str, Any] = {"slots": self.slots}
-        if self.dense:
-            opts["dense"] = True
-        else:
-            opts.update(rows=self.rows, picks=self.picks)
-            if self.picks:
-                opts["pick"] = "onehot"
+        opts: dict[str, Any] = {"slots": self.slots, "rows": self.rows, "picks": self.picks}
+        if self.picks:
+            opts["pick"] = "onehot"
         if self.fold:
             opts["fold"] = True
         return self.model.cache_key("batched_decode", **opts)
 
     def runner(self, backend: str = "auto", quiet: bool = True) -> Runner:
         build = self.build_folded if self.fold else self.build
-        name = "llama_dense" if self.dense else "llama_batched"
-        return Runner(build, backend, quiet, key=self.cache_key(), name=name)
+        return Runner(build, backend, quiet, key=self.cache_key(), name="llama_batched")
 
     def build_folded(self) -> Graph:
         from ..compiler.fold import fold_weights
 
-        return fold_weights(self.build("llama_dense_f32" if self.dense else "llama_batched_f32"))
+        return fold_weights(self.build("llama_batched_f32"))
 
-    def build(self, name: str | None = None) -> Graph:
+    def build(self, name: str = "llama_batched") -> Graph:
         m, c, w = self.model, self.model.config, self.model.weights
         ctx = self.ctx
-        g = Graph(name or ("llama_dense" if self.dense else "llama_batched"))
+        g = Graph(name)
         b = sym.dim("batch", 1, self.rows)
         kv = sym.dim("kv", 1, ctx)
         tokens = g.input("tokens", (b,), dt.i32)
         positions = g.input("positions", (b,), dt.i32)
-        if self.dense:  # row i is slot i
-            rows = sym.index_var(0, b)
-            slots = Tensor(g.add_op(Op.IOTA, [], arg=rows, shape=(b,), dtype=dt.i32))
-        else:
-            slots = g.input("slots", (b,), dt.i32)
+        slots = g.input("slots", (b,), dt.i32)
         x = w.rows(g, "token_embd.weight", tokens)  # (b, hidden)
         if w.has("rope_freqs.weight"):
             cos, sin = m._freq_factors(g, positions)
@@ -179,10 +159,6 @@ class BatchedDecoder:
         cache = g.input(name, (self.slots * self.ctx, self.model.kv_width), dt.f32)
         updated = Tensor(g.add_op(Op.SCATTER, [cache.edge, write_rows.edge, new.edge]))
         g.output(name + "_new", updated, updates=name)
-        if self.dense:  # rows 0..kv-1 of slots 0..b-1: a view of the cache, no gather
-            b, kv = read_rows.shape
-            per_slot = updated.reshape(self.slots, self.ctx, self.model.kv_width)
-            return per_slot.slice(0, 0, b).slice(1, 0, kv)
         return Tensor(g.add_op(Op.GATHER, [updated.edge, read_rows.edge]))
 
     def prefill(
@@ -236,16 +212,12 @@ class BatchedDecoder:
             raise ValueError(f"picks must be 1+ row indices in [0, {rows}), got {sel.tolist()}")
         if ids.min() < 0 or ids.max() >= self.slots:
             raise ValueError(f"slots must be in [0, {self.slots}), got {ids.tolist()}")
-        if self.dense and not np.array_equal(ids, np.arange(rows)):
-            raise ValueError(f"a dense step's row i is slot i, got slots {ids.tolist()}")
         if pos.min() < 0:
             raise ValueError(f"positions must be >= 0, got {pos.tolist()}")
         kv = int(pos.max()) + 1
         if kv > self.ctx:
             raise ValueError(f"context full: a sequence reached the context limit of {self.ctx}")
-        feeds = {"tokens": toks, "positions": pos, **cache}
-        if not self.dense:
-            feeds["slots"] = ids
+        feeds = {"tokens": toks, "positions": pos, "slots": ids, **cache}
         if self.picks:
             out = runner({**feeds, "picks": sel}, kv=kv, picked=int(sel.size))
         else:
@@ -255,4 +227,4 @@ class BatchedDecoder:
             if got is not a:
                 a[...] = got
         logits = np.asarray(out["logits"])
-        return logits if self.picks or picks is None else logits[sel]
+        return logits if self.picks else logits[sel]

@@ -84,12 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run every prompt whole (by default a prompt that begins as a sequence held in "
         "a KV-cache slot, e.g. a shared system prompt, takes those rows)",
     )
-    p.add_argument(
-        "--no-dense",
-        action="store_true",
-        help="run every step on the general batched plan (by default a step of decode rows "
-        "only, for slots 0..n-1, runs on a second plan that reads the KV cache in place)",
-    )
     p.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
     p.add_argument(
         "--threads", type=int, default=None, help="BLAS threads (default: the runtime's choice)"
@@ -148,7 +142,6 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Limits]:
             args.step_tokens,
             args.prefill,
             not args.no_prefix_reuse,
-            not args.no_dense,
         )
         llm.start()
     if not args.no_embed:

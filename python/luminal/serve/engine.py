@@ -115,8 +115,6 @@ class Loaded:
     prefill: Any  # a LlamaSession for prefill="serial" (None: chunked prefill)
     cache: dict[str, np.ndarray]
     f32_from: int  # steps of this many rows or more run on runner_f32 (0: never)
-    dense: BatchedDecoder | None = None  # the decode-only plan (rows are slots 0..n-1)
-    runner_dense: Any = None
 
 
 # ----------------------------------------------------------------------------- requests
@@ -187,7 +185,6 @@ class LLMEngine:
         step_tokens: int = 64,
         prefill: str = "chunked",
         prefix_reuse: bool = True,
-        dense: bool = True,
     ) -> None:
         """``f32_batch``: steps of at least this many tokens run on a second batched plan
         whose weights are folded to f32 (GEMMs over the rows; 4 bytes per weight) instead of
@@ -199,10 +196,7 @@ class LLMEngine:
         tokens are rows of the batched steps) or ``"serial"`` (each prompt alone through the
         prefill plan, between steps). ``prefix_reuse``: a prompt that begins as a sequence
         a slot holds (running or finished) takes those keys and values instead of running
-        them again. ``dense``: a step whose rows are the next tokens of the sequences in
-        slots 0..n-1, and nothing else, runs on a second packed plan that reads each slot's
-        keys and values in place instead of gathering them for every row first (slots are
-        taken lowest first, so a full or steady batch is such a step)."""
+        them again."""
         if f32_batch != "auto" and (
             isinstance(f32_batch, bool) or not isinstance(f32_batch, int) or f32_batch < 0
         ):
@@ -214,7 +208,6 @@ class LLMEngine:
         self.f32_batch = f32_batch
         self.serial = prefill == "serial"
         self.prefix_reuse = bool(prefix_reuse)
-        self.dense = bool(dense)
         self.rows = max(step_tokens, limits.max_seqs)  # serial: the same plans, rows unused
         self.path = path
         self.name = name
@@ -276,18 +269,12 @@ class LLMEngine:
                 runner_f32 = None
         else:
             f32_from = int(self.f32_batch) if runner_f32 is not None else 0
-        dense = runner_dense = None
-        if self.dense and runner is not None:
-            dense = BatchedDecoder(model, self.limits.max_seqs, dense=True)
-            runner_dense = dense.runner(self.backend, self.quiet)
         session = None
         if self.serial:
             session = LlamaSession(model, self.backend, self.quiet)
             session.compile_prefill()
             session.cache = {}
-        self.loaded = Loaded(
-            model, decoder, runner, runner_f32, session, cache, f32_from, dense, runner_dense
-        )
+        self.loaded = Loaded(model, decoder, runner, runner_f32, session, cache, f32_from)
         self.resident = {}
         self.ctx, self.vocab = model.ctx, model.config.vocab_size
         took = time.perf_counter() - t0
@@ -296,7 +283,7 @@ class LLMEngine:
         self.metrics.loads.labels(self.name).inc()
         self.metrics.cold_start.labels(self.name).set(took)
         self.metrics.loaded.labels(self.name).set(1)
-        plans = [r for r in (runner, runner_f32, runner_dense) if r is not None]
+        plans = [r for r in (runner, runner_f32) if r is not None]
         cached = all(r.cached for r in plans)
         how = "plans from the plan cache" if cached else f"backend {plans[0].backend}"
         log(f"{self.name}: loaded in {took:.2f} s ({how})")
@@ -479,7 +466,7 @@ class LLMEngine:
         # (request, what the row's logits are for: the next token "decode", the "first"
         # generated one, or "prompt": the log-probability of the prompt's next token)
         picked: list[tuple[GenRequest, str]] = []
-        for r in sorted(running, key=lambda r: r.slot):  # in slot order: a dense step
+        for r in running:
             if r.pos >= len(r.prompt):
                 picks.append(len(toks))
                 picked.append((r, "decode"))
@@ -507,12 +494,9 @@ class LLMEngine:
             return plan_s
         t0 = time.perf_counter()
         f32 = lo.runner is None or (lo.f32_from > 0 and len(toks) >= lo.f32_from)
-        if lo.dense is not None and not f32 and not feeding and slots[-1] == len(slots) - 1:
-            logits = lo.dense.step(lo.runner_dense, lo.cache, toks, pos, slots)
-        else:  # a step of inner prompt tokens only still takes one pick: its logits go unused
-            logits = lo.decoder.step(
-                lo.runner_f32 if f32 else lo.runner, lo.cache, toks, pos, slots, picks or [0]
-            )
+        logits = lo.decoder.step(
+            lo.runner_f32 if f32 else lo.runner, lo.cache, toks, pos, slots, picks or [0]
+        )  # a step of inner prompt tokens only still takes one pick: its logits go unused
         took = time.perf_counter() - t0
         plan_s += took
         self.metrics.step.observe(took)
