@@ -281,6 +281,69 @@ def test_completion_stream_stop_and_seed(server: Running, reference: Any) -> Non
     assert a == b
 
 
+def test_stop_string_while_others_decode(server: Running, reference: Any) -> None:
+    """A stop string ends a stream whose next token is already in the step running beside
+    the check (the engine overlaps a step's text work with the next step): its text still
+    ends before the stop string, the other streams are unchanged, and the slot claims only
+    the keys and values of the tokens it returned."""
+    eng = server.llm
+    assert eng is not None and eng.loaded is not None
+    ids = reference.tokenizer.encode("Once upon a time")
+    full = reference(ids, 20)
+    stop = full[5:8]
+    others = ["word " * k + "end" for k in (2, 7, 11)]
+    want = [reference(reference.tokenizer.encode(p), 30) for p in others]
+    got: dict[int, str] = {}
+    begun = [threading.Event() for _ in others]
+    submitted: list[Any] = []
+    submit = eng.submit
+
+    def record(r: Any) -> None:
+        submitted.append(r)
+        submit(r)
+
+    def run(i: int) -> None:
+        kw: dict[str, Any] = {"stop": [stop], "max_tokens": 20} if i < 0 else {"max_tokens": 30}
+        r = server.client.completions.create(
+            model=MODEL,
+            prompt="Once upon a time" if i < 0 else others[i],
+            temperature=0,
+            stream=True,
+            **kw,
+        )
+        text = ""
+        for c in r:
+            text += c.choices[0].text
+            if i >= 0 and text:
+                begun[i].set()
+        got[i] = text
+
+    eng.submit = record  # type: ignore[method-assign]
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(others))]
+        for t in threads:
+            t.start()
+        for e in begun:  # the others decode; the stopped one takes the last slot
+            e.wait(timeout=30)
+        run(-1)
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        del eng.submit
+    assert got[-1] == full[: full.index(stop)]
+    assert [got[i] for i in range(len(others))] == want
+    q = next(r for r in submitted if r.stop == [stop])
+    assert eng.resident.get(q.slot) is q
+    assert q.finished and len(q.tokens) < 20 and q.pos == len(q.prompt) + len(q.tokens) - 1
+    held = (q.prompt + q.tokens)[: q.pos]
+    session = LlamaSession(eng.loaded.model, "auto")
+    session.forward(held)
+    for name, rows in eng.loaded.decoder.slot_view(eng.loaded.cache, q.slot).items():
+        np.testing.assert_allclose(
+            rows[: len(held)], session.cache[name][: len(held)], atol=1e-3, err_msg=name
+        )
+
+
 def test_sixteen_concurrent_streams(server: Running, reference: Any) -> None:
     prompts = [f"Item number {i} is" for i in range(16)]
     want = [reference(reference.tokenizer.encode(p), 8) for p in prompts]

@@ -26,7 +26,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -148,6 +150,7 @@ class GenRequest:
     sent: int = 0
     last_time: float = 0.0
     streamer: Any = None
+    finished: bool = False  # done (its last events may still be on their way)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -233,6 +236,11 @@ class LLMEngine:
         # wake-up of each loop per step, where one per token cost the engine thread a GIL
         # hand-off to the busy loop thread each (a socket write that waited for the GIL)
         self.outbox: dict[asyncio.AbstractEventLoop, list[tuple[GenRequest, str, Any]]] = {}
+        # a step's work that the next step does not depend on (text, stop strings, logprobs,
+        # events: ``_show``) runs on this thread while the next step's plan runs (the run
+        # releases the GIL), instead of between the steps
+        self.deferred: list[Callable[[], None]] = []
+        self.post = ThreadPoolExecutor(1, thread_name_prefix="luminal-post")
         self.thread = threading.Thread(target=self._loop, name="luminal-engine", daemon=True)
 
     # ---------------------------------------------------------------- lifecycle
@@ -317,6 +325,7 @@ class LLMEngine:
             self.thread.join(timeout=5)
         if not self.thread.is_alive():
             self.loaded = None  # the plans and caches go with the engine
+            self.post.shutdown(wait=False)
 
     # ---------------------------------------------------------------- requests
     def submit(self, req: GenRequest) -> None:
@@ -387,6 +396,11 @@ class LLMEngine:
         t_start = time.perf_counter()
         try:
             plan_s = self._iterate()
+            if not self.active:  # no step follows at once to overlap it with
+                self._show_deferred()
+        except BaseException:
+            self.deferred.clear()
+            raise
         finally:
             self._flush()
         if plan_s is not None:  # the engine thread's own time: everything but plan runs
@@ -395,6 +409,12 @@ class LLMEngine:
     def _send(self, r: GenRequest, kind: str, value: Any) -> None:
         """An event for ``r``, delivered at the end of this iteration (engine thread)."""
         self.outbox.setdefault(r.loop, []).append((r, kind, value))
+
+    def _show_deferred(self) -> None:
+        todo, self.deferred = self.deferred, []
+        for f in todo:
+            f()
+        self._flush()
 
     def _flush(self) -> None:
         out, self.outbox = self.outbox, {}
@@ -443,6 +463,7 @@ class LLMEngine:
             if r.cancelled.is_set():
                 self._release(r)
                 continue
+            self._show_deferred()  # the prefill is long: the last step's text goes first
             t0 = time.perf_counter()
             logits = lo.decoder.prefill(lo.prefill, lo.cache, r.slot, r.prompt, r.pos)
             took = time.perf_counter() - t0
@@ -453,7 +474,7 @@ class LLMEngine:
             row = logits.reshape(-1)
             greedy = r.sampler.temperature <= 0 or r.cancelled.is_set()
             self._advance(r, row, int(np.argmax(row)) if greedy else r.sampler(row))
-            self._flush()  # its first token goes now, not after the step
+            self._show_deferred()  # its first token goes now, not after the step
         with self.cv:
             running = [r for r in self.active.values() if not r.cancelled.is_set()]
         if not running:
@@ -494,9 +515,15 @@ class LLMEngine:
             return plan_s
         t0 = time.perf_counter()
         f32 = lo.runner is None or (lo.f32_from > 0 and len(toks) >= lo.f32_from)
-        logits = lo.decoder.step(
-            lo.runner_f32 if f32 else lo.runner, lo.cache, toks, pos, slots, picks or [0]
-        )  # a step of inner prompt tokens only still takes one pick: its logits go unused
+        # the last step's deferred work runs beside this one; it touches no KV cache
+        shown = self.post.submit(self._show_deferred) if self.deferred else None
+        try:  # a step of inner prompt tokens only still takes one pick: its logits go unused
+            logits = lo.decoder.step(
+                lo.runner_f32 if f32 else lo.runner, lo.cache, toks, pos, slots, picks or [0]
+            )
+        finally:
+            if shown is not None:
+                shown.result()
         took = time.perf_counter() - t0
         plan_s += took
         self.metrics.step.observe(took)
@@ -519,20 +546,23 @@ class LLMEngine:
             if self.resident.get(r.slot) is r:  # its rows are no prefix to reuse
                 del self.resident[r.slot]
         for (r, what), row, tok in zip(picked, rows, best.tolist(), strict=True):
-            if failed and id(r) in failed:
+            if (failed and id(r) in failed) or r.finished:  # finished: by a stop string
                 continue
             if what == "prompt":
                 p = at[id(r)] = at[id(r)] + 1
                 if not r.cancelled.is_set():
-                    lp = _logprobs(row, r.prompt[p], r.top_logprobs or 0)
-                    self._send(r, "prompt_logprob", lp)
+                    self.deferred.append(partial(self._prompt_logprob, r, row, r.prompt[p]))
                 continue
             if what == "decode":
                 r.pos += 1
             if r.sampler.temperature > 0 and not r.cancelled.is_set():
                 tok = r.sampler(row)
-            self._advance(r, row, tok)
+            if self._take(r, tok):
+                self.deferred.append(partial(self._show, r, row, tok))
         return plan_s
+
+    def _prompt_logprob(self, r: GenRequest, row: np.ndarray, tok: int) -> None:
+        self._send(r, "prompt_logprob", _logprobs(row, tok, r.top_logprobs or 0))
 
     def _reuse_prefix(self, lo: Loaded, r: GenRequest) -> None:
         """Start ``r`` after the longest beginning of its prompt that some slot holds the
@@ -567,9 +597,16 @@ class LLMEngine:
     def _advance(self, r: GenRequest, logits: np.ndarray, tok: int) -> None:
         """Take ``tok`` (sampled from ``logits``) as the next token of ``r``; emit text;
         finish when due."""
+        if self._take(r, tok):
+            self._show(r, logits, tok)
+
+    def _take(self, r: GenRequest, tok: int) -> bool:
+        """What the next step needs of ``tok`` becoming ``r``'s next token: the sequence's
+        state, and whether it ends (EOS, ``max_tokens``, the context: it leaves its slot
+        before the next step). False: nothing is left to show (cancelled, or EOS)."""
         if r.cancelled.is_set():
             self._release(r)
-            return
+            return False
         now = time.perf_counter()
         if r.generated == 0:
             self.metrics.ttft.observe(now - r.arrived)
@@ -580,9 +617,21 @@ class LLMEngine:
         self.metrics.completion_tokens.inc()
         if tok in self.tokenizer.eos_ids:
             self._done(r, "stop")
-            return
+            return False
         r.tokens.append(tok)
         r.last = tok
+        if r.generated >= r.max_tokens or r.pos >= self.ctx:
+            r.finished = True  # its text and "done" follow in _show
+            self._release(r)
+        return True
+
+    def _show(self, r: GenRequest, logits: np.ndarray, tok: int) -> None:
+        """The rest of taking ``tok``: its logprobs, its text (held back while it may begin
+        a stop string), and the end of the request at a stop string or when ``_take`` ended
+        it. A request a stop string ends may have a row in the step running meanwhile: its
+        result is dropped (its key and value are past the tokens the slot is known to hold)."""
+        if r.cancelled.is_set():
+            return
         if r.top_logprobs is not None:
             self._send(r, "logprob", _logprobs(logits, tok, r.top_logprobs))
         r.text += r.streamer.push(tok)
@@ -597,13 +646,14 @@ class LLMEngine:
         if len(r.text) - hold > r.sent:
             self._send(r, "text", r.text[r.sent : len(r.text) - hold])
             r.sent = len(r.text) - hold
-        if r.generated >= r.max_tokens or r.pos >= self.ctx:
+        if r.finished:
             self._done(r, "length")
 
     def _done(self, r: GenRequest, reason: str) -> None:
         if reason == "length" and r.sent < len(r.text):
             self._send(r, "text", r.text[r.sent :])
             r.sent = len(r.text)
+        r.finished = True
         self._send(r, "done", reason)
         self._release(r)
 
