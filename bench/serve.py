@@ -8,10 +8,13 @@ Each level runs ``--requests`` rounds per client (bounded by ``--level-timeout``
 every client sends one streaming chat completion at a time (temperature 0, distinct
 prompts). Reported per contender and level: aggregate output tok/s (tokens received by all
 clients / wall time of the level), p50/p99 time to first token, p50 inter-token latency
-and errors. ``cold_start_s`` is luminal's reload after an idle unload (plans from the plan
-cache, after the levels), read from its ``luminal_cold_start_seconds`` metric;
-``first_start_s`` is the server process until it answers (``plans_cached``: whether its
-plans came from the plan cache or were compiled); RSS is taken loaded and unloaded.
+and errors. Each client is made inside its level, and making one costs about 0.1 s under
+the GIL, so the level's first requests are sent over an interval (``first_sent_max_s_16``:
+when the last one went, a second or more at 16 clients). ``cold_start_s`` is luminal's
+reload after an idle unload (plans from the plan cache, after the levels), read from its
+``luminal_cold_start_seconds`` metric; ``first_start_s`` is the server process until it
+answers (``plans_cached``: whether its plans came from the plan cache or were compiled);
+RSS is taken loaded and unloaded.
 
 Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from every server's
 environment and the thread count is pinned for both (LUMINAL_NUM_THREADS,
@@ -112,6 +115,10 @@ class Level:
     itl: list[float] = field(default_factory=list)
     errors: int = 0
     requests: int = 0
+    # seconds into the level at which each client sent its first request: the clients are
+    # made inside the level (openai.OpenAI() loads an SSL context, ~0.1 s of GIL each), so
+    # at 16 clients the first requests arrive spread over a second or more
+    first_sent: list[float] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -136,6 +143,8 @@ def run_level(
 
     def client(k: int) -> None:
         c = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout)
+        with lock:
+            lv.first_sent.append(time.perf_counter() - began)
         for r in range(rounds):
             if time.monotonic() > stop_at:
                 return
@@ -169,12 +178,12 @@ def run_level(
                 lv.itl.extend(gaps)
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    t0 = time.perf_counter()
+    began = time.perf_counter()  # before the clients are made: their making is in the level
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    lv.wall = time.perf_counter() - t0
+    lv.wall = time.perf_counter() - began
     return lv
 
 
@@ -254,9 +263,11 @@ def bench_contender(
             before = engine_stats(url) if name == "luminal" else {}
             out[c] = run_level(url + "/v1", model, c, rounds, a.max_tokens, a.level_timeout)
             lv = out[c]
+            sent = f"{min(lv.first_sent):.2f}-{max(lv.first_sent):.2f}" if lv.first_sent else "-"
             print(
                 f"  {name:9s} {c:3d} clients: {lv.tok_s:7.1f} tok/s ({lv.tokens} tokens, "
-                f"{lv.requests} requests, {lv.errors} errors, {lv.wall:.1f} s)",
+                f"{lv.requests} requests, {lv.errors} errors, {lv.wall:.1f} s; first "
+                f"requests sent {sent} s into the level)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -446,6 +457,7 @@ def main() -> int:
         f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),
         f"ttft_p99_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.99), 1),
         f"itl_p50_ms_{hi}": round(1e3 * _pct(lum[hi].itl, 0.5), 2),
+        f"first_sent_max_s_{hi}": round(max(lum[hi].first_sent, default=float("nan")), 2),
         "errors": sum(lv.errors for res in results.values() for lv in res.values()),
         "cold_start_s": round(cold["cold_start_s"], 3),
         "reload_request_s": round(cold["reload_request_s"], 2),

@@ -13,7 +13,10 @@ request alone, whole, with ``LlamaSession``'s prefill plan before the step. A fi
 request (EOS, stop
 string, max_tokens, context full) or a cancelled one (client gone, shutdown) frees its slot
 at once, and the next step runs without it. Events go back to each request's asyncio queue
-through its event loop. Plan runs release the GIL, so the HTTP side stays responsive.
+through its event loop, all of an iteration's at once. Plan runs release the GIL, so the
+HTTP side stays responsive, and a step's text work (detokenizing, stop strings, logprobs,
+events) runs on a second thread while the next step's plan runs: between two steps the
+engine thread only samples and decides which sequences go on.
 """
 
 from __future__ import annotations
