@@ -78,6 +78,12 @@ SIBLINGS = Flag(
     "0 skips merging products of one operand by several weights into one (compiler/siblings.py)",
 )  # fmt: skip
 
+COLLAPSE = Flag(
+    "LUMINAL_COLLAPSE", "1",
+    "0 keeps adjacent symbolic dims a kernel reads as one index (batch x seq rows) as two loops "
+    "(compiler/collapse.py)",
+)  # fmt: skip
+
 CUBLASLT = Flag(
     "LUMINAL_CUBLASLT", "",
     "libcublasLt to load for gemm calls on CUDA (default: what cuda-pathfinder finds, else "
@@ -133,7 +139,7 @@ PROGRESS = Flag(
 )  # fmt: skip
 
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB, KERNEL_CACHE_MB,
-       NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE,
+       NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE, COLLAPSE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
        SEARCH_SCHEDULES, SEARCH_FUSION, ACT_QUANT, PROGRESS)  # fmt: skip

@@ -21,6 +21,7 @@ from .. import flags
 from ..graph.graph import Graph
 from . import kernel_ir as K
 from .actquant import quantize_activations
+from .collapse import collapse_dims
 from .fold import fold_scales
 from .lower import Lowered, lower
 from .schedule import schedule
@@ -88,6 +89,10 @@ def _egraph(g: Graph) -> Graph:
 def _lower(c: Compilation) -> None:
     c.say(f"lowering {len(c.graph.nodes)} nodes")
     c.low = lower(c.graph)
+
+
+def _collapse(c: Compilation) -> None:
+    c.low = collapse_dims(c.lowered)
 
 
 def _tuner(c: Compilation) -> Tuner | None:
@@ -176,6 +181,13 @@ STAGES: list[Stage] = [
         _lower,
         "fusion into kernels of the kernel IR, with the online-softmax rule "
         "(compiler/lower.py, compiler/attention.py)",
+    ),
+    Stage(
+        "collapse",
+        _collapse,
+        "adjacent symbolic dims every index reads as one (batch x seq rows) merged into one "
+        "loop (compiler/collapse.py)",
+        flags.COLLAPSE,
     ),
     Stage(
         "library_calls",
