@@ -266,8 +266,6 @@ class LLMEngine:
             folded = BatchedDecoder(model, self.limits.max_seqs, fold=True, rows=self.rows)
             runner_f32 = folded.runner(self.backend, self.quiet)
         cache = decoder.new_cache()
-        # in the background: the load does not wait for it (the thread holds the arrays)
-        threading.Thread(target=populate, args=(list(cache.values()),), daemon=True).start()
         if self.f32_batch == "auto":
             from .choose import choose_f32_from
 
@@ -298,6 +296,9 @@ class LLMEngine:
         cached = all(r.cached for r in plans)
         how = "plans from the plan cache" if cached else f"backend {plans[0].backend}"
         log(f"{self.name}: loaded in {took:.2f} s ({how})")
+        # after the load (and any measuring of the plans), beside the first requests: the
+        # load does not wait for it (the thread holds the arrays)
+        threading.Thread(target=populate, args=(list(cache.values()),), daemon=True).start()
 
     def _unload(self) -> None:
         self.loaded = None
