@@ -2,7 +2,7 @@
 ``codegen/cpu/panel.py``): a block of more rows than the registers hold dequantizes each
 column block's weight once into an f32 panel, then runs every row of the task over it in
 register blocks. Checked against the reference interpreter at odd row counts and sizes (the
-panel's last rows and columns in its blocks, the row jams of few rows, tasks past the
+panel's row tails of 4, 2 and 1, its last columns, the row jams of few rows, tasks past the
 first block of rows), one plan per schedule serving every row count."""
 
 import re
@@ -23,7 +23,7 @@ from test_loaders import _random_blocks
 from test_schedule_qblocks import _block, _check, _kernel, _product
 
 RNG = np.random.default_rng(23)
-# 1-8: row jams; 9-15: the panel's row blocks of 4 with every rest; 33, 40: a second task
+# 1-8: row jams; 9-15: the panel's row blocks of 4 with every tail; 33, 40: a second task
 ROWS = (1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 15, 17, 33, 40)
 PANELS = [_block(16, 2), _block(PANEL_ROWS, 2), _block(PANEL_ROWS, 4), _block(PANEL_ROWS, 2, 1),
           _block(PANEL_ROWS, 2, 0, 32)]  # fmt: skip
@@ -68,7 +68,7 @@ def test_a_panel_dequantizes_each_weight_block_once_per_task() -> None:
     src = _source(kern, _block(PANEL_ROWS, 2))
     body = src[src.index(f"if (lm_jr >= {panel.PANEL_MIN_ROWS}) {{") : src.index("} else {")]
     fill = body[: body.index("int64_t lm_jo = lm_j0")]
-    rows = body[body.index("for (; lm_jr >= 4;") : body.index("for (; lm_jr > 0;")]
+    rows = body[body.index("for (; lm_jr >= 4;") : body.index("if (lm_jr & 2) {")]
     # the fill: two weight rows' bytes widened and stored, nothing of the rows read
     assert fill.count("lm_vload_i8(") == 2 and fill.count("lm_vstore_f32(") == 2
     assert "lm_vload_f32(" not in fill and fill.count("__builtin_prefetch(") == 2
@@ -83,19 +83,20 @@ def test_a_panel_dequantizes_each_weight_block_once_per_task() -> None:
 
 def test_a_panels_loops_are_one_copy_for_every_column_and_row_count() -> None:
     # one fill of the block's columns, those past the chunk's last clamped to it; the
-    # register block of 4 rows, then one of a single row, each a loop over the panel's
-    # columns in blocks of 2, a block past the chunk's last column computing that column
-    # again, unstored
+    # register blocks of 4 rows, then of 2 and 1, each a loop over the panel's columns in
+    # blocks of 2, a block past the chunk's last column computing that column again, unstored
     _, kern = _kernel(_product("Q4_1", sym.dim("seq", 1, 64), 37, 64))
     src = _source(kern, _block(PANEL_ROWS, 4))
     body = src[src.index(f"if (lm_jr >= {panel.PANEL_MIN_ROWS}) {{") : src.index("} else {")]
-    assert body.count("for (int64_t i1 = ") == 1 and "lm_jr & " not in body
+    assert body.count("for (int64_t i1 = ") == 1
     assert "const int64_t i1j3 = i1 + lm_min(3, lm_cv - 1);" in body
     assert body.count("lm_vstore_f32(&lm_pw0[3][") == 2  # a Q4_1 byte: two nibbles
-    assert re.findall(r"for \(; lm_jr[^;]*;", body) == ["for (; lm_jr >= 4;", "for (; lm_jr > 0;"]
-    assert body.count("for (int64_t lm_b = 0; lm_b < lm_cv; lm_b += 2) {") == 2
-    assert body.count("const int64_t lm_s1 = lm_min(lm_b + 1, lm_cv - 1);") == 2
-    assert body.count("if (lm_b + 1 < lm_cv) {") == 4 + 1  # the blocks of 4 rows and of 1
+    assert re.findall(r"for \(; lm_jr[^;]*;|if \(lm_jr & \d\)", body) == [
+        "for (; lm_jr >= 4;", "if (lm_jr & 2)", "if (lm_jr & 1)"
+    ]  # fmt: skip
+    assert body.count("for (int64_t lm_b = 0; lm_b < lm_cv; lm_b += 2) {") == 3
+    assert body.count("const int64_t lm_s1 = lm_min(lm_b + 1, lm_cv - 1);") == 3
+    assert body.count("if (lm_b + 1 < lm_cv) {") == 4 + 2 + 1  # the blocks of 4, 2, 1 rows
 
 
 def test_few_rows_run_as_row_jams_a_column_at_a_time() -> None:

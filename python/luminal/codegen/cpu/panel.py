@@ -3,14 +3,15 @@
 rows by a chunk of columns. Where ``PANEL_MIN_ROWS`` or more rows are left, for each ``jam2``
 columns of the chunk the columns' weight rows are dequantized once into an f32 panel on the
 task's stack, then every row's products run over the panel in register blocks of
-``PANEL_SUB`` (the last rows one by one): a weight block is dequantized once for the task's
-rows, where a row jam or a register block dequantizes it once per 4-8 rows. Fewer rows run
-jam.py's default row jams.
+``PANEL_SUB`` (the last rows in blocks of 2 and 1): a weight block is dequantized once for
+the task's rows, where a row jam or a register block dequantizes it once per 4-8 rows.
+Fewer rows run jam.py's default row jams.
 
 A chunk's last columns run in the same code as the others, the block's missing columns
-computed again from its last one, unstored: a copy of the loops per rest size (of columns,
-and of rows in blocks of 2) made most of a panel block's C and of its -O3 compile, which
-the search pays for every candidate it measures.
+computed again from its last one, unstored, and each register block is a loop over the
+panel's columns: a copy of the loops per rest size of columns and per block of columns
+made most of a panel block's C and of its -O3 compile, which the search pays for every
+candidate it measures.
 
 What the panel holds is found from the IR, no format named: the largest subtrees of each
 reduction's body that vary along the lanes but not along the rows (``_row_free``: a weight
@@ -34,6 +35,7 @@ from .vector import (
     ACC_CHAINS,
     BLOCK_LANES,
     _accumulate,
+    _digits,
     _flat,
     _shared_loads,
     _terms,
@@ -342,16 +344,18 @@ class _Panel:
             self.out.append(f"{bi}  const int64_t {_c_name(self.full.cols[b])} = {iv}{at};")
         self.em.block(lambda: self.fill(bi + "  "))
         self.out.append(f"{bi}}}")
-        # the rows in register blocks, the last few one by one: a block of 4 clamped to 1-3
-        # rows ran 9 rows 1.18x slower (SmolLM2's 1536 x 576 Q4_1, 1 thread), a block of 2 as
-        # well is one more copy of the loops to compile
+        # the rows in register blocks, the last in blocks of the binary digits of their
+        # count: a block of 4 clamped to the last 1-3 rows ran 9 rows 1.18x slower, and the
+        # last 2-3 rows one by one ran 10-11 rows 1.05-1.14x slower (1536 x 576 Q4_1, 1 thread)
         self.out.append(f"{bi}int64_t lm_jo = lm_j0, lm_jr = lm_jn;")
         self.out.append(f"{bi}for (; lm_jr >= {sub}; lm_jo += {sub}, lm_jr -= {sub}) {{")
         self.em.block(lambda: self.rows(sub, bi + "  "))
         self.out.append(f"{bi}}}")
-        self.out.append(f"{bi}for (; lm_jr > 0; ++lm_jo, --lm_jr) {{")
-        self.em.block(lambda: self.rows(1, bi + "  "))
-        self.out.append(f"{bi}}}")
+        for q in _digits(sub):
+            self.out.append(f"{bi}if (lm_jr & {q}) {{")
+            self.em.block(partial(self.rows, q, bi + "  "))
+            self.out.append(f"{bi}  lm_jo += {q};")
+            self.out.append(f"{bi}}}")
 
 
 def panel_task(
