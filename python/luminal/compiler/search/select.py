@@ -425,7 +425,10 @@ def _split(
     ]
     used = {v.name for shape in shapes for v in sym.free_dims(shape)}
     free = tuple(sorted(n for n, d in sub.dims.items() if d.hi > d.lo and n in used))
-    if record is None or not free:
+    rows = {v.name for k in sub.kernels if isinstance(k, K.Kernel) for v in sym.free_dims(k.shape)}
+    if record is None or not free or (len(free) > 1 and not set(free) <= rows):
+        # several dims, one of them not a row dim (a KV length): time is not linear in
+        # their product
         return None
     n0 = n1 = lo = hi = 1
     small = smallest_dims(sub, dims)
