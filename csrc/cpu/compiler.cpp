@@ -445,15 +445,19 @@ std::vector<Task> plan_tasks(const std::vector<std::string> &sources,
                              const std::vector<size_t> &misses, unsigned jobs) {
   std::vector<Task> tasks;
   std::map<std::string, std::vector<size_t>> classes; // text before the entry -> units
-  size_t total = 0;
+  size_t total = 0; // the bytes compiled: a class's shared head counted once
   for (size_t i : misses) {
     size_t at = misses.size() > 1 ? groupable_at(sources[i]) : std::string::npos;
-    if (at == std::string::npos)
+    if (at == std::string::npos) {
       tasks.push_back({{i}, sources[i].size()});
-    else
+      total += sources[i].size();
+    } else {
       classes[sources[i].substr(0, at)].push_back(i);
-    total += sources[i].size();
+      total += sources[i].size() - at;
+    }
   }
+  // each class gets groups in proportion to its share of the bytes (a class that is all of
+  // them, a search's candidates, one per core)
   for (auto &[head, units] : classes) {
     size_t bytes = 0;
     for (size_t i : units) bytes += sources[i].size() - head.size();
