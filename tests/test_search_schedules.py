@@ -287,12 +287,62 @@ def test_a_stage_prepares_every_kernels_candidates_in_one_batch():
         measured.append(id(sub))
         return 1.0
 
-    t = Tuner(measure, "batch", None, prepare=lambda subs: batches.append(len(subs)))
+    def prepare(subs, wait=True):
+        batches.append((len(subs), wait))
+
+    t = Tuner(measure, "batch", None, prepare=prepare)
     schedules.choose_schedules(lower(g), t, _signature)
     assert t.stats.searched == 2  # two kernels, two decisions ...
-    # ... and one batch, with each decision's reference (unblocked: the default blocks these
-    # products, so the kept candidate is checked against a program of its own)
-    assert len(batches) == 1 and batches[0] == len(set(measured)) + 2
+    # ... each handed over to compile in the background as it is listed, with its reference
+    # (unblocked: the default blocks these products, so the kept candidate is checked
+    # against a program of its own), then one waiting call before the first measurement
+    assert [w for _, w in batches] == [False, False, True]
+    assert sum(n for n, _ in batches) == len(set(measured)) + 2 and batches[-1][0] == 0
+
+
+def test_background_compiles_finish_before_a_measurement(monkeypatch):
+    """The candidates handed over while a stage lists them compile on a background thread,
+    never while a measured run is timed; the plan still computes what the interpreter does."""
+    import threading
+    import time
+
+    from luminal import _rt
+
+    monkeypatch.setattr(select, "MIN_GEMM_WORK", 1 << 40)  # keep generated kernels
+    monkeypatch.setattr(luminal.runtime, "_PROFILED", [])
+    compiling: list[tuple[float, float, str]] = []
+    runs: list[tuple[float, float]] = []
+    real_prepare, real_run = _rt.prepare, luminal.runtime.Executor.run
+
+    def prepare(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return real_prepare(*a, **kw)
+        finally:
+            compiling.append((t0, time.perf_counter(), threading.current_thread().name))
+
+    def run(self, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return real_run(self, *a, **kw)
+        finally:
+            runs.append((t0, time.perf_counter()))
+
+    monkeypatch.setattr(_rt, "prepare", prepare)
+    monkeypatch.setattr(luminal.runtime.Executor, "run", run)
+    g = lm.Graph("three")
+    x = g.input("x", (2, 256))
+    for i, n in enumerate((384, 256, 320)):
+        w = g.weight(f"w{i}", data=rand(n, x.shape[-1]) / np.float32(16))
+        x = (x.unsqueeze(1) * w.unsqueeze(0)).sum(-1)
+    g.output("y", x)
+    cg = lm.compile(g)
+    assert compiling and runs
+    for a0, a1, _ in compiling:
+        assert not any(b0 < a1 and a0 < b1 for b0, b1 in runs)
+    a = rand(2, 256)
+    np.testing.assert_allclose(cg.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
 
 
 def test_measured_programs_run_their_schedule():

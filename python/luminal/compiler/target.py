@@ -56,10 +56,12 @@ class ScheduleSpace:
 
 
 class Target(Protocol):
-    """A backend as the compiler sees it. A target may also have ``prepare(lows)``: get ready
-    to measure all of ``lows`` (compile their kernels together, in parallel); the search calls
-    it with one decision's candidates. ``races = True`` says ``measure`` takes ``cutoff=``
-    (seconds: a first run slower than it is the only one)."""
+    """A backend as the compiler sees it. A target may also have ``prepare(lows, wait=True)``:
+    get ready to measure all of ``lows`` (compile their kernels together, in parallel); the
+    search calls it with a stage's candidates. With ``wait=False`` it may return before that
+    is done (compiling in the background while the search lists more candidates) and must
+    finish it before it next measures or prepares waiting. ``races = True`` says ``measure``
+    takes ``cutoff=`` (seconds: a first run slower than it is the only one)."""
 
     name: str
     cost: CostModel

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -232,6 +233,51 @@ def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
     return tuple((n, id(a), a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
 
 
+class _Background:
+    """Batches of measuring plans compiled (``_rt.prepare``) on a background thread, one at a
+    time with one compiler job each, in the order given."""
+
+    def __init__(self) -> None:
+        self._pending: list[list[Any]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, batch: list[Any]) -> None:
+        with self._lock:
+            self._pending.append(batch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="luminal-prepare")
+                self._thread.start()
+
+    def _run(self) -> None:
+        from .. import _rt
+
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._thread = None
+                    return
+                batch = self._pending.pop(0)
+            # a kernel that fails to compile is compiled again by its measuring executor,
+            # which reports the error where the search can say which candidate it was
+            with contextlib.suppress(Exception):
+                _rt.prepare(batch, "cpu", 1)
+
+    def finish(self, batch: list[Any]) -> None:
+        """Compiles ``batch`` and the batches not started yet on all cores, then waits for
+        the one the thread is compiling."""
+        from .. import _rt
+
+        with self._lock:
+            todo = [p for b in self._pending for p in b] + batch
+            self._pending.clear()
+            thread = self._thread
+        if todo:
+            _rt.prepare(todo, "cpu", 0)
+        if thread is not None:
+            thread.join()
+
+
 def cpu_id() -> str:
     """Names the CPU measured decisions belong to: its model, feature flags and core count
     (a decision measured with AVX-512 does not hold on an AVX2 machine)."""
@@ -262,13 +308,20 @@ class CpuTarget:
     def _measuring_plan(self, low: Lowered) -> Plan:
         return self.build_plan(low, "measure")
 
-    def prepare(self, lows: list[Lowered]) -> None:
+    def prepare(self, lows: list[Lowered], wait: bool = True) -> None:
         """Compiles the kernels of every program in ``lows`` at once, on all cores, into the
-        disk cache: the measuring runs after it compile nothing."""
+        disk cache: the measuring runs after it compile nothing. ``wait=False`` queues them
+        for a background thread that compiles one batch at a time on one core (the caller's
+        Python holds the other); the next waiting ``prepare``, or measurement, compiles what
+        it has not started together with its own and waits for the rest."""
         from .. import _rt
 
         plans = [self._measuring_plan(low) for low in lows]
-        _rt.prepare([_rt.Plan.from_parts(p.parts(), ".") for p in plans], "cpu", 0)
+        batch = [_rt.Plan.from_parts(p.parts(), ".") for p in plans]
+        if wait:
+            self._background.finish(batch)
+        else:
+            self._background.submit(batch)
         # the measuring runs take these plans instead of rendering them again (a search's
         # later, smaller batches add to a stage's; bounded across compiles)
         if len(self._prepared) > PREPARED_MAX:
@@ -298,10 +351,12 @@ class CpuTarget:
         # id(low) -> (low, its executor), most recently used last
         self._executors: OrderedDict[int, tuple[Lowered, Any]] = OrderedDict()
         self._rings: OrderedDict[tuple, _Ring] = OrderedDict()
+        self._background = _Background()
 
     def _executor(self, low: Lowered) -> Any:
         from .. import runtime
 
+        self._background.finish([])  # nothing compiles while a measurement runs
         hit = self._executors.get(id(low))
         if hit is not None and hit[0] is low:
             self._executors.move_to_end(id(low))

@@ -32,7 +32,8 @@ EXTRA_CANDIDATES: list[Callable[[K.Kernel], K.Kernel | None]] = []
 
 def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowered:
     """``low`` with a measured schedule set on every kernel that has alternatives. Every
-    kernel's candidates are listed first, so the tuner prepares them in one batch."""
+    kernel's candidates are listed first, each decision handed to the tuner to compile in the
+    background as it is listed, the rest compiled in one batch before the measurements."""
     dims = representative_dims(low)
     names = sorted(low.dims)
     # identical kernels (a model's layers) get one decision: candidates are rendered to tell
@@ -49,7 +50,9 @@ def choose_schedules(low: Lowered, tuner: Tuner, signature: Signature) -> Lowere
         key = f"{sub_fingerprint(reference)}|{kern.schedule}|{ranges}"
         keys.append(key)
         if key not in decisions:
-            decisions[key] = _candidates(low, kern, tuner, signature, dims, names, reference)
+            d = decisions[key] = _candidates(low, kern, tuner, signature, dims, names, reference)
+            if d is not None:  # compiled while the next kernels' candidates are listed
+                tuner.prefetch([("schedule", d.dims, d.reference, d.cands)], wait=False)
     tuner.prefetch([("schedule", d.dims, d.reference, d.cands) for d in decisions.values() if d])
     chosen: dict[str, K.Schedule | None] = {}
     steps: list[Step] = []

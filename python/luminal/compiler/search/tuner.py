@@ -369,8 +369,9 @@ class Tuner:
     space: ScheduleSpace = field(default_factory=ScheduleSpace)  # the target's schedules
     # the target's other implementations of a library call (Target.library_variants)
     variants: Callable[[K.LibCall], list[tuple[str, K.LibCall]]] | None = None
-    # the target's batch preparation (Target.prepare): one decision's candidates compiled at once
-    prepare: Callable[[list[Lowered]], None] | None = None
+    # the target's batch preparation (Target.prepare(lows, wait)): a stage's candidates
+    # compiled at once; with wait=False, started in the background
+    prepare: Callable[..., None] | None = None
     # measure takes ``cutoff=`` (Target.races): a candidate's first run slower than that is its
     # only one, so a clear loser costs one run instead of its repeats
     races: bool = False
@@ -384,7 +385,9 @@ class Tuner:
         if self.max_candidates < 1:
             raise ValueError(f"{flags.SEARCH_CANDIDATES.name} must be at least 1")
         self._spent = 0.0
-        self._ready: set[int] = set()  # ids of candidate programs prefetch prepared
+        # candidate programs prefetch prepared (or handed over to prepare in the background)
+        self._ready: dict[int, Lowered] = {}
+        self._handed = False  # a prefetch(wait=False) since the last one that waited
         self._keys: dict[int, tuple[Any, ...]] = {}  # id(candidates) -> (them, ..., cache key)
 
     def _count(self, what: str, n: float = 1) -> None:
@@ -487,11 +490,18 @@ class Tuner:
         return spread_order(costs, _groups(candidates), default, self.max_candidates)
 
     def prefetch(
-        self, decisions: Sequence[tuple[str, dict[str, int], Lowered, Sequence[Candidate]]]
+        self,
+        decisions: Sequence[tuple[str, dict[str, int], Lowered, Sequence[Candidate]]],
+        wait: bool = True,
     ) -> None:
         """Ready the target to measure the candidates of many decisions (``(kind, dims,
         reference, candidates)``, default 0) in one ``prepare``: a stage's kernels compile on
-        all cores together instead of a few at a time. Cached decisions need nothing."""
+        all cores together instead of a few at a time. Cached decisions need nothing.
+
+        ``wait=False`` hands them to the target to compile in the background and returns: a
+        stage that lists its decisions one by one (Python, one core) hands each over as it is
+        listed, so the compiler runs on the other core meanwhile; its last call (waiting, with
+        every decision) compiles what was not started yet on all cores."""
         if self.prepare is None or self._spent >= self.budget_s:
             return
         subs = []
@@ -499,14 +509,25 @@ class Tuner:
             if (len(candidates) > 1 or candidates[0].sub is not reference) and self._cached(
                 kind, dims, reference, candidates
             )[1] is None:
-                subs += _to_prepare(
-                    reference, [candidates[i] for i in self._measured(candidates, 0)]
-                )
-        if len(subs) > 1:
+                subs += [
+                    s
+                    for s in _to_prepare(
+                        reference, [candidates[i] for i in self._measured(candidates, 0)]
+                    )
+                    if self._ready.get(id(s)) is not s
+                ]
+        if not wait:
+            if subs:
+                self.prepare(subs, wait=False)
+                self._ready.update({id(s): s for s in subs})
+                self._handed = True
+            return
+        if len(subs) > 1 or self._handed:
             t0 = time.perf_counter()
             self.prepare(subs)
             self._spent += time.perf_counter() - t0
-            self._ready = {id(s) for s in subs}
+            self._ready.update({id(s): s for s in subs})
+            self._handed = False
 
     def _search(
         self,
@@ -528,7 +549,7 @@ class Tuner:
         small_times: dict[int, float] = {}
         if self.prepare is not None and (len(chosen) > 1 or candidates[0].sub is not reference):
             subs = _to_prepare(reference, [candidates[i] for i in chosen])
-            if not all(id(s) in self._ready for s in subs):
+            if not all(self._ready.get(id(s)) is s for s in subs):
                 self.prepare(subs)
         for i in sorted(chosen, key=lambda i: rank[i]):
             if len(chosen) == 1:  # nothing to compare: only checked
