@@ -345,6 +345,26 @@ def test_background_compiles_finish_before_a_measurement(monkeypatch):
                                atol=1e-4)  # fmt: skip
 
 
+def test_kernels_no_decision_measures_are_compiled_before_the_plan_loads(tmp_path, monkeypatch):
+    """The search hands the kernels it does not measure (an elementwise kernel here) to the
+    target to compile in the background while the later stages run: loading the plan then
+    compiles nothing, and it computes what the interpreter does."""
+    import glob
+
+    monkeypatch.setattr(select, "MIN_GEMM_WORK", 1 << 40)  # keep generated kernels
+    g = lm.Graph("tail")
+    x = g.input("x", (2, 256))
+    w = g.weight("w", data=rand(320, 256) / np.float32(16))
+    h = (x.unsqueeze(1) * w.unsqueeze(0)).sum(-1)
+    g.output("y", (h.exp() + h.sin()) * h)
+    cg = lm.compile(g, cache=False, load=False)
+    kernels = glob.glob(str(tmp_path / "cpu-*"))
+    a = rand(2, 256)
+    got = cg.run({"x": a})["y"]  # loads the plan
+    assert sorted(glob.glob(str(tmp_path / "cpu-*"))) == sorted(kernels)
+    np.testing.assert_allclose(got, g.run({"x": a})["y"], rtol=1e-4, atol=1e-4)
+
+
 def test_measured_programs_run_their_schedule():
     # the search times cut-out programs of unscheduled kernels: code generation applies each
     # one's schedule, so what is timed is what the plan runs (a blocked quantized GEMV

@@ -299,6 +299,13 @@ class CpuTarget:
         return cpu_id()
 
     def build_plan(self, low: Lowered, name: str) -> Plan:
+        plan = self._assemble(low, name)
+        # kernels the search handed over (Tuner.warm) may be compiling: the plan's executor
+        # would compile them again
+        self._background.finish([])
+        return plan
+
+    def _assemble(self, low: Lowered, name: str) -> Plan:
         libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
         return assemble_plan(low, name, "cpu", "", render_all(low), libcalls)
 
@@ -306,7 +313,7 @@ class CpuTarget:
         return []
 
     def _measuring_plan(self, low: Lowered) -> Plan:
-        return self.build_plan(low, "measure")
+        return self._assemble(low, "measure")
 
     def prepare(self, lows: list[Lowered], wait: bool = True) -> None:
         """Compiles the kernels of every program in ``lows`` at once, on all cores, into the

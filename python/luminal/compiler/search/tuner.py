@@ -529,6 +529,13 @@ class Tuner:
             self._ready.update({id(s): s for s in subs})
             self._handed = False
 
+    def warm(self, programs: Sequence[Lowered]) -> None:
+        """Hand programs the plan will run that no decision measures to the target to compile
+        in the background (``prepare(wait=False)``): the stages after the search run
+        meanwhile, and the plan then finds their kernels compiled."""
+        if self.prepare is not None and programs:
+            self.prepare(list(programs), wait=False)
+
     def _search(
         self,
         name: str,
