@@ -313,6 +313,13 @@ def main() -> int:
         help="luminal serve --prefill",
     )
     p.add_argument("--no-prefix-reuse", action="store_true", help="luminal serve --no-prefix-reuse")
+    p.add_argument(
+        "--act-quant",
+        choices=["f32", "q8"],
+        default="f32",
+        help="luminal serve --act-quant: activations of products by quantized weights in f32, "
+        "or q8 (int8 per block of 32: llama.cpp's numerics, which its server uses too)",
+    )
     p.add_argument("--idle", type=float, default=3.0, help="luminal serve --idle-unload")
     p.add_argument("--no-llamacpp", action="store_true")
     a = p.parse_args()
@@ -361,7 +368,9 @@ def main() -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = os.path.join(logs, "bench_serve_luminal.log")
-        pr = Proc(luminal_cmd(port, a.idle), env, log)
+        # what `luminal serve --act-quant` sets (python -m luminal.serve reads the variable)
+        lum_env = dict(env, LUMINAL_ACT_QUANT="" if a.act_quant == "f32" else a.act_quant)
+        pr = Proc(luminal_cmd(port, a.idle), lum_env, log)
         cold["first_start_s"] = pr.ready(url + "/health", a.start_timeout)
         with open(log) as fh:
             text = fh.read()
@@ -452,6 +461,7 @@ def main() -> int:
         "step_tokens": a.step_tokens,
         "prefill": a.prefill,
         "prefix_reuse": not a.no_prefix_reuse,
+        "act_quant": a.act_quant,
         f"agg_tok_s_{hi}": round(lum[hi].tok_s, 1),
         f"agg_tok_s_{lo}": round(lum[lo].tok_s, 1),
         f"ttft_p50_ms_{hi}": round(1e3 * _pct(lum[hi].ttft, 0.5), 1),

@@ -16,6 +16,7 @@ from luminal.compiler import pipeline
 from luminal.compiler.actquant import fake_quant_q8, quantize_activations
 from luminal.compiler.lower import BufferInfo, lower
 from luminal.compiler.search.gemm import match_qdot
+from luminal.compiler.search.select import subprogram
 from luminal.graph import symbolic as sym
 from luminal.loaders import quants
 from luminal.targets.cpu import CpuTarget
@@ -122,7 +123,7 @@ def _run(low, inputs: dict[str, np.ndarray], rows: int) -> np.ndarray:
     return ex.run(inputs, {"rows": rows})["y"]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", ""])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "vnni256", ""])
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0"])
 def test_qdot_matches_interpreter(fmt: str, isa: str, monkeypatch) -> None:
     """q8 activations by each format through the call, at odd row counts (1, 3, 7: the
@@ -142,6 +143,51 @@ def test_qdot_matches_interpreter(fmt: str, isa: str, monkeypatch) -> None:
         want = ref_graph.run(inputs, rows=rows)["y"]
         got = _run(low, inputs, rows)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0"])
+def test_qdot_weight_given_as_input_is_packed_again_when_its_bytes_change(fmt: str) -> None:
+    """The call packs its weight on the first run and keeps the packed copy while the weight's
+    bytes stay the same, also from new buffers (the search times a call on copies of its
+    inputs); other bytes are packed again. Cut out as the search cuts it: the weight's buffers
+    are inputs."""
+    n, k, rows = 37, 96, 5
+    low = lower(pipeline.graph_passes(_product(fmt, n, k)))
+    (kern,) = low.kernels
+    alt = match_qdot(kern, len(low.buffers))
+    assert alt is not None and alt.epilogue is None
+    sub = subprogram(low, [alt.call])
+    plan = CpuTarget().build_plan(sub, "t")
+
+    def inputs(seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        out = {}
+        for b in sub.buffers:
+            if b.role != "input":
+                continue
+            shape = tuple(rows if isinstance(d, sym.Expr) else int(d) for d in b.shape)
+            if b.name == f"b{alt.call.args[0]}":  # q8 values: codes times a power of two
+                codes = rng.integers(-126, 127, size=shape).astype(np.float32)
+                codes[:, ::32] = 127  # amax is 127 d: exact codes
+                out[b.name] = codes * np.float32(2.0**-5)
+            elif b.dtype.name in ("u8", "i8"):
+                out[b.name] = rng.integers(0, 256, size=shape, dtype=np.uint8).view(b.dtype.np_type)
+            else:
+                out[b.name] = rng.uniform(-0.1, 0.1, size=shape).astype(np.float32)
+        return out
+
+    def run(ex: runtime.Executor, x: dict[str, np.ndarray]) -> np.ndarray:
+        (y,) = ex.run(x, {"rows": rows}).values()
+        return np.array(y)
+
+    a, b = inputs(1), inputs(2)
+    ex = runtime.Executor(plan)
+    first = run(ex, a)
+    np.testing.assert_array_equal(first, run(runtime.Executor(plan), a))
+    np.testing.assert_array_equal(run(ex, {n_: v.copy() for n_, v in a.items()}), first)
+    np.testing.assert_array_equal(run(ex, b), run(runtime.Executor(plan), b))
+    np.testing.assert_array_equal(run(ex, a), first)
+    assert not np.array_equal(run(ex, b), first)
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])

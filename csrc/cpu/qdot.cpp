@@ -33,6 +33,7 @@ struct QRows {
   std::vector<int8_t> codes;
   std::vector<float> scale, scaled_sum;
   std::vector<uint8_t> exact;
+  std::vector<int64_t> inexact; // row * nb + block of every block that is not codes
 };
 
 void quantize_rows(const float *a, int64_t lda, int64_t m, int64_t k, QRows &q) {
@@ -41,6 +42,7 @@ void quantize_rows(const float *a, int64_t lda, int64_t m, int64_t k, QRows &q) 
   q.scale.resize(size_t(m * nb));
   q.scaled_sum.resize(size_t(m * nb));
   q.exact.resize(size_t(m * nb));
+  q.inexact.clear();
   for (int64_t r = 0; r < m; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float *v = a + r * lda + b * kBlock;
@@ -59,9 +61,12 @@ void quantize_rows(const float *a, int64_t lda, int64_t m, int64_t k, QRows &q) 
         exact &= y * s == v[j];
       }
       size_t i = size_t(r * nb + b);
-      q.scale[i] = s;
+      // an inexact block's scale is 0: the packed path's integer sums then add nothing and
+      // its f32 sum is added apart
+      q.scale[i] = exact ? s : 0.f;
       q.scaled_sum[i] = exact ? s * float(sum) : 0.f;
       q.exact[i] = exact;
+      if (!exact) q.inexact.push_back(int64_t(i));
     }
 }
 
@@ -132,6 +137,152 @@ void run_scalar(const Weights &w, int64_t lo, int64_t hi, int64_t nb, const QRow
     for (int64_t r = 0; r < m; ++r) c[r * ldc + row] = dot_scalar(w, row, nb, x, r, a + r * lda);
 }
 
+// The weight repacked for the AVX-512 VNNI path (qdot_packed.inc): weight rows in groups of
+// 16; per group and block, `stride` bytes: first the codes, the 4 codes of one k-group of all
+// 16 rows in one 64-byte vector (q4: two k-groups per vector, one in each nibble; q8_0: as u8,
+// code + 128), then the scales. Compact: each row's block scale as f16 (Q4_1: then M as f16),
+// the size of the GGUF block, where every scale is an f16 value and Q4_1's halves share one
+// scale (GGUF weights); else f32 scales of each row's first and last 16 values and a constant
+// times the activation block's scaled code sum (Q4_1: M; Q4_0: -8 D; q8_0: -128 D, undoing the
+// + 128). Rows past n have zero scales.
+struct Packed {
+  QFmt fmt = QFmt::q4_0;
+  // the weight it was packed from: its buffers and a hash of their bytes
+  const void *src[3] = {};
+  uint64_t hash = 0;
+  int64_t n = 0, nb = 0, code_bytes = 0, stride = 0;
+  bool compact = false;
+  std::vector<uint8_t> data;
+};
+
+// x as an IEEE half when it is one exactly.
+bool half_exact(float x, uint16_t &h) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7fffffffu;
+  if (mag == 0) return h = uint16_t(sign), true;
+  const int e = int(mag >> 23) - 127;
+  const uint32_t frac = (mag & 0x7fffffu) | 0x800000u; // with the implicit bit
+  if (mag >= 0x7f800000u || e > 15) return false;
+  if (e >= -14) { // normal: 10 fraction bits
+    if (mag & 0x1fffu) return false;
+    h = uint16_t(sign | uint32_t(e + 15) << 10 | (mag & 0x7fffffu) >> 13);
+    return true;
+  }
+  const int shift = -e - 14 + 13; // subnormal: multiples of 2^-24
+  if (shift > 24 || (frac & ((1u << shift) - 1))) return false;
+  h = uint16_t(sign | frac >> shift);
+  return true;
+}
+
+// Row `row`'s scales of block b: of its first and last 16 values, and its M (Q4_1) or D.
+void block_scales(const Weights &w, int64_t blk, float &lo, float &hi, float &m) {
+  if (w.fmt == QFmt::q4_1)
+    lo = w.s[2 * blk], hi = 16.f * w.s[2 * blk + 1], m = w.m[blk];
+  else
+    lo = hi = m = w.s[blk];
+}
+
+bool can_be_compact(const Weights &w, int64_t blocks) {
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    float lo, hi, m;
+    uint16_t h;
+    block_scales(w, blk, lo, hi, m);
+    if (lo != hi || !half_exact(lo, h) || !half_exact(m, h)) return false;
+  }
+  return true;
+}
+
+void pack(const Weights &w, int64_t n, int64_t nb, Packed &p) {
+  const bool q8 = w.fmt == QFmt::q8_0;
+  const int64_t groups = (n + 15) / 16;
+  p.fmt = w.fmt;
+  p.n = n;
+  p.nb = nb;
+  p.compact = can_be_compact(w, n * nb);
+  p.code_bytes = q8 ? 512 : 256;
+  p.stride = p.code_bytes + (p.compact ? (w.fmt == QFmt::q4_1 ? 64 : 32) : 192);
+  p.data.assign(size_t(groups * nb * p.stride), 0);
+  for (int64_t row = 0; row < n; ++row) {
+    const int64_t g = row / 16, j = row % 16;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t blk = row * nb + b;
+      const uint8_t *src = w.q + blk * w.q_stride;
+      uint8_t code[kBlock];
+      for (int e = 0; e < kBlock; ++e)
+        code[e] = q8 ? uint8_t(int(int8_t(src[e])) + 128)
+                     : uint8_t(e < 16 ? src[e] & 15 : src[e - 16] >> 4);
+      uint8_t *dst = &p.data[size_t((g * nb + b) * p.stride)];
+      for (int i = 0; i < 4; ++i) {
+        if (q8) {
+          for (int t = 0; t < 8; ++t) dst[64 * t + 4 * j + i] = code[4 * t + i];
+        } else {
+          for (int jj = 0; jj < 4; ++jj)
+            dst[64 * jj + 4 * j + i] = uint8_t(code[8 * jj + i] | code[8 * jj + 4 + i] << 4);
+        }
+      }
+      float lo, hi, m;
+      block_scales(w, blk, lo, hi, m);
+      uint8_t *sc = dst + p.code_bytes;
+      if (p.compact) {
+        uint16_t h[2] = {};
+        half_exact(lo, h[0]);
+        half_exact(m, h[1]);
+        std::memcpy(sc + 2 * j, &h[0], 2);
+        if (w.fmt == QFmt::q4_1) std::memcpy(sc + 32 + 2 * j, &h[1], 2);
+      } else {
+        if (w.fmt == QFmt::q4_0) m *= -8.f;
+        if (w.fmt == QFmt::q8_0) m *= -128.f;
+        float f[3] = {lo, hi, m};
+        for (int i = 0; i < 3; ++i) std::memcpy(sc + 64 * i + 4 * j, &f[i], 4);
+      }
+    }
+  }
+}
+
+// A 64-bit hash of n bytes, four independent multiply-xor chains (about 8 bytes a cycle).
+uint64_t hash_bytes(const void *data, size_t n, uint64_t seed) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  const auto *b = static_cast<const uint8_t *>(data);
+  uint64_t h[4] = {seed, seed ^ 0x632BE59BD9B4E019ull, seed + kMul, seed ^ 0xD6E8FEB86659FD93ull};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 4; ++j) {
+      uint64_t v;
+      std::memcpy(&v, b + i + 8 * j, 8);
+      h[j] = (h[j] ^ v) * kMul;
+      h[j] ^= h[j] >> 31;
+    }
+  uint64_t t = n;
+  for (; i < n; ++i) t = (t ^ b[i]) * kMul;
+  uint64_t out = t;
+  for (uint64_t x : h) out = (out ^ x) * kMul, out ^= out >> 29;
+  return out;
+}
+
+// A fingerprint of the weight's buffers: their sizes and kSampleChunks chunks of each, spread
+// evenly (reading all of a weight, as a full hash does, costs what the product itself costs
+// at one activation row).
+constexpr int64_t kSampleChunks = 64, kChunk = 64;
+
+uint64_t sample_hash(const void *data, size_t n, uint64_t h) {
+  const auto *b = static_cast<const uint8_t *>(data);
+  h = hash_bytes(&n, sizeof n, h);
+  if (n <= size_t(kSampleChunks * kChunk)) return hash_bytes(b, n, h);
+  const size_t step = (n - kChunk) / (kSampleChunks - 1);
+  for (int64_t i = 0; i < kSampleChunks; ++i) h = hash_bytes(b + size_t(i) * step, kChunk, h);
+  return h;
+}
+
+uint64_t weight_fingerprint(const Weights &w, int64_t n, int64_t nb) {
+  const int64_t blocks = n * nb;
+  const size_t qbytes = w.fmt == QFmt::q8_0 ? 32 : 16;
+  uint64_t h = sample_hash(w.q, size_t((blocks - 1) * w.q_stride) + qbytes, uint64_t(w.fmt));
+  h = sample_hash(w.s, sizeof(float) * size_t(blocks * (w.fmt == QFmt::q4_1 ? 2 : 1)), h);
+  if (w.m) h = sample_hash(w.m, sizeof(float) * size_t(blocks), h);
+  return h;
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
@@ -150,19 +301,29 @@ namespace vnni {
 } // namespace vnni
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+namespace vnni512 {
+#include "qdot_packed.inc"
+} // namespace vnni512
+#pragma GCC pop_options
+
 using RunFn = void (*)(const Weights &, int64_t, int64_t, int64_t, const QRows &, int64_t,
                        const float *, int64_t, float *, int64_t);
 
-// By the CPU's features; LUMINAL_QDOT_ISA=scalar|avx2 caps it (tests compare the paths).
+// By the CPU's features; LUMINAL_QDOT_ISA=scalar|avx2|vnni256 caps it (tests compare the
+// paths). nullptr: the packed AVX-512 path.
 RunFn pick_run() {
   const char *force = std::getenv("LUMINAL_QDOT_ISA");
   std::string cap = force ? force : "";
   __builtin_cpu_init();
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   bool vnni = avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  bool wide = vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   if (cap == "scalar" || !avx2) return run_scalar;
   if (cap == "avx2" || !vnni) return avx2::run_rows;
-  return vnni::run_rows;
+  if (cap == "vnni256" || !wide) return vnni::run_rows;
+  return nullptr;
 }
 
 class QDot final : public LibCallOp {
@@ -242,6 +403,7 @@ public:
                  static_cast<const float *>(args[2]),
                  fmt_ == QFmt::q4_1 ? static_cast<const float *>(args[3]) : nullptr};
     c_ = static_cast<float *>(args[args_.size() - 1]);
+    if (!run_) repack_if_new(n, k / kBlock);
     int64_t tasks = (n + kRows - 1) / kRows;
     void *targs[1] = {this};
     if (tasks == 1 || m * n * k < (int64_t(1) << 15))
@@ -251,12 +413,37 @@ public:
   }
 
 private:
-  static constexpr int64_t kRows = 16; // weight rows per task
+  static constexpr int64_t kRows = 16; // weight rows per task: one group of the packed path
+
+  // A plan's weights are constant: packed on its first run. The weight operand moves only in
+  // the search's measuring plans, which take it as an input: there each timed run gets a
+  // byte-identical copy (the packed copy is kept), and cut-outs that share an executor get
+  // other random bytes (told apart by the fingerprint's samples).
+  void repack_if_new(int64_t n, int64_t nb) {
+    const void *src[3] = {w_.q, w_.s, w_.m};
+    if (packed_.n == n && packed_.nb == nb && std::equal(src, src + 3, packed_.src)) return;
+    uint64_t h = weight_fingerprint(w_, n, nb);
+    if (packed_.n != n || packed_.nb != nb || packed_.hash != h) {
+      pack(w_, n, nb, packed_);
+      packed_.hash = h;
+    }
+    std::copy(src, src + 3, packed_.src);
+  }
 
   static void task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
     const QDot &d = *static_cast<const QDot *>(targs[0]);
     int64_t m = d.v_[0], n = d.v_[1], k = d.v_[2], lda = d.v_[3], nb = k / kBlock;
-    d.run_(d.w_, begin * kRows, std::min(n, end * kRows), nb, d.x_, m, d.a_, lda, d.c_, n);
+    int64_t lo = begin * kRows, hi = std::min(n, end * kRows);
+    if (d.run_) {
+      d.run_(d.w_, lo, hi, nb, d.x_, m, d.a_, lda, d.c_, n);
+      return;
+    }
+    vnni512::run_packed(d.packed_, begin, end, d.x_, m, d.c_, n);
+    for (int64_t i : d.x_.inexact) { // blocks that are not codes: their f32 sums
+      int64_t r = i / nb, b = i % nb;
+      for (int64_t row = lo; row < hi; ++row)
+        d.c_[r * n + row] += block_f32(d.w_, row * nb + b, d.a_ + r * lda + b * kBlock);
+    }
   }
 
   std::string at_;
@@ -270,6 +457,7 @@ private:
   // the current run's operands (set by run before the tasks start)
   QRows x_;
   Weights w_{};
+  Packed packed_;
   const float *a_ = nullptr;
   float *c_ = nullptr;
 };
