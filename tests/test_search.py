@@ -262,11 +262,15 @@ def test_library_calls_of_a_program_are_prepared_together_and_renumbered(tmp_pat
         mine = any(s.name.startswith(first) for s in sub.kernels)
         return (2.0 if mine else 1.0) if has_lib else 1.5
 
-    tuner = Tuner(measure, "renumber", CpuTarget().evaluate, prepare=lambda s: batches.append(s))
+    def prepare(subs, wait=True):
+        batches.append((subs, wait))
+
+    tuner = Tuner(measure, "renumber", CpuTarget().evaluate, prepare=prepare)
     dims = select.representative_dims(low)
     assert all(select._options(low, k, list(low.buffers), tuner, dims).extra for k in low.kernels)
     chosen = select.choose_library_calls(low, tuner)
-    assert len(batches) == 1
+    # each decision handed over as it is listed, then one waiting call before measuring
+    assert [w for _, w in batches] == [False, False, True]
     assert isinstance(chosen.kernels[0], K.Kernel)
     assert any(isinstance(s, K.LibCall) for s in chosen.kernels[1:])
     for prefer_first in (False, True):  # and when both take the library (no renumbering)

@@ -192,8 +192,9 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     ``measure`` is a Tuner, or a measuring function for a Tuner on ``target``.
 
     Every kernel's candidates are listed first (their new buffers numbered as if every call
-    were kept), so the tuner prepares them in one batch; a kept call's buffers are then
-    renumbered to follow the buffers the program has."""
+    were kept), each decision handed to the tuner to compile in the background as it is
+    listed, the rest compiled in one batch before the measurements; a kept call's buffers are
+    then renumbered to follow the buffers the program has."""
     tuner = measure if isinstance(measure, Tuner) else Tuner(measure, target)
     dims = representative_dims(low)
     provisional = list(low.buffers)
@@ -206,7 +207,9 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
             provisional += choice.extra
             if choice.key not in decisions:
                 cands = _candidates(low, provisional, choice, tuner, dims)
-                decisions[choice.key] = _decision(low, choice, cands, tuner, dims)
+                d = decisions[choice.key] = _decision(low, choice, cands, tuner, dims)
+                if d is not None:  # compiled while the next kernels' options are listed
+                    tuner.prefetch([("gemm", dims, d.reference, d.cands)], wait=False)
     tuner.prefetch([("gemm", dims, d.reference, d.cands) for d in decisions.values() if d])
     steps: list[Step] = []
     buffers = list(low.buffers)
