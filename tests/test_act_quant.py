@@ -258,3 +258,59 @@ def test_k_quants_keep_f32_activations(monkeypatch) -> None:
     w = quants.quantized_weight(g, "w", "Q4_K", raw.reshape(-1), (4, 256))
     g.output("y", x @ w.transpose(0, 1))
     assert quantize_activations(g) is g
+
+
+def _q41_llama(ctx: int = 24):
+    """A one-layer Llama whose matrices are Q4_1 blocks (gguf's quantizer), vectors f32."""
+    gguf = pytest.importorskip("gguf")
+    from luminal.models.base import DictWeights
+    from luminal.models.llama import Llama, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=96, n_layers=1,
+                      n_heads=2, n_kv_heads=1, head_dim=32, context_length=ctx)  # fmt: skip
+    shapes = {"token_embd.weight": (40, 64), "output_norm.weight": (64,),
+              "blk.0.attn_norm.weight": (64,), "blk.0.ffn_norm.weight": (64,),
+              "blk.0.attn_q.weight": (64, 64), "blk.0.attn_k.weight": (32, 64),
+              "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64),
+              "blk.0.ffn_gate.weight": (96, 64), "blk.0.ffn_up.weight": (96, 64),
+              "blk.0.ffn_down.weight": (64, 96)}  # fmt: skip
+    rng = np.random.default_rng(5)
+    arrays = {k: (rng.standard_normal(s) * 0.3 + (len(s) == 1)).astype(np.float32)
+              for k, s in shapes.items()}  # fmt: skip
+
+    class Q41Weights(DictWeights):
+        raw = {n: gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q4_1).reshape(-1)
+               for n, a in arrays.items() if a.ndim == 2}  # fmt: skip
+
+        def get(self, g: lm.Graph, name: str):  # type: ignore[override]
+            if name in self.raw:
+                return quants.quantized_weight(g, name, "Q4_1", self.raw[name], shapes[name])
+            return super().get(g, name)
+
+    return Llama(cfg, Q41Weights(arrays))
+
+
+def test_q8_prefill_keeps_quantized_weights_and_matches_the_graph(monkeypatch, tmp_path) -> None:
+    """With q8 activations the prefill program keeps its Q4_1 weights packed (not folded to
+    f32), so prompts take decode's numerics; a compiled session's prefill and decode steps
+    match the interpreter on the q8 graph."""
+    from luminal.models import LlamaSession
+
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LUMINAL_ACT_QUANT", "q8")
+    model = _q41_llama()
+    pre = model.build_prefill(4)
+    f32_bytes = sum(4 * int(np.prod(a.shape)) for a in model.weights.arrays.values())
+    assert sum(np.asarray(a).nbytes for a in pre.weights.values()) < f32_bytes / 2  # not f32
+    s = LlamaSession(model, "compiled", prefill_min=4)
+    assert s.compile_prefill()
+    ids = [3, 9, 27, 1, 34, 8]
+    got = [s.forward(ids), s.forward([5])]
+    ref_graph = pipeline.graph_passes(model.build())
+    cache = model.new_cache()
+    out = ref_graph.run({"tokens": np.asarray(ids, np.int32), **cache}, pos=0)
+    want = [out["logits"][-1]]
+    cache = {n: out[n + "_new"] for n in model.cache_names()}
+    want.append(ref_graph.run({"tokens": np.asarray([5], np.int32), **cache}, pos=6)["logits"][-1])
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())

@@ -175,8 +175,16 @@ class Llama:
         (``compiler.fold``), so the projections are plain GEMMs on f32 weights instead of
         dequantizing each weight again for every row; the output head, applied to one row,
         stays packed. Same inputs, outputs and dims as ``build()``, so both plans share one KV
-        cache. Costs 4 bytes per folded weight value (SmolLM2-135M: about 0.4 GB)."""
+        cache. Costs 4 bytes per folded weight value (SmolLM2-135M: about 0.4 GB).
+
+        With int8 activations (``LUMINAL_ACT_QUANT=q8``) the block-quantized weights stay
+        packed: their products by q8 activations are the integer ``qdot`` call's (or what the
+        search measures faster), which at prefill rows outruns f32 GEMMs on the folded copy."""
+        from ..compiler import actquant
         from ..compiler.fold import fold_weights
+
+        if actquant.mode() == "q8":
+            return self.build(name=name, min_seq=min_seq)
 
         # the head multiplies one row (the last position's): reading it packed is cheaper
         head = "token_embd.weight" if self.tied else "output.weight"
