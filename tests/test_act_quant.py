@@ -126,17 +126,23 @@ def _run(low, inputs: dict[str, np.ndarray], rows: int) -> np.ndarray:
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "vnni256", ""])
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0"])
 def test_qdot_matches_interpreter(fmt: str, isa: str, monkeypatch) -> None:
-    """q8 activations by each format through the call, at odd row counts (1, 3, 7: the
+    """q8 activations by each format through the call, at odd row counts (1, 2, 3, 7: the
     row groups of 4 and their remainders) and an odd number of weight rows, against the
     graph's own value; each ISA path (LUMINAL_QDOT_ISA caps it at construction)."""
     monkeypatch.setenv("LUMINAL_ACT_QUANT", "q8")
     monkeypatch.setenv("LUMINAL_QDOT_ISA", isa)
-    n, k = 37, 96
+    # n = 21: two groups of 16 weight rows, the last one short (the packed path takes one or
+    # two activation rows two groups at a time)
+    for n, k in ((37, 96), (21, 64)):
+        _check_qdot(fmt, n, k)
+
+
+def _check_qdot(fmt: str, n: int, k: int) -> None:
     g = _product(fmt, n, k, residual=fmt == "Q4_1")
     ref_graph = pipeline.graph_passes(g)
     _, low = _qdot_program(g)
     assert any(isinstance(s, K.LibCall) and s.func == "qdot" for s in low.kernels)
-    for rows in (1, 3, 7):
+    for rows in (1, 2, 3, 7):
         inputs = {"x": RNG.standard_normal((rows, k)).astype(np.float32)}
         if fmt == "Q4_1":
             inputs["r"] = RNG.standard_normal((rows, n)).astype(np.float32)
