@@ -532,11 +532,9 @@ class Tuner:
     def warm(self, programs: Sequence[Lowered]) -> None:
         """Hand programs the plan will run that no decision measures to the target to compile
         in the background (``prepare(wait=False)``): the stages after the search run
-        meanwhile, and the plan then finds their kernels compiled. One program per batch: the
-        plan, when it waits, compiles those not started yet on all cores."""
-        if self.prepare is not None:
-            for p in programs:
-                self.prepare([p], wait=False)
+        meanwhile, and the plan then finds their kernels compiled."""
+        if self.prepare is not None and programs:
+            self.prepare(list(programs), wait=False)
 
     def _search(
         self,
