@@ -193,17 +193,23 @@ bool can_be_compact(const Weights &w, int64_t blocks) {
   return true;
 }
 
-void pack(const Weights &w, int64_t n, int64_t nb, Packed &p) {
-  const bool q8 = w.fmt == QFmt::q8_0;
+// Sizes and layout of the packed copy of w (n rows of nb blocks); its bytes zeroed.
+void pack_layout(const Weights &w, int64_t n, int64_t nb, Packed &p) {
   const int64_t groups = (n + 15) / 16;
   p.fmt = w.fmt;
   p.n = n;
   p.nb = nb;
   p.compact = can_be_compact(w, n * nb);
-  p.code_bytes = q8 ? 512 : 256;
+  p.code_bytes = w.fmt == QFmt::q8_0 ? 512 : 256;
   p.stride = p.code_bytes + (p.compact ? (w.fmt == QFmt::q4_1 ? 64 : 32) : 192);
   p.data.assign(size_t(groups * nb * p.stride), 0);
-  for (int64_t row = 0; row < n; ++row) {
+}
+
+// Weight rows [row0, row1) into p (laid out by pack_layout).
+void pack_rows(const Weights &w, int64_t row0, int64_t row1, Packed &p) {
+  const bool q8 = w.fmt == QFmt::q8_0;
+  const int64_t nb = p.nb;
+  for (int64_t row = row0; row < row1; ++row) {
     const int64_t g = row / 16, j = row % 16;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t blk = row * nb + b;
@@ -424,10 +430,18 @@ private:
     if (packed_.n == n && packed_.nb == nb && std::equal(src, src + 3, packed_.src)) return;
     uint64_t h = weight_fingerprint(w_, n, nb);
     if (packed_.n != n || packed_.nb != nb || packed_.hash != h) {
-      pack(w_, n, nb, packed_);
+      pack_layout(w_, n, nb, packed_);
+      void *targs[1] = {this};
+      const int64_t groups = (n + 15) / 16;
+      pool_.run(&QDot::pack_task, targs, nullptr, groups, 1); // the vocabulary: 60 ms on one
       packed_.hash = h;
     }
     std::copy(src, src + 3, packed_.src);
+  }
+
+  static void pack_task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
+    QDot &d = *static_cast<QDot *>(targs[0]);
+    pack_rows(d.w_, begin * 16, std::min(d.packed_.n, end * 16), d.packed_);
   }
 
   static void task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
