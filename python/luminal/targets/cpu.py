@@ -233,11 +233,27 @@ def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
     return tuple((n, id(a), a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
 
 
+def _idle_core() -> bool:
+    """Whether a core is idle now: fewer runnable tasks (the fourth field of /proc/loadavg,
+    the caller among them) than the cores this process may use. True where it cannot tell."""
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        return running < len(os.sched_getaffinity(0))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return True
+
+
 class _Background:
     """Batches of measuring plans compiled (``_rt.prepare``, on all cores: the OS shares them
     with the caller's Python) on a background thread, in the order given; the batches that
     wait while it compiles are taken together next, so a stage's many small decisions make a
-    few compiler runs (each run loads the precompiled prelude again, about 0.06 CPU s)."""
+    few compiler runs (each run loads the precompiled prelude again, about 0.06 CPU s).
+
+    The thread starts only while a core is idle (``_idle_core``): on a machine busy with other
+    work the compiles would only take turns with the caller's Python, and cost more CPU
+    (SmolLM2's cold decode compile beside a test run, load 3: 12-14 s without, 15-17 with the
+    thread); batches handed over then wait for ``finish``."""
 
     def __init__(self) -> None:
         self._pending: list[list[Any]] = []
@@ -247,7 +263,7 @@ class _Background:
     def submit(self, batch: list[Any]) -> None:
         with self._lock:
             self._pending.append(batch)
-            if self._thread is None:
+            if self._thread is None and _idle_core():
                 self._thread = threading.Thread(target=self._run, name="luminal-prepare")
                 self._thread.start()
 
