@@ -2,6 +2,7 @@
 
     python bench/startup.py                     # ~5-10 minutes on 2 cores (cold compiles)
     python bench/startup.py --warm-runs 3 --skip torch_compile
+    python tools/ab.py OLD NEW --bench startup.py -- --cold-all   # commits that take --json-out
 
 Every measurement is a fresh process, as a user runs it (``python -m luminal ...``), timed
 from spawn to exit with its peak RSS from ``wait4``:
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     "LUMINAL_CACHE_DIR): a first run on a new machine")  # fmt: skip
     ap.add_argument("--skip", action="append", default=[],
                     choices=["minilm", "llamacpp", "torch_compile"])  # fmt: skip
+    ap.add_argument("--json-out", help="also write the JSON line to this file (tools/ab.py)")
     ap.add_argument("--python", default=sys.executable,
                     help="the command that runs luminal (e.g. another venv's python)")  # fmt: skip
     a = ap.parse_args(argv)
@@ -250,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
               "check (~0.6 s). --python with a `pip install .` venv's python measures what "
               "users get")  # fmt: skip
     print(json.dumps(res))
+    if a.json_out:
+        with open(a.json_out, "w") as fh:
+            fh.write(json.dumps(res) + "\n")
     return 0
 
 
