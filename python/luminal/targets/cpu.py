@@ -234,19 +234,12 @@ def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
 
 
 def _idle_core() -> bool:
-    """Whether a core is left for a compile beside the caller: other processes' runnable tasks
-    (the fourth field of /proc/loadavg less this process's running threads, such as the
-    runtime's workers still spinning after a measurement) and the caller fewer than the cores
-    this process may use. True where it cannot tell."""
+    """Whether a core is idle now: fewer runnable tasks (the fourth field of /proc/loadavg,
+    the caller among them) than the cores this process may use. True where it cannot tell."""
     try:
         with open("/proc/loadavg") as f:
             running = int(f.read().split()[3].split("/")[0])
-        own = 0
-        for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError):
-                with open(f"/proc/self/task/{task}/stat") as f:
-                    own += f.read().rsplit(")", 1)[1].split()[0] == "R"
-        return max(running - own, 0) + 1 < len(os.sched_getaffinity(0))
+        return running < len(os.sched_getaffinity(0))
     except (OSError, ValueError, IndexError, AttributeError):
         return True
 
