@@ -279,9 +279,14 @@ class Contender:
 class LuminalLLM(Contender):
     def __init__(self, path: str, facts: ModelFacts, ctx: int) -> None:
         self.path, self.ctx, self.weight_bytes = path, ctx, facts.gguf_bytes
+        q8 = os.environ.get("LUMINAL_ACT_QUANT", "") == "q8"
         self.note = (
             "Q4_1 GGUF, dequantized inside the graph (decode); prompts of PREFILL_MIN (40)+ "
             "tokens on a prefill plan with the weights folded to f32 (GEMMs); f32 KV cache"
+            if not q8
+            else "Q4_1 GGUF, q8 activations: products by the quantized weights in decode and "
+            "in the prefill plan (PREFILL_MIN (40)+ tokens) as integer dot products where the "
+            "search measures them faster; f32 KV cache"
         )
 
     def setup(self, prompt: list[int]) -> dict[str, Any]:
