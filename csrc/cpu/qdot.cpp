@@ -175,7 +175,7 @@ bool half_exact(float x, uint16_t &h) {
   return true;
 }
 
-// Row `row`'s scales of block b: of its first and last 16 values, and its M (Q4_1) or D.
+// Block blk's scales: of its first and last 16 values, and its M (Q4_1) or D.
 void block_scales(const Weights &w, int64_t blk, float &lo, float &hi, float &m) {
   if (w.fmt == QFmt::q4_1)
     lo = w.s[2 * blk], hi = 16.f * w.s[2 * blk + 1], m = w.m[blk];
@@ -246,7 +246,7 @@ void pack_rows(const Weights &w, int64_t row0, int64_t row1, Packed &p) {
   }
 }
 
-// A 64-bit hash of n bytes, four independent multiply-xor chains (about 8 bytes a cycle).
+// A 64-bit hash of n bytes (multiply-xor chains over 8-byte words).
 uint64_t hash_bytes(const void *data, size_t n, uint64_t seed) {
   constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
   const auto *b = static_cast<const uint8_t *>(data);
