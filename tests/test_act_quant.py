@@ -102,14 +102,16 @@ def _product(fmt: str, n: int, k: int, residual: bool = False) -> lm.Graph:
     return g
 
 
-def _qdot_program(g: lm.Graph):
+def _qdot_program(g: lm.Graph, tile: int | None = None):
     """The lowered program of ``g`` after the graph stages, its product replaced by the qdot
-    call (and epilogue) the search would offer."""
+    call (and epilogue) the search would offer (with descriptor field ``tile`` if given)."""
     low = lower(pipeline.graph_passes(g))
     found = [(i, a) for i, s in enumerate(low.kernels) if (a := match_qdot(s, len(low.buffers)))]
     assert len(found) == 1, "the product is not recognized as a qdot call"
     at, alt = found[0]
     kern = low.kernels[at]
+    if tile is not None:
+        alt = replace(alt, call=replace(alt.call, fields={**alt.call.fields, "tile": tile}))
     extra = []
     if alt.scratch_shape is not None:
         extra = [BufferInfo(alt.call.out, "prod", kern.dtype, alt.scratch_shape, "scratch")]
@@ -123,24 +125,32 @@ def _run(low, inputs: dict[str, np.ndarray], rows: int) -> np.ndarray:
     return ex.run(inputs, {"rows": rows})["y"]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "vnni256", ""])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "vnni256", "", "tile=2"])
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0"])
 def test_qdot_matches_interpreter(fmt: str, isa: str, monkeypatch) -> None:
     """q8 activations by each format through the call, at odd row counts (1, 2, 3, 7: the
     row groups of 4 and their remainders) and an odd number of weight rows, against the
-    graph's own value; each ISA path (LUMINAL_QDOT_ISA caps it at construction)."""
+    graph's own value; each ISA path (LUMINAL_QDOT_ISA caps it at construction), and the
+    packed path's two tile schedules."""
     monkeypatch.setenv("LUMINAL_ACT_QUANT", "q8")
-    monkeypatch.setenv("LUMINAL_QDOT_ISA", isa)
-    # n = 21: two groups of 16 weight rows, the last one short (the packed path takes one or
-    # two activation rows two groups at a time)
+    tile = 2 if isa == "tile=2" else None
+    monkeypatch.setenv("LUMINAL_QDOT_ISA", "" if tile else isa)
+    # n = 21: two groups of 16 weight rows, the last one short (with tile 2 the packed path
+    # takes one or two activation rows two groups at a time)
     for n, k in ((37, 96), (21, 64)):
-        _check_qdot(fmt, n, k)
+        _check_qdot(fmt, n, k, tile)
 
 
-def _check_qdot(fmt: str, n: int, k: int) -> None:
+def test_qdot_rejects_a_tile_other_than_1_or_2() -> None:
+    _, low = _qdot_program(_product("Q4_0", 21, 64), tile=3)
+    with pytest.raises(runtime.PlanError, match="step 0 \\(qdot\\).*'tile' must be 1 or 2"):
+        _run(low, {"x": RNG.standard_normal((2, 64)).astype(np.float32)}, 2)
+
+
+def _check_qdot(fmt: str, n: int, k: int, tile: int | None = None) -> None:
     g = _product(fmt, n, k, residual=fmt == "Q4_1")
     ref_graph = pipeline.graph_passes(g)
-    _, low = _qdot_program(g)
+    _, low = _qdot_program(g, tile)
     assert any(isinstance(s, K.LibCall) and s.func == "qdot" for s in low.kernels)
     for rows in (1, 2, 3, 7):
         inputs = {"x": RNG.standard_normal((rows, k)).astype(np.float32)}

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -338,8 +339,8 @@ public:
       : at_("step " + std::to_string(step) + " (qdot)"), pool_(pool), run_(pick_run()) {
     const Step &s = plan.steps[step];
     static const std::map<std::string, int> kNames = {
-        {"m", 0},        {"n", 1},        {"k", 2},       {"lda", 3},
-        {"a_offset", 4}, {"q_offset", 5}, {"q_stride", 6}};
+        {"m", 0},        {"n", 1},        {"k", 2},        {"lda", 3},
+        {"a_offset", 4}, {"q_offset", 5}, {"q_stride", 6}, {"tile", 7}};
     std::string fmt;
     for (const Field &f : s.fields) {
       if (f.name == "format") {
@@ -379,11 +380,12 @@ public:
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
-    for (int i = 0; i < 7; ++i) v_[i] = set_[i] ? vals[exprs_[i]] : 0;
+    for (int i = 0; i < 8; ++i) v_[i] = set_[i] ? vals[exprs_[i]] : 0;
     int64_t m = v_[0], n = v_[1], k = v_[2], lda = v_[3], aoff = v_[4];
     int64_t qoff = v_[5], qs = v_[6];
     if (m < 0 || n < 0 || k < 0 || k % kBlock)
       throw Error(at_ + ": sizes must be >= 0 and k a multiple of 32");
+    if (set_[7] && v_[7] != 1 && v_[7] != 2) throw Error(at_ + ": 'tile' must be 1 or 2");
     if (m == 0 || n == 0) return;
     int64_t nb = n * (k / kBlock);
     auto need = [&](size_t arg, int64_t bytes, const char *what) {
@@ -404,7 +406,10 @@ public:
     int64_t m = v_[0], n = v_[1], k = v_[2];
     if (m == 0 || n == 0) return;
     a_ = static_cast<const float *>(args[0]) + v_[4];
-    quantize_rows(a_, v_[3], m, k, x_);
+    if (run_)
+      quantize_rows(a_, v_[3], m, k, x_);
+    else
+      vnni512::quantize_rows_avx512(a_, v_[3], m, k, x_);
     w_ = Weights{fmt_, static_cast<const uint8_t *>(args[1]) + v_[5], v_[6],
                  static_cast<const float *>(args[2]),
                  fmt_ == QFmt::q4_1 ? static_cast<const float *>(args[3]) : nullptr};
@@ -421,27 +426,49 @@ public:
 private:
   static constexpr int64_t kRows = 16; // weight rows per task: one group of the packed path
 
-  // A plan's weights are constant: packed on its first run. The weight operand moves only in
-  // the search's measuring plans, which take it as an input: there each timed run gets a
-  // byte-identical copy (the packed copy is kept), and cut-outs that share an executor get
-  // other random bytes (told apart by the fingerprint's samples).
+  // A plan's weights are constant: packed on its first run, one copy. The weight operand moves
+  // only in the search's measuring plans, which take it as an input and time runs on a ring of
+  // byte-identical copies, so that each run reads its weight from memory as in a model: each
+  // source buffer gets a packed copy of its own (copied from one of the same bytes, told
+  // apart by the fingerprint's samples), up to kMaxCopies, so the packed weight a timed run
+  // reads is as cold as its source.
+  static constexpr size_t kMaxCopies = 256;
+
   void repack_if_new(int64_t n, int64_t nb) {
     const void *src[3] = {w_.q, w_.s, w_.m};
-    if (packed_.n == n && packed_.nb == nb && std::equal(src, src + 3, packed_.src)) return;
-    uint64_t h = weight_fingerprint(w_, n, nb);
-    if (packed_.n != n || packed_.nb != nb || packed_.hash != h) {
-      pack_layout(w_, n, nb, packed_);
+    auto same_src = [&](const Packed &p) {
+      return p.n == n && p.nb == nb && std::equal(src, src + 3, p.src);
+    };
+    if (cur_ && same_src(*cur_)) return;
+    for (auto &p : copies_)
+      if (same_src(*p)) {
+        cur_ = p.get();
+        return;
+      }
+    const uint64_t h = weight_fingerprint(w_, n, nb);
+    auto fresh = std::make_unique<Packed>();
+    const Packed *twin = nullptr;
+    for (auto &p : copies_)
+      if (p->n == n && p->nb == nb && p->hash == h) twin = p.get();
+    if (twin) {
+      *fresh = *twin;
+    } else {
+      pack_layout(w_, n, nb, *fresh);
+      cur_ = fresh.get();
       void *targs[1] = {this};
       const int64_t groups = (n + 15) / 16;
       pool_.run(&QDot::pack_task, targs, nullptr, groups, 1); // the vocabulary: 60 ms on one
-      packed_.hash = h;
+      fresh->hash = h;
     }
-    std::copy(src, src + 3, packed_.src);
+    std::copy(src, src + 3, fresh->src);
+    if (copies_.size() >= kMaxCopies) copies_.erase(copies_.begin());
+    copies_.push_back(std::move(fresh));
+    cur_ = copies_.back().get();
   }
 
   static void pack_task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
     QDot &d = *static_cast<QDot *>(targs[0]);
-    pack_rows(d.w_, begin * 16, std::min(d.packed_.n, end * 16), d.packed_);
+    pack_rows(d.w_, begin * 16, std::min(d.cur_->n, end * 16), *d.cur_);
   }
 
   static void task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
@@ -452,7 +479,7 @@ private:
       d.run_(d.w_, lo, hi, nb, d.x_, m, d.a_, lda, d.c_, n);
       return;
     }
-    vnni512::run_packed(d.packed_, begin, end, d.x_, m, d.c_, n);
+    vnni512::run_packed(*d.cur_, begin, end, d.x_, m, d.c_, n, d.set_[7] ? int(d.v_[7]) : 1);
     for (int64_t i : d.x_.inexact) { // blocks that are not codes: their f32 sums
       int64_t r = i / nb, b = i % nb;
       for (int64_t row = lo; row < hi; ++row)
@@ -465,13 +492,14 @@ private:
   RunFn run_;
   QFmt fmt_ = QFmt::q4_0;
   std::vector<uint32_t> args_;
-  uint32_t exprs_[7] = {};
-  bool set_[7] = {};
-  int64_t v_[7] = {};
+  uint32_t exprs_[8] = {};
+  bool set_[8] = {};
+  int64_t v_[8] = {};
   // the current run's operands (set by run before the tasks start)
   QRows x_;
   Weights w_{};
-  Packed packed_;
+  std::vector<std::unique_ptr<Packed>> copies_; // oldest first
+  Packed *cur_ = nullptr;                       // the current run's
   const float *a_ = nullptr;
   float *c_ = nullptr;
 };
