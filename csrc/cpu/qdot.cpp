@@ -430,9 +430,11 @@ private:
   // only in the search's measuring plans, which take it as an input and time runs on a ring of
   // byte-identical copies, so that each run reads its weight from memory as in a model: each
   // source buffer gets a packed copy of its own (copied from one of the same bytes, told
-  // apart by the fingerprint's samples), up to kMaxCopies, so the packed weight a timed run
-  // reads is as cold as its source.
-  static constexpr size_t kMaxCopies = 256;
+  // apart by the fingerprint's samples), so the packed weight a timed run reads is as cold as
+  // its source. Copies beyond kMaxCopyBytes (the search's rings hold at most 96 MB of inputs,
+  // RING_MAX_BYTES in targets/cpu.py) are dropped oldest first, so a weight that is a plan
+  // input at a new address each run does not pile up copies.
+  static constexpr size_t kMaxCopyBytes = size_t(128) << 20;
 
   void repack_if_new(int64_t n, int64_t nb) {
     const void *src[3] = {w_.q, w_.s, w_.m};
@@ -461,9 +463,14 @@ private:
       fresh->hash = h;
     }
     std::copy(src, src + 3, fresh->src);
-    if (copies_.size() >= kMaxCopies) copies_.erase(copies_.begin());
     copies_.push_back(std::move(fresh));
     cur_ = copies_.back().get();
+    size_t bytes = 0;
+    for (auto &p : copies_) bytes += p->data.size();
+    while (copies_.size() > 1 && bytes > kMaxCopyBytes) {
+      bytes -= copies_.front()->data.size();
+      copies_.erase(copies_.begin());
+    }
   }
 
   static void pack_task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
