@@ -180,6 +180,12 @@ def _as_run(k: K.Kernel) -> K.Kernel:
 # one of a 50 ms one): set by SmolLM2's vocabulary projection, whose four schedules at 256
 # rows (43-105 ms each, within 2x of each other) took about 2 s of five repeats at two sizes
 REPEATS_WITHIN_S = 0.05
+# a first timed run shorter than SHORT_RUN_S seconds is repeated SHORT_REPEATS times in all:
+# cold runs of tens of microseconds vary by more than their options differ. Set by SmolLM2's
+# q8 decode products (20-35 us in decode, options 10-35% apart): with 5 repeats the kept option
+# of a product changed between two compiles of the same graph
+SHORT_RUN_S = 200e-6
+SHORT_REPEATS = 25
 # measuring plans kept between prepare and measure (each holds a small program's kernels)
 PREPARED_MAX = 1024
 # executors of measuring plans kept: a decision measures each candidate at two sizes and
@@ -352,8 +358,11 @@ class CpuTarget:
         return assemble_plan(low, name, "cpu", "", render_all(low), libcalls)
 
     def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
-        if call.func == "qdot":  # weight groups per tile at 1-2 rows (csrc/cpu/qdot_packed.inc)
-            return [("qdot,tile=2", replace(call, fields={**call.fields, "tile": 2}))]
+        # qdot's `tile` field (csrc/cpu/qdot_packed.inc) is not offered: it changes only runs
+        # of 1-2 rows, where its default (1) reads the weight from memory 1.3-2x faster and 2
+        # wins only on a cached weight, which measurements from a ring never see; timed at one
+        # row the two came within the search's noise (SmolLM2 q8: 2 chosen for 2 of 5 layer
+        # products, each 1.35x slower in decode than with 1)
         return []
 
     def _measuring_plan(self, low: Lowered) -> Plan:
@@ -458,13 +467,15 @@ class CpuTarget:
         times = []
         # a long run varies less between runs, and its repeats are most of a search's time
         repeats = max(1, min(self.repeats, int(REPEATS_WITHIN_S / max(first, 1e-9))))
-        for _ in range(repeats):
+        while len(times) < repeats:
             run_inputs = ring.next() if ring is not None else inputs
             t = time.perf_counter()
             ex.run(run_inputs, dims)
             times.append(time.perf_counter() - t)
             if cutoff is not None and times[0] > cutoff:
                 break  # past the warm-up's one-time costs and still a clear loser
+            if len(times) == 1 and times[0] < SHORT_RUN_S:
+                repeats = max(repeats, SHORT_REPEATS)
         return Timing(min(times), len(times), outputs)
 
     def evaluate(self, low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
