@@ -180,12 +180,6 @@ def _as_run(k: K.Kernel) -> K.Kernel:
 # one of a 50 ms one): set by SmolLM2's vocabulary projection, whose four schedules at 256
 # rows (43-105 ms each, within 2x of each other) took about 2 s of five repeats at two sizes
 REPEATS_WITHIN_S = 0.05
-# a first timed run shorter than SHORT_RUN_S seconds is repeated SHORT_REPEATS times in all:
-# cold runs of tens of microseconds vary by more than their options differ. Set by SmolLM2's
-# q8 decode products (20-35 us in decode, options 10-35% apart): with 5 repeats the kept option
-# of a product changed between two compiles of the same graph
-SHORT_RUN_S = 200e-6
-SHORT_REPEATS = 25
 # measuring plans kept between prepare and measure (each holds a small program's kernels)
 PREPARED_MAX = 1024
 # executors of measuring plans kept: a decision measures each candidate at two sizes and
@@ -467,15 +461,13 @@ class CpuTarget:
         times = []
         # a long run varies less between runs, and its repeats are most of a search's time
         repeats = max(1, min(self.repeats, int(REPEATS_WITHIN_S / max(first, 1e-9))))
-        while len(times) < repeats:
+        for _ in range(repeats):
             run_inputs = ring.next() if ring is not None else inputs
             t = time.perf_counter()
             ex.run(run_inputs, dims)
             times.append(time.perf_counter() - t)
             if cutoff is not None and times[0] > cutoff:
                 break  # past the warm-up's one-time costs and still a clear loser
-            if len(times) == 1 and times[0] < SHORT_RUN_S:
-                repeats = max(repeats, SHORT_REPEATS)
         return Timing(min(times), len(times), outputs)
 
     def evaluate(self, low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
