@@ -224,32 +224,26 @@ class _Ring:
         if count * size <= RING_MAX_BYTES:
             self.sets += [{n: a.copy() for n, a in inputs.items()} for _ in range(count - 1)]
         self.turn = 0
-        self._primed: set[int] = set()
+        # executors already run through every copy (held, not their ids: an id can be reused)
+        self._primed: list[Executor] = []
 
     def prime(self, ex: Executor, dims: dict[str, int]) -> None:
         """Runs ``ex`` once on every copy (once per executor): a call that keeps state made
         from its inputs (``STATEFUL_CALLS``) makes it per copy then, not in a timed run."""
-        if id(ex) in self._primed or len(self.sets) == 1:
+        if len(self.sets) == 1 or any(e is ex for e in self._primed):
             return
-        self._primed.add(id(ex))
+        self._primed.append(ex)
         for inputs in self.sets[1:]:
             ex.run(inputs, dims)
 
     def next(self) -> dict[str, np.ndarray]:
-        if len(self.sets) == 1:  # too large to copy
-            _evict_caches()
+        if len(self.sets) == 1:  # too large to copy: a buffer twice the cache is rewritten
+            if not _EVICT:
+                _EVICT.append(np.zeros(2 * _last_level_cache(), dtype=np.uint8))
+            _EVICT[0] += 1
             return self.sets[0]
         self.turn = (self.turn + 1) % len(self.sets)
         return self.sets[self.turn]
-
-
-def _evict_caches() -> None:
-    """Reads a buffer twice the last-level cache. Read, not written: the dirty lines a write
-    leaves are written back while the next timed run reads (SmolLM2's 1536 x 576 Q4_1 qdot at
-    one row, measured after a write, lost to the generated kernel it beats in the model)."""
-    if not _EVICT:
-        _EVICT.append(np.ones(2 * _last_level_cache() // 8, dtype=np.uint64))
-    _EVICT[0].max()
 
 
 def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
