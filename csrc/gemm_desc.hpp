@@ -47,10 +47,13 @@ public:
   };
 
   // Checks the step's shape: three buffers, known field names, integer fields given as integer
-  // expressions, and m, n, k present. `at` names the step in errors.
-  GemmDesc(const Step &s, const std::string &at) : at_(at) {
+  // expressions, and m, n, k present. `at` names the step in errors; fields named in `extra`
+  // are a backend's own (its schedule), parsed by the caller.
+  GemmDesc(const Step &s, const std::string &at, const std::vector<std::string> &extra = {})
+      : at_(at) {
     if (s.args.size() != 3) throw PlanError(at + ": needs 3 buffers (A, B, C)");
     for (const Field &f : s.fields) {
+      if (std::find(extra.begin(), extra.end(), f.name) != extra.end()) continue;
       auto it = index().find(f.name);
       if (it == index().end()) throw PlanError(at + ": unknown descriptor field '" + f.name + "'");
       if (f.is_real && it->second < kAlpha)

@@ -8,6 +8,7 @@
 #include "../backend.hpp"
 #include "../gemm_desc.hpp"
 #include "compiler.hpp"
+#include "pgemm.hpp"
 #include "qdot.hpp"
 #include "thread_pool.hpp"
 
@@ -212,9 +213,10 @@ public:
   std::unique_ptr<LibCallOp> make_libcall(const Plan &plan, size_t step) override {
     const std::string &f = plan.steps[step].func;
     if (f == "gemm") return std::make_unique<Gemm>(plan, step, pool_);
+    if (f == "pgemm") return make_pgemm(plan, step, pool_);
     if (f == "qdot") return make_qdot(plan, step, pool_);
     throw PlanError("step " + std::to_string(step) + ": the cpu backend has no library function '" +
-                    f + "' (it has: gemm, qdot)");
+                    f + "' (it has: gemm, pgemm, qdot)");
   }
 
   void sync() override {} // launches are synchronous on CPU

@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include "../backend.hpp"
+#include "fingerprint.hpp"
 #include "qdot.hpp"
 
 namespace luminal {
@@ -247,41 +248,8 @@ void pack_rows(const Weights &w, int64_t row0, int64_t row1, Packed &p) {
   }
 }
 
-// A 64-bit hash of n bytes (multiply-xor chains over 8-byte words).
-uint64_t hash_bytes(const void *data, size_t n, uint64_t seed) {
-  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
-  const auto *b = static_cast<const uint8_t *>(data);
-  uint64_t h[4] = {seed, seed ^ 0x632BE59BD9B4E019ull, seed + kMul, seed ^ 0xD6E8FEB86659FD93ull};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int j = 0; j < 4; ++j) {
-      uint64_t v;
-      std::memcpy(&v, b + i + 8 * j, 8);
-      h[j] = (h[j] ^ v) * kMul;
-      h[j] ^= h[j] >> 31;
-    }
-  uint64_t t = n;
-  for (; i < n; ++i) t = (t ^ b[i]) * kMul;
-  uint64_t out = t;
-  for (uint64_t x : h) out = (out ^ x) * kMul, out ^= out >> 29;
-  return out;
-}
-
-// A fingerprint of the weight's buffers: their sizes and kSampleChunks chunks of each, spread
-// evenly (reading all of a weight, as a full hash does, costs what the product itself costs
-// at one activation row).
-constexpr int64_t kSampleChunks = 64, kChunk = 64;
-
-uint64_t sample_hash(const void *data, size_t n, uint64_t h) {
-  const auto *b = static_cast<const uint8_t *>(data);
-  h = hash_bytes(&n, sizeof n, h);
-  if (n <= size_t(kSampleChunks * kChunk)) return hash_bytes(b, n, h);
-  const size_t step = (n - kChunk) / (kSampleChunks - 1);
-  for (int64_t i = 0; i < kSampleChunks; ++i) h = hash_bytes(b + size_t(i) * step, kChunk, h);
-  return h;
-}
-
 uint64_t weight_fingerprint(const Weights &w, int64_t n, int64_t nb) {
+  using cpu::sample_hash;
   const int64_t blocks = n * nb;
   const size_t qbytes = w.fmt == QFmt::q8_0 ? 32 : 16;
   uint64_t h = sample_hash(w.q, size_t((blocks - 1) * w.q_stride) + qbytes, uint64_t(w.fmt));

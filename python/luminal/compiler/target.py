@@ -8,13 +8,13 @@ generation and the plan), which only a target can do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from . import kernel_ir as K
-    from .lower import Lowered
+    from .lower import BufferInfo, Lowered
     from .search.tuner import Timing
 
 
@@ -91,8 +91,12 @@ class Target(Protocol):
         """Code generation and the plan for a lowered, scheduled program."""
         ...
 
-    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
-        """Other implementations of a library call that this target offers (e.g. a generated
-        GEMM with tile sizes in its fields), each with a label; the search measures them
-        against the call and the generated kernel. [] when it has none."""
+    def library_variants(
+        self, call: K.LibCall, operands: Sequence[BufferInfo]
+    ) -> list[tuple[str, K.LibCall]]:
+        """Other implementations of a library call that this target offers (e.g. a GEMM of
+        its own with tile sizes in its fields), each with a label; the search measures them
+        against the call and the generated kernel. ``operands``: the buffer of each of the
+        call's arguments (dtype, and role: a weight holds the same values on every run).
+        [] when it has none."""
         ...

@@ -18,7 +18,7 @@ import platform
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +28,12 @@ from .. import flags
 from ..codegen.cpu import CKernel, render_kernel
 from ..codegen.cpu.jam import BLOCKS, QBLOCKS, block_fits, qblock_fits, vector_registers
 from ..compiler import kernel_ir as K
-from ..compiler.lower import Lowered
+from ..compiler.lower import BufferInfo, Lowered
 from ..compiler.schedule import apply
 from ..compiler.search.select import canonical_vars, cut_value, subprogram
 from ..compiler.search.tuner import Timing, random_inputs, sub_fingerprint
 from ..compiler.target import CostModel, ScheduleSpace
+from ..graph import dtypes as dt
 from ..plan import KernelFormat, Plan
 from .base import Launchable, assemble_plan
 
@@ -194,8 +195,25 @@ EVICT_ABOVE = 64 << 10
 RING_MAX_BYTES = 96 << 20
 _EVICT: list[np.ndarray] = []
 # library calls that keep state made from an input across runs: qdot packs its weight on its
-# first run from a buffer (csrc/cpu/qdot.cpp); a ring is run through once before timing them
+# first run from a buffer (csrc/cpu/qdot.cpp), as pgemm does with `pack` 1 (csrc/cpu/pgemm.cpp);
+# a ring is run through once before timing them
 STATEFUL_CALLS = frozenset({"qdot"})
+
+
+def _stateful(step: K.Kernel | K.LibCall) -> bool:
+    if not isinstance(step, K.LibCall):
+        return False
+    return step.func in STATEFUL_CALLS or (step.func == "pgemm" and step.fields.get("pack") == 1)
+
+
+# luminal's own GEMM (csrc/cpu/pgemm.cpp) is offered for f32 gemm calls on AVX-512 at these
+# micro-tile heights (rows of C per register tile). Heights 4, 6, 8, 12 and 14, timed against
+# each other and OpenBLAS at M 1..2048 by the K, N of SmolLM2, MiniLM and a 512-1024 MLP (one
+# sitting, interleaved), came within 10% of each other at almost every size, 12 the best or
+# near it at most; each height offered is one more measurement per product (and the search
+# measures only its best-ranked LUMINAL_SEARCH_CANDIDATES, so a second height would mostly go
+# untimed).
+PGEMM_MR = (12,)
 
 
 def _last_level_cache() -> int:
@@ -314,6 +332,19 @@ class _Background:
             thread.join()
 
 
+def _pgemm_variants(call: K.LibCall, operands: Sequence[BufferInfo]) -> list[tuple[str, K.LibCall]]:
+    """The gemm call as luminal's own GEMM at each of ``PGEMM_MR``; a weight B (the same
+    values on every run) is packed once (``pack`` 1), another operand on every run."""
+    if vector_registers() < 32 or any(b.dtype != dt.f32 for b in operands):
+        return []  # the kernel is AVX-512 f32 (elsewhere it runs, as plain loops)
+    pack = int(operands[1].role == "weight")
+    return [
+        (f"pgemm,mr={mr}", replace(call, name=call.name.replace("_gemm", "_pgemm"), func="pgemm",
+                                   fields={**call.fields, "mr": mr, "pack": pack}))
+        for mr in PGEMM_MR
+    ]  # fmt: skip
+
+
 def cpu_id() -> str:
     """Names the CPU measured decisions belong to: its model, feature flags and core count
     (a decision measured with AVX-512 does not hold on an AVX2 machine)."""
@@ -345,7 +376,11 @@ class CpuTarget:
         libcalls = {i: k for i, k in enumerate(low.kernels) if isinstance(k, K.LibCall)}
         return assemble_plan(low, name, "cpu", "", render_all(low), libcalls)
 
-    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
+    def library_variants(
+        self, call: K.LibCall, operands: Sequence[BufferInfo]
+    ) -> list[tuple[str, K.LibCall]]:
+        if call.func == "gemm":
+            return _pgemm_variants(call, operands)
         # qdot's `tile` field (csrc/cpu/qdot_packed.inc) is not offered: it changes only runs
         # of 1-2 rows, where its default (1) reads the weight from memory 1.3-2x faster and 2
         # wins only on a cached weight, which measurements from a ring never see; timed at one
@@ -448,9 +483,7 @@ class CpuTarget:
         # inputs larger than an L1 come from memory in a model too; smaller ones (a decode
         # step's activations, just written) are timed warm
         ring = self._ring(inputs) if sum(a.nbytes for a in inputs.values()) > EVICT_ABOVE else None
-        if ring is not None and any(
-            isinstance(s, K.LibCall) and s.func in STATEFUL_CALLS for s in low.kernels
-        ):
+        if ring is not None and any(_stateful(s) for s in low.kernels):
             ring.prime(ex, dims)
         times = []
         # a long run varies less between runs, and its repeats are most of a search's time

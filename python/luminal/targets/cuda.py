@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +21,7 @@ import numpy as np
 from .. import cuda as device
 from .. import flags
 from ..compiler import kernel_ir as K
-from ..compiler.lower import Lowered
+from ..compiler.lower import BufferInfo, Lowered
 from ..compiler.search.cost import estimate
 from ..compiler.search.select import representative_dims, subprogram
 from ..compiler.search.tuner import Candidate, Tuner, random_inputs
@@ -58,7 +58,9 @@ class CudaTarget:
             return f"cuda-{d.name}-{d.arch}"
         return "cuda-estimate-v2"
 
-    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
+    def library_variants(
+        self, call: K.LibCall, operands: Sequence[BufferInfo]
+    ) -> list[tuple[str, K.LibCall]]:
         return []  # cuBLASLt vs the generated gemm is chosen at plan build (_choose_gemm)
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .. import flags
 from ..compiler import kernel_ir as K
-from ..compiler.lower import Lowered
+from ..compiler.lower import BufferInfo, Lowered
 from ..compiler.search.cost import estimate
 from ..compiler.target import CostModel, ScheduleSpace
 from ..plan import KernelFormat, Plan
@@ -50,7 +50,9 @@ class MetalTarget:
     def cache_id(self) -> str:
         return "metal-estimate-v1"
 
-    def library_variants(self, call: K.LibCall) -> list[tuple[str, K.LibCall]]:
+    def library_variants(
+        self, call: K.LibCall, operands: Sequence[BufferInfo]
+    ) -> list[tuple[str, K.LibCall]]:
         return []  # gemm tiles are ranked by the Metal cost model in the renderer
 
     def signature(self, k: K.Kernel, dim_names: list[str]) -> Hashable:

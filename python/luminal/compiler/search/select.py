@@ -282,7 +282,9 @@ def _options(
             extra += _extra(kern, a)
         prefix = "copy+" if a.copies else ""
         suffix = "+epilogue" if a.epilogue else ""
-        variants = tuner.variants(a.call) if tuner.variants is not None else []
+        known = {b.id: b for b in [*buffers, *extra]}
+        operands = [known[x] for x in a.call.args]
+        variants = tuner.variants(a.call, operands) if tuner.variants is not None else []
         for label, call in [(a.call.func, a.call), *variants]:
             lib_steps: list[Step] = [*a.copies, call, *([a.epilogue] if a.epilogue else [])]
             options.append((prefix + label + suffix, lib_steps))

@@ -39,7 +39,7 @@ from ... import flags
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
-from ..lower import Lowered
+from ..lower import BufferInfo, Lowered
 from ..target import CostModel, ScheduleSpace
 
 # bumped when what a decision measured changes (v2: gemm calls run on the runtime's workers;
@@ -368,7 +368,7 @@ class Tuner:
     cost: CostModel = field(default_factory=CostModel)  # the target's, for ranking
     space: ScheduleSpace = field(default_factory=ScheduleSpace)  # the target's schedules
     # the target's other implementations of a library call (Target.library_variants)
-    variants: Callable[[K.LibCall], list[tuple[str, K.LibCall]]] | None = None
+    variants: Callable[[K.LibCall, Sequence[BufferInfo]], list[tuple[str, K.LibCall]]] | None = None
     # the target's batch preparation (Target.prepare(lows, wait)): a stage's candidates
     # compiled at once; with wait=False, started in the background
     prepare: Callable[..., None] | None = None

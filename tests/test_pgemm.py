@@ -1,0 +1,183 @@
+"""luminal's own CPU GEMM (the ``pgemm`` library call, csrc/cpu/pgemm.cpp) against numpy, over
+its schedule fields (micro-tile height, rows per task, depth per pass, packing once or per
+run), transposes, batches, strides, alpha and beta, at odd sizes; its portable path; its
+errors; and the search offering it in place of OpenBLAS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal import runtime
+from luminal.codegen.cpu.jam import vector_registers
+from luminal.compile import build_plan
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.lower import BufferInfo, lower
+from luminal.compiler.search import select
+from luminal.compiler.search.tuner import Tuner
+from luminal.plan import InlineWeight, LibCall, Plan, Role
+from luminal.targets.cpu import PGEMM_MR, CpuTarget
+from test_plan import Sym
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _plan(fields: dict, *, ta: int, tb: int, batch: int, shared_b: bool, weight: bool,
+          n: int, k: int) -> tuple[Plan, np.ndarray | None]:  # fmt: skip
+    p = Plan()
+    p.add_dim("m", 1, 4000)
+    m = Sym.dim("m")
+    nb = 1 if shared_b else batch
+    a = p.add_buffer("a", "f32", Role.input, (batch, k, m) if ta else (batch, m, k))
+    bshape = (nb, n, k) if tb else (nb, k, n)
+    b = p.add_buffer("b", "f32", Role.weight if weight else Role.input, bshape)
+    c = p.add_buffer("c", "f32", Role.output, (batch, m, n))
+    bval = None
+    if weight:
+        bval = rand(*bshape, seed=7)
+        p.weights.append(InlineWeight(b, bval))
+    desc = {"m": m, "n": n, "k": k, "trans_a": ta, "trans_b": tb, "batch": batch,
+            "stride_a": m * k, "stride_b": 0 if shared_b else n * k, "stride_c": m * n,
+            "alpha": 0.5, **fields}  # fmt: skip
+    if ta:
+        desc["lda"] = m
+    p.steps.append(LibCall("pgemm", desc, [a, b, c]))
+    return p, bval
+
+
+CASES = [
+    # mr, mc, kc, pack, ta, tb, batch, shared_b, n, k
+    (12, 0, 0, 1, 0, 1, 1, True, 70, 45),
+    (1, 0, 0, 0, 0, 0, 2, False, 33, 17),
+    (5, 7, 0, 0, 1, 0, 3, False, 64, 40),
+    (14, 30, 16, 1, 0, 1, 2, True, 97, 130),
+    (8, 0, 33, 1, 1, 1, 2, False, 31, 65),
+    (6, 12, 0, 0, 0, 1, 1, True, 1, 8),
+    (3, 0, 0, 1, 0, 0, 2, True, 300, 3),
+]
+
+
+@pytest.mark.parametrize("isa", ["native", "portable"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_pgemm_matches_numpy(case: tuple, isa: str, monkeypatch) -> None:
+    """Every schedule field and operand layout at row counts that leave short micro-tiles
+    and tasks (1, 5, 29, 301), run twice each (a packed weight is reused, not packed again)."""
+    monkeypatch.setenv("LUMINAL_PGEMM_ISA", isa)
+    mr, mc, kc, pack, ta, tb, batch, shared_b, n, k = case
+    fields = {"mr": mr, "mc": mc, "kc": kc, "pack": pack}
+    p, bval = _plan(fields, ta=ta, tb=tb, batch=batch, shared_b=shared_b, weight=bool(pack),
+                    n=n, k=k)  # fmt: skip
+    ex = runtime.load(p)
+    nb = 1 if shared_b else batch
+    for rows in (1, 5, 29, 301, 5):
+        av = rand(*((batch, k, rows) if ta else (batch, rows, k)), seed=rows)
+        bv = bval if bval is not None else rand(*((nb, n, k) if tb else (nb, k, n)), seed=rows + 1)
+        inputs = {"a": av} if pack else {"a": av, "b": bv}
+        opa = av.transpose(0, 2, 1) if ta else av
+        opb = bv.transpose(0, 2, 1) if tb else bv
+        for _ in range(2):
+            out = ex.run(inputs, m=rows)["c"]
+            np.testing.assert_allclose(out, 0.5 * opa @ opb, rtol=1e-4, atol=1e-4)
+
+
+def test_pgemm_beta_adds_to_c() -> None:
+    """A second product onto the first's output (beta 2, in passes of kc 7): C is read back."""
+    p, bval = _plan({"mr": 4}, ta=0, tb=1, batch=1, shared_b=True, weight=True, n=40, k=20)
+    assert bval is not None
+    first = p.steps[0]
+    p.steps.append(LibCall("pgemm", {**first.fields, "beta": 2.0, "kc": 7}, first.args))
+    ex = runtime.load(p)
+    av = rand(1, 9, 20)
+    once = 0.5 * av @ bval.transpose(0, 2, 1)
+    out = ex.run({"a": av}, m=9)["c"]
+    np.testing.assert_allclose(out, once + 2 * once, rtol=1e-4, atol=1e-4)
+
+
+def test_pgemm_packed_weight_follows_its_buffer() -> None:
+    """``pack`` 1 keeps one packed copy per source buffer: a B given as an input at another
+    address (other values) is packed again, the first one's copy found again after it."""
+    p, _ = _plan({"pack": 1}, ta=0, tb=0, batch=1, shared_b=True, weight=False, n=48, k=24)
+    ex = runtime.load(p)
+    av = rand(1, 6, 24)
+    b1, b2 = rand(1, 24, 48, seed=1), rand(1, 24, 48, seed=2)
+    for bv in (b1, b2, b1):
+        out = ex.run({"a": av, "b": bv}, m=6)["c"]
+        np.testing.assert_allclose(out, 0.5 * av @ bv, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"mr": 0}, "'mr' must be 1..14"), ({"mr": 15}, "'mr' must be 1..14"),
+     ({"kc": -1}, "'mc' and 'kc' must be >= 0"), ({"pack": 2}, "'pack' must be 0 or 1")],
+)  # fmt: skip
+def test_pgemm_rejects_bad_schedule_fields(fields: dict, message: str) -> None:
+    p, _ = _plan(fields, ta=0, tb=0, batch=1, shared_b=True, weight=False, n=8, k=8)
+    ex = runtime.load(p)
+    with pytest.raises(runtime.PlanError, match=f"step 0 \\(pgemm\\): {message}"):
+        ex.run({"a": rand(1, 3, 8), "b": rand(1, 8, 8)}, m=3)
+
+
+def test_pgemm_refuses_f64_and_unknown_fields() -> None:
+    p = Plan()
+    a = p.add_buffer("a", "f64", Role.input, (4, 4))
+    b = p.add_buffer("b", "f64", Role.input, (4, 4))
+    c = p.add_buffer("c", "f64", Role.output, (4, 4))
+    p.steps.append(LibCall("pgemm", {"m": 4, "n": 4, "k": 4}, [a, b, c]))
+    with pytest.raises(runtime.PlanError, match="pgemm.*must all be f32"):
+        runtime.load(p)
+    p.steps[0] = LibCall("pgemm", {"m": 4, "n": 4, "k": 4, "tile": 2}, [a, b, c])
+    with pytest.raises(runtime.PlanError, match="unknown descriptor field 'tile'"):
+        runtime.load(p)
+
+
+AVX512 = vector_registers() == 32
+
+
+@pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
+@pytest.mark.parametrize("weight", [True, False])
+def test_search_offers_pgemm_and_packs_only_weights(weight: bool, tmp_path, monkeypatch) -> None:
+    """A product by a weight gets pgemm variants packing B once; by an input, packing per run;
+    the kept call runs in the plan as the graph computes."""
+    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    g = lm.Graph("mm")
+    seq = lm.dim("seq", 1, 4096)
+    x = g.input("x", (seq, 64))
+    w = g.weight("w", data=rand(48, 64)) if weight else g.input("w", (48, 64))
+    g.output("y", ((x @ w.transpose(0, 1)) + 1.0).relu())
+    low = lower(g)
+    seen = []
+
+    def measure(sub, dims):
+        labels = [s.func for s in sub.kernels if isinstance(s, K.LibCall)]
+        seen.append(labels)
+        mr = next((s.fields["mr"] for s in sub.kernels if isinstance(s, K.LibCall)
+                   and s.func == "pgemm"), None)  # fmt: skip
+        return 1.0 if mr == PGEMM_MR[-1] else 2.0
+
+    tuner = Tuner(measure, "test", variants=CpuTarget().library_variants)
+    chosen = select.choose_library_calls(low, tuner)
+    assert ["pgemm"] in seen and ["gemm"] in seen
+    (call,) = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
+    assert call.func == "pgemm" and call.fields["mr"] == PGEMM_MR[-1]
+    assert call.fields["pack"] == int(weight)
+    ex = lm.load(build_plan(chosen, "mm").to_bytes())
+    for s in (1, 13, 300):
+        inputs = {"x": rand(s, 64, seed=s)}
+        if not weight:
+            inputs["w"] = rand(48, 64, seed=s + 1)
+        np.testing.assert_allclose(ex.run(inputs)["y"], g.run(inputs)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_pgemm_is_not_offered_for_f64_or_other_calls() -> None:
+    call = K.LibCall("k_gemm", "gemm", {"m": 4, "n": 4, "k": 4}, [0, 1, 2], 2)
+    f64 = [BufferInfo(i, f"b{i}", lm.f64, (4, 4), "input") for i in range(3)]
+    assert CpuTarget().library_variants(call, f64) == []
+    f32 = [BufferInfo(i, f"b{i}", lm.f32, (4, 4), "input") for i in range(3)]
+    qdot = K.LibCall("k_qdot", "qdot", {"m": 4, "n": 4, "k": 32}, [0, 1, 2], 2)
+    assert CpuTarget().library_variants(qdot, f32) == []
+    offered = CpuTarget().library_variants(call, f32)
+    assert len(offered) == (len(PGEMM_MR) if AVX512 else 0)
+    assert all(c.fields["pack"] == 0 for _, c in offered)
