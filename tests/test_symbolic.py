@@ -41,3 +41,57 @@ def test_extremum_values_match_python():
                 v = sym.evaluate(o, env)
                 want = min(want, v) if k is sym.minimum else max(want, v)
             assert sym.evaluate(e, env) == want, (e, env)
+
+
+def test_divisors_with_a_constant_term_split_and_stay_exact():
+    """(32*h*p + 32*h + 32*j + k) // (32*p + 32) is h when j <= p and k < 32: a KV cache of
+    past + 1 positions read head by head. Every split checked against Python's ints, including
+    numerators the divisor does not divide evenly and negative constants."""
+    p = sym.dim("p", 0, 9)
+    h = sym.var("h", 0, 3, 4)
+    j = sym.var("j", 0, 9, sym.add(p, 1))
+    k = sym.var("k", 0, 31, 32)
+    b = sym.add(sym.mul(32, p), 32)
+    a = sym.add(sym.add(sym.add(sym.mul(32, h), sym.mul(32, j)), k), sym.mul(32, sym.mul(h, p)))
+    assert sym.floordiv(a, b) is h
+    assert sym.mod(a, b) == sym.add(sym.mul(32, j), k)
+    others = [
+        sym.add(sym.mul(32, p), 5),
+        sym.add(sym.mul(32, p), 40),
+        sym.add(sym.mul(64, p), 70),
+        sym.add(sym.mul(32, sym.mul(h, p)), sym.mul(33, h)),
+        sym.add(sym.add(sym.mul(32, sym.mul(h, p)), sym.mul(32, h)), -3),
+    ]
+    for num in [a, *others]:
+        q, r = sym.floordiv(num, b), sym.mod(num, b)
+        for pv in range(10):
+            for hv in range(4):
+                for jv in range(pv + 1):
+                    for kv in (0, 7, 31):
+                        env = {"p": pv, "h": hv, "j": jv, "k": kv}
+                        x, y = sym.evaluate(num, env), 32 * pv + 32
+                        assert sym.evaluate(q, env) == x // y, (num, env)
+                        assert sym.evaluate(r, env) == x % y, (num, env)
+
+
+def test_polynomial_divisors_with_a_common_factor_split_through_it():
+    """(32*(p + 1)*h + 32*j + k) // (64*(p + 1)) is h // 2 (grouped-query attention over a KV
+    cache of p + 1 positions); checked against Python's ints with its modulo."""
+    p = sym.dim("p", 0, 9)
+    h = sym.var("h", 0, 7, 8)
+    j = sym.var("j", 0, 9, sym.add(p, 1))
+    k = sym.var("k", 0, 31, 32)
+    b = sym.add(sym.mul(64, p), 64)
+    a = sym.add(sym.add(sym.add(sym.mul(32, h), sym.mul(32, j)), k), sym.mul(32, sym.mul(h, p)))
+    assert sym.floordiv(a, b) is sym.floordiv(h, 2)
+    odd = sym.add(a, sym.mul(5, j))  # 37*j + k reaches past 32*(p + 1): no split
+    for num in (a, odd):
+        q, r = sym.floordiv(num, b), sym.mod(num, b)
+        for pv in range(10):
+            for hv in range(8):
+                for jv in range(pv + 1):
+                    for kv in (0, 31):
+                        env = {"p": pv, "h": hv, "j": jv, "k": kv}
+                        x, y = sym.evaluate(num, env), 64 * pv + 64
+                        assert sym.evaluate(q, env) == x // y, (num, env)
+                        assert sym.evaluate(r, env) == x % y, (num, env)

@@ -465,10 +465,10 @@ def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
         return _from_lin(q, qc), _from_lin(r, rc)
     # d == dc * dm with dm a single monomial: a term k*t is a multiple when dc | k and dm | t
     dterms, dconst = _lin(d)
-    if dconst == 0 and len(dterms) > 1:
-        return _split_poly(terms, const, dterms)
-    if dconst != 0 or len(dterms) != 1:
+    if not dterms:
         return 0, a
+    if dconst != 0 or len(dterms) > 1:
+        return _split_poly(terms, const, dterms, dconst)
     ((dm, dc),) = dterms.items()
     for t, c in terms.items():
         if c % dc:
@@ -482,13 +482,17 @@ def _split_multiples(a: sint, d: sint) -> tuple[sint, sint]:
     return _from_lin(q, qc), _from_lin(r, rc)
 
 
-def _split_poly(terms: dict[Expr, int], const: int, dterms: dict[Expr, int]) -> tuple[sint, sint]:
+def _split_poly(
+    terms: dict[Expr, int], const: int, dterms: dict[Expr, int], dconst: int = 0
+) -> tuple[sint, sint]:
     """a == d*q + r for a divisor with several terms (a merged symbolic extent such as
-    pos + seq): whole multiples u*d whose every term appears in ``a`` with exactly the
-    right coefficient move into q. 3*i*s*(p + s) + j over (p + s) gives q = 3*i*s."""
+    pos + seq, or a KV cache's past + 1): whole multiples u*d whose every term appears in
+    ``a`` with exactly the right coefficient move into q. 3*i*s*(p + s) + j over (p + s) gives
+    q = 3*i*s; 32*h*p + 32*h + 32*j + k over 32*p + 32 gives q = h. A constant multiple k*d
+    takes k*dconst from a's constant when it has that much."""
     rest = dict(terms)
     q: dict[Expr, int] = {}
-    qc = 0
+    qc, rc = 0, const
     lead = min(dterms, key=lambda t: t.skey)
     c0 = dterms[lead]
     for t in sorted(terms, key=lambda t: t.skey):
@@ -499,9 +503,11 @@ def _split_poly(terms: dict[Expr, int], const: int, dterms: dict[Expr, int]) -> 
         if u is None and t is not lead:
             continue
         k = c // c0
+        if u is None and not 0 <= k * dconst <= rc:
+            continue  # a's constant lacks k*dconst: r would go negative
         need: dict[Expr, int] = {}
-        for m, cm in dterms.items():
-            prod = m if u is None else mul(u, m)
+        for m, cm in [*dterms.items(), *([(None, dconst)] if dconst and u is not None else [])]:
+            prod = (m if u is None else mul(u, m)) if m is not None else u
             pt, pc = _lin(prod)
             if pc != 0 or len(pt) != 1:
                 break
@@ -513,9 +519,10 @@ def _split_poly(terms: dict[Expr, int], const: int, dterms: dict[Expr, int]) -> 
                     del rest[key]
                 if u is None:
                     qc += k
+                    rc -= k * dconst
                 else:
                     q[u] = q.get(u, 0) + k
-    return _from_lin(q, qc), _from_lin(rest, const)
+    return _from_lin(q, qc), _from_lin(rest, rc)
 
 
 def _mk(kind: str, a: sint, b: sint, lo: int, hi: int) -> Expr:
@@ -559,6 +566,8 @@ def floordiv(a: sint, b: sint) -> sint:
         return add(q, r // b) if isinstance(b, int) else add(q, _div_raw(r, b))
     if (split := _by_coefficient(r, b)) is not None:
         return add(q, floordiv(split[0], split[1]))
+    if (factor := _by_poly_factor(r, b)) is not None:
+        return add(q, floordiv(factor[0], factor[2]))
     return add(q, _div_raw(r, b))
 
 
@@ -579,6 +588,41 @@ def _by_coefficient(r: sint, b: sint) -> tuple[sint, sint] | None:
     if isinstance(inner, Expr) and inner.kind == DIV:
         return None
     return inner, m
+
+
+def _by_poly_factor(r: sint, b: sint) -> tuple[sint, sint, int] | None:
+    """(r // p, p, e) when ``b`` is a polynomial e*p (e > 1 an int dividing all of b's
+    coefficients and constant, p >= 1) and r // p simplifies (no division left in it):
+    r // (e*p) == (r // p) // e. Grouped-query attention reads its KV cache of past + 1
+    positions at (32*(p + 1)*h + j) // (64*(p + 1)), which is h // 2 when j < 32*(p + 1)."""
+    if not isinstance(b, Expr) or b.lo < 1:
+        return None
+    bterms, bconst = _lin(b)
+    if len(bterms) + (bconst != 0) < 2:
+        return None  # a monomial: _by_coefficient
+    g = gcd(bconst, *bterms.values())
+    for e in range(2, g + 1):
+        if g % e:
+            continue
+        p = _from_lin({t: c // e for t, c in bterms.items()}, bconst // e)
+        inner = floordiv(r, p)
+        if not _divides_by(inner, p):
+            return inner, p, e
+    return None
+
+
+def _divides_by(e: sint, d: sint) -> bool:
+    """Whether ``e`` holds a floor division or modulo by ``d``."""
+    stack = [e] if isinstance(e, Expr) else []
+    while stack:
+        x = stack.pop()
+        if x.kind in (DIV, MOD) and x.args[1] == d:
+            return True
+        if x.kind == ADD:
+            stack += [t for t, _ in x.args[0]]
+        elif x.kind != VAR:
+            stack += [a for a in x.args if isinstance(a, Expr)]
+    return False
 
 
 def _peel_small(r: sint, b: sint) -> tuple[sint, sint, sint] | None:
@@ -677,6 +721,10 @@ def mod(a: sint, b: sint) -> sint:
         # r % (c*m) == c*((r // c) % m) + r % c
         c = _exact_div(b, split[1])
         return add(mul(mod(split[0], split[1]), c), mod(r, c))
+    if (factor := _by_poly_factor(r, b)) is not None:
+        # r % (e*p) == p*((r // p) % e) + r % p
+        inner, p, e = factor
+        return add(mul(mod(inner, e), p), mod(r, p))
     return _mod_raw(r, b)
 
 
