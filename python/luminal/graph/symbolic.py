@@ -506,8 +506,13 @@ def _split_poly(
         if u is None and not 0 <= k * dconst <= rc:
             continue  # a's constant lacks k*dconst: r would go negative
         need: dict[Expr, int] = {}
-        for m, cm in [*dterms.items(), *([(None, dconst)] if dconst and u is not None else [])]:
-            prod = (m if u is None else mul(u, m)) if m is not None else u
+        # the products u * (each term of d), and u * dconst when u is a term
+        parts: list[tuple[sint, int]] = [
+            (m if u is None else mul(u, m), cm) for m, cm in dterms.items()
+        ]
+        if dconst and u is not None:
+            parts.append((u, dconst))
+        for prod, cm in parts:
             pt, pc = _lin(prod)
             if pc != 0 or len(pt) != 1:
                 break
