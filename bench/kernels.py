@@ -5,9 +5,10 @@
     python bench/kernels.py --only gemm --json-out gemm.json
 
 Kernels: softmax, layer norm, RMS norm, a GELU chain (gelu(x*a+b)*c), GEMV 4096x4096 (the
-memory-bound group), GEMM 512..4096 and attention (seq 1024..4096, head dim 64, 4 heads;
-plus a causal variant). luminal gets each as a graph built with the functional API
-(attention written naively: q@k^T * scale, softmax, @v), compiled once; its result is
+memory-bound group), GEMM 512..4096, linear layers (y = x @ W^T with W a weight: 17, 128 and
+2048 rows by SmolLM2's 576 -> 1536 and MiniLM's 1536 -> 384) and attention (seq 1024..4096,
+head dim 64, 4 heads; plus a causal variant). luminal gets each as a graph built with the
+functional API (attention written naively: q@k^T * scale, softmax, @v), compiled once; its result is
 checked against numpy before it is timed. The same run measures the machine's limits:
 memory bandwidth (best of a numpy copy, a torch copy and a torch triad over 256 MiB arrays)
 and peak FLOP/s (best sgemm at 4096 among numpy's BLAS and torch.matmul), so every luminal
@@ -33,7 +34,8 @@ sequence length: the search times its candidates at a representative size of a s
 at the full size of a static one (minutes for a naive 4096^3 kernel).
 
 The last line is JSON: gemm_vs_best_blas (luminal GEMM throughput / the best BLAS at the
-same size, best size), membound_frac_bw_min (worst memory-bound kernel's fraction of the
+same size, best size), linear_vs_best_blas_min (the same ratio, worst linear row; a failed
+row counts 0), membound_frac_bw_min (worst memory-bound kernel's fraction of the
 measured bandwidth; a failed kernel counts 0), attention_vs_torch_sdpa (SDPA time / luminal
 time, worst non-causal size; a failure counts 0), block_compile_cold_s / block_compile_warm_s
 (one Llama block, d 576, 9 heads: a fresh cache dir in a fresh process, then the same dir in
@@ -101,7 +103,12 @@ if importlib.util.find_spec("luminal") is None:
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 MEMBOUND = ("softmax", "layer_norm", "rms_norm", "gelu_chain", "gemv")
-KERNELS = (*MEMBOUND, "gemm", "attention", "attention_causal", "block_compile")
+KERNELS = (*MEMBOUND, "gemm", "linear", "attention", "attention_causal", "block_compile")
+# linear rows: y = x @ W^T with W a weight (packed once, as in a model), rows x k x n: rows of
+# a short (17), a prefill-sized (128) and a long (2048) batch of tokens by the products of
+# SmolLM2 (576 -> 1536) and MiniLM (1536 -> 384)
+LINEAR_ROWS = (17, 128, 2048)
+LINEAR_KN = ((576, 1536), (1536, 384))
 HEAD_DIM = 64
 
 
@@ -173,10 +180,19 @@ class Case:
     dims: dict[str, int] = field(default_factory=dict)
     tol: float = 2e-3
     note: str = ""
+    weights: tuple[str, ...] = ()  # inputs that luminal's graph holds as weights (not passed)
 
     def inputs(self) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(zlib.crc32(self.row.encode()))  # same in every process
-        return {k: rng.standard_normal(s, dtype=np.float32) for k, s in self.shapes.items()}
+        return seeded(self.row, self.shapes)
+
+    def luminal_inputs(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.inputs().items() if k not in self.weights}
+
+
+def seeded(row: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """A row's inputs: the same in every process (a weight built into a graph included)."""
+    rng = np.random.default_rng(zlib.crc32(row.encode()))
+    return {k: rng.standard_normal(s, dtype=np.float32) for k, s in shapes.items()}
 
 
 def _np_softmax(x: np.ndarray) -> np.ndarray:
@@ -324,6 +340,25 @@ def make_cases(quick: bool) -> list[Case]:
             {"a": (n, n), "b": (n, n)}, build_gemm,
             lambda a, b: a @ b, lambda a, b: a @ b, dims={"m": n},
         ))  # fmt: skip
+    for rows_ in (LINEAR_ROWS[:2] if quick else LINEAR_ROWS):
+        for k_, n_ in (LINEAR_KN[:1] if quick else LINEAR_KN):
+            row = f"linear_{rows_}x{k_}x{n_}"
+            shp = {"x": (rows_, k_), "w": (n_, k_)}
+
+            def build_linear(row: str = row, shp: dict = shp, k_: int = k_) -> Any:
+                import luminal as lm
+
+                g = lm.Graph(row)
+                m = lm.dim("m", 1, 4096)  # rows symbolic, as a model's tokens
+                w = g.weight("w", data=seeded(row, shp)["w"])
+                g.output("y", F().linear(g.input("x", (m, k_)), w))
+                return g
+
+            cases.append(Case(
+                row, "linear", f"{rows_}x{k_}x{n_}", "flop", 2.0 * rows_ * k_ * n_, shp,
+                build_linear, lambda x, w: x @ w.T, lambda x, w: TF.linear(x, w),
+                dims={"m": rows_}, weights=("w",), note="y = x @ W^T, W a weight",
+            ))  # fmt: skip
     for causal in (False, True):
         name = "attention_causal" if causal else "attention"
         for s in seqs:
@@ -368,7 +403,7 @@ def luminal_child(case: Case, a: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"compile_s": compile_s, "kernels": cg.kernels}
     inputs = case.inputs()
     ref = case.numpy_fn(**{k: v.astype(np.float64) for k, v in inputs.items()})
-    err = max_rel_err(cg.run(inputs, **case.dims)["y"], ref)
+    err = max_rel_err(cg.run(case.luminal_inputs(), **case.dims)["y"], ref)
     res["max_rel_err"] = err
     if not err <= case.tol:
         res["error"] = f"mismatch: max error {err:.3g} of max |ref| (tolerance {case.tol})"
@@ -572,7 +607,8 @@ def run_case(case: Case, a: argparse.Namespace, tmp: str) -> dict[str, Any]:
         # output per call costs its page faults, as much time as the kernel itself
         shapes = ex.shapes(case.dims)
         outs = {k: np.empty(shapes[k], d) for k, d in ex.outputs.items()}
-        fns["luminal"] = lambda: ex.run(inputs, case.dims, out=outs)
+        lin = case.luminal_inputs()
+        fns["luminal"] = lambda: ex.run(lin, case.dims, out=outs)
     fns["numpy"] = lambda: case.numpy_fn(**inputs)
     fns["torch_eager"] = case.torch_out(**tin) if case.torch_out else lambda: case.torch_fn(**tin)
     r["torch_eager_out"] = case.torch_out is not None
@@ -658,10 +694,12 @@ def print_table(rows: dict[str, dict[str, Any]], limits: dict[str, Any]) -> None
 def summarize(rows: dict[str, dict[str, Any]], limits: dict[str, Any],
               block: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     gemm: list[tuple[float, str]] = []
+    linear: list[tuple[float, str]] = []
     for row, r in rows.items():
         blas = [r[k] for k in ("numpy_s", "torch_eager_s") if r.get(k)]
-        if r["kernel"] == "gemm" and r.get("luminal_s") and blas:
-            gemm.append((min(blas) / r["luminal_s"], row))
+        if r["kernel"] in ("gemm", "linear") and blas:
+            ratio = min(blas) / r["luminal_s"] if r.get("luminal_s") else 0.0  # failed: 0
+            (gemm if r["kernel"] == "gemm" else linear).append((ratio, row))
     mem = [r.get("frac_limit") or 0.0 for r in rows.values() if r["kernel"] in MEMBOUND]
     attn = [
         (r["torch_eager_s"] / r["luminal_s"]) if r.get("luminal_s") else 0.0
@@ -672,6 +710,8 @@ def summarize(rows: dict[str, dict[str, Any]], limits: dict[str, Any],
     return {
         "gemm_vs_best_blas": best_gemm[0],
         "gemm_best_size": best_gemm[1],
+        "linear_vs_best_blas_min": min(linear)[0] if linear else None,
+        "linear_worst_size": min(linear)[1] if linear else None,
         "membound_frac_bw_min": min(mem) if mem else None,
         "attention_vs_torch_sdpa": min(attn) if attn else None,
         "block_compile_cold_s": block.get("cold_s"),

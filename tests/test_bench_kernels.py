@@ -13,6 +13,7 @@ REQUIRED = (
     "gemm_vs_best_blas",
     "membound_frac_bw_min",
     "attention_vs_torch_sdpa",
+    "linear_vs_best_blas_min",
     "block_compile_cold_s",
     "block_compile_warm_s",
     "kernels",

@@ -49,14 +49,16 @@ def _plan(fields: dict, *, ta: int, tb: int, batch: int, shared_b: bool, weight:
 
 
 CASES = [
-    # mr, mc, kc, pack, ta, tb, batch, shared_b, n, k
-    (12, 0, 0, 1, 0, 1, 1, True, 70, 45),
-    (1, 0, 0, 0, 0, 0, 2, False, 33, 17),
-    (5, 7, 0, 0, 1, 0, 3, False, 64, 40),
-    (14, 30, 16, 1, 0, 1, 2, True, 97, 130),
-    (8, 0, 33, 1, 1, 1, 2, False, 31, 65),
-    (6, 12, 0, 0, 0, 1, 1, True, 1, 8),
-    (3, 0, 0, 1, 0, 0, 2, True, 300, 3),
+    # mr, mc, kc, pack, pack_a, ta, tb, batch, shared_b, n, k
+    (12, 0, 0, 1, 1, 0, 1, 1, True, 70, 45),
+    (12, 0, 0, 1, 0, 0, 1, 1, True, 70, 45),
+    (1, 0, 0, 0, 1, 0, 0, 2, False, 33, 17),
+    (5, 7, 0, 0, 1, 1, 0, 3, False, 64, 40),
+    (14, 30, 16, 1, 1, 0, 1, 2, True, 97, 130),
+    (14, 30, 16, 1, 0, 0, 1, 2, False, 97, 130),
+    (8, 0, 33, 1, 1, 1, 1, 2, False, 31, 65),
+    (6, 12, 0, 0, 0, 0, 1, 1, True, 1, 8),
+    (3, 0, 0, 1, 0, 0, 0, 2, True, 300, 3),
 ]
 
 
@@ -66,8 +68,8 @@ def test_pgemm_matches_numpy(case: tuple, isa: str, monkeypatch) -> None:
     """Every schedule field and operand layout at row counts that leave short micro-tiles
     and tasks (1, 5, 29, 301), run twice each (a packed weight is reused, not packed again)."""
     monkeypatch.setenv("LUMINAL_PGEMM_ISA", isa)
-    mr, mc, kc, pack, ta, tb, batch, shared_b, n, k = case
-    fields = {"mr": mr, "mc": mc, "kc": kc, "pack": pack}
+    mr, mc, kc, pack, pack_a, ta, tb, batch, shared_b, n, k = case
+    fields = {"mr": mr, "mc": mc, "kc": kc, "pack": pack, "pack_a": pack_a}
     p, bval = _plan(fields, ta=ta, tb=tb, batch=batch, shared_b=shared_b, weight=bool(pack),
                     n=n, k=k)  # fmt: skip
     ex = runtime.load(p)
@@ -111,7 +113,9 @@ def test_pgemm_packed_weight_follows_its_buffer() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [({"mr": 0}, "'mr' must be 1..14"), ({"mr": 15}, "'mr' must be 1..14"),
-     ({"kc": -1}, "'mc' and 'kc' must be >= 0"), ({"pack": 2}, "'pack' must be 0 or 1")],
+     ({"kc": -1}, "'mc' and 'kc' must be >= 0"), ({"pack": 2}, "'pack' must be 0 or 1"),
+     ({"pack_a": 3}, "'pack_a' must be 0 or 1"),
+     ({"pack_a": 0, "trans_a": 1, "lda": 3}, "'pack_a' 0 needs trans_a 0")],
 )  # fmt: skip
 def test_pgemm_rejects_bad_schedule_fields(fields: dict, message: str) -> None:
     p, _ = _plan(fields, ta=0, tb=0, batch=1, shared_b=True, weight=False, n=8, k=8)
@@ -162,7 +166,7 @@ def test_search_offers_pgemm_and_packs_only_weights(weight: bool, tmp_path, monk
     assert ["pgemm"] in seen and ["gemm"] in seen
     (call,) = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
     assert call.func == "pgemm" and call.fields["mr"] == PGEMM_MR[-1]
-    assert call.fields["pack"] == int(weight)
+    assert call.fields["pack"] == int(weight) and call.fields["pack_a"] == 0
     ex = lm.load(build_plan(chosen, "mm").to_bytes())
     for s in (1, 13, 300):
         inputs = {"x": rand(s, 64, seed=s)}

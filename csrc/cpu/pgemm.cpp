@@ -7,9 +7,12 @@
 //         deep is read from L1 by every tile of the task
 //   pack  1: B holds the same values on every run (a plan weight): packed on the first run
 //         from each source buffer and kept; 0 or absent: packed on every run
+//   pack_a 0: A's rows read in place (needs trans_a 0); 1 or absent: A packed on every run
 // B is packed into panels of 32 columns (row p of a panel: B's 32 values at depth p, zero past
 // n) and A into micro-tiles of up to mr rows (row p: the tile's values at depth p), so the
-// micro-kernel reads both sequentially whatever the operands' strides and transposes.
+// micro-kernel reads both sequentially whatever the operands' strides and transposes; read in
+// place, A costs no copy (a pass over all of A, 8% of a 2048-row product's time) but mr
+// streams of its rows.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -102,17 +105,20 @@ void pack_a(const float *a, int64_t lda, bool ta, int64_t m, int64_t k, int64_t 
 }
 
 // One micro-tile: C[0..R, 0..cols) = alpha * (tile @ panel) + beta * C over depth kd; C is
-// not read when beta is 0.
-using MicroFn = void (*)(const float *ap, const float *bp, int64_t kd, float *c, int64_t ldc,
-                         int cols, float alpha, float beta);
+// not read when beta is 0. The tile's value at row r, depth p is ap[p * R + r] when A is
+// packed (Direct false; lda unused), ap[r * lda + p] when A is read in place.
+using MicroFn = void (*)(const float *ap, int64_t lda, const float *bp, int64_t kd, float *c,
+                         int64_t ldc, int cols, float alpha, float beta);
 
-template <int R>
-void micro_portable(const float *ap, const float *bp, int64_t kd, float *c, int64_t ldc, int cols,
-                    float alpha, float beta) {
+template <int R, bool Direct>
+void micro_portable(const float *ap, int64_t lda, const float *bp, int64_t kd, float *c,
+                    int64_t ldc, int cols, float alpha, float beta) {
   float acc[R][kNr] = {};
-  for (int64_t p = 0; p < kd; ++p, ap += R, bp += kNr)
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < kNr; ++j) acc[r][j] += ap[r] * bp[j];
+  for (int64_t p = 0; p < kd; ++p, bp += kNr)
+    for (int r = 0; r < R; ++r) {
+      const float a = Direct ? ap[r * lda + p] : ap[p * R + r];
+      for (int j = 0; j < kNr; ++j) acc[r][j] += a * bp[j];
+    }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < cols; ++j) {
       float v = alpha * acc[r][j];
@@ -122,17 +128,17 @@ void micro_portable(const float *ap, const float *bp, int64_t kd, float *c, int6
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f")
-template <int R>
-void micro_avx512(const float *ap, const float *bp, int64_t kd, float *c, int64_t ldc, int cols,
-                  float alpha, float beta) {
+template <int R, bool Direct>
+void micro_avx512(const float *ap, int64_t lda, const float *bp, int64_t kd, float *c, int64_t ldc,
+                  int cols, float alpha, float beta) {
   __m512 acc[R][2];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kd; ++p, ap += R, bp += kNr) {
+  for (int64_t p = 0; p < kd; ++p, bp += kNr) {
     const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(ap[r]);
+      const __m512 av = _mm512_set1_ps(Direct ? ap[r * lda + p] : ap[p * R + r]);
       acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
       acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
     }
@@ -156,20 +162,24 @@ void micro_avx512(const float *ap, const float *bp, int64_t kd, float *c, int64_
 }
 #pragma GCC pop_options
 
-template <int... R>
-constexpr std::array<MicroFn, sizeof...(R) + 1> table(bool wide, std::integer_sequence<int, R...>) {
-  return {nullptr, (wide ? &micro_avx512<R + 1> : &micro_portable<R + 1>)...};
+using MicroTable = std::array<MicroFn, kMaxMr + 1>; // by rows; [0] unused
+
+template <bool Direct, int... R>
+constexpr MicroTable table(bool wide, std::integer_sequence<int, R...>) {
+  return {nullptr, (wide ? &micro_avx512<R + 1, Direct> : &micro_portable<R + 1, Direct>)...};
 }
 
-// By the CPU's features; LUMINAL_PGEMM_ISA=portable forces the plain loops (tests compare).
-const MicroFn *pick_micro() {
-  static const auto wide = table(true, std::make_integer_sequence<int, kMaxMr>{});
-  static const auto portable = table(false, std::make_integer_sequence<int, kMaxMr>{});
+// By the CPU's features, for packed A ([0]) and A read in place ([1]); LUMINAL_PGEMM_ISA=portable
+// forces the plain loops (tests compare).
+const MicroTable *pick_micro() {
+  using Rows = std::make_integer_sequence<int, kMaxMr>;
+  static const MicroTable wide[2] = {table<false>(true, Rows{}), table<true>(true, Rows{})};
+  static const MicroTable portable[2] = {table<false>(false, Rows{}), table<true>(false, Rows{})};
   const char *force = std::getenv("LUMINAL_PGEMM_ISA");
   __builtin_cpu_init();
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  if (!avx512 || (force && std::string(force) == "portable")) return portable.data();
-  return wide.data();
+  if (!avx512 || (force && std::string(force) == "portable")) return portable;
+  return wide;
 }
 
 // A packed B kept across runs (pack = 1): the buffer and layout it came from, a fingerprint of
@@ -187,18 +197,19 @@ class PGemm final : public LibCallOp {
 public:
   PGemm(const Plan &plan, size_t step, cpu::ThreadPool &pool)
       : at_("step " + std::to_string(step) + " (pgemm)"),
-        gemm_(plan.steps[step], at_, {"mr", "mc", "kc", "pack"}), pool_(pool),
+        gemm_(plan.steps[step], at_, {"mr", "mc", "kc", "pack", "pack_a"}), pool_(pool),
         micro_(pick_micro()) {
     const Step &s = plan.steps[step];
     for (uint32_t a : s.args)
       if (plan.buffers[a].dtype != DType::f32)
         throw PlanError(at_ + ": A, B and C must all be f32");
     for (const Field &f : s.fields) {
-      int i = f.name == "mr"     ? 0
-              : f.name == "mc"   ? 1
-              : f.name == "kc"   ? 2
-              : f.name == "pack" ? 3
-                                 : -1;
+      int i = f.name == "mr"       ? 0
+              : f.name == "mc"     ? 1
+              : f.name == "kc"     ? 2
+              : f.name == "pack"   ? 3
+              : f.name == "pack_a" ? 4
+                                   : -1;
       if (i < 0) continue;
       if (f.is_real)
         throw PlanError(at_ + ": field '" + f.name + "' must be an integer expression");
@@ -222,19 +233,22 @@ public:
     std::memcpy(v_, v, sizeof v_);
     alpha_ = float(b.alpha);
     beta_ = float(b.beta);
-    int64_t s[4] = {8, 0, 0, 0};
-    for (int i = 0; i < 4; ++i)
+    int64_t s[5] = {8, 0, 0, 0, 1};
+    for (int i = 0; i < 5; ++i)
       if (sched_set_[i]) s[i] = vals[sched_expr_[i]];
     if (s[0] < 1 || s[0] > kMaxMr)
       throw Error(at_ + ": 'mr' must be 1.." + std::to_string(kMaxMr) + ", not " +
                   std::to_string(s[0]));
     if (s[1] < 0 || s[2] < 0) throw Error(at_ + ": 'mc' and 'kc' must be >= 0");
     if (s[3] != 0 && s[3] != 1) throw Error(at_ + ": 'pack' must be 0 or 1");
+    if (s[4] != 0 && s[4] != 1) throw Error(at_ + ": 'pack_a' must be 0 or 1");
+    if (s[4] == 0 && v_[kTransA]) throw Error(at_ + ": 'pack_a' 0 needs trans_a 0");
     mr_ = s[0];
     const int64_t m = v_[kM], k = v_[kK];
     mc_ = s[1] == 0 || s[1] >= m ? std::max<int64_t>(m, 1) : (s[1] + mr_ - 1) / mr_ * mr_;
     kc_ = s[2] == 0 || s[2] >= k ? std::max<int64_t>(k, 1) : s[2];
     keep_b_ = s[3] == 1;
+    direct_a_ = s[4] == 0;
   }
 
   void run(void *const *args) override {
@@ -262,8 +276,10 @@ public:
       bp_ = bdst_ = b_pack_.data();
       launch(&PGemm::pack_b_task, batch * panels_);
     }
-    a_pack_.reserve(size_t(batch * m * k));
-    launch(&PGemm::pack_a_task, batch * tiles_);
+    if (!direct_a_) {
+      a_pack_.reserve(size_t(batch * m * k));
+      launch(&PGemm::pack_a_task, batch * tiles_);
+    }
     launch(&PGemm::task, batch * mblocks_ * panels_);
   }
 
@@ -344,7 +360,8 @@ private:
     const int64_t m = v[kM], n = v[kN], k = v[kK], per = g.mblocks_ * g.panels_;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / per, mb = t % per / g.panels_, p = t % g.panels_;
-      const float *ap = g.a_pack_.data() + i * m * k;
+      const float *ap = g.direct_a_ ? g.a_ + i * v[kStrideA] : g.a_pack_.data() + i * m * k;
+      const MicroFn *micro = g.micro_[g.direct_a_].data();
       const float *bp = g.bp_ + (i * g.panels_ + p) * k * kNr;
       float *c = g.c_ + i * v[kStrideC] + p * kNr;
       const int cols = int(std::min<int64_t>(kNr, n - p * kNr));
@@ -354,8 +371,8 @@ private:
         const float beta = k0 == 0 ? g.beta_ : 1.f;
         for (int64_t r = r0; r < r1; r += g.mr_) {
           const int64_t rr = std::min(g.mr_, m - r);
-          g.micro_[rr](ap + r * k + k0 * rr, bp + k0 * kNr, kd, c + r * v[kLdc], v[kLdc], cols,
-                       g.alpha_, beta);
+          const float *at = g.direct_a_ ? ap + r * v[kLda] + k0 : ap + r * k + k0 * rr;
+          micro[rr](at, v[kLda], bp + k0 * kNr, kd, c + r * v[kLdc], v[kLdc], cols, g.alpha_, beta);
         }
       }
     }
@@ -364,14 +381,14 @@ private:
   std::string at_;
   GemmDesc gemm_;
   cpu::ThreadPool &pool_;
-  const MicroFn *micro_;
+  const MicroTable *micro_; // [packed A, A in place]
   std::vector<uint32_t> args_;
-  uint32_t sched_expr_[4] = {};
-  bool sched_set_[4] = {};
+  uint32_t sched_expr_[5] = {};
+  bool sched_set_[5] = {};
   int64_t v_[GemmDesc::kNum] = {};
   float alpha_ = 1.f, beta_ = 0.f;
   int64_t mr_ = 8, mc_ = 1, kc_ = 1;
-  bool keep_b_ = false, parallel_ = false;
+  bool keep_b_ = false, parallel_ = false, direct_a_ = false;
   // the current run's operands and partition (set by run before the tasks start)
   const float *a_ = nullptr, *b_ = nullptr, *bp_ = nullptr;
   float *c_ = nullptr, *bdst_ = nullptr; // bdst_: where pack_b_task writes
