@@ -340,8 +340,8 @@ def make_cases(quick: bool) -> list[Case]:
             {"a": (n, n), "b": (n, n)}, build_gemm,
             lambda a, b: a @ b, lambda a, b: a @ b, dims={"m": n},
         ))  # fmt: skip
-    for rows_ in (LINEAR_ROWS[:2] if quick else LINEAR_ROWS):
-        for k_, n_ in (LINEAR_KN[:1] if quick else LINEAR_KN):
+    for rows_ in LINEAR_ROWS[:2] if quick else LINEAR_ROWS:
+        for k_, n_ in LINEAR_KN[:1] if quick else LINEAR_KN:
             row = f"linear_{rows_}x{k_}x{n_}"
             shp = {"x": (rows_, k_), "w": (n_, k_)}
 
