@@ -27,6 +27,11 @@ _SM_TILE = (
     32  # keys per tile of the row form: scores of a tile are computed, then exp'd, as vectors
 )
 _QB = 64  # query rows per task of the blocked form
+# Sequences whose keys fill less than 1/_SHORT_KEYS of a key tile take the per-row form: the
+# blocked form pays for a whole zero-padded tile and its setup. Set by timing both forms on
+# 384 heads of dim 32 (2 threads, one sitting): 8 keys 3.2x and 17 keys 1.6x faster per row,
+# 24 keys 0.9x, 32 keys 0.7x (the per-row cost grows with the keys, the tile's does not).
+_SHORT_KEYS = 3
 _RB = 4  # rows per register block; a block of fewer rows takes the row form
 _MAX_DOT = 256  # longest dot product (head dim) the blocked form copies to the stack
 
@@ -179,7 +184,8 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
     em.hoist(v.weight, inner, "    ")
     lines += em.lines
     lines += [
-        f"    if (rows < {_RB}) {{ /* too few rows to amortize copying the tiles */",
+        f"    if (rows < {_RB} || {_SHORT_KEYS} * ({cexpr(v.extent)}) < LM_SM_T) {{",
+        "      /* too few rows or keys to amortize copying the tiles */",
         "      for (int64_t ri = 0; ri < rows; ++ri) {",
         f"        const int64_t i{n - 2} = ib + ri;",
     ]
