@@ -16,7 +16,7 @@ from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import BufferInfo, lower
 from luminal.compiler.search import select
 from luminal.compiler.search.tuner import Tuner
-from luminal.plan import InlineWeight, LibCall, Plan, Role
+from luminal.plan import FileWeight, InlineWeight, LibCall, Plan, Role
 from luminal.targets.cpu import PGEMM_MR, CpuTarget
 from test_plan import Sym
 
@@ -185,3 +185,33 @@ def test_pgemm_is_not_offered_for_f64_or_other_calls() -> None:
     offered = CpuTarget().library_variants(call, f32)
     assert len(offered) == (len(PGEMM_MR) if AVX512 else 0)
     assert all(c.fields["pack"] == 0 for _, c in offered)
+
+
+@pytest.mark.parametrize("file_weight", [True, False])
+def test_pgemm_weight_read_again_after_it_is_packed(file_weight: bool, tmp_path) -> None:
+    """Packing a weight lets the kernel reclaim the source's pages (MADV_PAGEOUT): a mapped
+    file's come back from the file, an inline weight's stay. A second product by the same
+    weight (packed again by its own call) and a plain gemm reading it after both must see
+    its values, on every run."""
+    k_, n_ = 600, 300  # 720 KB: whole pages
+    wv = rand(n_, k_, seed=5)
+    p = Plan()
+    a = p.add_buffer("a", "f32", Role.input, (7, k_))
+    w = p.add_buffer("w", "f32", Role.weight, (n_, k_))
+    outs = [p.add_buffer(f"c{i}", "f32", Role.output, (7, n_)) for i in range(3)]
+    if file_weight:
+        path = tmp_path / "w.bin"
+        path.write_bytes(b"\0" * 64 + wv.tobytes())
+        p.weights.append(FileWeight(w, str(path), 64, wv.nbytes))
+    else:
+        p.weights.append(InlineWeight(w, wv))
+    desc = {"m": 7, "n": n_, "k": k_, "trans_b": 1}
+    for c in outs[:2]:
+        p.steps.append(LibCall("pgemm", {**desc, "pack": 1, "pack_a": 0}, [a, w, c]))
+    p.steps.append(LibCall("gemm", desc, [a, w, outs[2]]))
+    ex = runtime.load(p)
+    for seed in (1, 2, 3):
+        av = rand(7, k_, seed=seed)
+        got = ex.run({"a": av})
+        for i in range(3):
+            np.testing.assert_allclose(got[f"c{i}"], av @ wv.T, rtol=1e-4, atol=1e-4)
