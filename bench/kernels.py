@@ -827,6 +827,7 @@ def main() -> None:
     goals = [
         ("memory-bound >= 0.80 of bandwidth", s["membound_frac_bw_min"], 0.8),
         ("GEMM >= 0.90 of best BLAS", s["gemm_vs_best_blas"], 0.9),
+        ("every linear row >= the best BLAS", s["linear_vs_best_blas_min"], 1.0),
         ("attention faster than torch SDPA", s["attention_vs_torch_sdpa"], 1.0),
     ]
     print("\ngoals: " + "; ".join(
