@@ -44,6 +44,16 @@ public:
     double alpha = 1.0, beta = 0.0;
     int64_t operator[](int i) const { return v[i]; }
     bool empty() const { return v[kM] == 0 || v[kN] == 0 || v[kBatch] == 0; }
+    // One B shared by a batch whose A and C rows continue from matrix to matrix (a linear
+    // layer over batch x seq rows) is one product of batch*m rows: B is packed once, not once
+    // per matrix. A CPU backend's choice; the bound descriptor stays valid either way.
+    void merge_shared_b() {
+      if (v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] && v[kStrideA] == v[kM] * v[kLda] &&
+          v[kStrideC] == v[kM] * v[kLdc] && v[kBatch] * v[kM] <= INT32_MAX) {
+        v[kM] *= v[kBatch];
+        v[kBatch] = 1;
+      }
+    }
   };
 
   // Checks the step's shape: three buffers, known field names, integer fields given as integer

@@ -43,6 +43,21 @@ def test_extremum_values_match_python():
             assert sym.evaluate(e, env) == want, (e, env)
 
 
+def _check_divmod(nums: list, b: sym.sint, heads: int, ks: tuple[int, ...]) -> None:
+    """floordiv and mod of each numerator by ``b`` against Python's ints, over p < 10, every
+    head h and key position j <= p, and the k of ``ks``."""
+    for num in nums:
+        q, r = sym.floordiv(num, b), sym.mod(num, b)
+        for pv in range(10):
+            for hv in range(heads):
+                for jv in range(pv + 1):
+                    for kv in ks:
+                        env = {"p": pv, "h": hv, "j": jv, "k": kv}
+                        x, y = sym.evaluate(num, env), sym.evaluate(b, env)
+                        assert sym.evaluate(q, env) == x // y, (num, env)
+                        assert sym.evaluate(r, env) == x % y, (num, env)
+
+
 def test_divisors_with_a_constant_term_split_and_stay_exact():
     """(32*h*p + 32*h + 32*j + k) // (32*p + 32) is h when j <= p and k < 32: a KV cache of
     past + 1 positions read head by head. Every split checked against Python's ints, including
@@ -62,16 +77,7 @@ def test_divisors_with_a_constant_term_split_and_stay_exact():
         sym.add(sym.mul(32, sym.mul(h, p)), sym.mul(33, h)),
         sym.add(sym.add(sym.mul(32, sym.mul(h, p)), sym.mul(32, h)), -3),
     ]
-    for num in [a, *others]:
-        q, r = sym.floordiv(num, b), sym.mod(num, b)
-        for pv in range(10):
-            for hv in range(4):
-                for jv in range(pv + 1):
-                    for kv in (0, 7, 31):
-                        env = {"p": pv, "h": hv, "j": jv, "k": kv}
-                        x, y = sym.evaluate(num, env), 32 * pv + 32
-                        assert sym.evaluate(q, env) == x // y, (num, env)
-                        assert sym.evaluate(r, env) == x % y, (num, env)
+    _check_divmod([a, *others], b, heads=4, ks=(0, 7, 31))
 
 
 def test_polynomial_divisors_with_a_common_factor_split_through_it():
@@ -85,13 +91,4 @@ def test_polynomial_divisors_with_a_common_factor_split_through_it():
     a = sym.add(sym.add(sym.add(sym.mul(32, h), sym.mul(32, j)), k), sym.mul(32, sym.mul(h, p)))
     assert sym.floordiv(a, b) is sym.floordiv(h, 2)
     odd = sym.add(a, sym.mul(5, j))  # 37*j + k reaches past 32*(p + 1): no split
-    for num in (a, odd):
-        q, r = sym.floordiv(num, b), sym.mod(num, b)
-        for pv in range(10):
-            for hv in range(8):
-                for jv in range(pv + 1):
-                    for kv in (0, 31):
-                        env = {"p": pv, "h": hv, "j": jv, "k": kv}
-                        x, y = sym.evaluate(num, env), 64 * pv + 64
-                        assert sym.evaluate(q, env) == x // y, (num, env)
-                        assert sym.evaluate(r, env) == x % y, (num, env)
+    _check_divmod([a, odd], b, heads=8, ks=(0, 31))

@@ -49,16 +49,8 @@ public:
     const int64_t elems[3] = {buf_bytes[args_[0]] / elem, buf_bytes[args_[1]] / elem,
                               buf_bytes[args_[2]] / elem};
     GemmDesc::Bound b = gemm_.bind(vals, elems);
-    int64_t *v = b.v;
-    // One weight shared by a batch whose A and C rows continue from matrix to matrix (a
-    // linear layer over batch x seq rows): one gemm of batch*m rows packs the weight once
-    // instead of once per matrix.
-    if (v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] && v[kStrideA] == v[kM] * v[kLda] &&
-        v[kStrideC] == v[kM] * v[kLdc] && v[kBatch] * v[kM] <= INT32_MAX) {
-      v[kM] *= v[kBatch];
-      v[kBatch] = 1;
-    }
-    std::memcpy(v_, v, sizeof v_);
+    b.merge_shared_b();
+    std::memcpy(v_, b.v, sizeof v_);
     alpha_ = b.alpha;
     beta_ = b.beta;
   }

@@ -226,14 +226,8 @@ public:
     const int64_t elems[3] = {buf_bytes[args_[0]] / 4, buf_bytes[args_[1]] / 4,
                               buf_bytes[args_[2]] / 4};
     GemmDesc::Bound b = gemm_.bind(vals, elems);
-    int64_t *v = b.v;
-    // one B for a batch whose A and C rows continue from matrix to matrix: one product
-    if (v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] && v[kStrideA] == v[kM] * v[kLda] &&
-        v[kStrideC] == v[kM] * v[kLdc] && v[kBatch] * v[kM] <= INT32_MAX) {
-      v[kM] *= v[kBatch];
-      v[kBatch] = 1;
-    }
-    std::memcpy(v_, v, sizeof v_);
+    b.merge_shared_b();
+    std::memcpy(v_, b.v, sizeof v_);
     alpha_ = float(b.alpha);
     beta_ = float(b.beta);
     int64_t s[5] = {8, 0, 0, 0, 1};

@@ -29,6 +29,7 @@ from .symbolic_text import (  # the kinds and writing expressions out
     MOD,
     MUL,
     VAR,
+    divmods,
     render,
     to_postfix,
 )
@@ -618,16 +619,7 @@ def _by_poly_factor(r: sint, b: sint) -> tuple[sint, sint, int] | None:
 
 def _divides_by(e: sint, d: sint) -> bool:
     """Whether ``e`` holds a floor division or modulo by ``d``."""
-    stack = [e] if isinstance(e, Expr) else []
-    while stack:
-        x = stack.pop()
-        if x.kind in (DIV, MOD) and x.args[1] == d:
-            return True
-        if x.kind == ADD:
-            stack += [t for t, _ in x.args[0]]
-        elif x.kind != VAR:
-            stack += [a for a in x.args if isinstance(a, Expr)]
-    return False
+    return any(x.args[1] == d for x in divmods(e))
 
 
 def _peel_small(r: sint, b: sint) -> tuple[sint, sint, sint] | None:
@@ -870,20 +862,7 @@ def var_names(e: object) -> set[str]:
 def has_divmod(e: sint, name: str | None = None) -> bool:
     """Whether ``e`` holds a floor division or modulo (of a term naming variable ``name``,
     when given)."""
-    seen: set[int] = set()
-    stack = [e] if isinstance(e, Expr) else []
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if x.kind in (DIV, MOD) and (name is None or name in {v.name for v in x.vars()}):
-            return True
-        if x.kind == ADD:
-            stack += [t for t, _ in x.args[0]]
-        elif x.kind != VAR:
-            stack += [a for a in x.args if isinstance(a, Expr)]
-    return False
+    return any(name is None or name in {v.name for v in x.vars()} for x in divmods(e))
 
 
 def free_dims(xs: Iterable[sint]) -> set[Expr]:

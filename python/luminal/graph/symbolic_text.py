@@ -6,7 +6,7 @@ reads expressions only by their fields ``kind``, ``args`` and ``lo``)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -131,6 +131,23 @@ def fingerprint(x: sint) -> str:
             parts = [x.kind, *(fingerprint(a) for a in x.args)]
         hit = _FP[id(x)] = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     return hit
+
+
+def divmods(x: sint) -> Iterator[Expr]:
+    """The floor divisions and modulos in ``x`` (a shared subexpression visited once)."""
+    seen: set[int] = set()
+    stack = [x] if not isinstance(x, int) else []
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.kind in (DIV, MOD):
+            yield e
+        if e.kind == ADD:
+            stack += [t for t, _ in e.args[0]]
+        elif e.kind != VAR:
+            stack += [a for a in e.args if not isinstance(a, int)]
 
 
 def evaluate(x: sint, env: Mapping[str, Any], memo: dict[int, Any] | None = None) -> Any:
