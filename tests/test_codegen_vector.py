@@ -179,3 +179,72 @@ def test_vector_kernels_compile_for_every_vector_width(tmp_path, march, lanes):
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _exp_heavy_graph() -> lm.Graph:
+    import luminal.functional as F
+
+    g = lm.Graph("exp_heavy")
+    x, w = g.input("x", (3, 45)), g.input("w", (45,))
+    g.output("sm", F.softmax(x, -1))
+    g.output("gelu", F.gelu(x * w, approximate="tanh"))
+    g.output("silu", F.silu(x))
+    g.output("rms", F.rms_norm(x, (45,), w, 1e-6))
+    return g
+
+
+def test_exp_heavy_loops_take_the_vector_form():
+    src = _sources(_exp_heavy_graph())
+    assert "lm_vexp2f(" in src and "lm_vmaxf(" in src
+    # 45 = 2 vectors of 16 and a scalar rest of 13: both loops are there
+    assert "+ LM_VL <= 45" in src and "lm_exp2f(" in src
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or shutil.which("cc") is None,
+    reason="needs an x86-64 C compiler",
+)
+@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "x86-64-v4"])
+def test_exp_heavy_vector_loops_compile_for_every_vector_width(tmp_path, march):
+    # the AVX-512 forms (vrndscaleps / vscalefps exp2, vrangeps max, streamed vector stores)
+    # have portable stand-ins: each width builds
+    from luminal.codegen.cpu import rows as c_rows
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(c_rows, "STREAM_BYTES", 0)  # staged runs: the vector stores that stream
+    try:
+        low = lower(graph_passes(_exp_heavy_graph()))
+        kernels = [k for k in schedule(low.kernels) if isinstance(k, K.Kernel)]
+        # each with the prelude (guarded: one copy compiles)
+        src = "\n".join(render_kernel(k, sorted(low.dims)).source for k in kernels)
+    finally:
+        mp.undo()
+    assert "lm_vstore_out(" in src and "lm_nt);" in src
+    path = tmp_path / "k.c"
+    path.write_text(src)
+    r = subprocess.run(
+        ["cc", "-O1", f"-march={march}", "-c", "-o", str(tmp_path / "k.o"),
+         "-Werror=implicit-function-declaration", str(path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cols", [16, 45, 4099])
+def test_vector_row_max_orders_signed_zeros_and_flags_nan(cols):
+    """The vrangeps max and its NaN flag agree with the scalar key form, whether the special
+    value falls in the vector part or the scalar rest."""
+    x = np.full((6, cols), -0.0, np.float32)  # row 0: all -0 -> -0
+    x[1, cols - 1] = 0.0  # +0 beats -0 (in the rest, or the last vector)
+    x[2, 1] = 0.0
+    x[3, :] = -np.inf
+    x[3, cols // 2] = np.nan
+    x[4, :] = RNG.standard_normal(cols).astype(np.float32)
+    x[4, cols - 1] = np.inf
+    x[5, :] = -np.inf
+    g = lm.Graph("vmax")
+    g.output("y", g.input("x", x.shape).max_reduce(1))
+    y = lm.compile(g, search=False).run({"x": x})["y"]
+    assert np.signbit(y[0]) and y[0] == 0
+    assert not np.signbit(y[1]) and not np.signbit(y[2])
+    assert np.isnan(y[3]) and y[4] == np.inf and y[5] == -np.inf

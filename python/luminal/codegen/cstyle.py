@@ -228,17 +228,16 @@ class Emitter:
             rv = _c_name(v.var)
             strip = self.prefetch is not None and self.prefetch.take(ind)
             bi = ind  # the loop's own indent: inside the strip loop when prefetching
+            lo, hi = "0", cexpr(v.extent)
             if strip:
                 assert self.prefetch is not None
-                opened, header = self.prefetch.strip(rv, cexpr(v.extent), ind, self.index_type)
+                opened, lo, hi = self.prefetch.strip(rv, hi, ind, self.index_type)
                 self.lines += opened
                 bi = ind + "  "
-            else:
-                header = (
-                    f"{ind}for ({self.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
-                )
+            if v.op is Op.SUM_REDUCE and v.dtype is dt.f32 and self.simd_reductions:
+                lo = self.vector_sum_loop(v, acc, lo, hi, bi) or lo
             head = len(self.lines)
-            self.lines.append(header)
+            self.lines.append(f"{bi}for ({self.index_type} {rv} = {lo}; {rv} < {hi}; ++{rv}) {{")
 
             def body() -> None:
                 x = self.emit(v.body, bi + "  ")
@@ -345,9 +344,10 @@ class Emitter:
         rv = _c_name(v.var)
         # the key of -INFINITY: an empty max stays -inf
         self.lines.append(f"{ind}int32_t {key} = (int32_t)0x807fffff, {nan} = 0;")
+        lo = self.vector_max_loop(v, key, nan, cexpr(v.extent), ind) or "0"
         head = len(self.lines)
         self.lines.append(
-            f"{ind}for ({self.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
+            f"{ind}for ({self.index_type} {rv} = {lo}; {rv} < {cexpr(v.extent)}; ++{rv}) {{"
         )
 
         def body() -> None:
@@ -366,6 +366,18 @@ class Emitter:
         self.lines.append(f"{ind}const float {acc} = {nan} ? NAN : "
                           f"lm_bits_f32((uint32_t){key} ^ ((uint32_t)({key} >> 31) >> 1));")  # fmt: skip
         return acc
+
+    def vector_sum_loop(self, v: K.Reduce, acc: str, lo: str, hi: str, ind: str) -> str | None:
+        """A backend's explicit-vector part of a float sum's loop from ``lo`` to ``hi`` (adding
+        into ``acc``, writing the row cache): the C variable where the scalar rest starts, or
+        None (nothing emitted)."""
+        return None
+
+    def vector_max_loop(self, v: K.Reduce, key: str, nan: str, hi: str, ind: str) -> str | None:
+        """A backend's explicit-vector part of a float max's loop up to ``hi``, folded into the
+        order-preserving integer ``key`` and the NaN flag ``nan`` (``_max_f32``): the C
+        variable where the scalar rest starts, or None (nothing emitted)."""
+        return None
 
     def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
         """A backend's explicit-vector form of a split float sum, or None (the scalar loop

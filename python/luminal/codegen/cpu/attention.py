@@ -426,8 +426,11 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
         "        /* the exps of all the block's rows in one loop, independent chains that",
         "           overlap (exp2(-inf - inf) = 0 for rows without weight); then each row's sum",
         "           as vectors (a reduction clause would keep its lanes on the stack) */",
-        "        for (int jj = 0; jj < LM_SM_T; ++jj) {",
-        *(f"          ps[{r}][jj] = lm_exp2f(ps[{r}][jj] - msub[{r}]);" for r in range(_RB)),
+        "        for (int jj = 0; jj < LM_SM_T; jj += LM_VL) {",
+        *(
+            f"          lm_vst(&ps[{r}][jj], lm_vexp2f(lm_vld(&ps[{r}][jj]) - msub[{r}]));"
+            for r in range(_RB)
+        ),
         "        }",
         f"        for (int ri = 0; ri < {_RB}; ++ri) {{",
         "          lm_vf sv = lm_vld(&ps[ri][0]);",

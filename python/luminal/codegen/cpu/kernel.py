@@ -25,6 +25,7 @@ from ...graph.symbolic import sint
 from ...graph.view import contiguous_strides
 from ..cstyle import (
     Emitter,
+    _c_name,
     _per_element_reduce,
     cexpr,
     ctype,
@@ -42,7 +43,7 @@ from .rows import (
     stageable,
     stream_flag,
 )
-from .vector import VECTOR_HELPERS, blocked_sum
+from .vector import VECTOR_HELPERS, _flat, blocked_sum, vector_loop
 
 # the C head: what SHARED_HELPERS expect a backend to define
 _C_HEAD = r"""
@@ -79,17 +80,23 @@ static inline float lm_maxcf(float a, float c) {
    minimax polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n is applied as two
    normal factors so results down to the subnormals round once; inf, -inf and NaN behave as
    in exp2f. About 17 vector instructions. */
+#define LM_EXP2_C6 1.5353361959569156e-04f
+#define LM_EXP2_C5 1.3398875016719103e-03f
+#define LM_EXP2_C4 9.6184369176626200e-03f
+#define LM_EXP2_C3 5.5503323674201965e-02f
+#define LM_EXP2_C2 2.4022647738456726e-01f
+#define LM_EXP2_C1 6.9314718246459961e-01f
 static inline float lm_exp2f(float x) {
   uint32_t lo = -(uint32_t)(x < -151.0f);
   float c = lm_bits_f32((0xc3170000u & lo) | (lm_f32_bits(x) & ~lo)); /* two selects: 4 ops */
   uint32_t hi = -(uint32_t)(c > 129.0f);
   c = lm_bits_f32((0x43010000u & hi) | (lm_f32_bits(c) & ~hi));
-  float t = c + 12582912.0f, n = t - 12582912.0f, f = c - n, p = 1.5353361959569156e-04f;
-  p = p * f + 1.3398875016719103e-03f;
-  p = p * f + 9.6184369176626200e-03f;
-  p = p * f + 5.5503323674201965e-02f;
-  p = p * f + 2.4022647738456726e-01f;
-  p = p * f + 6.9314718246459961e-01f;
+  float t = c + 12582912.0f, n = t - 12582912.0f, f = c - n, p = LM_EXP2_C6;
+  p = p * f + LM_EXP2_C5;
+  p = p * f + LM_EXP2_C4;
+  p = p * f + LM_EXP2_C3;
+  p = p * f + LM_EXP2_C2;
+  p = p * f + LM_EXP2_C1;
   p = p * f + 1.0f;
   uint32_t k = lm_f32_bits(t) << 23, k1 = (uint32_t)((int32_t)k >> 1) & 0xff800000u;
   return p * lm_bits_f32(k1 + 0x3f800000u) * lm_bits_f32(k - k1 + 0x3f800000u);
@@ -109,10 +116,43 @@ PRELUDE = (
 
 
 class CpuEmitter(Emitter):
-    """The C emitter with the CPU's explicit-vector split sums (``vector.py``)."""
+    """The C emitter with the CPU's explicit-vector split sums and exp-heavy loops
+    (``vector.py``)."""
 
     def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
         return blocked_sum(self, v, ind)
+
+    def vector_sum_loop(self, v: K.Reduce, acc: str, lo: str, hi: str, ind: str) -> str | None:
+        cache, rv = self.row_cache.get(v), _c_name(v.var)
+        accv = self.tmp()
+
+        def step(x: str) -> list[str]:
+            out = [f"{ind}  {accv} += {x};"]
+            if cache is not None:  # the row cache of the sum's body values (rows.py)
+                out.insert(0, f"{ind}  memcpy(&{cache}[{rv}], &{x}, sizeof {x});")
+            return out
+
+        loop = vector_loop(self, v.body, v.var, lo, hi, ind, step)
+        if loop is None:
+            return None
+        self.lines += [f"{ind}lm_f32v {accv} = {{0}};", *loop[0],
+                       f"{ind}{acc} += lm_vsum_f32({accv});"]  # fmt: skip
+        if cache is not None:
+            self.cached.add(v)
+        return loop[1]
+
+    def vector_max_loop(self, v: K.Reduce, key: str, nan: str, hi: str, ind: str) -> str | None:
+        mv, nm = self.tmp(), self.tmp()
+
+        def step(x: str) -> list[str]:
+            return [f"{ind}  {mv} = lm_vmaxf({mv}, {x});", f"{ind}  {nm} |= lm_vnanmask({x});"]
+
+        loop = vector_loop(self, v.body, v.var, "0", hi, ind, step, always=True)
+        if loop is None:
+            return None
+        self.lines += [f"{ind}lm_f32v {mv} = lm_vsplatf(-INFINITY); int32_t {nm} = 0;",
+                       *loop[0], f"{ind}lm_vmax_fold({mv}, {nm}, &{key}, &{nan});"]  # fmt: skip
+        return loop[1]
 
 
 @dataclass
@@ -295,10 +335,25 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             and k.scatter_row is None
         ):
             window = _mask_window(masked[0], inner_ix)
+        start = lo  # where the scalar element loop starts (after a vector loop's part)
         if jam:
             pass  # jam_task writes the element loops
         elif window is None:
-            lines.append(f"    for (int64_t {iv} = {lo}; {iv} < {hi}; ++{iv}) {{")
+            if k.scatter_row is None and k.dtype is dt.f32 and isinstance(inner_ix, sym.Expr):
+                # exp-heavy values and staged runs: a vector loop first, stored straight to the
+                # output (streamed where the run would be staged to stream: no copy through the
+                # stack buffer); the scalar loop takes the rest
+                over = {b: f"lm_vload_f32(&{em.row_cache[r]}[{iv}])"
+                        for r, b in caches.items() if r in em.cached}  # fmt: skip
+                dst = f"&b0[{cexpr(_flat(shape, {}))}]"
+                nt = "lm_nt" if stage else "0"
+                vloop = vector_loop(em, k.value, inner_ix, lo, hi, "    ",
+                                    lambda x: [f"      lm_vstore_out({dst}, {x}, {nt});"], over,
+                                    always=bool(stage))  # fmt: skip
+                if vloop is not None:
+                    lines += vloop[0]
+                    start = vloop[1]
+            lines.append(f"    for (int64_t {iv} = {start}; {iv} < {hi}; ++{iv}) {{")
         else:
             lines += _window_bounds(window, lo, hi)
             lines.append(f"    for (int64_t {iv} = lm_wlo; {iv} < lm_whi; ++{iv}) {{")
@@ -309,8 +364,8 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             for j, st in enumerate(contiguous_strides(shape)[:-1]):
                 row0 = sym.add(row0, sym.mul(sym.index_var(j, shape[j]), st))
             loop_close = ["    }",
-                          f"    lm_copy_out(&b0[{cexpr(row0)} + {lo}], {stage_buf}, "
-                          f"({hi} - {lo}) * (int64_t)sizeof({stage_buf}[0]), lm_nt);", "  }",
+                          f"    lm_copy_out(&b0[{cexpr(row0)} + {start}], &{stage_buf}[{start} - {lo}], "
+                          f"({hi} - {start}) * (int64_t)sizeof({stage_buf}[0]), lm_nt);", "  }",
                           "  lm_stream_fence(lm_nt);"]  # fmt: skip
     body: list[str] = []
     if jam:

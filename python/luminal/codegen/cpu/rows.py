@@ -20,7 +20,9 @@ Two rewrites, both chosen from the shape of the kernel IR (no op is special-case
   the output is written without first being read into the cache (a normal store's
   read-for-ownership makes a memory-bound kernel move 3 bytes per byte written instead of 2),
   and it does not evict the inputs. A smaller output is copied with ``memcpy`` and stays
-  cached for the kernel that reads it next.
+  cached for the kernel that reads it next. Where the element loop has a vector form
+  (``vector.py``'s ``vector_loop``), its vectors are stored (streamed) straight to the output
+  and only the scalar rest goes through the buffer.
 """
 
 from __future__ import annotations
@@ -156,8 +158,8 @@ class RowPrefetch:
         self.done = True
         return True
 
-    def strip(self, var: str, extent: str, ind: str, index_type: str) -> tuple[list[str], str]:
-        """Lines opening the strip loop (the prefetches included) and the header of the loop
+    def strip(self, var: str, extent: str, ind: str, index_type: str) -> tuple[list[str], str, str]:
+        """Lines opening the strip loop (the prefetches included) and the bounds of the loop
         over ``var`` inside it; the caller closes both."""
         sb = f"{var}_s"
         lines = [f"{ind}for ({index_type} {sb} = 0; {sb} < {extent}; {sb} += {STRIP}) {{"]
@@ -165,7 +167,7 @@ class RowPrefetch:
         for j, (_, size) in enumerate(self.targets):
             lines.append(f"{ind}  if (lm_pf) for (int64_t lm_k = {sb} * {size}; lm_k < {hi} * {size}; "
                          f"lm_k += 64) __builtin_prefetch(lm_nx{j} + lm_k, 0, 3);")  # fmt: skip
-        return lines, f"{ind}  for ({index_type} {var} = {sb}; {var} < {hi}; ++{var}) {{"
+        return lines, sb, hi
 
 
 def row_prefetch(k: K.Kernel, em: Emitter, indent: str) -> RowPrefetch | None:

@@ -66,6 +66,39 @@ static inline lm_i32v lm_vload_u16(const uint16_t *p) { return (lm_i32v)_mm512_c
 static inline lm_i32v lm_vload_i16(const int16_t *p) { return (lm_i32v)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
 static inline lm_f32v lm_vload_f16(const uint16_t *p) { return (lm_f32v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline float lm_vsum_f32(lm_f32v v) { return _mm512_reduce_add_ps((__m512)v); }
+/* 2^x of each lane, lm_exp2f's polynomial and results (NaN and the infinities included) in 11
+   instructions where GCC's vectorized lm_exp2f takes 22: x clamped by min/max (each returns its
+   second operand when one is NaN, so NaN passes), n = rint(x) by vrndscaleps, and p * 2^n by
+   vscalefps, which rounds a subnormal result once. Loops of exp-heavy bodies (softmax's
+   exponentials, GELU, SiLU) run in this form (vector_loop). */
+static inline lm_f32v lm_vexp2f(lm_f32v v) {
+  __m512 x = _mm512_min_ps(_mm512_set1_ps(130.0f), _mm512_max_ps(_mm512_set1_ps(-160.0f), (__m512)v));
+  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, n), p = _mm512_set1_ps(LM_EXP2_C6);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(LM_EXP2_C5));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(LM_EXP2_C4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(LM_EXP2_C3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(LM_EXP2_C2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(LM_EXP2_C1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return (lm_f32v)_mm512_scalef_ps(p, n);
+}
+static inline lm_f32v lm_vsqrtf(lm_f32v v) { return (lm_f32v)_mm512_sqrt_ps((__m512)v); }
+#if defined(__AVX512DQ__)
+#define LM_VMAX 1
+/* a float max that orders -0 below +0 and passes over NaN (vrangeps: 1 instruction where the
+   integer-key form takes 8), with NaN flagged apart; folded into the scalar key and flag of
+   the loop's rest (cstyle's _max_f32) */
+static inline lm_f32v lm_vmaxf(lm_f32v m, lm_f32v x) { return (lm_f32v)_mm512_range_ps((__m512)m, (__m512)x, 0x05); }
+static inline int32_t lm_vnanmask(lm_f32v x) { return (int32_t)_mm512_cmp_ps_mask((__m512)x, (__m512)x, _CMP_UNORD_Q); }
+#endif
+/* a vector of an output run; streamed (no read for ownership) when the kernel streams its
+   output and the address allows it */
+static inline void lm_vstore_out(float *p, lm_f32v v, int nt) {
+  if (nt && !((uintptr_t)p & 63)) _mm512_stream_ps(p, (__m512)v);
+  else memcpy(p, &v, sizeof v);
+}
+#define LM_VEXP2 1
 #elif defined(__AVX2__)
 #include <immintrin.h>
 static inline lm_i32v lm_vload_u8(const uint8_t *p) { return (lm_i32v)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
@@ -82,6 +115,40 @@ static inline float lm_vsum_f32(lm_f32v v) {
   a = _mm_add_ps(a, _mm_movehl_ps(a, a));
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
+#endif
+#if !defined(LM_VEXP2)
+/* without AVX-512 the vector loops keep GCC's own vectorization of the scalar functions */
+static inline lm_f32v lm_vexp2f(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = lm_exp2f(v[l]); return r; }
+static inline lm_f32v lm_vsqrtf(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = sqrtf(v[l]); return r; }
+static inline void lm_vstore_out(float *p, lm_f32v v, int nt) { (void)nt; memcpy(p, &v, sizeof v); }
+#endif
+#if !defined(LM_VMAX)
+/* lanes' maxima on order-preserving integer keys (as cstyle's scalar _max_f32) */
+static inline lm_f32v lm_vmaxf(lm_f32v m, lm_f32v x) {
+  for (int l = 0; l < LM_VL; ++l) {
+    const uint32_t a = lm_f32_bits(m[l]), b = lm_f32_bits(x[l]);
+    const int32_t ka = (int32_t)(a ^ ((uint32_t)((int32_t)a >> 31) >> 1));
+    const int32_t kb = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1));
+    m[l] = kb > ka && x[l] == x[l] ? x[l] : m[l];
+  }
+  return m;
+}
+static inline int32_t lm_vnanmask(lm_f32v x) {
+  int32_t n = 0;
+  for (int l = 0; l < LM_VL; ++l) n |= x[l] != x[l];
+  return n;
+}
+#endif
+static inline lm_f32v lm_vsplatf(float x) { lm_f32v v; for (int l = 0; l < LM_VL; ++l) v[l] = x; return v; }
+static inline void lm_vmax_fold(lm_f32v m, int32_t nm, int32_t *key, int32_t *nan) {
+  for (int l = 0; l < LM_VL; ++l) {
+    const uint32_t b = lm_f32_bits(m[l]);
+    const int32_t k = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1));
+    *key = k > *key ? k : *key;
+  }
+  *nan |= nm != 0;
+}
+#if defined(__AVX512F__) || defined(__AVX2__)
 #else
 static inline lm_i32v lm_vload_u8(const uint8_t *p) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = p[l]; return v; }
 static inline lm_i32v lm_vload_i8(const int8_t *p) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = p[l]; return v; }
@@ -96,6 +163,7 @@ static inline float lm_vsum_f32(lm_f32v v) {
 """
 
 _VT = {"f": "lm_f32v", "i": "lm_i32v"}
+_VEC_UNARY = {Op.EXP2: "lm_vexp2f", Op.SQRT: "lm_vsqrtf"}
 
 
 class _Unsupported(Exception):
@@ -132,12 +200,17 @@ def _small(v: K.Value) -> bool:
 
 
 class _Vec:
-    def __init__(self, em: Emitter, ri: sym.Expr, ind: str) -> None:
+    def __init__(
+        self, em: Emitter, ri: sym.Expr, ind: str, over: dict[K.Value, str] | None = None
+    ) -> None:
         self.em, self.ri, self.ind = em, ri, ind
         self.lines: list[str] = []
-        self.memo: dict[K.Value, tuple[str, str]] = {}
+        # values given as float vectors already (a row cache's entries read as one vector)
+        self.memo: dict[K.Value, tuple[str, str]] = {v: (e, "f") for v, e in (over or {}).items()}
 
     def scalar(self, v: K.Value) -> str | None:
+        if v in self.memo:
+            return None
         for s in reversed(self.em.scopes):
             if v in s:
                 return s[v]
@@ -206,6 +279,8 @@ class _Vec:
         kind = "f" if d is dt.f32 else "i"
         if v.op is Op.RECIP and d is dt.f32:
             return f"(1.0f / {args[0][0]})", kind
+        if v.op in _VEC_UNARY and d is dt.f32:
+            return f"{_VEC_UNARY[v.op]}({args[0][0]})", kind
         if len(args) != 2:
             raise _Unsupported
         (a, ka), (b, kb) = args
@@ -228,6 +303,47 @@ class _Vec:
         ua = f"(lm_u32v)({a})" if ka == "i" else f"(uint32_t)({a})"
         ub = f"(lm_u32v)({b})" if kb == "i" else f"(uint32_t)({b})"
         return f"(lm_i32v)({ua} {'+' if v.op is Op.ADD else '*'} {ub})", kind
+
+
+def vector_loop(
+    em: Emitter,
+    value: K.Value,
+    var: sym.Expr,
+    lo: str,
+    hi: str,
+    ind: str,
+    step: Callable[[str], list[str]],
+    over: dict[K.Value, str] | None = None,
+    always: bool = False,
+) -> tuple[list[str], str] | None:
+    """The vector part of a loop over ``var`` from ``lo`` to ``hi`` that computes ``value``
+    per index: steps of ``LM_VL`` indices, each running ``step(vector)`` (its store or sum),
+    and the C variable holding where the scalar loop for the rest starts. Only for values
+    holding an op whose vector form beats GCC's vectorization of the scalar one (``exp2``:
+    ``lm_vexp2f``); None (nothing emitted) otherwise, or when the value is not covered
+    (``over``: values readable as vectors already; ``always``: whatever the ops)."""
+    if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
+        return None
+    from ..cstyle import _c_name
+
+    restore = em.checkpoint()
+    at, iv = em.tmp(), _c_name(var)
+    vec = _Vec(em, var, ind + "  ", over)
+    try:
+        x, kind = vec.val(value)
+    except _Unsupported:
+        kind = ""
+    if kind != "f":
+        restore()
+        return None
+    return [
+        f"{ind}int64_t {at} = {lo};",
+        f"{ind}for (; {at} + LM_VL <= {hi}; {at} += LM_VL) {{",
+        f"{ind}  const int64_t {iv} = {at};",
+        *vec.lines,
+        *step(x),
+        f"{ind}}}",
+    ], at
 
 
 def _unroll(extent: object) -> int:
