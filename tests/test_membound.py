@@ -240,3 +240,26 @@ def test_compiled_graph_run_passes_out() -> None:
     y = np.empty((5, 9), np.float32)
     assert cg.run({"x": x}, out={"y": y}, n=5)["y"] is y
     np.testing.assert_array_equal(y, cg.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("shift", [0, 1, 4, 13])
+def test_streamed_vector_stores_into_unaligned_outputs(monkeypatch, shift: int) -> None:
+    """Streamed output vectors need 64-byte addresses: into a caller's array starting 4*shift
+    bytes past one, the first vector of a row is stored plainly and the loop steps to the
+    boundary (overlapping it); every element still gets its value, nothing past the row."""
+    from luminal.codegen.cpu import rows as c_rows
+
+    monkeypatch.setattr(c_rows, "STREAM_BYTES", 0)  # stream every output
+    rows, cols = 5, 181
+    g = lm.Graph("sm_unaligned")
+    xs = g.input("x", (rows, cols))
+    g.output("y", F.softmax(xs, -1) * 2.0 + F.silu(xs))
+    x = _rand(rows, cols, scale=4.0)
+    x[2, 7] = -np.inf
+    base = np.full(rows * cols + 32, 7.0, np.float32)
+    y = base[shift : shift + rows * cols].reshape(rows, cols)
+    _compile(g).run({"x": x}, out={"y": y})
+    t = torch.from_numpy(x)
+    ref = (torch.softmax(t, -1) * 2.0 + torch.nn.functional.silu(t)).numpy()
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-6)
+    assert (base[:shift] == 7.0).all() and (base[shift + rows * cols :] == 7.0).all()

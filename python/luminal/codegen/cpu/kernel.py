@@ -349,7 +349,9 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 nt = "lm_nt" if stage else "0"
                 vloop = vector_loop(em, k.value, inner_ix, lo, hi, "    ",
                                     lambda x: [f"      lm_vstore_out({dst}, {x}, {nt});"], over,
-                                    always=bool(stage))  # fmt: skip
+                                    always=bool(stage),
+                                    advance=(lambda at: f"{at} += lm_vstep({dst}, lm_nt);")
+                                    if stage else None)  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]
                     start = vloop[1]

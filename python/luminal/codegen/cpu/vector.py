@@ -98,6 +98,13 @@ static inline void lm_vstore_out(float *p, lm_f32v v, int nt) {
   if (nt && !((uintptr_t)p & 63)) _mm512_stream_ps(p, (__m512)v);
   else memcpy(p, &v, sizeof v);
 }
+/* the elements to advance after storing a vector at p: to the next 64-byte boundary when
+   streaming from an unaligned start (the vector after overlaps this one, the same values,
+   and every later one streams; a caller's numpy output is 16-byte aligned), else a vector */
+static inline int64_t lm_vstep(const float *p, int nt) {
+  const uintptr_t off = (uintptr_t)p & 63;
+  return nt && off && !(off & 3) ? (int64_t)((64 - off) >> 2) : LM_VL;
+}
 #define LM_VEXP2 1
 #elif defined(__AVX2__)
 #include <immintrin.h>
@@ -121,6 +128,7 @@ static inline float lm_vsum_f32(lm_f32v v) {
 static inline lm_f32v lm_vexp2f(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = lm_exp2f(v[l]); return r; }
 static inline lm_f32v lm_vsqrtf(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = sqrtf(v[l]); return r; }
 static inline void lm_vstore_out(float *p, lm_f32v v, int nt) { (void)nt; memcpy(p, &v, sizeof v); }
+static inline int64_t lm_vstep(const float *p, int nt) { (void)p; (void)nt; return LM_VL; }
 #endif
 #if !defined(LM_VMAX)
 /* lanes' maxima on order-preserving integer keys (as cstyle's scalar _max_f32) */
@@ -315,13 +323,16 @@ def vector_loop(
     step: Callable[[str], list[str]],
     over: dict[K.Value, str] | None = None,
     always: bool = False,
+    advance: Callable[[str], str] | None = None,
 ) -> tuple[list[str], str] | None:
     """The vector part of a loop over ``var`` from ``lo`` to ``hi`` that computes ``value``
     per index: steps of ``LM_VL`` indices, each running ``step(vector)`` (its store or sum),
     and the C variable holding where the scalar loop for the rest starts. Only for values
     holding an op whose vector form beats GCC's vectorization of the scalar one (``exp2``:
     ``lm_vexp2f``); None (nothing emitted) otherwise, or when the value is not covered
-    (``over``: values readable as vectors already; ``always``: whatever the ops)."""
+    (``over``: values readable as vectors already; ``always``: whatever the ops;
+    ``advance``: given the step variable, a statement that moves it on, instead of by
+    ``LM_VL``)."""
     if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
         return None
     from ..cstyle import _c_name
@@ -338,10 +349,11 @@ def vector_loop(
         return None
     return [
         f"{ind}int64_t {at} = {lo};",
-        f"{ind}for (; {at} + LM_VL <= {hi}; {at} += LM_VL) {{",
+        f"{ind}for (; {at} + LM_VL <= {hi};{'' if advance else f' {at} += LM_VL'}) {{",
         f"{ind}  const int64_t {iv} = {at};",
         *vec.lines,
         *step(x),
+        *([f"{ind}  {advance(at)}"] if advance else []),
         f"{ind}}}",
     ], at
 
