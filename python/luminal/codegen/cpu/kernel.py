@@ -126,7 +126,7 @@ class CpuEmitter(Emitter):
         cache, rv = self.row_cache.get(v), _c_name(v.var)
         accv = self.tmp()
 
-        def step(x: str) -> list[str]:
+        def step(x: str, at: str) -> list[str]:
             out = [f"{ind}  {accv} += {x};"]
             if cache is not None:  # the row cache of the sum's body values (rows.py)
                 out.insert(0, f"{ind}  memcpy(&{cache}[{rv}], &{x}, sizeof {x});")
@@ -144,7 +144,7 @@ class CpuEmitter(Emitter):
     def vector_max_loop(self, v: K.Reduce, key: str, nan: str, hi: str, ind: str) -> str | None:
         mv, nm = self.tmp(), self.tmp()
 
-        def step(x: str) -> list[str]:
+        def step(x: str, at: str) -> list[str]:
             return [f"{ind}  {mv} = lm_vmaxf({mv}, {x});", f"{ind}  {nm} |= lm_vnanmask({x});"]
 
         loop = vector_loop(self, v.body, v.var, "0", hi, ind, step, always=True)
@@ -347,11 +347,11 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                         for r, b in caches.items() if r in em.cached}  # fmt: skip
                 dst = f"&b0[{cexpr(_flat(shape, {}))}]"
                 nt = "lm_nt" if stage else "0"
-                vloop = vector_loop(em, k.value, inner_ix, lo, hi, "    ",
-                                    lambda x: [f"      lm_vstore_out({dst}, {x}, {nt});"], over,
-                                    always=bool(stage),
-                                    advance=(lambda at: f"{at} += lm_vstep({dst}, lm_nt);")
-                                    if stage else None)  # fmt: skip
+                vloop = vector_loop(
+                    em, k.value, inner_ix, lo, hi, "    ",
+                    lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"],
+                    over, always=bool(stage), advance=True,
+                )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]
                     start = vloop[1]

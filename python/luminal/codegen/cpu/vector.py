@@ -92,18 +92,23 @@ static inline lm_f32v lm_vsqrtf(lm_f32v v) { return (lm_f32v)_mm512_sqrt_ps((__m
 static inline lm_f32v lm_vmaxf(lm_f32v m, lm_f32v x) { return (lm_f32v)_mm512_range_ps((__m512)m, (__m512)x, 0x05); }
 static inline int32_t lm_vnanmask(lm_f32v x) { return (int32_t)_mm512_cmp_ps_mask((__m512)x, (__m512)x, _CMP_UNORD_Q); }
 #endif
-/* a vector of an output run; streamed (no read for ownership) when the kernel streams its
-   output and the address allows it */
-static inline void lm_vstore_out(float *p, lm_f32v v, int nt) {
-  if (nt && !((uintptr_t)p & 63)) _mm512_stream_ps(p, (__m512)v);
-  else memcpy(p, &v, sizeof v);
-}
-/* the elements to advance after storing a vector at p: to the next 64-byte boundary when
-   streaming from an unaligned start (the vector after overlaps this one, the same values,
-   and every later one streams; a caller's numpy output is 16-byte aligned), else a vector */
-static inline int64_t lm_vstep(const float *p, int nt) {
+/* stores a vector of an output run and returns the elements stored. Streamed (no read for
+   ownership) when the kernel streams its output: from an address off a 64-byte boundary (a
+   caller's numpy array is 16-byte aligned) only the lanes before the boundary are stored,
+   plainly, so every later vector streams whole lines and no line is written both ways */
+static inline int64_t lm_vstore_out(float *p, lm_f32v v, int nt) {
   const uintptr_t off = (uintptr_t)p & 63;
-  return nt && off && !(off & 3) ? (int64_t)((64 - off) >> 2) : LM_VL;
+  if (!nt || (off & 3)) {
+    memcpy(p, &v, sizeof v);
+    return LM_VL;
+  }
+  if (!off) {
+    _mm512_stream_ps(p, (__m512)v);
+    return LM_VL;
+  }
+  const int64_t head = (int64_t)((64 - off) >> 2);
+  _mm512_mask_storeu_ps(p, (__mmask16)((1u << head) - 1), (__m512)v);
+  return head;
 }
 #define LM_VEXP2 1
 #elif defined(__AVX2__)
@@ -127,8 +132,7 @@ static inline float lm_vsum_f32(lm_f32v v) {
 /* without AVX-512 the vector loops keep GCC's own vectorization of the scalar functions */
 static inline lm_f32v lm_vexp2f(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = lm_exp2f(v[l]); return r; }
 static inline lm_f32v lm_vsqrtf(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = sqrtf(v[l]); return r; }
-static inline void lm_vstore_out(float *p, lm_f32v v, int nt) { (void)nt; memcpy(p, &v, sizeof v); }
-static inline int64_t lm_vstep(const float *p, int nt) { (void)p; (void)nt; return LM_VL; }
+static inline int64_t lm_vstore_out(float *p, lm_f32v v, int nt) { (void)nt; memcpy(p, &v, sizeof v); return LM_VL; }
 #endif
 #if !defined(LM_VMAX)
 /* lanes' maxima on order-preserving integer keys (as cstyle's scalar _max_f32) */
@@ -320,19 +324,19 @@ def vector_loop(
     lo: str,
     hi: str,
     ind: str,
-    step: Callable[[str], list[str]],
+    step: Callable[[str, str], list[str]],
     over: dict[K.Value, str] | None = None,
     always: bool = False,
-    advance: Callable[[str], str] | None = None,
+    advance: bool = False,
 ) -> tuple[list[str], str] | None:
     """The vector part of a loop over ``var`` from ``lo`` to ``hi`` that computes ``value``
-    per index: steps of ``LM_VL`` indices, each running ``step(vector)`` (its store or sum),
+    per index: steps of ``LM_VL`` indices, each running ``step(vector, step variable)``
+    (its store or sum),
     and the C variable holding where the scalar loop for the rest starts. Only for values
     holding an op whose vector form beats GCC's vectorization of the scalar one (``exp2``:
     ``lm_vexp2f``); None (nothing emitted) otherwise, or when the value is not covered
     (``over``: values readable as vectors already; ``always``: whatever the ops;
-    ``advance``: given the step variable, a statement that moves it on, instead of by
-    ``LM_VL``)."""
+    ``advance``: ``step``'s statements move the step variable on, not the loop header)."""
     if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
         return None
     from ..cstyle import _c_name
@@ -352,8 +356,7 @@ def vector_loop(
         f"{ind}for (; {at} + LM_VL <= {hi};{'' if advance else f' {at} += LM_VL'}) {{",
         f"{ind}  const int64_t {iv} = {at};",
         *vec.lines,
-        *step(x),
-        *([f"{ind}  {advance(at)}"] if advance else []),
+        *step(x, at),
         f"{ind}}}",
     ], at
 
