@@ -77,9 +77,10 @@ static inline float lm_maxcf(float a, float c) {
 /* 2^x without branches, so loops calling it vectorize (libm's exp2f is a scalar call, 7x
    slower). x is clamped to [-151, 129] through bit masks (NaN passes); n = rint(x) by the
    1.5 * 2^23 trick, whose low bits also give n << 23; 2^x = p(x - n) * 2^n, p a degree-6
-   minimax polynomial of 2^f on [-0.5, 0.5] (within 2 ulp of exp2f); 2^n is applied as two
-   normal factors so results down to the subnormals round once; inf, -inf and NaN behave as
-   in exp2f. About 17 vector instructions. */
+   minimax polynomial of 2^f on [-0.5, 0.5]; 2^n is applied as two normal factors so results
+   down to the subnormals round once; inf, -inf and NaN behave as in exp2f. At most 0.952 ulp
+   from f64 exp2 on every float in [-152, 130] (measured, as for lm_vexp2f, the AVX-512 form).
+   About 22 vector instructions as GCC vectorizes it. */
 #define LM_EXP2_C6 1.5353361959569156e-04f
 #define LM_EXP2_C5 1.3398875016719103e-03f
 #define LM_EXP2_C4 9.6184369176626200e-03f
