@@ -2,7 +2,7 @@
 
     python bench/torch_backend.py [--models mlp,cnn,block,llama,gpt2,bert] [--repeat 10]
                                   [--backends eager,inductor,luminal]
-                                  [--cache fresh|existing]
+                                  [--cache fresh|existing] [--json-out FILE]
 
 For each model: compile time (first call, which includes tracing and building kernels), then
 the median latency of calls at two shapes (the second shape checks that no recompile happens:
@@ -286,6 +286,7 @@ def main() -> None:
     ap.add_argument("--cache", default="fresh", choices=["fresh", "existing"],
                     help="fresh: empty luminal and inductor cache folders per model and "
                     "backend (cold compile times); existing: the user's caches")  # fmt: skip
+    ap.add_argument("--json-out", help="also write the summary JSON to this file")
     args = ap.parse_args()
     root = tempfile.TemporaryDirectory(prefix="luminal-bench-") if args.cache == "fresh" else None
     shapes = [(2, 16), (4, 32)]  # sizes 0 and 1 are specialized by dynamo: avoid them
@@ -336,9 +337,19 @@ def main() -> None:
         "shapes": shapes,
         "cache": args.cache,
         **_ratios(rows, shapes),
+        # the rows' numbers by model and backend, as objects (tools/ab.py compares those)
+        "by_model": {
+            f"{r['model']}.{r['backend']}": {
+                k: v for k, v in r.items() if isinstance(v, (int, float))
+            }
+            for r in rows
+        },  # fmt: skip
         "rows": rows,
     }
     print(json.dumps(summary))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(summary, f)
     if root is not None:
         root.cleanup()
 
