@@ -54,14 +54,14 @@ import luminal.torch_backend as lt  # noqa: E402
 
 
 def _block() -> tuple[nn.Module, Callable[[int, int], dict[str, Any]]]:
-    from test_torch_backend import Block
+    from torch_models import Block
 
     d = 256
     return Block(d, 8).eval(), lambda b, s: dict(x=torch.randn(b, s, d))
 
 
 def _models() -> dict[str, Callable[[], tuple[nn.Module, Callable[[int, int], dict]]]]:
-    from test_torch_backend import SmallCNN
+    from torch_models import SmallCNN
 
     def mlp():
         m = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512)).eval()
