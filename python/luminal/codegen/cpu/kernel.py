@@ -151,8 +151,9 @@ class CpuEmitter(Emitter):
         loop = vector_loop(self, v.body, v.var, "0", hi, ind, step, always=True)
         if loop is None:
             return None
-        self.lines += [f"{ind}lm_f32v {mv} = lm_vsplatf(-INFINITY); int32_t {nm} = 0;",
-                       *loop[0], f"{ind}lm_vmax_fold({mv}, {nm}, &{key}, &{nan});"]  # fmt: skip
+        # the lanes are folded only where the vector loop ran (a short run has no vector)
+        self.lines += [f"{ind}lm_f32v {mv} = lm_vsplatf(-INFINITY); int32_t {nm} = 0;", *loop[0],
+                       f"{ind}if ({loop[1]}) lm_vmax_fold({mv}, {nm}, &{key}, &{nan});"]  # fmt: skip
         return loop[1]
 
 
@@ -390,11 +391,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
     if jam:
         pass  # jam_task stores each element of a block
     elif k.scatter_row is None:
-        flat: sint = 0
-        for v, st in zip(
-            [sym.index_var(j, s) for j, s in enumerate(shape)], contiguous_strides(shape)
-        ):
-            flat = sym.add(flat, sym.mul(v, st))
+        flat = _flat(shape, {})
 
         def store(x: str, ind: str) -> str:
             if stage:

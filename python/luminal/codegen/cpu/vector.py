@@ -337,6 +337,8 @@ def vector_loop(
     ``lm_vexp2f``); None (nothing emitted) otherwise, or when the value is not covered
     (``over``: values readable as vectors already; ``always``: whatever the ops;
     ``advance``: ``step``'s statements move the step variable on, not the loop header)."""
+    if sym.upper_bound(var) + 1 < BLOCK_LANES:
+        return None  # never a whole vector at the widest target: the scalar loop alone
     if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
         return None
     from ..cstyle import _c_name
