@@ -146,3 +146,25 @@ def test_reshape_of_an_empty_tensor():
     g = lm.Graph("empty")
     g.output("y", g.input("x", (0, 6)).reshape((6, 0)).exp())
     assert lm.compile(g).run({"x": np.zeros((0, 6), np.float32)})["y"].shape == (6, 0)
+
+
+def test_concatenated_halves_of_a_slice_read_affinely():
+    """Rotary embeddings' rotate_half, cat(-x[..., 16:], x[..., :16]), of a query sliced out of
+    a fused projection with runtime batch and length: each half reads where its mask holds,
+    and there the index is affine (no division by the row count, no modulo of the column)."""
+    import torch
+
+    b, s = sym.dim("b", 1, 64), sym.dim("s", 1, 512)
+    g = lm.Graph("rotate_half")
+    qkv, bias = g.input("qkv", (b * s, 256)), g.input("bias", (128,))  # a linear layer's rows
+    q = (qkv.slice(1, 0, 128) + bias).reshape((b, s, 4, 32)).permute((0, 2, 1, 3))
+    g.output("y", F.cat([q.slice(3, 16, 16) * -1.0, q.slice(3, 0, 16)], 3))
+    for k in lower(g).kernels:
+        for v in K.walk(k.value):
+            if isinstance(v, K.Load):
+                assert not sym.has_divmod(v.index), v.index
+    x, bv = rand(15, 256), rand(128)
+    got = lm.compile(g).run({"qkv": x, "bias": bv}, b=3, s=5)["y"]
+    tq = (torch.tensor(x)[:, :128] + torch.tensor(bv)).reshape(3, 5, 4, 32).transpose(1, 2)
+    want = torch.cat((-tq[..., 16:], tq[..., :16]), -1)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)

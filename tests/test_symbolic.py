@@ -92,3 +92,25 @@ def test_polynomial_divisors_with_a_common_factor_split_through_it():
     assert sym.floordiv(a, b) is sym.floordiv(h, 2)
     odd = sym.add(a, sym.mul(5, j))  # 37*j + k reaches past 32*(p + 1): no split
     _check_divmod([a, odd], b, heads=8, ks=(0, 31))
+
+
+def test_a_remainder_within_one_multiple_divides_to_a_constant():
+    """The split keeps a constant's remainder in the part it cannot move:
+    (32*h + k - 16) // 128 is (32*h + k + 112) // 128 - 1, and where 16 <= k (the second half
+    of a concatenation) the division is 0 and the modulo the number itself."""
+    h = sym.var("h", 0, 3, 4)
+    k = sym.var("k", 16, 31, 32)
+    a = sym.add(sym.add(sym.mul(32, h), k), -16)
+    assert sym.floordiv(a, 128) == 0
+    assert sym.mod(a, 128) == a
+    kk = sym.var("k", 0, 31, 32)  # the whole range: the answer depends on k
+    b = sym.add(sym.add(sym.mul(32, h), kk), -16)
+    assert sym.has_divmod(sym.floordiv(b, 128)) and sym.has_divmod(sym.mod(b, 128))
+    for c in (-300, -16, 5, 112, 128, 250):
+        e = sym.add(sym.add(sym.mul(32, h), k), c)
+        for hv in range(4):
+            for kv in (16, 20, 31):
+                x = 32 * hv + kv + c
+                env = {"h": hv, "k": kv}
+                assert sym.evaluate(sym.floordiv(e, 128), env) == x // 128, (c, hv, kv)
+                assert sym.evaluate(sym.mod(e, 128), env) == x % 128, (c, hv, kv)

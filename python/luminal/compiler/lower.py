@@ -84,6 +84,35 @@ def _unflatten(flat: sint, shape: tuple[sint, ...], valid: sint = 1) -> dict[str
 def _unflatten_kept(flat: sint, shape: tuple[sint, ...], valid: sint) -> dict[str, sint]:
     if 0 in shape:  # an empty tensor: no element is ever read, and its strides include 0
         return {f"_i{k}": 0 for k, s in enumerate(shape) if s != 1}
+    narrow = _narrowed(valid)
+    if narrow:
+        # solved with the variables in the ranges valid leaves them (the answer is used only
+        # there), then written with the variables themselves again
+        solved = _unflatten_solve(sym.substitute(flat, narrow), shape, valid)
+        back = _widened(flat, narrow)
+        return {k: sym.substitute(e, back) for k, e in solved.items()}
+    return _unflatten_solve(flat, shape, valid)
+
+
+def _widened(e: sint, narrow: dict[str, sint]) -> dict[str, sint]:
+    """The variables of ``e`` that ``narrow`` replaces, by name: substituting them undoes it."""
+    used = e.vars() if isinstance(e, sym.Expr) else frozenset()
+    return {v.name: v for v in used if v.name in narrow}
+
+
+def _assuming(index: sint, valid: sint) -> sint:
+    """``index`` simplified where ``valid`` holds (a masked read evaluates it only there):
+    a view's floor divisions and modulos that are constant in the ranges ``valid`` leaves its
+    variables fold away."""
+    if valid == 1 or not sym.has_divmod(index):
+        return index
+    narrow = _narrowed(valid)
+    if not narrow:
+        return index
+    return sym.substitute(sym.substitute(index, narrow), _widened(index, narrow))
+
+
+def _unflatten_solve(flat: sint, shape: tuple[sint, ...], valid: sint) -> dict[str, sint]:
     strides = contiguous_strides(shape)
     parts = _split_by_strides(flat, shape, strides)
     if _parts_in_range(parts, shape, valid):
@@ -143,6 +172,37 @@ def _parts_in_range(parts: list[sint], shape: tuple[sint, ...], valid: sint) -> 
         if not (low and high):
             return False
     return True
+
+
+def _narrowed(valid: sint) -> dict[str, sint]:
+    """Index variables with the ranges that the factors ``c < v`` and ``v < c`` (c an int)
+    of ``valid`` leave them: the second half of a concatenation reads its source at
+    ``32*h + k - 16`` where ``15 < k``, an affine index only under that fact."""
+    lo: dict[str, int] = {}
+    hi: dict[str, int] = {}
+    found: dict[str, sym.Expr] = {}
+    for f in sym._factors(valid) if isinstance(valid, sym.Expr) else []:
+        if f.kind != sym.LT:
+            continue
+        a, b = f.args
+        if isinstance(a, int) and isinstance(b, sym.Expr) and b.kind == sym.VAR:
+            lo[b.name] = max(lo.get(b.name, b.lo), a + 1)
+            found[b.name] = b
+        elif isinstance(b, int) and isinstance(a, sym.Expr) and a.kind == sym.VAR:
+            hi[a.name] = min(hi.get(a.name, a.hi), b - 1)
+            found[a.name] = a
+    out: dict[str, sint] = {}
+    for name, v in found.items():
+        low, high = lo.get(name, v.lo), hi.get(name, v.hi)
+        if low > high:
+            continue  # never valid: the read is masked out everywhere
+        if (low, high) == (v.lo, v.hi):
+            continue
+        ext = v.args[3]
+        if name in hi and (ext is None or isinstance(ext, int)):
+            ext = high + 1 if ext is None else min(ext, high + 1)
+        out[name] = sym.var(name, low, high, ext)
+    return out
 
 
 class _Lowerer:
@@ -409,7 +469,8 @@ class _Lowerer:
             )  # fmt: skip
             return v if view.valid == 1 else _masked(view.valid, v)
         if src.id in self.buf_of:
-            return K.Load(self.buf_of[src.id], view.index, view.valid, src.dtype)
+            index = _assuming(view.index, view.valid)
+            return K.Load(self.buf_of[src.id], index, view.valid, src.dtype)
         inner = self.values[src.id]
         if not src.shape:
             out = inner

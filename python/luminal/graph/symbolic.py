@@ -563,6 +563,8 @@ def floordiv(a: sint, b: sint) -> sint:
                 return add(q, r)
     if prove_nonneg(r) and prove_lt(r, b):
         return q
+    if (k := _one_multiple(r, b)) is not None:
+        return add(q, k)
     if (peel := _peel_small(r, b)) is not None:
         big, _, gp = peel  # r == gp*big + small, 0 <= small < gp, gp | b
         return add(q, floordiv(big, _exact_div(b, gp)))
@@ -575,6 +577,16 @@ def floordiv(a: sint, b: sint) -> sint:
     if (factor := _by_poly_factor(r, b)) is not None:
         return add(q, floordiv(factor[0], factor[2]))
     return add(q, _div_raw(r, b))
+
+
+def _one_multiple(r: sint, b: sint) -> int | None:
+    """k when ``k*b <= r < (k+1)*b`` everywhere (b a positive int): the split keeps a
+    constant's remainder in r, so 32*h + k - 16 over 128 is (32*h + k + 112) // 128 - 1,
+    which is 0 when 16 <= k."""
+    if not isinstance(b, int) or b <= 0 or isinstance(r, int):
+        return None
+    k = r.lo // b
+    return k if r.hi // b == k else None
 
 
 def _by_coefficient(r: sint, b: sint) -> tuple[sint, sint] | None:
@@ -706,6 +718,8 @@ def mod(a: sint, b: sint) -> sint:
     _, r = _split_multiples(a, b)
     if prove_nonneg(r) and prove_lt(r, b):
         return r
+    if (k := _one_multiple(r, b)) is not None:
+        return add(r, -k * b)
     if isinstance(r, int):
         return r % b if isinstance(b, int) else _mod_raw(r, b)
     if (peel := _peel_small(r, b)) is not None:
