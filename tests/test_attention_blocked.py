@@ -60,9 +60,10 @@ def test_odd_sizes_match_sdpa(batch, heads, d, dv, causal):
     g.output("o", F.scaled_dot_product_attention(q, k, v, is_causal=causal))
     assert _forms(g) == {"blocked"}
     cg = lm.compile(g)
-    # 1..3: one short block (row form); 4, 5: one short blocked block; 64, 65, 67: a full
-    # block then 1 or 3 rows; 133, 300: key tiles and query blocks both end mid way
-    for seqv in (1, 3, 4, 5, 64, 65, 67, 133, 300):
+    # 1..21 (AVX-512): keys too few for a tile, the row form over keys computed once per
+    # task; 22: the fewest keys of the blocked form; 64, 65, 67: a full block then 1 or 3
+    # rows, 3 of them the row form; 133, 300: key tiles and query blocks both end mid way
+    for seqv in (1, 3, 4, 5, 21, 22, 64, 65, 67, 133, 300):
         xs = _inputs(shapes, {"L": seqv}, seqv)
         out = cg.run(xs, L=seqv)["o"]
         np.testing.assert_allclose(out, _sdpa(xs, is_causal=causal), atol=3e-5, rtol=1e-4)

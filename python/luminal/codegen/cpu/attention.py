@@ -183,24 +183,45 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
     em.hoist(v.score, inner, "    ")
     em.hoist(v.weight, inner, "    ")
     lines += em.lines
+    jv, rv, d = _c_name(v.var), _c_name(dot.red.var), dot.red.extent
+    kc = f"kc[LM_SM_T / {_SHORT_KEYS}][{d}]"
     lines += [
-        f"    if (rows < {_RB} || {_SHORT_KEYS} * ({cexpr(v.extent)}) < LM_SM_T) {{",
-        "      /* too few rows or keys to amortize copying the tiles */",
-        "      for (int64_t ri = 0; ri < rows; ++ri) {",
-        f"        const int64_t i{n - 2} = ib + ri;",
+        f"    if ({_SHORT_KEYS} * ({cexpr(v.extent)}) < LM_SM_T) {{",
+        "      /* too few keys to amortize a zero-padded tile: the row form, each key's",
+        "         operand (RoPE included) computed once per task, not once per row */",
+        f"      float {kc};",
+        f"      for (int64_t {jv} = 0; {jv} < {cexpr(v.extent)}; ++{jv}) {{",
+        f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: lines.extend(_row(k, em, "        ", dot)))
-    lines += ["      }", "      continue;", "    }"]
+    em.block(lambda: lines.extend(_emit_into(em, dot.k, " " * 10, f"kc[{jv}][{rv}] = {{}};")))
+    lines += ["        }", "      }"]
+    _rows_loop(k, em, lines, dot, "kc")
+    lines += ["      continue;", "    }", f"    if (rows < {_RB}) {{"]
+    _rows_loop(k, em, lines, dot, None)
+    lines += ["      continue;", "    }"]
     em.block(lambda: lines.extend(_blocked(k, em, dot)))
     lines.append("  }")
     return tasks
 
 
-def _row(k: K.Kernel, em: Emitter, ind: str, dot: _ScoreDot | None = None) -> list[str]:
+def _rows_loop(k: K.Kernel, em: Emitter, lines: list[str], dot: _ScoreDot, kc: str | None) -> None:
+    n = len(k.shape)
+    lines += [
+        "      for (int64_t ri = 0; ri < rows; ++ri) {",
+        f"        const int64_t i{n - 2} = ib + ri;",
+    ]
+    em.block(lambda: lines.extend(_row(k, em, "        ", dot, kc)))
+    lines.append("      }")
+
+
+def _row(
+    k: K.Kernel, em: Emitter, ind: str, dot: _ScoreDot | None = None, kc: str | None = None
+) -> list[str]:
     """The row form for the row the index variables i0..i{n-2} name: per tile of keys, the
     scores, the tile max, rescale of the running sums, exp of the tile, then the weighted
     columns accumulate as a vector. With the score's dot product known (``dot``), the row's
-    query operand is computed once (RoPE included), not once per key."""
+    query operand is computed once (RoPE included), not once per key; ``kc`` names an array
+    holding every key's operand (``kc[key][r]``) when the caller computed them."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n, cols = len(k.shape), k.shape[-1]
@@ -234,7 +255,10 @@ def _row(k: K.Kernel, em: Emitter, ind: str, dot: _ScoreDot | None = None) -> li
             f"{i3}#pragma omp simd reduction(+:dsum)",
             f"{i3}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
         ]
-        em.block(lambda: out.extend(_emit_into(em, dot.k, i4, "dsum += qrow[" + rv + "] * {};")))
+        if kc is None:
+            em.block(lambda: out.extend(_emit_into(em, dot.k, i4, f"dsum += qrow[{rv}] * {{}};")))
+        else:
+            out.append(f"{i4}dsum += qrow[{rv}] * {kc}[{jv}][{rv}];")
         out.append(f"{i3}}}")
 
         def score() -> None:
