@@ -6,9 +6,10 @@
 
 For each model: compile time (first call, which includes tracing and building kernels), then
 the median latency of calls at two shapes (the second shape checks that no recompile happens:
-``recompiles`` counts luminal graph compiles after the first call). ``glue_us`` is luminal's
-own cost per partition call beyond its plan's run (arguments in, outputs out), measured around
-the plan.
+``recompiles`` counts luminal graph compiles after the first call), the backends timed in turns
+of a few calls each so that load drifting over the run hits all of them alike. ``glue_us`` is
+luminal's own cost per partition call beyond its plan's run (arguments in, outputs out),
+measured around the plan.
 ``generate`` is greedy ``model.generate()`` of a small Llama with the forward compiled
 (DynamicCache, default arguments, eager attention: the SDPA decode plan is slow to build
 today): tokens/s of the second call (the first compiles).
@@ -97,16 +98,6 @@ def _models() -> dict[str, Callable[[], tuple[nn.Module, Callable[[int, int], di
             "bert": hf("bert")}  # fmt: skip
 
 
-def _median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(samples)
-
-
 def _first(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
@@ -125,8 +116,18 @@ def _fresh_caches(root: str, name: str, backend: str) -> None:
                                            dir=root)  # fmt: skip
 
 
+Timed = tuple[Callable[..., Any], list[dict], dict[str, str]]
+# Each turn runs a backend untimed for _SETTLE_S, then times _PER_TURN calls: PyTorch's
+# OpenMP threads spin about 10 ms after each parallel region, and on 2 cores they halved the
+# speed of luminal's next 4 calls of 2 ms (the mlp at batch 4 x seq 32, eager call first).
+_SETTLE_S, _PER_TURN = 0.02, 3
+
+
 def bench_one(name: str, backend: str, make: Callable, shapes: list[tuple[int, int]],
-              repeat: int) -> dict[str, Any]:  # fmt: skip
+              repeat: int) -> tuple[dict[str, Any], Callable[..., Any], list[dict]]:  # fmt: skip
+    """Compile times, error, recompiles and glue of one backend on one model; returns the
+    row, the compiled model (the model itself for eager) and the calls, which
+    ``_interleaved_ms`` times against the other backends'."""
     torch._dynamo.reset()
     lt.reset_stats()
     torch.manual_seed(0)
@@ -156,14 +157,45 @@ def bench_one(name: str, backend: str, make: Callable, shapes: list[tuple[int, i
         for c, r in zip(calls, ref, strict=False):
             err = max(err, float((_first(f(**c)) - r).abs().max()))
         row["max_abs_err"] = err
-        for (b, s), c in zip(shapes, calls, strict=False):
-            row[f"ms_b{b}s{s}"] = round(_median_ms(lambda c=c: f(**c), repeat), 3)
         if backend == "luminal":
             row["recompiles"] = lt.stats.compiles - compiles
             row["eager_ops"] = sorted(lt.stats.eager_ops)
             row["glue_us"] = _glue_us(lambda: f(**calls[-1]), repeat)
     del out
-    return row
+    return row, f, calls
+
+
+def _interleaved_ms(timed: dict[str, Timed], shapes: list[tuple[int, int]],
+                    repeat: int) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Median latency per backend and shape, the backends timed in turns (the order rotating)
+    so that the machine's load drifting over the sitting hits every backend alike. Each turn
+    gives a backend ``_SETTLE_S`` of untimed calls, then times ``_PER_TURN``: the calls
+    measured follow calls of the same backend, as in a loop over one compiled model (right
+    after another runtime's call, its threads are still spinning on the same cores). A backend's
+    first call after another backend's compile may trace again (``torch._dynamo.reset``
+    between compiles), with the cache folders it compiled with: that call is not timed."""
+    out: dict[str, dict[str, float]] = {b: {} for b in timed}
+    names = list(timed)
+    with torch.no_grad():
+        for k, (b, s) in enumerate(shapes):
+            samples: dict[str, list[float]] = {n: [] for n in names}
+            for n in names:
+                f, calls, env = timed[n]
+                os.environ.update(env)
+                f(**calls[k])
+            for r in range(repeat):
+                for n in names[r % len(names) :] + names[: r % len(names)]:
+                    f, calls, _ = timed[n]
+                    until = time.perf_counter() + _SETTLE_S
+                    while time.perf_counter() < until:
+                        f(**calls[k])
+                    for _ in range(_PER_TURN):
+                        t = time.perf_counter()
+                        f(**calls[k])
+                        samples[n].append((time.perf_counter() - t) * 1e3)
+            for n in names:
+                out[n][f"ms_b{b}s{s}"] = round(statistics.median(samples[n]), 3)
+    return out
 
 
 def _glue_us(call: Callable[[], Any], repeat: int) -> float | None:
@@ -293,14 +325,26 @@ def main() -> None:
     models = _models()
     rows = []
     for name in args.models.split(","):
+        timed: dict[str, Timed] = {}
+        model_rows: dict[str, dict[str, Any]] = {}
         for backend in args.backends.split(","):
             if root is not None:
                 _fresh_caches(root.name, name, backend)
             try:
-                rows.append(bench_one(name, backend, models[name], shapes, args.repeat))
+                row, f, calls = bench_one(name, backend, models[name], shapes, args.repeat)
+                env = {v: os.environ[v] for v in _CACHE_VARS if v in os.environ}
+                timed[backend] = (f, calls, env)
             except Exception as e:  # one failing backend must not hide the others' numbers
-                rows.append({"model": name, "backend": backend, "error": f"{type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:120]}"})  # fmt: skip
+                row = {"model": name, "backend": backend, "error": f"{type(e).__name__}: "
+                       f"{str(e).splitlines()[0][:120]}"}  # fmt: skip
+            model_rows[backend] = row
+            rows.append(row)
+        try:
+            for backend, ms in _interleaved_ms(timed, shapes, args.repeat).items():
+                model_rows[backend].update(ms)
+        except Exception as e:  # noqa: BLE001
+            for backend in timed:
+                model_rows[backend]["error"] = f"timing: {type(e).__name__}: {e}"[:160]
     for backend in args.backends.split(",") if args.generate else []:
         if root is not None:
             _fresh_caches(root.name, "generate", backend)
@@ -348,8 +392,8 @@ def main() -> None:
     }
     print(json.dumps(summary))
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(summary, f)
+        with open(args.json_out, "w") as out:
+            json.dump(summary, out)
     if root is not None:
         root.cleanup()
 
