@@ -194,6 +194,7 @@ def _exp_heavy_graph() -> lm.Graph:
     g.output("gelu", F.gelu(x * w, approximate="tanh"))
     g.output("silu", F.silu(x))
     g.output("rms", F.rms_norm(x, (45,), w, 1e-6))
+    g.output("gelu_erf", F.gelu(x))  # a comparison and a 2-way max in the vector form
     return g
 
 
@@ -245,3 +246,40 @@ def test_vector_row_max_orders_signed_zeros_and_flags_nan(cols):
     assert np.signbit(y[0]) and y[0] == 0
     assert not np.signbit(y[1]) and not np.signbit(y[2])
     assert np.isnan(y[3]) and y[4] == np.inf and y[5] == -np.inf
+
+
+def _select_graph(cols: int) -> lm.Graph:
+    import luminal.functional as F
+
+    g = lm.Graph("vector_selects")
+    x = g.input("x", (2, cols))
+    g.output("gelu", F.gelu(x))  # erf: abs as a 2-way max, a sign from a comparison
+    g.output("relu_exp", (x * -1.0).exp() * x.relu())
+    g.output("abs_exp", (x.abs() * -1.0).exp())
+    return g
+
+
+def test_vector_selects_match_the_scalar_rest_and_torch():
+    """Comparisons, 2-way maxima (abs, relu) and their casts in the vector form: special
+    values give the same bits in the vector part (columns 0-12) as in the scalar rest (32-44),
+    and finite ones match torch."""
+    import torch
+
+    src = _sources(_select_graph(45))
+    assert "lm_vmax2f(" in src and "lm_vexp2f(" in src and " < " in src
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 40.0, -40.0,
+                        0.5, -0.5], np.float32)  # fmt: skip
+    x = RNG.standard_normal((2, 45)).astype(np.float32)
+    x[:, :13] = special
+    x[:, 32:] = special
+    out = lm.compile(_select_graph(45), search=False).run({"x": x})
+    for name, y in out.items():
+        np.testing.assert_array_equal(y[:, :13], y[:, 32:], err_msg=name)
+    t = torch.from_numpy(x[:, 13:32])
+    want = {
+        "gelu": torch.nn.functional.gelu(t),
+        "relu_exp": torch.exp(-t) * torch.relu(t),
+        "abs_exp": torch.exp(-t.abs()),
+    }
+    for name, w in want.items():
+        np.testing.assert_allclose(out[name][:, 13:32], w.numpy(), rtol=2e-6, atol=1e-6)

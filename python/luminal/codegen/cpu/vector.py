@@ -152,6 +152,13 @@ static inline int32_t lm_vnanmask(lm_f32v x) {
 }
 #endif
 static inline lm_f32v lm_vsplatf(float x) { lm_f32v v; for (int l = 0; l < LM_VL; ++l) v[l] = x; return v; }
+static inline lm_i32v lm_vsplati(int32_t x) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = x; return v; }
+/* lm_max2f lane by lane (NaN propagates, +0 beats -0): three compares and a blend */
+static inline lm_f32v lm_vmax2f(lm_f32v a, lm_f32v b) {
+  const lm_i32v ai = (lm_i32v)a, bi = (lm_i32v)b;
+  const lm_i32v m = (b > a) | (b != b) | ((b == a) & (ai >> 31));
+  return (lm_f32v)((bi & m) | (ai & ~m));
+}
 static inline void lm_vmax_fold(lm_f32v m, int32_t nm, int32_t *key, int32_t *nan) {
   for (int l = 0; l < LM_VL; ++l) {
     const uint32_t b = lm_f32_bits(m[l]);
@@ -279,10 +286,46 @@ class _Vec:
             raise _Unsupported
         if isinstance(v, K.Alu):
             return self._alu(v)
+        if isinstance(v, K.Reduce):
+            return self._unrolled(v)
         raise _Unsupported
+
+    def _vector(self, x: tuple[str, str], kind: str) -> str:
+        """``x`` as a vector of ``kind`` (a scalar broadcast)."""
+        e, k = x
+        if k == kind:
+            return e
+        if k == "s":
+            return f"lm_vsplat{'f' if kind == 'f' else 'i'}({e})"
+        raise _Unsupported
+
+    def _unrolled(self, v: K.Reduce) -> tuple[str, str]:
+        """A float sum or max of 2-4 values (abs as max(x, -x), relu's max against a padded
+        zero), written out as the scalar emitter's ``_unrolled`` does."""
+        if not (isinstance(v.extent, int) and 0 < v.extent <= 4 and v.dtype is dt.f32):
+            raise _Unsupported
+        if v.op not in (Op.SUM_REDUCE, Op.MAX_REDUCE):
+            raise _Unsupported
+        bodies = [K.substitute(v.body, {v.var.name: r}) for r in range(v.extent)]
+        self.em.made += bodies
+        xs = [self.val(b) for b in bodies]
+        if all(k == "s" for _, k in xs):
+            raise _Unsupported
+        acc = self._vector(xs[0], "f")
+        for x in xs[1:]:
+            b = self._vector(x, "f")
+            acc = f"lm_vmax2f({acc}, {b})" if v.op is Op.MAX_REDUCE else f"({acc} + {b})"
+        return acc, "f"
 
     def _alu(self, v: K.Alu) -> tuple[str, str]:
         d = v.dtype
+        if v.op is Op.LESS_THAN and v.srcs[0].dtype in (dt.f32, dt.i32):
+            # 1 or 0 per lane (a vector compare gives -1 or 0), as the scalar bool
+            cmp = [self.val(s) for s in v.srcs]
+            if all(k == "s" for _, k in cmp):
+                raise _Unsupported
+            k = "f" if v.srcs[0].dtype is dt.f32 else "i"
+            return f"(-({self._vector(cmp[0], k)} < {self._vector(cmp[1], k)}))", "i"
         if d not in (dt.f32, dt.i32):
             raise _Unsupported
         args = [self.val(s) for s in v.srcs]
