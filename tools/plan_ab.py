@@ -36,6 +36,7 @@ CASES = {
     "layer_norm": "F.layer_norm(x, (cols,), w, b, 1e-5)",
     "rms_norm": "F.rms_norm(x, (cols,), w, 1e-6)",
     "gelu_chain": 'F.gelu(x * w + b, approximate="tanh") * c',
+    "gelu_erf": "F.gelu(x)",
     "silu": "F.silu(x)",
 }
 
