@@ -69,20 +69,22 @@ def test_odd_sizes_match_sdpa(batch, heads, d, dv, causal):
         np.testing.assert_allclose(out, _sdpa(xs, is_causal=causal), atol=3e-5, rtol=1e-4)
 
 
-def test_gqa_transposed_keys_and_float_mask():
-    # keys stored (d, seq) and read through a permute; 6 query heads share 2 key heads
+@pytest.mark.parametrize("keys", [97, 13])
+def test_gqa_transposed_keys_and_float_mask(keys):
+    # keys stored (d, seq) and read through a permute; 6 query heads share 2 key heads; 13
+    # keys: the short row form (keys transposed once per task, dot products as vectors)
     g = lm.Graph("attention_blocked_gqa")
-    q, kt, v = g.input("q", (6, 150, 32)), g.input("kt", (2, 32, 97)), g.input("v", (2, 97, 48))
-    m = g.input("m", (150, 97))
+    q, kt, v = g.input("q", (6, 150, 32)), g.input("kt", (2, 32, keys)), g.input("v", (2, keys, 48))
+    m = g.input("m", (150, keys))
     k = kt.permute(0, 2, 1)
     g.output("o", F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
     assert _forms(g) == {"blocked"}
     rng = np.random.default_rng(5)
     xs = {
         "q": rng.standard_normal((6, 150, 32)),
-        "kt": rng.standard_normal((2, 32, 97)),
-        "v": rng.standard_normal((2, 97, 48)),
-        "m": rng.standard_normal((150, 97)),
+        "kt": rng.standard_normal((2, 32, keys)),
+        "v": rng.standard_normal((2, keys, 48)),
+        "m": rng.standard_normal((150, keys)),
     }
     xs = {n: a.astype(np.float32) for n, a in xs.items()}
     out = lm.compile(g).run(xs)["o"]

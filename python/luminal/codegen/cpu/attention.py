@@ -183,19 +183,22 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
     em.hoist(v.score, inner, "    ")
     em.hoist(v.weight, inner, "    ")
     lines += em.lines
-    jv, rv, d = _c_name(v.var), _c_name(dot.red.var), dot.red.extent
-    kc = f"kc[LM_SM_T / {_SHORT_KEYS}][{d}]"
+    jv, rv, d, ext_s = _c_name(v.var), _c_name(dot.red.var), dot.red.extent, cexpr(v.extent)
     lines += [
-        f"    if ({_SHORT_KEYS} * ({cexpr(v.extent)}) < LM_SM_T) {{",
+        f"    if ({_SHORT_KEYS} * ({ext_s}) < LM_SM_T) {{",
         "      /* too few keys to amortize a zero-padded tile: the row form, each key's",
-        "         operand (RoPE included) computed once per task, not once per row */",
-        f"      float {kc};",
-        f"      for (int64_t {jv} = 0; {jv} < {cexpr(v.extent)}; ++{jv}) {{",
+        "         operand (RoPE included) computed once per task, transposed (keys along",
+        "         two vectors, which hold every key: LM_SM_T / 3 < 2 * LM_VL), and each row's",
+        "         dot products as vector FMAs */",
+        f"      float kt[{d}][2 * LM_VL] __attribute__((aligned(64)));",
+        f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv})",
+        f"        for (int64_t jj = {ext_s}; jj < 2 * LM_VL; ++jj) kt[{rv}][jj] = 0;",
+        f"      for (int64_t {jv} = 0; {jv} < {ext_s}; ++{jv}) {{",
         f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: lines.extend(_emit_into(em, dot.k, " " * 10, f"kc[{jv}][{rv}] = {{}};")))
+    em.block(lambda: lines.extend(_emit_into(em, dot.k, " " * 10, f"kt[{rv}][{jv}] = {{}};")))
     lines += ["        }", "      }"]
-    _rows_loop(k, em, lines, dot, "kc")
+    _rows_loop(k, em, lines, dot, "kt")
     lines += ["      continue;", "    }", f"    if (rows < {_RB}) {{"]
     _rows_loop(k, em, lines, dot, None)
     lines += ["      continue;", "    }"]
@@ -221,7 +224,8 @@ def _row(
     scores, the tile max, rescale of the running sums, exp of the tile, then the weighted
     columns accumulate as a vector. With the score's dot product known (``dot``), the row's
     query operand is computed once (RoPE included), not once per key; ``kc`` names an array
-    holding every key's operand (``kc[key][r]``) when the caller computed them."""
+    holding every key's operand transposed (``kc[r][key]``, two vectors of keys: one tile)
+    when the caller computed them, and the row's dot products are vector FMAs over it."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n, cols = len(k.shape), k.shape[-1]
@@ -239,6 +243,18 @@ def _row(
         out += [f"{ind}float qrow[{d}];", f"{ind}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{"]
         em.block(lambda: out.extend(_emit_into(em, dot.q, i2, "qrow[" + rv + "] = {};")))
         out.append(f"{ind}}}")
+    if dot is not None and kc is not None:
+        out += [
+            f"{ind}float dots[2 * LM_VL] __attribute__((aligned(64)));",
+            f"{ind}{{",
+            f"{i2}lm_vf d0 = {{0}}, d1 = {{0}};",
+            f"{i2}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+            f"{i3}d0 += qrow[{rv}] * lm_vld(&{kc}[{rv}][0]);",
+            f"{i3}d1 += qrow[{rv}] * lm_vld(&{kc}[{rv}][LM_VL]);",
+            f"{i2}}}",
+            f"{i2}lm_vst(dots, d0), lm_vst(dots + LM_VL, d1);",
+            f"{ind}}}",
+        ]
     out += [
         f"{ind}{t} acc[{cols}] = {{0}}, m = -INFINITY, l = 0;",
         f"{ind}for (int64_t j0 = 0; j0 < {ext_s}; j0 += {T}) {{",
@@ -250,16 +266,16 @@ def _row(
     if dot is None:
         em.block(lambda: out.extend(_emit_into(em, v.score, i3, "sc[jj] = {};")))
     else:
-        out += [
-            f"{i3}float dsum = 0;",
-            f"{i3}#pragma omp simd reduction(+:dsum)",
-            f"{i3}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
-        ]
         if kc is None:
+            out += [
+                f"{i3}float dsum = 0;",
+                f"{i3}#pragma omp simd reduction(+:dsum)",
+                f"{i3}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+            ]
             em.block(lambda: out.extend(_emit_into(em, dot.k, i4, f"dsum += qrow[{rv}] * {{}};")))
+            out.append(f"{i3}}}")
         else:
-            out.append(f"{i4}dsum += qrow[{rv}] * {kc}[{jv}][{rv}];")
-        out.append(f"{i3}}}")
+            out.append(f"{i3}const float dsum = dots[{jv}];")
 
         def score() -> None:
             em.scopes[-1][dot.red] = "dsum"
@@ -279,10 +295,10 @@ def _row(
         f"{i3}}}",
         f"{i3}m = tm;",
         f"{i2}}}",
-        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) {{",
-        f"{i3}sc[jj] = {em.exp2('sc[jj] - m', v.dtype)};",
-        f"{i3}l += sc[jj];",
-        f"{i2}}}",
+        # the exps apart from the sum: a float sum keeps its loop scalar (no reassociation),
+        # the exps alone vectorize
+        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) sc[jj] = {em.exp2('sc[jj] - m', v.dtype)};",
+        f"{i2}for (int64_t jj = 0; jj < jn; ++jj) l += sc[jj];",
         f"{i2}for (int64_t jj = 0; jj < jn; ++jj) {{",
         f"{i3}const int64_t {jv} = j0 + jj;",
         f"{i3}const {t} p = sc[jj];",
