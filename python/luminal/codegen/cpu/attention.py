@@ -207,24 +207,24 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
     return tasks
 
 
-def _rows_loop(k: K.Kernel, em: Emitter, lines: list[str], dot: _ScoreDot, kc: str | None) -> None:
+def _rows_loop(k: K.Kernel, em: Emitter, lines: list[str], dot: _ScoreDot, kt: str | None) -> None:
     n = len(k.shape)
     lines += [
         "      for (int64_t ri = 0; ri < rows; ++ri) {",
         f"        const int64_t i{n - 2} = ib + ri;",
     ]
-    em.block(lambda: lines.extend(_row(k, em, "        ", dot, kc)))
+    em.block(lambda: lines.extend(_row(k, em, "        ", dot, kt)))
     lines.append("      }")
 
 
 def _row(
-    k: K.Kernel, em: Emitter, ind: str, dot: _ScoreDot | None = None, kc: str | None = None
+    k: K.Kernel, em: Emitter, ind: str, dot: _ScoreDot | None = None, kt: str | None = None
 ) -> list[str]:
     """The row form for the row the index variables i0..i{n-2} name: per tile of keys, the
     scores, the tile max, rescale of the running sums, exp of the tile, then the weighted
     columns accumulate as a vector. With the score's dot product known (``dot``), the row's
-    query operand is computed once (RoPE included), not once per key; ``kc`` names an array
-    holding every key's operand transposed (``kc[r][key]``, two vectors of keys: one tile)
+    query operand is computed once (RoPE included), not once per key; ``kt`` names an array
+    holding every key's operand transposed (``kt[r][key]``, two vectors of keys: one tile)
     when the caller computed them, and the row's dot products are vector FMAs over it."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
@@ -243,14 +243,14 @@ def _row(
         out += [f"{ind}float qrow[{d}];", f"{ind}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{"]
         em.block(lambda: out.extend(_emit_into(em, dot.q, i2, "qrow[" + rv + "] = {};")))
         out.append(f"{ind}}}")
-    if dot is not None and kc is not None:
+    if dot is not None and kt is not None:
         out += [
             f"{ind}float dots[2 * LM_VL] __attribute__((aligned(64)));",
             f"{ind}{{",
             f"{i2}lm_vf d0 = {{0}}, d1 = {{0}};",
             f"{i2}for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
-            f"{i3}d0 += qrow[{rv}] * lm_vld(&{kc}[{rv}][0]);",
-            f"{i3}d1 += qrow[{rv}] * lm_vld(&{kc}[{rv}][LM_VL]);",
+            f"{i3}d0 += qrow[{rv}] * lm_vld(&{kt}[{rv}][0]);",
+            f"{i3}d1 += qrow[{rv}] * lm_vld(&{kt}[{rv}][LM_VL]);",
             f"{i2}}}",
             f"{i2}lm_vst(dots, d0), lm_vst(dots + LM_VL, d1);",
             f"{ind}}}",
@@ -266,7 +266,7 @@ def _row(
     if dot is None:
         em.block(lambda: out.extend(_emit_into(em, v.score, i3, "sc[jj] = {};")))
     else:
-        if kc is None:
+        if kt is None:
             out += [
                 f"{i3}float dsum = 0;",
                 f"{i3}#pragma omp simd reduction(+:dsum)",
