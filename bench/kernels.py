@@ -17,9 +17,13 @@ time is also a fraction of a physical limit.
 Fairness: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed for every contender (the script
 re-executes itself without them: OpenBLAS reads them when it loads) and every contender runs
 with --threads threads (default 2: torch.set_num_threads, LUMINAL_NUM_THREADS,
-OMP/OPENBLAS/MKL_NUM_THREADS). Timing: per contender, one warm-up call, then up to --repeats
-calls within --budget seconds; the median is reported (a fraction of a limit uses the best
-call, as the limits are best runs themselves). What is timed is the call writing its
+OMP/OPENBLAS/MKL_NUM_THREADS). Timing: one warm-up call per contender, then the contenders of
+a case take turns, the order rotating from turn to turn, so that the threads a library leaves
+spinning after its calls and the machine's drifting load hit every contender alike. A turn
+runs a contender untimed for 20 ms (at least one call), then times 3 calls; a contender gets
+turns until it has --repeats timed calls or has spent --budget seconds (untimed calls
+included). The median is reported (a fraction of a limit uses the best call, as the limits
+are best runs themselves). What is timed is the call writing its
 result: luminal writes preallocated outputs (``run(..., out=)``), and so does PyTorch eager
 where ATen has an out= overload (softmax, layer norm, the GELU chain with one preallocated
 temporary); numpy, torch.compile and the other torch rows allocate their outputs per call,
@@ -129,6 +133,51 @@ def time_calls(fn: Callable[[], object], repeats: int, budget: float) -> tuple[f
         if time.perf_counter() > end:
             break
     return statistics.median(times), len(times), min(times)
+
+
+# Each turn runs a contender untimed for _SETTLE_S, then times _PER_TURN calls: PyTorch's
+# OpenMP threads spin about 10 ms after each parallel region, taking the cores from whatever
+# runs next, so the calls timed follow calls of the same contender.
+_SETTLE_S, _PER_TURN = 0.02, 3
+
+
+def time_turns(fns: dict[str, Callable[[], object]], repeats: int, budget: float,
+               err: dict[str, str]) -> dict[str, tuple[float, int, float]]:  # fmt: skip
+    """(median seconds, calls, best seconds) per contender, the contenders timed in turns
+    whose order rotates, so that a library's lingering threads (and an inductor compile's
+    aftermath, and the machine's load drifting) hit every contender alike. A turn is
+    ``_SETTLE_S`` of untimed calls (at least one), then up to ``_PER_TURN`` timed calls. A
+    contender gets turns until it has ``repeats`` timed calls or has spent ``budget`` seconds,
+    untimed calls included (at least one timed call). One that raises gets its error in
+    ``err``, no time and no more turns. The caller has made the warm-up calls."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    spent = dict.fromkeys(fns, 0.0)
+    live = list(fns)
+    turn = 0
+    while live:
+        order = live[turn % len(live) :] + live[: turn % len(live)]
+        turn += 1
+        for k in order:
+            fn, ts = fns[k], times[k]
+            t0 = time.perf_counter()
+            try:
+                fn()
+                while time.perf_counter() < t0 + _SETTLE_S:
+                    fn()
+                for _ in range(min(_PER_TURN, repeats - len(ts))):
+                    t = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t)
+                    if spent[k] + time.perf_counter() - t0 > budget:
+                        break
+            except Exception as e:  # one contender failing must not hide the others
+                err[k] = f"{type(e).__name__}: {e}"[:200]
+                live.remove(k)
+                continue
+            spent[k] += time.perf_counter() - t0
+            if len(ts) >= repeats or spent[k] > budget:
+                live.remove(k)
+    return {k: (statistics.median(ts), len(ts), min(ts)) for k, ts in times.items() if k not in err}
 
 
 class CapExceeded(Exception):
@@ -628,14 +677,15 @@ def run_case(case: Case, a: argparse.Namespace, tmp: str) -> dict[str, Any]:
             except Exception as e:
                 err["torch_compile"] = f"skipped ({type(e).__name__}: {e})"[:200]
         log(f"{case.row}: timing {', '.join(fns)} ...")
-        # one contender after another, never interleaved: each library's worker threads keep
-        # spinning for a while after a call and would steal the cores from the next one
+        warm: dict[str, Callable[[], object]] = {}
         for k, fn in fns.items():
             try:
                 fn()  # warm-up
-                r[f"{k}_s"], _, r[f"{k}_best_s"] = time_calls(fn, a.repeats, a.budget)
+                warm[k] = fn
             except Exception as e:  # one contender failing must not hide the others
                 err[k] = f"{type(e).__name__}: {e}"[:200]
+        for k, (med, _, best) in time_turns(warm, a.repeats, a.budget, err).items():
+            r[f"{k}_s"], r[f"{k}_best_s"] = med, best
     return r
 
 
@@ -797,11 +847,12 @@ def main() -> None:
     print(f"memory bandwidth {limits['bandwidth_gbs']:.1f} GB/s (best of: {bw_all}); "
           f"peak {limits['peak_gflops']:.0f} GFLOP/s ({limits['peak_source']}); limits measured "
           f"at the start and the end of the run, best kept")  # fmt: skip
-    print(f"times: median of up to {a.repeats} calls after a warm-up, {a.budget:g} s cap per "
-          f"contender; luminal writes preallocated outputs (run(out=)), torch eager too where "
-          f"ATen has out= (softmax, layer_norm, gelu_chain), the rest allocate per call; "
-          f"'vs best' = best other time / luminal "
-          f"time (> 1: luminal faster); "
+    print(f"times: median of up to {a.repeats} calls after a warm-up, the contenders of a row "
+          f"in turns of {_SETTLE_S * 1e3:.0f} ms untimed + {_PER_TURN} timed calls, the order "
+          f"rotating, {a.budget:g} s cap per contender (untimed calls included); luminal "
+          f"writes preallocated outputs (run(out=)), torch eager too where ATen has out= "
+          f"(softmax, layer_norm, gelu_chain), the rest allocate per call; 'vs best' = best "
+          f"other time / luminal time (> 1: luminal faster); "
           f"fraction of limit = work / luminal's best time / limit, both best times "
           f"(memory-bound: minimum bytes / bandwidth; attention: matmul flops / peak, causal: "
           f"half)\n")  # fmt: skip
