@@ -168,3 +168,25 @@ def test_concatenated_halves_of_a_slice_read_affinely():
     tq = (torch.tensor(x)[:, :128] + torch.tensor(bv)).reshape(3, 5, 4, 32).transpose(1, 2)
     want = torch.cat((-tq[..., 16:], tq[..., :16]), -1)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+
+
+def test_erf_gelu_lands_in_the_product_kernel():
+    """abs(x) is a 2-way max over a padded copy of x: x is read through two views that land
+    on the same element, so the biased product is inlined into the whole erf GELU (one
+    kernel, the GELU in the gemm's epilogue) instead of stored and read back."""
+    g = lm.Graph("lin_gelu")
+    x, w, b = g.input("x", (N, 45)), g.input("w", (67, 45)), g.input("b", (67,))
+    g.output("y", F.gelu(F.linear(x, w, b)))
+    low = lower(g)
+    (kern,) = [k for k in low.kernels if isinstance(k, K.Kernel)]
+    assert any(isinstance(v, K.Reduce) and v.op is lm.Op.SUM_REDUCE for v in K.walk(kern.value))
+    alt = match_gemm(kern, len(low.buffers))
+    assert alt is not None and alt.epilogue is not None
+    xv, wv, bv = rand(13, 45), rand(67, 45), rand(67)
+    xv[0, :3] = [1e4, -1e4, 0.0]
+    got = lm.compile(g).run({"x": xv, "w": wv, "b": bv})["y"]
+    import torch
+
+    want = torch.nn.functional.gelu(torch.from_numpy(xv) @ torch.from_numpy(wv).T
+                                    + torch.from_numpy(bv)).numpy()  # fmt: skip
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

@@ -94,6 +94,15 @@ def _unflatten_kept(flat: sint, shape: tuple[sint, ...], valid: sint) -> dict[st
     return _unflatten_solve(flat, shape, valid)
 
 
+def _read_at(v: View, shape: tuple[sint, ...]) -> tuple[tuple[str, sint], ...]:
+    """Where a read through ``v`` lands in a tensor of ``shape``, masks aside: views that
+    differ only in their masks (a value and its padded copy, the two sides of a 2-way max)
+    read one shared subtree, so inlining a node read through them computes it once."""
+    if not shape:
+        return ()
+    return tuple(sorted(_unflatten(v.index, shape, v.valid).items()))
+
+
 def _widened(e: sint, narrow: dict[str, sint]) -> dict[str, sint]:
     """The variables of ``e`` that ``narrow`` replaces, by name: substituting them undoes it."""
     used = e.vars() if isinstance(e, sym.Expr) else frozenset()
@@ -287,7 +296,7 @@ class _Lowerer:
                 # one kernel, and one view: then every use is the same shared subtree (reads
                 # through different views would each recompute it, exponentially in a chain)
                 views = {v for c in cons for s, v in c.srcs if s is n}
-                ok = len(r) == 1 and len(views) == 1
+                ok = len(r) == 1 and len({_read_at(v, n.shape) for v in views}) == 1
                 if ok and any(self._recomputes(n, c, costly) for c in cons):
                     ok = False
                 if ok and len(cons) > 1:
