@@ -545,8 +545,9 @@ def bench_minilm(a: argparse.Namespace, skip: dict[str, str]) -> dict[str, Any]:
 
 
 def encode(tok: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and attention mask, padded to the longest text: what Embedder does, used for
-    the PyTorch and ONNX Runtime contenders too (the tokenizer is set up once in bench_minilm)."""
+    """Token ids and attention mask, padded to the longest text, as the PyTorch and ONNX
+    Runtime contenders take them (luminal's Embedder runs the texts end to end instead, with
+    no work on padding; the tokenizer is set up once in bench_minilm)."""
     enc = [tok.tk.encode(t).ids for t in texts]
     n = max(len(e) for e in enc)
     ids, mask = np.zeros((len(texts), n), np.int64), np.zeros((len(texts), n), np.int64)

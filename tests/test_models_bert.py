@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 
+import luminal as lm  # noqa: E402
 from luminal.models import Bert, Embedder, minilm_dir  # noqa: E402
 from luminal.tokenizer import Tokenizer  # noqa: E402
 
@@ -70,3 +71,22 @@ def test_minilm_padded_batch_equals_single(minilm) -> None:
     batch = emb(texts)  # padded to the longest; the mask keeps padding out
     single = np.concatenate([emb(t) for t in texts])
     np.testing.assert_allclose(batch, single, atol=2e-6)
+
+
+def test_packed_graph_matches_padded_at_odd_lengths(minilm) -> None:
+    """The packed graph (texts end to end, attention and pooling reading their rows by
+    index) gives the padded graph's embeddings, compiled, for texts of different lengths."""
+    from luminal.models.bert import pack_texts
+
+    _, model, tok = minilm
+    texts = [SENTENCES[0], "hi there", SENTENCES[2] + " " + SENTENCES[1], SENTENCES[3], "a b c"]
+    emb = Embedder(model, tok, "compiled")
+    ids, mask = emb.encode_ids(texts)
+    assert len(set(mask.sum(1).tolist())) == len(texts)
+    padded = lm.compile(model.build()).run({"input_ids": ids, "attention_mask": mask})
+    packed = emb(texts)
+    np.testing.assert_allclose(packed, padded["embeddings"], atol=2e-6)
+    inputs = pack_texts([list(r[m.astype(bool)]) for r, m in zip(ids, mask, strict=True)])
+    assert inputs["input_ids"].shape == (int(mask.sum()),)
+    with pytest.raises(ValueError, match="at least one token"):
+        pack_texts([[101, 102], []])

@@ -259,8 +259,10 @@ class Emitter:
         if isinstance(v, K.SoftmaxSum):
             return self._softmax_sum(v, ind)
         if isinstance(v, K.Gather):
-            out = self.tmp()
             row = self.emit(v.row, ind)
+            if sym.lower_bound(v.rows) >= 1:
+                return self._gather_clamped(v, row, ind)
+            out = self.tmp()
             gv = _c_name(v.var)
             self.lines.append(f"{ind}{ctype(v.dtype)} {out} = 0;")
             self.lines.append(f"{ind}{{ const {self.index_type} {gv} = ({self.index_type})({row});")
@@ -274,6 +276,23 @@ class Emitter:
             self.lines.append(f"{ind}}} }}")
             return out
         raise TypeError(f"cannot render {v!r}")
+
+    def _gather_clamped(self, v: K.Gather, row: str, ind: str) -> str:
+        """A gather without a branch: the body read at the row clamped into range (row 0
+        exists), then zeroed where the row is out of range. A loop around it (a row's
+        columns, a tile of gathered keys) stays straight-line code, which vectorizes."""
+        ok, at = self.tmp(), self.tmp()
+        it = self.index_type
+        self.lines.append(f"{ind}const {it} {at}r = ({it})({row});")
+        self.lines.append(f"{ind}const int {ok} = {at}r >= 0 && {at}r < {cexpr(v.rows)};")
+        self.lines.append(f"{ind}const {it} g{at} = {ok} ? {at}r : 0;")
+        ub = max(sym.upper_bound(v.rows) - 1, 0)
+        body = K.substitute(v.body, {v.var.name: sym.var(f"_g{at}", 0, ub, v.rows)})
+        self.made.append(body)
+        x = self.emit(body, ind)
+        if v.dtype is dt.f32:
+            return f"lm_bits_f32(lm_f32_bits({x}) & (0u - (uint32_t){ok}))"
+        return f"({ok} ? {x} : ({ctype(v.dtype)})0)"
 
     def exp2(self, x: str, d: dt.DType) -> str:
         if d is dt.f64:

@@ -291,6 +291,17 @@ class _Lowerer:
                 ok = False
             elif _is_copy(n):
                 ok = False  # an explicit copy (compiler/stage.py) exists to be stored
+            elif n.op is Op.GATHER:
+                # an indexed read: inlined into elementwise consumers of one kernel, which
+                # then load the rows they use (an embedding row plus its position; the rows
+                # of a packed batch that attention reads as a padded one) instead of a
+                # stored copy of them
+                views = {v for c in cons for s, v in c.srcs if s is n}
+                ok = (
+                    len(r) == 1
+                    and all(c.op in ELEMENTWISE for c in cons)
+                    and len({_read_at(v, n.shape) for v in views}) == 1
+                )
             elif n.op in ELEMENTWISE or _small_reduce(n):
                 # (a reduction over 2-4 values, relu's max against 0, is elementwise work)
                 # one kernel, and one view: then every use is the same shared subtree (reads

@@ -95,10 +95,14 @@ def _score_dot(k: K.Kernel) -> _ScoreDot | None:
     memo: dict[int, frozenset[str]] = {}
     if row in K.free_vars(v.weight, memo):
         return None
-    reds = {x for x in K.walk(v.score) if isinstance(x, (K.Reduce, K.Gather, K.SoftmaxSum))}
+    reds = {x for x in K.walk(v.score) if isinstance(x, (K.Reduce, K.SoftmaxSum))}
     if len(reds) != 1:
         return None
     (red,) = reds
+    # gathered operands (the rows of a packed batch) are read inside the dot product only
+    inside = set(K.walk(red))
+    if any(isinstance(x, K.Gather) and x not in inside for x in K.walk(v.score)):
+        return None
     if not (
         isinstance(red, K.Reduce)
         and red.op is Op.SUM_REDUCE
@@ -191,12 +195,20 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
         "         two vectors, which hold every key: LM_SM_T / 3 < 2 * LM_VL), and each row's",
         "         dot products as vector FMAs */",
         f"      float kt[{d}][2 * LM_VL] __attribute__((aligned(64)));",
+        f"      float vt[2 * LM_VL][{cexpr(k.shape[-1])}] __attribute__((aligned(64)));",
         f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv})",
         f"        for (int64_t jj = {ext_s}; jj < 2 * LM_VL; ++jj) kt[{rv}][jj] = 0;",
         f"      for (int64_t {jv} = 0; {jv} < {ext_s}; ++{jv}) {{",
         f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
     em.block(lambda: lines.extend(_emit_into(em, dot.k, " " * 10, f"kt[{rv}][{jv}] = {{}};")))
+    cv, cols = f"i{n - 1}", cexpr(k.shape[-1])
+    lines += [
+        "        }",
+        "        /* and its value row (a bias added, a packed batch's row gathered) */",
+        f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
+    ]
+    em.block(lambda: lines.extend(_emit_into(em, v.weight, " " * 10, f"vt[{jv}][{cv}] = {{}};")))
     lines += ["        }", "      }"]
     _rows_loop(k, em, lines, dot, "kt")
     lines += ["      continue;", "    }", f"    if (rows < {_RB}) {{"]
@@ -225,7 +237,8 @@ def _row(
     columns accumulate as a vector. With the score's dot product known (``dot``), the row's
     query operand is computed once (RoPE included), not once per key; ``kt`` names an array
     holding every key's operand transposed (``kt[r][key]``, two vectors of keys: one tile)
-    when the caller computed them, and the row's dot products are vector FMAs over it."""
+    and ``vt[key][column]`` their value rows when the caller computed them, and the row's dot
+    products are vector FMAs over it."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n, cols = len(k.shape), k.shape[-1]
@@ -305,7 +318,10 @@ def _row(
         f"{i3}#pragma omp simd",
         f"{i3}for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
     ]
-    em.block(lambda: out.extend(_emit_into(em, v.weight, i4, "acc[" + cv + "] += p * {};")))
+    if kt is not None:  # the caller computed the value rows too
+        out.append(f"{i4}acc[{cv}] += p * vt[{jv}][{cv}];")
+    else:
+        em.block(lambda: out.extend(_emit_into(em, v.weight, i4, "acc[" + cv + "] += p * {};")))
     out += [f"{i3}}}", f"{i2}}}", f"{ind}}}"]
     out.append(f"{ind}for (int64_t {cv} = 0; {cv} < {cols}; ++{cv})")
     out.append(f"{ind}  " + store_stmt("b0", _out_index(k), f"acc[{cv}] / l", k.dtype))

@@ -267,10 +267,10 @@ COPY_REDUCE_MAX = 16
 
 def _elementwise(v: K.Value) -> bool:
     """An f32 value computed pointwise from loads (an activation fused into the product's
-    operand, such as silu(gate) * up, or a pooled window feeding a convolution): no gather,
-    no reduction over more than ``COPY_REDUCE_MAX`` values."""
+    operand, such as silu(gate) * up, a pooled window feeding a convolution, rows picked by
+    a gather): no reduction over more than ``COPY_REDUCE_MAX`` values."""
     return v.dtype is dt.f32 and not any(
-        isinstance(x, K.Gather | K.SoftmaxSum)
+        isinstance(x, K.SoftmaxSum)
         or (isinstance(x, K.Reduce)
             and not (isinstance(x.extent, int) and x.extent <= COPY_REDUCE_MAX))
         for x in K.walk(v)
