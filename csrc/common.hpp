@@ -56,6 +56,36 @@ int64_t dtype_nbytes(DType t, int64_t count);
 // otherwise. Free with std::free; nullptr when out of memory.
 void *host_alloc(size_t bytes, size_t align = 64);
 
+// Memory for weights packed at run time (qdot's and pgemm's layouts), 64-byte aligned: carved
+// from shared chunks that host_alloc gives huge pages, so that a model's many small packed
+// weights (a decode step streams each once) share 2 MiB pages instead of taking a TLB miss and
+// a restart of the hardware prefetcher every 4 KiB. A chunk is returned when the last block in
+// it is freed. nullptr when out of memory; pack_free(nullptr) does nothing.
+void *pack_alloc(size_t bytes);
+void pack_free(void *p);
+
+// A packed weight's bytes from pack_alloc (copyable: a copy gets a block of its own).
+class PackedBytes {
+public:
+  PackedBytes() = default;
+  PackedBytes(const PackedBytes &o) { copy_from(o); }
+  PackedBytes &operator=(const PackedBytes &o) {
+    if (this != &o) copy_from(o);
+    return *this;
+  }
+  ~PackedBytes() { pack_free(p_); }
+  // n zero bytes (the previous contents are dropped)
+  void assign_zero(size_t n);
+  uint8_t *data() const { return p_; }
+  size_t size() const { return n_; }
+  uint8_t &operator[](size_t i) const { return p_[i]; }
+
+private:
+  void copy_from(const PackedBytes &o);
+  uint8_t *p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // CRC-32 (zlib polynomial) so Python's zlib.crc32 computes the same value.
 uint32_t crc32(const void *data, size_t n, uint32_t crc = 0);
 

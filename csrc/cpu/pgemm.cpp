@@ -45,7 +45,7 @@ constexpr int64_t kParallelWork = int64_t(1) << 17;
 constexpr size_t kMaxCopyBytes = size_t(256) << 20;
 
 struct FreeDeleter {
-  void operator()(float *p) const { std::free(p); }
+  void operator()(float *p) const { pack_free(p); }
 };
 
 // 64-byte aligned floats (a panel row is one cache line).
@@ -56,7 +56,7 @@ public:
   void reserve(size_t n) {
     if (n <= n_) return;
     size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    p_.reset(static_cast<float *>(std::aligned_alloc(64, bytes)));
+    p_.reset(static_cast<float *>(pack_alloc(bytes)));
     if (!p_) throw Error("out of memory packing a gemm operand (" + std::to_string(bytes) + " B)");
     n_ = n;
   }

@@ -154,7 +154,7 @@ struct Packed {
   uint64_t hash = 0;
   int64_t n = 0, nb = 0, code_bytes = 0, stride = 0;
   bool compact = false;
-  std::vector<uint8_t> data;
+  PackedBytes data;
 };
 
 // x as an IEEE half when it is one exactly.
@@ -204,7 +204,7 @@ void pack_layout(const Weights &w, int64_t n, int64_t nb, Packed &p) {
   p.compact = can_be_compact(w, n * nb);
   p.code_bytes = w.fmt == QFmt::q8_0 ? 512 : 256;
   p.stride = p.code_bytes + (p.compact ? (w.fmt == QFmt::q4_1 ? 64 : 32) : 192);
-  p.data.assign(size_t(groups * nb * p.stride), 0);
+  p.data.assign_zero(size_t(groups * nb * p.stride));
 }
 
 // Weight rows [row0, row1) into p (laid out by pack_layout).
