@@ -260,13 +260,14 @@ def _select_graph(cols: int) -> lm.Graph:
 
 
 def test_vector_selects_match_the_scalar_rest_and_torch():
-    """Comparisons, 2-way maxima (abs, relu) and their casts in the vector form: special
-    values give the same bits in the vector part (columns 0-12) as in the scalar rest (32-44),
-    and finite ones match torch."""
+    """Comparisons, 2-way maxima (relu) and their casts in the vector form, abs (a 2-way max
+    of x and -x) as a cleared sign bit: special values give the same bits in the vector part
+    (columns 0-12) as in the scalar rest (32-44), and finite ones match torch."""
     import torch
 
     src = _sources(_select_graph(45))
     assert "lm_vmax2f(" in src and "lm_vexp2f(" in src and " < " in src
+    assert "& lm_vsplati(0x7fffffff)" in src and "fabsf(" in src
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 40.0, -40.0,
                         0.5, -0.5], np.float32)  # fmt: skip
     x = RNG.standard_normal((2, 45)).astype(np.float32)

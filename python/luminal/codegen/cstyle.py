@@ -332,6 +332,9 @@ class Emitter:
         assert isinstance(v.extent, int)
         bodies = [K.substitute(v.body, {v.var.name: r}) for r in range(v.extent)]
         self.made += bodies
+        a = abs_of(v, bodies)
+        if a is not None:
+            return f"fabsf({self.emit(a, ind)})"
         xs = [self.emit(b, ind) for b in bodies]
         consts = [_const_f32(b) for b in bodies]
         acc, acc_c = xs[0], consts[0]
@@ -497,6 +500,32 @@ def _const_f32(v: K.Value) -> float | None:
         with np.errstate(all="ignore"):
             r = np.float32(a) + np.float32(b) if v.op is Op.ADD else np.float32(a) * np.float32(b)
         return float(r)
+    return None
+
+
+def _unpadded(v: K.Value) -> K.Value:
+    """``v`` without an added constant +0 or -0 (a padded side of a concatenation), which
+    changes no value a max compares but the sign of a zero."""
+    if isinstance(v, K.Alu) and v.op is Op.ADD:
+        for x, c in (v.srcs, v.srcs[::-1]):
+            if isinstance(c, K.Const) and c.dtype.is_float and float(c.value) == 0:
+                return x
+    return v
+
+
+def abs_of(v: K.Reduce, bodies: list[K.Value]) -> K.Value | None:
+    """x when the f32 reduction ``v`` over ``bodies`` is max(x, -x) (``abs``: a 2-way max
+    over x and its negation, each maybe padded by +0): fabs(x) gives the same value for
+    every x, zeros and infinities included, and NaN for NaN, in one instruction where the
+    NaN-propagating max takes three compares and a blend."""
+    if v.op is not Op.MAX_REDUCE or v.dtype is not dt.f32 or len(bodies) != 2:
+        return None
+    a, b = (_unpadded(x) for x in bodies)
+    for x, n in ((a, b), (b, a)):
+        if isinstance(n, K.Alu) and n.op is Op.MUL:
+            for y, c in (n.srcs, n.srcs[::-1]):
+                if y == x and isinstance(c, K.Const) and float(c.value) == -1.0:
+                    return x
     return None
 
 
