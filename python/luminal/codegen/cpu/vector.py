@@ -312,10 +312,10 @@ class _Vec:
 
         a = abs_of(v, bodies)
         if a is not None:  # |x|: the sign bit cleared, as the scalar rest's fabsf
-            x, kind = self.val(a)
+            ax, kind = self.val(a)
             if kind != "f":
                 raise _Unsupported
-            return f"(lm_f32v)((lm_i32v)({x}) & lm_vsplati(0x7fffffff))", "f"
+            return f"(lm_f32v)((lm_i32v)({ax}) & lm_vsplati(0x7fffffff))", "f"
         xs = [self.val(b) for b in bodies]
         if all(k == "s" for _, k in xs):
             raise _Unsupported
