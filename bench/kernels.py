@@ -138,7 +138,7 @@ def time_calls(fn: Callable[[], object], repeats: int, budget: float) -> tuple[f
 # Each turn runs a contender untimed for _SETTLE_S, then times _PER_TURN calls: PyTorch's
 # OpenMP threads spin about 10 ms after each parallel region, taking the cores from whatever
 # runs next, so the calls timed follow calls of the same contender.
-_SETTLE_S, _PER_TURN = 0.02, 3
+_SETTLE_S, _PER_TURN = 0.12, 3
 
 
 def time_turns(fns: dict[str, Callable[[], object]], repeats: int, budget: float,
