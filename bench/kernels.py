@@ -136,8 +136,10 @@ def time_calls(fn: Callable[[], object], repeats: int, budget: float) -> tuple[f
 
 
 # Each turn runs a contender untimed for _SETTLE_S, then times _PER_TURN calls: PyTorch's
-# OpenMP threads spin about 10 ms after each parallel region, taking the cores from whatever
-# runs next, so the calls timed follow calls of the same contender.
+# OpenMP threads spin about 10 ms after each parallel region and OpenBLAS's (numpy's) longer,
+# taking the cores from whatever runs next, so the calls timed follow calls of the same
+# contender. 20 ms was too short after numpy: gemm 512 medians (luminal / torch) 2.56 / 5.70 ms
+# against 1.26 / 1.34 with 120 ms, the same run's best times alike (2 threads, one sitting).
 _SETTLE_S, _PER_TURN = 0.12, 3
 
 
