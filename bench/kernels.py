@@ -20,7 +20,7 @@ with --threads threads (default 2: torch.set_num_threads, LUMINAL_NUM_THREADS,
 OMP/OPENBLAS/MKL_NUM_THREADS). Timing: one warm-up call per contender, then the contenders of
 a case take turns, the order rotating from turn to turn, so that the threads a library leaves
 spinning after its calls and the machine's drifting load hit every contender alike. A turn
-runs a contender untimed for 20 ms (at least one call), then times 3 calls; a contender gets
+runs a contender untimed for 120 ms (at least one call), then times 3 calls; a contender gets
 turns until it has --repeats timed calls or has spent --budget seconds (untimed calls
 included). The median is reported (a fraction of a limit uses the best call, as the limits
 are best runs themselves). What is timed is the call writing its
@@ -101,6 +101,8 @@ if __name__ == "__main__":
 
 import numpy as np  # noqa: E402 - only after the environment is clean (see above)
 
+from turns import time_turns  # noqa: E402 - this folder: python puts a script's folder first
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("luminal") is None:
     # not installed: the source tree (its runtime must have been built in place)
@@ -135,51 +137,10 @@ def time_calls(fn: Callable[[], object], repeats: int, budget: float) -> tuple[f
     return statistics.median(times), len(times), min(times)
 
 
-# Each turn runs a contender untimed for _SETTLE_S, then times _PER_TURN calls: PyTorch's
-# OpenMP threads spin about 10 ms after each parallel region and OpenBLAS's (numpy's) longer,
-# taking the cores from whatever runs next, so the calls timed follow calls of the same
-# contender. 20 ms was too short after numpy: gemm 512 medians (luminal / torch) 2.56 / 5.70 ms
-# against 1.26 / 1.34 with 120 ms, the same run's best times alike (2 threads, one sitting).
+# untimed calls per turn (bench/turns.py): 20 ms was too short after numpy, whose OpenBLAS
+# threads still spun: gemm 512 medians (luminal / torch) 2.56 / 5.70 ms against 1.26 / 1.34
+# with 120 ms, the same run's best times alike (2 threads, one sitting)
 _SETTLE_S, _PER_TURN = 0.12, 3
-
-
-def time_turns(fns: dict[str, Callable[[], object]], repeats: int, budget: float,
-               err: dict[str, str]) -> dict[str, tuple[float, int, float]]:  # fmt: skip
-    """(median seconds, calls, best seconds) per contender, the contenders timed in turns
-    whose order rotates, so that a library's lingering threads (and an inductor compile's
-    aftermath, and the machine's load drifting) hit every contender alike. A turn is
-    ``_SETTLE_S`` of untimed calls (at least one), then up to ``_PER_TURN`` timed calls. A
-    contender gets turns until it has ``repeats`` timed calls or has spent ``budget`` seconds,
-    untimed calls included (at least one timed call). One that raises gets its error in
-    ``err``, no time and no more turns. The caller has made the warm-up calls."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    spent = dict.fromkeys(fns, 0.0)
-    live = list(fns)
-    turn = 0
-    while live:
-        order = live[turn % len(live) :] + live[: turn % len(live)]
-        turn += 1
-        for k in order:
-            fn, ts = fns[k], times[k]
-            t0 = time.perf_counter()
-            try:
-                fn()
-                while time.perf_counter() < t0 + _SETTLE_S:
-                    fn()
-                for _ in range(min(_PER_TURN, repeats - len(ts))):
-                    t = time.perf_counter()
-                    fn()
-                    ts.append(time.perf_counter() - t)
-                    if spent[k] + time.perf_counter() - t0 > budget:
-                        break
-            except Exception as e:  # one contender failing must not hide the others
-                err[k] = f"{type(e).__name__}: {e}"[:200]
-                live.remove(k)
-                continue
-            spent[k] += time.perf_counter() - t0
-            if len(ts) >= repeats or spent[k] > budget:
-                live.remove(k)
-    return {k: (statistics.median(ts), len(ts), min(ts)) for k, ts in times.items() if k not in err}
 
 
 class CapExceeded(Exception):
@@ -686,7 +647,8 @@ def run_case(case: Case, a: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 warm[k] = fn
             except Exception as e:  # one contender failing must not hide the others
                 err[k] = f"{type(e).__name__}: {e}"[:200]
-        for k, (med, _, best) in time_turns(warm, a.repeats, a.budget, err).items():
+        turns = time_turns(warm, a.repeats, err, _SETTLE_S, _PER_TURN, a.budget)
+        for k, (med, _, best) in turns.items():
             r[f"{k}_s"], r[f"{k}_best_s"] = med, best
     return r
 

@@ -49,6 +49,8 @@ for _k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # before any BLAS is loade
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from turns import time_turns  # noqa: E402 - this folder: python puts a script's folder first
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import luminal.torch_backend as lt  # noqa: E402
@@ -117,9 +119,9 @@ def _fresh_caches(root: str, name: str, backend: str) -> None:
 
 
 Timed = tuple[Callable[..., Any], list[dict], dict[str, str]]
-# Each turn runs a backend untimed for _SETTLE_S, then times _PER_TURN calls: PyTorch's
-# OpenMP threads spin about 10 ms after each parallel region, and on 2 cores they halved the
-# speed of luminal's next 4 calls of 2 ms (the mlp at batch 4 x seq 32, eager call first).
+# untimed calls per turn (bench/turns.py): PyTorch's OpenMP threads spin about 10 ms after
+# each parallel region, and on 2 cores they halved the speed of luminal's next 4 calls of 2 ms
+# (the mlp at batch 4 x seq 32, eager call first)
 _SETTLE_S, _PER_TURN = 0.02, 3
 
 
@@ -167,34 +169,30 @@ def bench_one(name: str, backend: str, make: Callable, shapes: list[tuple[int, i
 
 def _interleaved_ms(timed: dict[str, Timed], shapes: list[tuple[int, int]],
                     repeat: int) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Median latency per backend and shape, the backends timed in turns (the order rotating)
-    so that the machine's load drifting over the sitting hits every backend alike. Each turn
-    gives a backend ``_SETTLE_S`` of untimed calls, then times ``_PER_TURN``: the calls
-    measured follow calls of the same backend, as in a loop over one compiled model (right
-    after another runtime's call, its threads are still spinning on the same cores). A backend's
-    first call after another backend's compile may trace again (``torch._dynamo.reset``
-    between compiles), with the cache folders it compiled with: that call is not timed."""
-    out: dict[str, dict[str, float]] = {b: {} for b in timed}
-    names = list(timed)
+    """Median latency per backend and shape, the backends timed in turns (``time_turns``),
+    ``repeat`` turns each. A backend's first call after another backend's compile may trace
+    again (``torch._dynamo.reset`` between compiles), with the cache folders it compiled
+    with: that call is not timed. A backend that fails has its error instead of times."""
+    out: dict[str, dict[str, Any]] = {b: {} for b in timed}
     with torch.no_grad():
         for k, (b, s) in enumerate(shapes):
-            samples: dict[str, list[float]] = {n: [] for n in names}
-            for n in names:
-                f, calls, env = timed[n]
+            fns: dict[str, Callable[[], object]] = {}
+            for n, (f, calls, env) in timed.items():
+                if "error" in out[n]:
+                    continue
                 os.environ.update(env)
-                f(**calls[k])
-            for r in range(repeat):
-                for n in names[r % len(names) :] + names[: r % len(names)]:
-                    f, calls, _ = timed[n]
-                    until = time.perf_counter() + _SETTLE_S
-                    while time.perf_counter() < until:
-                        f(**calls[k])
-                    for _ in range(_PER_TURN):
-                        t = time.perf_counter()
-                        f(**calls[k])
-                        samples[n].append((time.perf_counter() - t) * 1e3)
-            for n in names:
-                out[n][f"ms_b{b}s{s}"] = round(statistics.median(samples[n]), 3)
+                try:
+                    f(**calls[k])
+                except Exception as e:  # one failing backend must not hide the others
+                    out[n]["error"] = f"timing: {type(e).__name__}: {e}"[:160]
+                    continue
+                fns[n] = lambda f=f, c=calls[k]: f(**c)
+            err: dict[str, str] = {}
+            for n, (med, _, _) in time_turns(fns, repeat * _PER_TURN, err, _SETTLE_S,
+                                             _PER_TURN).items():  # fmt: skip
+                out[n][f"ms_b{b}s{s}"] = round(med * 1e3, 3)
+            for n, e in err.items():
+                out[n]["error"] = f"timing: {e}"[:160]
     return out
 
 
@@ -339,12 +337,8 @@ def main() -> None:
                        f"{str(e).splitlines()[0][:120]}"}  # fmt: skip
             model_rows[backend] = row
             rows.append(row)
-        try:
-            for backend, ms in _interleaved_ms(timed, shapes, args.repeat).items():
-                model_rows[backend].update(ms)
-        except Exception as e:  # noqa: BLE001
-            for backend in timed:
-                model_rows[backend]["error"] = f"timing: {type(e).__name__}: {e}"[:160]
+        for backend, ms in _interleaved_ms(timed, shapes, args.repeat).items():
+            model_rows[backend].update(ms)
     for backend in args.backends.split(",") if args.generate else []:
         if root is not None:
             _fresh_caches(root.name, "generate", backend)

@@ -193,14 +193,10 @@ class Embedder:
         return self.runner.backend
 
     def encode_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        enc = [self.tokenizer.tk.encode(t).ids for t in texts]
-        n = max(len(e) for e in enc)
-        ids = np.zeros((len(texts), n), np.int32)
-        mask = np.zeros((len(texts), n), np.int32)
-        for r, e in enumerate(enc):
-            ids[r, : len(e)] = e
-            mask[r, : len(e)] = 1
-        return ids, mask
+        """The padded graph's ``input_ids`` and ``attention_mask`` for ``texts``."""
+        p = self.packed_inputs(texts)
+        mask = p["attention_mask"]
+        return np.where(mask != 0, p["input_ids"][p["unpack"]], 0).astype(np.int32), mask
 
     def packed_inputs(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The packed graph's inputs for ``texts`` (see ``Bert.build``)."""

@@ -188,6 +188,7 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
     em.hoist(v.weight, inner, "    ")
     lines += em.lines
     jv, rv, d, ext_s = _c_name(v.var), _c_name(dot.red.var), dot.red.extent, cexpr(v.extent)
+    cv, cols = f"i{n - 1}", cexpr(k.shape[-1])
     lines += [
         f"    if ({_SHORT_KEYS} * ({ext_s}) < LM_SM_T) {{",
         "      /* too few keys to amortize a zero-padded tile: the row form, each key's",
@@ -195,14 +196,13 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
         "         two vectors, which hold every key: LM_SM_T / 3 < 2 * LM_VL), and each row's",
         "         dot products as vector FMAs */",
         f"      float kt[{d}][2 * LM_VL] __attribute__((aligned(64)));",
-        f"      float vt[2 * LM_VL][{cexpr(k.shape[-1])}] __attribute__((aligned(64)));",
+        f"      float vt[2 * LM_VL][{cols}] __attribute__((aligned(64)));",
         f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv})",
         f"        for (int64_t jj = {ext_s}; jj < 2 * LM_VL; ++jj) kt[{rv}][jj] = 0;",
         f"      for (int64_t {jv} = 0; {jv} < {ext_s}; ++{jv}) {{",
         f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
     em.block(lambda: lines.extend(_emit_into(em, dot.k, " " * 10, f"kt[{rv}][{jv}] = {{}};")))
-    cv, cols = f"i{n - 1}", cexpr(k.shape[-1])
     lines += [
         "        }",
         "        /* and its value row (a bias added, a packed batch's row gathered) */",
