@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
+from kernel_cache import use_kernel_cache
 from luminal import runtime
 from luminal.compiler import kernel_ir as K
 from luminal.compiler import pipeline
@@ -227,7 +228,7 @@ def test_qdot_f32_activations_take_the_exact_path(fmt: str, monkeypatch) -> None
 def test_search_keeps_a_checked_program(monkeypatch, tmp_path) -> None:
     """Compiled with q8 activations, whichever program the search keeps matches the graph."""
     monkeypatch.setenv("LUMINAL_ACT_QUANT", "q8")
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _product("Q4_1", 203, 128)
     x = RNG.standard_normal((3, 128)).astype(np.float32)
     want = pipeline.graph_passes(g).run({"x": x}, rows=3)["y"]
@@ -312,7 +313,7 @@ def test_q8_prefill_keeps_quantized_weights_and_matches_the_graph(monkeypatch, t
     match the interpreter on the q8 graph."""
     from luminal.models import LlamaSession
 
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     monkeypatch.setenv("LUMINAL_ACT_QUANT", "q8")
     model = _q41_llama()
     pre = model.build_prefill(4)

@@ -7,6 +7,7 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.collapse import collapse
 from luminal.compiler.lower import lower
@@ -48,7 +49,7 @@ def test_rows_read_as_one_index_merge_and_dims_read_alone_do_not():
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_plans_agree_with_the_interpreter_at_odd_sizes(switch, monkeypatch, tmp_path):
     monkeypatch.setenv("LUMINAL_COLLAPSE", switch)
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _graph()
     ex = lm.compile(g)
     for b, s in ((1, 1), (1, 17), (3, 1), (5, 7), (16, 40)):

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from kernel_cache import use_kernel_cache
 from luminal import runtime
 from luminal.codegen.cpu.kernel import PRELUDE
 from luminal.compile import prepare
@@ -105,7 +106,7 @@ def test_a_missing_or_corrupt_precompiled_header_is_not_fatal(tmp_path, monkeypa
 
 
 def test_a_kernel_is_compiled_once_for_every_plan_that_holds_it(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan, xv, want = _chain(12, 0.9)  # twelve kernels, compiled in parallel
     _check(plan, xv, want)
     made = _libs(str(tmp_path))
@@ -116,7 +117,7 @@ def test_a_kernel_is_compiled_once_for_every_plan_that_holds_it(tmp_path, monkey
 
 
 def test_kernels_that_differ_only_in_their_names_share_a_library(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan, xv, want = _chain(2, 0.8)
     _check(plan, xv, want)
     made = _libs(str(tmp_path))
@@ -128,7 +129,7 @@ def test_kernels_that_differ_only_in_their_names_share_a_library(tmp_path, monke
 
 
 def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     cases = [_chain(n, s) for n, s in [(1, 0.4), (2, 0.6), (1, 0.4), (3, 1.1)]]
     prepare([c[0] for c in cases], jobs=2)
     made = _libs(str(tmp_path))
@@ -142,7 +143,7 @@ def test_prepare_compiles_what_executors_load(tmp_path, monkeypatch) -> None:
 def test_a_plans_missing_kernels_compile_in_groups(tmp_path, monkeypatch) -> None:
     """Twelve missing kernels compile as at most one group per core, not twelve compiler runs;
     each is then found by its own text: a plan holding some of them compiles nothing."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     _check(*_chain(12, 1.3))
     groups = _groups(str(tmp_path))
     assert 1 <= len(groups) <= max(2, os.cpu_count() or 1)
@@ -156,7 +157,7 @@ def test_a_plans_missing_kernels_compile_in_groups(tmp_path, monkeypatch) -> Non
 def test_kernels_of_one_prelude_compile_as_one_group_per_job(tmp_path, monkeypatch) -> None:
     """Small kernels after a long shared prelude (a search's candidates) are split over the
     jobs: the prelude is compiled once per group, so it does not count as the class's work."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan, xv, want = _chain(12, 1.7)
     prepare([plan], jobs=2)
     assert len(_groups(str(tmp_path))) == 2
@@ -166,7 +167,7 @@ def test_kernels_of_one_prelude_compile_as_one_group_per_job(tmp_path, monkeypat
 
 def test_a_group_that_fails_compiles_its_kernels_alone(tmp_path, monkeypatch) -> None:
     """One broken kernel among good ones: the error is its own, and the good ones are cached."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan = _chain(4, 0.2)[0]
     k = plan.kernels[2]
     k.code = bytes(k.code).replace(b"y[j] = ", b"y[j] = not C;")
@@ -179,7 +180,7 @@ def test_a_group_that_fails_compiles_its_kernels_alone(tmp_path, monkeypatch) ->
 def test_a_kernel_with_its_own_macros_is_not_grouped(tmp_path, monkeypatch) -> None:
     """A #define after the prelude would reach the next kernel of a group: that kernel gets a
     library of its own."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan = _chain(3, 0.6)[0]
     k = plan.kernels[1]
     k.code = bytes(k.code).replace(b"void step1(", b"#define lm_maxf(a, b) 0.0f\nvoid step1(")
@@ -195,7 +196,7 @@ def test_a_kernel_with_its_own_macros_is_not_grouped(tmp_path, monkeypatch) -> N
 
 
 def test_a_reference_to_a_missing_group_is_a_miss(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan, xv, want = _chain(4, 0.45)
     _check(plan, xv, want)
     for g in _groups(str(tmp_path)):  # removed by hand, or by another process
@@ -205,7 +206,7 @@ def test_a_reference_to_a_missing_group_is_a_miss(tmp_path, monkeypatch) -> None
 
 
 def test_prepare_reports_bad_input(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     plan = _chain(1, 0.5)[0]
     with pytest.raises(ValueError, match="jobs must be >= 0"):
         prepare([plan], jobs=-1)

@@ -10,6 +10,7 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
@@ -27,7 +28,7 @@ def _prefer_library(sub, dims):
 
 def _forced(g: lm.Graph, tmp_path, monkeypatch) -> tuple[list, Any]:
     """The program the search keeps when the library alternative measures faster."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     low = select.choose_library_calls(lower(g), _prefer_library, "test")
     for s in low.kernels:
         s.verify()  # the copy and epilogue kernels are well formed

@@ -11,6 +11,7 @@ import torch
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
@@ -79,7 +80,7 @@ def test_regrouped_kernel_keeps_values() -> None:
 )
 def test_conv_runs_as_copy_and_gemm(cin, cout, size, k, stride, pad, groups, tmp_path,
                                     monkeypatch) -> None:  # fmt: skip
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     rng = np.random.default_rng(1)
     xv = rng.standard_normal((2, cin, size, size + 2)).astype(np.float32)
     wv = rng.standard_normal((cout, cin // groups, k, k)).astype(np.float32)

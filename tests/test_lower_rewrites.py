@@ -9,6 +9,7 @@ import numpy as np
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.codegen.cpu.kernel import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
@@ -104,7 +105,7 @@ def test_conv_after_pool_copies_read_affinely(tmp_path, monkeypatch):
     h = lm.dim("h", 4, 256)
     x, w = g.input("x", (N, 8, h, h)), g.input("w", (16, 4, 3, 3))
     g.output("y", F.conv2d(F.max_pool2d(x.relu(), 2), w, stride=2, padding=1, groups=2))
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     low = select.choose_library_calls(
         lower(g), lambda sub, d: 1.0 if any(isinstance(s, K.LibCall) for s in sub.kernels) else 2.0
     )

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
+from kernel_cache import use_kernel_cache
 from luminal import runtime
 from luminal.codegen.cpu.jam import vector_registers
 from luminal.compile import build_plan
@@ -145,7 +146,7 @@ AVX512 = vector_registers() == 32
 def test_search_offers_pgemm_and_packs_only_weights(weight: bool, tmp_path, monkeypatch) -> None:
     """A product by a weight gets pgemm variants packing B once; by an input, packing per run;
     the kept call runs in the plan as the graph computes."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = lm.Graph("mm")
     seq = lm.dim("seq", 1, 4096)
     x = g.input("x", (seq, 64))

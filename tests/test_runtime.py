@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from kernel_cache import use_kernel_cache
 from luminal import runtime
 from luminal.plan import Copy, FileWeight, InlineWeight, KernelFormat, Launch, LibCall, Plan, Role
 from test_plan import Sym
@@ -430,7 +431,7 @@ def test_exotic_dtypes_cross_as_ml_dtypes() -> None:
 
 
 def test_compiler_errors_carry_the_log(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     p = add_plan()
     p.kernels[0].code = b"void add_f32(void) { this is not C; }"
     with pytest.raises(RuntimeError, match="C compiler failed(.|\n)*error"):

@@ -10,6 +10,7 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.codegen.cpu import render_kernel
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
@@ -166,7 +167,7 @@ def test_cost_model_counts_shared_work_once_per_block() -> None:
 
 
 def test_search_keeps_a_jam_and_the_plan_computes_the_same(monkeypatch, tmp_path) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")
     monkeypatch.setenv("LUMINAL_SEARCH_MIN_US", "0")
     tuner.clear_memory_cache()

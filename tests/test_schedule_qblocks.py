@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
+from kernel_cache import use_kernel_cache
 from luminal.codegen.cpu import render_kernel
 from luminal.codegen.cpu.jam import ACC_CHAINS, QBLOCKS, qblock_fits, vector_registers
 from luminal.compile import build_plan
@@ -146,7 +147,7 @@ def test_rows_longer_than_a_jam_are_offered_no_blocks_of_fewer_rows_than_the_def
 def test_search_keeps_a_quantized_block_and_the_plan_computes_the_same(
     monkeypatch, tmp_path
 ) -> None:
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")
     monkeypatch.setenv("LUMINAL_SEARCH_MIN_US", "0")
     tuner.clear_memory_cache()

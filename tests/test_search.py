@@ -5,6 +5,7 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
@@ -52,7 +53,7 @@ def _mm_graph(bias: bool) -> lm.Graph:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("prefer", ["gemm", "generated", "order=1"])
 def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _mm_graph(bias)
     low = lower(g)
     assert match_gemm(low.kernels[0], len(low.buffers)) is not None
@@ -145,7 +146,7 @@ def test_sum_of_batched_products_is_not_a_gemm_over_an_outer_loop():
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_range_whose_ends_want_other_programs_is_split(bias, tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _mm_graph(bias)
     low = lower(g)
 
@@ -183,7 +184,7 @@ def test_a_range_whose_ends_want_other_programs_is_split(bias, tmp_path, monkeyp
 def test_a_range_of_two_free_dims_is_split_on_their_product(tmp_path, monkeypatch):
     """batch x seq rows: which program wins follows the rows, so the parts are ranges of the
     product (a batch of sentences, one long sentence), not of one dim."""
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = lm.Graph("bmm")
     batch, seq = lm.dim("batch", 1, 64), lm.dim("seq", 1, 128)
     x = g.input("x", (batch, seq, 64))
@@ -217,7 +218,7 @@ def test_a_range_of_two_free_dims_is_split_on_their_product(tmp_path, monkeypatc
 def test_split_parts_keeping_generated_kernels_of_other_orders_get_their_own_names(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _mm_graph(False)
     low = lower(g)
 
@@ -247,7 +248,7 @@ def test_library_calls_of_a_program_are_prepared_together_and_renumbered(tmp_pat
     from luminal.compiler.search.tuner import Tuner
     from luminal.targets.cpu import CpuTarget
 
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = lm.Graph("two_mm")
     x = g.input("x", (SEQ, 64))
     w0, w1 = g.weight("w0", data=rand(48, 64)), g.weight("w1", data=rand(40, 48))

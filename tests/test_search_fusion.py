@@ -10,6 +10,7 @@ import torch.nn.functional as TF
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
 from luminal.compiler.lower import _overlapping, lower
 from luminal.compiler.search.fusion import choose_fusions
@@ -58,7 +59,7 @@ def _inputs(b: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("prefer", ["fused", "stored"])
 def test_windowed_value_stored_or_fused_by_measurement(prefer, tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _graph()
     low = lower(g)
     assert low.windowed, "the pooled value read through the conv's windows is a candidate"
@@ -88,7 +89,7 @@ def test_windowed_value_stored_or_fused_by_measurement(prefer, tmp_path, monkeyp
 
 
 def test_compile_searches_fusion_and_matches_torch(tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     cg = lm.compile(_graph())
     for b in (2, 5):
         a = _inputs(b)

@@ -3,6 +3,7 @@
 import numpy as np
 
 import luminal as lm
+from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
@@ -54,7 +55,7 @@ def test_an_option_estimated_far_behind_is_not_measured():
 
 
 def test_a_lone_library_option_is_checked_against_the_plain_kernel_not_timed(tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     g = _product("f32", 64, 96, 128)
     low = lower(graph_passes(g))
     timed, checked = [], []

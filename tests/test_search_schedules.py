@@ -10,6 +10,7 @@ import pytest
 import luminal as lm
 import luminal.functional as F
 import luminal.runtime
+from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler import schedule as S
@@ -27,7 +28,7 @@ _evaluate_cpu, _measure_cpu, _signature = _CPU.evaluate, _CPU.measure, _CPU.sign
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     tuner.clear_memory_cache()
     yield
     tuner.clear_memory_cache()

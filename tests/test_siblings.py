@@ -10,6 +10,7 @@ import pytest
 
 import luminal as lm
 import luminal.functional as F
+from kernel_cache import use_kernel_cache
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
 from luminal.compiler.search import select
@@ -104,7 +105,7 @@ def test_elementwise_operand_is_computed_into_scratch_then_gemm(tmp_path, monkey
     alt = match_gemm_copy(kern, len(low.buffers))
     assert alt is not None and len(alt.copies) == 1
     assert any(isinstance(x, K.Alu) for x in K.walk(alt.copies[0].value))  # computes, not copies
-    monkeypatch.setenv("LUMINAL_CACHE_DIR", str(tmp_path))
+    use_kernel_cache(monkeypatch, tmp_path)
     monkeypatch.setattr(select, "MIN_GEMM_WORK", 0)
     forced = select.choose_library_calls(
         low, lambda sub, dims: 1.0 if any(isinstance(s, K.LibCall) for s in sub.kernels) else 2.0
