@@ -20,7 +20,7 @@ from luminal.compiler.schedule import schedule
 from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
 from luminal.graph.ops import Op
-from luminal.loaders import quants
+from luminal.loaders import lowp, quants
 from test_loaders import _random_blocks
 
 RNG = np.random.default_rng(7)
@@ -62,6 +62,51 @@ def test_quantized_gemv_takes_the_vector_form(fmt: str) -> None:
     assert "lm_f32v" in src and "lm_vsum_f32" in src
     # the nibble selection folded away: no runtime divisor, no table reads
     assert "lm_imod(" not in src
+
+
+def _lowp_gemv(fmt: str, rows: int, cols: int) -> tuple[lm.Graph, np.ndarray]:
+    parts = lowp.get(fmt).quantize(RNG.standard_normal((rows, cols)).astype(np.float32))
+    g = lm.Graph(f"gemv_{fmt}")
+    w = lowp.weight(g, "w", fmt, parts, (rows, cols))
+    g.output("y", g.input("x", (1, cols)) @ w.transpose(0, 1))
+    return g, lowp.dequantize(fmt, parts, (rows, cols))
+
+
+@pytest.mark.parametrize(
+    "fmt,rows,cols",
+    [("mxfp4", 37, 96), ("nvfp4", 29, 192), ("fp8_e4m3", 23, 80), ("fp8_e5m2", 19, 48),
+     ("mxfp8", 31, 224)],
+)  # fmt: skip
+def test_table_lookup_gemv_matches_dequantized_reference(fmt: str, rows: int, cols: int) -> None:
+    g, w = _lowp_gemv(fmt, rows, cols)
+    x = RNG.standard_normal((1, cols)).astype(np.float32)
+    y = lm.compile(g).run({"x": x})["y"]
+    ref = (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+
+
+def test_code_table_lookups_run_in_registers() -> None:
+    # mxfp4's e2m1 codes: a 16-entry table indexed by a nibble, provably in range, so no
+    # bound check; its e8m0 scale table is indexed by an i32 part, so it keeps its check
+    src = _sources(_lowp_gemv("mxfp4", 37, 96)[0])
+    assert "lm_vlut_f32(" in src and "lm_f32v" in src
+    assert src.count("< 256;") == 1  # the scale's bound check, not the codes'
+
+
+def test_value_range_bounds_byte_codes_and_declines_the_unknown() -> None:
+    byte = K.Cast(_ld(dt.u8), dt.i32)
+    lo = K.Alu(Op.MOD, (byte, K.Const(16, dt.i32)), dt.i32)
+    assert K.value_range(lo) == (0, 15)
+    # the high nibble as lowp builds it: (q - q % 16) * 0.0625 truncated; the interval is
+    # loose (q and q % 16 are correlated) but truncation still lands in [0, 15]
+    diff = K.Alu(Op.ADD, (byte, K.Alu(Op.MUL, (lo, K.Const(-1, dt.i32)), dt.i32)), dt.i32)
+    hi = K.Cast(K.Alu(Op.MUL, (K.Cast(diff, dt.f32), K.Const(0.0625, dt.f32)), dt.f32), dt.i32)
+    assert K.value_range(hi) == (0, 15)
+    assert K.value_range(_ld(dt.f32)) is None  # a float load could be anything, NaN too
+    big = K.Alu(Op.MUL, (K.Cast(_ld(dt.i32), dt.i32), K.Const(2, dt.i32)), dt.i32)
+    assert K.value_range(big) is None  # may wrap in 32 bits
+    neg = K.Alu(Op.MOD, (K.Cast(_ld(dt.i8), dt.i32), K.Const(10, dt.i32)), dt.i32)
+    assert K.value_range(neg) == (-9, 9)  # C's remainder keeps the dividend's sign
 
 
 def test_body_with_a_comparison_declines_the_vector_form_and_stays_exact() -> None:

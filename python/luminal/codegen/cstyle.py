@@ -119,6 +119,7 @@ class Emitter:
         self.scopes: list[dict[K.Value, str]] = [{}]
         self.n = 0
         self.fv_memo: dict[int, frozenset[str]] = {}
+        self.ranges: dict[int, K.Range | None] = {}  # value_range's memo, keyed as fv_memo
         # values made while rendering (unrolled copies): fv_memo is keyed by id, so they must
         # outlive the kernel, or a new value could inherit a dead one's id and its entry
         self.made: list[K.Value] = []
@@ -260,6 +261,9 @@ class Emitter:
             return self._softmax_sum(v, ind)
         if isinstance(v, K.Gather):
             row = self.emit(v.row, ind)
+            r = K.value_range(v.row, self.ranges)
+            if r is not None and 0 <= r[0] and r[1] < min(sym.lower_bound(v.rows), 2**31):
+                return self._gather_in_range(v, row, ind)
             if sym.lower_bound(v.rows) >= 1:
                 return self._gather_clamped(v, row, ind)
             out = self.tmp()
@@ -276,6 +280,16 @@ class Emitter:
             self.lines.append(f"{ind}}} }}")
             return out
         raise TypeError(f"cannot render {v!r}")
+
+    def _gather_in_range(self, v: K.Gather, row: str, ind: str) -> str:
+        """A gather whose row provably lies in range (a byte-coded table lookup): no check,
+        and a 32-bit row, so a loop around it vectorizes with 16-lane gathers."""
+        at = self.tmp()
+        self.lines.append(f"{ind}const int32_t g{at} = (int32_t)({row});")
+        ub = max(sym.upper_bound(v.rows) - 1, 0)
+        body = K.substitute(v.body, {v.var.name: sym.var(f"_g{at}", 0, ub, v.rows)})
+        self.made.append(body)
+        return self.emit(body, ind)
 
     def _gather_clamped(self, v: K.Gather, row: str, ind: str) -> str:
         """A gather without a branch: the body read at the row clamped into range (row 0
@@ -546,7 +560,9 @@ def _blocked_sum(v: K.Reduce) -> bool:
         and isinstance(b.extent, int)
         and b.extent <= 64
         and not any(
-            isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(b.body)
+            isinstance(x, (K.Reduce, K.Masked, K.SoftmaxSum))
+            or (isinstance(x, K.Gather) and sym.lower_bound(x.rows) < 1)  # a branch
+            for x in K.walk(b.body)
         )
     )
 

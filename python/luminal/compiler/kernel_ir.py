@@ -443,6 +443,85 @@ def free_vars(v: Value, memo: dict[int, frozenset[str]]) -> frozenset[str]:
     return out
 
 
+# relative width of one rounding of each float dtype a range is kept for (unit roundoff,
+# doubled): a computed bound is widened by it so the range stays conservative
+_ROUNDING = {"f32": 2.0**-23, "f64": 2.0**-52, "f16": 2.0**-10, "bf16": 2.0**-7}
+Range = tuple[float, float]
+
+
+def _dtype_range(d: DType) -> Range | None:
+    if d.kind == "bool":
+        return (0, 1)
+    if d.kind == "uint":
+        return (0, 2**d.bits - 1)
+    if d.kind == "int":
+        return (-(2 ** (d.bits - 1)), 2 ** (d.bits - 1) - 1)
+    return None
+
+
+def _fit(r: Range | None, d: DType) -> Range | None:
+    """``r`` as a range of dtype ``d``: None where an integer could wrap or a float could
+    round to infinity; float bounds widened by one rounding."""
+    if r is None:
+        return None
+    lo, hi = r
+    if d.is_int or d.kind == "bool":
+        dr = _dtype_range(d)
+        return r if dr is not None and dr[0] <= lo and hi <= dr[1] else None
+    eps = _ROUNDING.get(d.name)
+    if eps is None or max(abs(lo), abs(hi)) > 2.0**100:
+        return None
+    return (lo - abs(lo) * eps, hi + abs(hi) * eps)
+
+
+def value_range(v: Value, memo: dict[int, Range | None] | None = None) -> Range | None:
+    """Bounds [lo, hi] of every value ``v`` takes, or None when unknown (float loads and
+    transcendentals are not tracked, so a tracked float is finite and never NaN). Interval
+    arithmetic: loose where operands are correlated, never too narrow. Renderers drop a
+    gather's range check when its row provably lies in range (a byte-coded table lookup)."""
+    memo = {} if memo is None else memo
+    key = id(v)
+    if key in memo:
+        return memo[key]
+    out: Range | None = None
+    if isinstance(v, Load):
+        out = _dtype_range(v.dtype)
+    elif isinstance(v, Const):
+        x = float(v.value)
+        out = _fit((x, x), v.dtype) if x == x else None
+    elif isinstance(v, IndexVal):
+        out = _fit((sym.lower_bound(v.expr), sym.upper_bound(v.expr)), v.dtype)
+    elif isinstance(v, Masked):
+        r = value_range(v.value, memo)
+        out = None if r is None else (min(r[0], 0), max(r[1], 0))
+    elif isinstance(v, Cast):
+        r = value_range(v.src, memo)
+        if v.dtype.kind == "bool":
+            out = (0, 1)
+        elif r is not None and v.dtype.is_int and not v.src.dtype.is_int:
+            out = _fit((int(r[0]), int(r[1])), v.dtype)  # C truncates toward zero
+        else:
+            out = _fit(r, v.dtype)
+    elif isinstance(v, Alu) and v.op is Op.LESS_THAN:
+        out = (0, 1)
+    elif isinstance(v, Alu) and v.op in (Op.ADD, Op.MUL, Op.MOD):
+        a, b = (value_range(s, memo) for s in v.srcs)
+        if a is not None and b is not None:
+            if v.op is Op.ADD:
+                out = _fit((a[0] + b[0], a[1] + b[1]), v.dtype)
+            elif v.op is Op.MUL:
+                ps = [x * y for x in a for y in b]
+                out = _fit((min(ps), max(ps)), v.dtype)
+            elif b[0] == b[1] != 0:  # fmod by a constant: the dividend's sign, |r| < |b|
+                m = abs(b[1]) - (1 if v.dtype.is_int else 0)
+                out = (max(a[0], -m) if a[0] < 0 else 0, min(a[1], m) if a[1] > 0 else 0)
+    elif isinstance(v, Gather):
+        r = value_range(v.body, memo)
+        out = None if r is None else (min(r[0], 0), max(r[1], 0))
+    memo[key] = out
+    return out
+
+
 def invariant_parts(
     v: Value, inner: frozenset[str], memo: dict[int, frozenset[str]], anywhere: bool = False
 ) -> list[Value]:
