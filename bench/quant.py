@@ -292,7 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "
                    "as <fmt>@q8, agreeing also with the f32-activation run")  # fmt: skip
-    p.add_argument("--json-out", help="also write the JSON line to this file")
+    p.add_argument(
+        "--json-out", help="also write the per-format details and, last, the JSON line to this file"
+    )
     p.add_argument("--quick", action="store_true",
                    help="32 tokens, 8 greedy, a short prefill, no measured search")  # fmt: skip
     a = p.parse_args(argv)

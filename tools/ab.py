@@ -75,7 +75,8 @@ def run_one(sha: str, src: Path, py: Path, bench: str, work: Path, extra: list[s
         r = subprocess.run(cmd, cwd=src, env=env, stdout=f, stderr=subprocess.STDOUT)
     if r.returncode != 0 or not out.exists():
         raise SystemExit(f"ab: {' '.join(cmd)} failed (exit {r.returncode}); see {log}")
-    return json.loads(out.read_text())
+    # the summary is the file's last line (bench/quant.py writes its details on a line above)
+    return json.loads(out.read_text().strip().splitlines()[-1])
 
 
 def _numbers(d: dict[str, object], prefix: str = "") -> dict[str, float]:
