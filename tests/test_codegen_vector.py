@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
+import luminal.functional as F
 from luminal.codegen.cpu import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.kfold import fold
@@ -107,6 +108,24 @@ def test_value_range_bounds_byte_codes_and_declines_the_unknown() -> None:
     assert K.value_range(big) is None  # may wrap in 32 bits
     neg = K.Alu(Op.MOD, (K.Cast(_ld(dt.i8), dt.i32), K.Const(10, dt.i32)), dt.i32)
     assert K.value_range(neg) == (-9, 9)  # C's remainder keeps the dividend's sign
+
+
+def test_streaming_elementwise_loops_prefetch_only_what_streams() -> None:
+    # a GELU chain over a matrix too large for the caches: the matrix is prefetched ahead, the
+    # per-column vectors (read again every row, cached) are not; a row kernel (softmax) keeps
+    # its own next-row prefetch (rows.py) and gets no stream prefetch
+    from luminal.codegen.cpu.vector import STREAM_PREFETCH
+
+    g = lm.Graph("gelu_chain")
+    x = g.input("x", (4096, 4096))
+    w, b, c = (g.input(n, (4096,)) for n in "wbc")
+    g.output("y", F.gelu(x * w + b, approximate="tanh") * c)
+    src = _sources(g)
+    assert src.count("__builtin_prefetch(") == 1
+    assert f"(4096*i0 + i1) + {STREAM_PREFETCH}]" in src
+    g = lm.Graph("softmax")
+    g.output("y", F.softmax(g.input("x", (4096, 4096)), -1))
+    assert f"+ {STREAM_PREFETCH}]" not in _sources(g)
 
 
 def test_body_with_a_comparison_declines_the_vector_form_and_stays_exact() -> None:

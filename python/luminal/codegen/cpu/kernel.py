@@ -353,6 +353,8 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                     em, k.value, inner_ix, lo, hi, "    ",
                     lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"],
                     over, always=bool(stage), advance=True,
+                    # a row kernel's row is in cache already (rows.py prefetches the next)
+                    prefetch=bool(stage) and not row_reduce and em.prefetch is None,
                 )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]

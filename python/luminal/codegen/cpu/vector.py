@@ -442,6 +442,7 @@ def vector_loop(
     over: dict[K.Value, str] | None = None,
     always: bool = False,
     advance: bool = False,
+    prefetch: bool = False,
 ) -> tuple[list[str], str] | None:
     """The vector part of a loop over ``var`` from ``lo`` to ``hi`` that computes ``value``
     per index: steps of ``LM_VL`` indices, each running ``step(vector, step variable)``
@@ -450,7 +451,9 @@ def vector_loop(
     holding an op whose vector form beats GCC's vectorization of the scalar one (``exp2``:
     ``lm_vexp2f``); None (nothing emitted) otherwise, or when the value is not covered
     (``over``: values readable as vectors already; ``always``: whatever the ops;
-    ``advance``: ``step``'s statements move the step variable on, not the loop header)."""
+    ``advance``: ``step``'s statements move the step variable on, not the loop header;
+    ``prefetch``: each step prefetches ``STREAM_PREFETCH`` elements ahead in the inputs that
+    stream, see ``_streamed``)."""
     if sym.upper_bound(var) + 1 < BLOCK_LANES:
         return None  # never a whole vector at the widest target: the scalar loop alone
     if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
@@ -467,14 +470,46 @@ def vector_loop(
     if kind != "f":
         restore()
         return None
+    ahead = []
+    if prefetch:
+        from ..cstyle import cexpr
+
+        ahead = [
+            f"{ind}  __builtin_prefetch(&{em.ptr_of(x.buf)}[{cexpr(x.index)} + {STREAM_PREFETCH}]);"
+            for x in _streamed(value, var)
+        ]
     return [
         f"{ind}int64_t {at} = {lo};",
         f"{ind}for (; {at} + LM_VL <= {hi};{'' if advance else f' {at} += LM_VL'}) {{",
         f"{ind}  const int64_t {iv} = {at};",
+        *ahead,
         *vec.lines,
         *step(x, at),
         f"{ind}}}",
     ], at
+
+
+# Elements ahead that a streaming elementwise loop prefetches its inputs: the hardware's own
+# prefetch left a GELU chain's exp2 and division waiting on memory (4096 x 4096, 2 threads:
+# 7.2 ms without; 256 ahead 5.1, 512 5.0, 1024 5.2, 2048 5.0, 4096 5.3 ms).
+STREAM_PREFETCH = 512
+
+
+def _streamed(value: K.Value, var: sym.Expr) -> list[K.Load]:
+    """Loads of ``value`` read once per element: unit-stride in the loop variable ``var`` and
+    moving with another index too (a row's vector of scales, read again every row, stays in
+    cache and is left alone)."""
+    out: dict[tuple[int, sint], K.Load] = {}
+    for x in K.walk(value):
+        if not (isinstance(x, K.Load) and isinstance(x.index, sym.Expr) and x.valid == 1):
+            continue
+        names = {v.name for v in x.index.vars() if v.extent is not None}
+        if var.name not in names or len(names) < 2 or x.dtype.packed:
+            continue
+        step = sym.add(sym.substitute(x.index, {var.name: sym.add(var, 1)}), sym.mul(x.index, -1))
+        if step == 1:
+            out.setdefault((x.buf, x.index), x)
+    return list(out.values())
 
 
 def _unroll(extent: object) -> int:
