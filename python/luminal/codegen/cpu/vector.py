@@ -506,6 +506,8 @@ def _streamed(value: K.Value, var: sym.Expr) -> list[K.Load]:
         names = {v.name for v in x.index.vars() if v.extent is not None}
         if var.name not in names or len(names) < 2 or x.dtype.packed:
             continue
+        if any(not n.startswith("_i") for n in names):
+            continue  # read inside a reduction or a gather: its variable is not in scope
         step = sym.add(sym.substitute(x.index, {var.name: sym.add(var, 1)}), sym.mul(x.index, -1))
         if step == 1:
             out.setdefault((x.buf, x.index), x)
