@@ -98,6 +98,9 @@ def test_value_range_bounds_byte_codes_and_declines_the_unknown() -> None:
     assert K.value_range(big) is None  # may wrap in 32 bits
     neg = K.Alu(Op.MOD, (K.Cast(_ld(dt.i8), dt.i32), K.Const(10, dt.i32)), dt.i32)
     assert K.value_range(neg) == (-9, 9)  # C's remainder keeps the dividend's sign
+    # f16 overflows to inf past 65504, and inf truncated to an integer is undefined
+    wide = K.Cast(K.Cast(_ld(dt.i32), dt.f16), dt.i32)
+    assert K.value_range(wide) is None
 
 
 def test_streaming_elementwise_loops_prefetch_only_what_streams() -> None:

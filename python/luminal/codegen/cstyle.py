@@ -282,8 +282,9 @@ class Emitter:
         raise TypeError(f"cannot render {v!r}")
 
     def _gather_in_range(self, v: K.Gather, row: str, ind: str) -> str:
-        """A gather whose row provably lies in range (a byte-coded table lookup): no check,
-        and a 32-bit row, so a loop around it vectorizes with 16-lane gathers."""
+        """A gather whose row provably lies in range (a byte-coded table lookup): no check and
+        a 32-bit row. GCC loads the lanes one by one (it prefers that to Zen's slower gather
+        instruction); the vector form of split sums looks tables up in registers instead."""
         at = self.tmp()
         self.lines.append(f"{ind}const int32_t g{at} = (int32_t)({row});")
         ub = max(sym.upper_bound(v.rows) - 1, 0)

@@ -444,8 +444,10 @@ def free_vars(v: Value, memo: dict[int, frozenset[str]]) -> frozenset[str]:
 
 
 # relative width of one rounding of each float dtype a range is kept for (unit roundoff,
-# doubled): a computed bound is widened by it so the range stays conservative
+# doubled): a computed bound is widened by it so the range stays conservative; and the
+# largest finite value, past which a bound could round to infinity
 _ROUNDING = {"f32": 2.0**-23, "f64": 2.0**-52, "f16": 2.0**-10, "bf16": 2.0**-7}
+_FINITE = {"f32": 3.4e38, "f64": 1.7e308, "f16": 65504.0, "bf16": 3.38e38}
 Range = tuple[float, float]
 
 
@@ -469,7 +471,7 @@ def _fit(r: Range | None, d: DType) -> Range | None:
         dr = _dtype_range(d)
         return r if dr is not None and dr[0] <= lo and hi <= dr[1] else None
     eps = _ROUNDING.get(d.name)
-    if eps is None or max(abs(lo), abs(hi)) > 2.0**100:
+    if eps is None or max(abs(lo), abs(hi)) * (1 + eps) >= _FINITE[d.name]:
         return None
     return (lo - abs(lo) * eps, hi + abs(hi) * eps)
 
