@@ -298,9 +298,7 @@ class _Vec:
                 raise _Unsupported
             if not isinstance(v.index, sym.Expr) or self.ri not in v.index.vars():
                 return load_expr(ptr, cexpr(v.index), v.dtype), "s"
-            step = sym.add(sym.substitute(v.index, {self.ri.name: sym.add(self.ri, 1)}),
-                           sym.mul(v.index, -1))  # fmt: skip
-            if step != 1:
+            if _step(v.index, self.ri) != 1:
                 raise _Unsupported
             if v.dtype in _INT_LOADS:
                 return f"lm_vload_{_INT_LOADS[v.dtype]}(&{ptr}[{cexpr(v.index)}])", "i"
@@ -495,6 +493,11 @@ def vector_loop(
 STREAM_PREFETCH = 512
 
 
+def _step(index: sint, var: sym.Expr) -> sint:
+    """How far ``index`` moves when ``var`` grows by one."""
+    return sym.add(sym.substitute(index, {var.name: sym.add(var, 1)}), sym.mul(index, -1))
+
+
 def _streamed(value: K.Value, var: sym.Expr) -> list[K.Load]:
     """Loads of ``value`` read once per element: unit-stride in the loop variable ``var`` and
     moving with another index too (a row's vector of scales, read again every row, stays in
@@ -508,8 +511,7 @@ def _streamed(value: K.Value, var: sym.Expr) -> list[K.Load]:
             continue
         if any(not n.startswith("_i") for n in names):
             continue  # read inside a reduction or a gather: its variable is not in scope
-        step = sym.add(sym.substitute(x.index, {var.name: sym.add(var, 1)}), sym.mul(x.index, -1))
-        if step == 1:
+        if _step(x.index, var) == 1:
             out.setdefault((x.buf, x.index), x)
     return list(out.values())
 
