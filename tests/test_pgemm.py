@@ -111,6 +111,28 @@ def test_pgemm_packed_weight_follows_its_buffer() -> None:
         np.testing.assert_allclose(out, 0.5 * av @ bv, rtol=1e-4, atol=1e-4)
 
 
+def test_pgemm_packed_copy_covers_a_batch_stepping_back() -> None:
+    """With a negative batch stride, B's matrices lie before b_offset: two buffers equal only
+    past it are different weights (their fingerprint covers both matrices)."""
+    k_, n_ = 24, 40
+    p = Plan()
+    a = p.add_buffer("a", "f32", Role.input, (2, 5, k_))
+    b = p.add_buffer("b", "f32", Role.input, (2, k_, n_))
+    c = p.add_buffer("c", "f32", Role.output, (2, 5, n_))
+    desc = {"m": 5, "n": n_, "k": k_, "batch": 2, "stride_a": 5 * k_, "stride_b": -k_ * n_,
+            "b_offset": k_ * n_, "stride_c": 5 * n_, "pack": 1}  # fmt: skip
+    p.steps.append(LibCall("pgemm", desc, [a, b, c]))
+    ex = runtime.load(p)
+    av = rand(2, 5, k_)
+    b1 = rand(2, k_, n_, seed=1)
+    b2 = b1.copy()
+    b2[0] = rand(k_, n_, seed=2)
+    for bv in (b1, b2):
+        got = ex.run({"a": av, "b": bv})["c"]
+        for i in range(2):
+            np.testing.assert_allclose(got[i], av[i] @ bv[1 - i], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [({"mr": 0}, "'mr' must be 1..14"), ({"mr": 15}, "'mr' must be 1..14"),

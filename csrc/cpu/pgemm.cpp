@@ -300,10 +300,12 @@ private:
     // each source buffer gets a copy of its own, copied from one of the same bytes if any: the
     // search times runs over a ring of identical inputs, and a run must read its packed B
     // as cold as its source, as a model's run does
+    // (the bytes every batch matrix reads; a negative batch stride reaches back from b_)
     const int64_t rows = v_[kTransB] ? v_[kN] : v_[kK], cols = v_[kTransB] ? v_[kK] : v_[kN];
-    const int64_t span =
-        (v_[kBatch] - 1) * std::max<int64_t>(v_[kStrideB], 0) + (rows - 1) * v_[kLdb] + cols;
-    const uint64_t h = cpu::sample_hash(b_, size_t(span) * sizeof(float), 0x5eed);
+    const int64_t reach = (v_[kBatch] - 1) * v_[kStrideB];
+    const int64_t span = std::abs(reach) + (rows - 1) * v_[kLdb] + cols;
+    const float *first = b_ + std::min<int64_t>(reach, 0);
+    const uint64_t h = cpu::sample_hash(first, size_t(span) * sizeof(float), 0x5eed);
     auto fresh = std::make_unique<PackedB>();
     fresh->src = b_;
     std::copy(shape, shape + 6, fresh->shape);
@@ -319,7 +321,7 @@ private:
       bdst_ = fresh->data.data();
       launch(&PGemm::pack_b_task, v_[kBatch] * panels_);
     }
-    if (b_is_weight_) release_source(size_t(span) * sizeof(float));
+    if (b_is_weight_) release_source(first, size_t(span) * sizeof(float));
     copies_.push_back(std::move(fresh));
     cur_ = copies_.back().get();
     size_t bytes = 0;
@@ -335,13 +337,14 @@ private:
   // packed weight is not resident twice (SmolLM2's f32 prefill weights: 415 MB). MADV_PAGEOUT
   // only reclaims: a mapped file's pages come back from the file if another step reads them,
   // anonymous memory without swap stays as it is.
-  void release_source(size_t bytes) const {
+  static void release_source(const float *src, size_t bytes) {
 #ifdef MADV_PAGEOUT
     const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-    const uintptr_t lo = (uintptr_t(b_) + page - 1) / page * page;
-    const uintptr_t hi = (uintptr_t(b_) + bytes) / page * page;
+    const uintptr_t lo = (uintptr_t(src) + page - 1) / page * page;
+    const uintptr_t hi = (uintptr_t(src) + bytes) / page * page;
     if (hi > lo) ::madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_PAGEOUT);
 #else
+    (void)src;
     (void)bytes;
 #endif
   }
