@@ -27,7 +27,9 @@ namespace {
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 // GEMM over row-major matrices: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for each
-// of `batch` matrices; strides and offsets are in elements. Args: A, B, C.
+// of `batch` matrices; strides and offsets are in elements. Args: A, B, C: all f32, all f64, or
+// A and B both f16 or both bf16 with C f32 (widened to f32 on each run: this OpenBLAS has no
+// half gemm; a product of two halves is exact in f32, so sgemm sums what a half gemm would).
 class Gemm final : public LibCallOp {
   using enum GemmDesc::Index;
 
@@ -35,24 +37,34 @@ public:
   Gemm(const Plan &plan, size_t step, cpu::ThreadPool &pool)
       : gemm_(plan.steps[step], "step " + std::to_string(step) + " (gemm)"), pool_(pool) {
     const Step &s = plan.steps[step];
-    DType t = plan.buffers[s.args[0]].dtype;
-    for (uint32_t a : s.args)
-      if (plan.buffers[a].dtype != t || (t != DType::f32 && t != DType::f64))
-        throw PlanError("step " + std::to_string(step) +
-                        " (gemm): A, B and C must all be f32 or all f64");
-    f64_ = t == DType::f64;
+    const DType a = plan.buffers[s.args[0]].dtype, b = plan.buffers[s.args[1]].dtype,
+                c = plan.buffers[s.args[2]].dtype;
+    half_ = a == b && (a == DType::f16 || a == DType::bf16) && c == DType::f32;
+    if (!half_ && !(a == b && b == c && (a == DType::f32 || a == DType::f64)))
+      throw PlanError("step " + std::to_string(step) +
+                      " (gemm): takes f32 x f32 -> f32, f64 x f64 -> f64 or bf16/f16 x the same "
+                      "-> f32, not " +
+                      dtype_name(a) + " x " + dtype_name(b) + " -> " + dtype_name(c));
+    half_type_ = a;
+    f64_ = a == DType::f64;
+    for (int i = 0; i < 3; ++i) elem_[i] = dtype_nbytes(plan.buffers[s.args[i]].dtype, 1);
     args_ = s.args;
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
-    int64_t elem = f64_ ? 8 : 4;
-    const int64_t elems[3] = {buf_bytes[args_[0]] / elem, buf_bytes[args_[1]] / elem,
-                              buf_bytes[args_[2]] / elem};
+    const int64_t elems[3] = {buf_bytes[args_[0]] / elem_[0], buf_bytes[args_[1]] / elem_[1],
+                              buf_bytes[args_[2]] / elem_[2]};
     GemmDesc::Bound b = gemm_.bind(vals, elems);
     b.merge_shared_b();
     std::memcpy(v_, b.v, sizeof v_);
     alpha_ = b.alpha;
     beta_ = b.beta;
+    if (!half_) return;
+    const int64_t *v = v_;
+    span(v[kTransA] ? v[kK] : v[kM], v[kTransA] ? v[kM] : v[kK], v[kLda], v[kStrideA], v[kOffA],
+         wide_[0]);
+    span(v[kTransB] ? v[kN] : v[kK], v[kTransB] ? v[kK] : v[kN], v[kLdb], v[kStrideB], v[kOffB],
+         wide_[1]);
   }
 
   // The gemm runs on our pool, OpenBLAS single-threaded inside each part: OpenBLAS's own
@@ -66,11 +78,23 @@ public:
     split_rows_ = m > n; // each part packs all of the other operand: duplicate the smaller
     int64_t extent = split_rows_ ? m : n;
     int64_t want = std::min<int64_t>(pool_.size(), (extent + 15) / 16);
-    if (2 * m * n * v_[kK] < (int64_t(1) << 18)) want = 1; // too small to be worth a handoff
+    const bool small = 2 * m * n * v_[kK] < (int64_t(1) << 18); // not worth a handoff
+    if (small) want = 1;
     part_ = (extent + want - 1) / want;
     part_ = (part_ + 15) / 16 * 16;
     parts_ = (extent + part_ - 1) / part_;
     void *targs[4] = {this, args[0], args[1], args[2]};
+    if (half_ && batch > 0) {
+      for (int i = 0; i < 2; ++i) wide_[i].src = static_cast<const char *>(args[i]);
+      const int64_t chunks = (wide_[0].len + kWidenChunk - 1) / kWidenChunk +
+                             (wide_[1].len + kWidenChunk - 1) / kWidenChunk;
+      if (small || chunks == 1)
+        widen_task(targs, nullptr, 0, chunks);
+      else
+        pool_.run(&Gemm::widen_task, targs, nullptr, chunks, 1);
+      targs[1] = wide_[0].buf.data();
+      targs[2] = wide_[1].buf.data();
+    }
     if (batch * parts_ == 1)
       task(targs, nullptr, 0, 1);
     else
@@ -85,8 +109,9 @@ public:
   void part(void *const *args, int64_t i, int64_t p) const {
     const int64_t *v = v_;
     int64_t lo = p * part_, m = v[kM], n = v[kN];
-    int64_t oa = v[kOffA] + i * v[kStrideA], ob = v[kOffB] + i * v[kStrideB],
-            oc = v[kOffC] + i * v[kStrideC];
+    // a widened operand's copy starts at the first element its descriptor reads
+    int64_t oa = v[kOffA] + i * v[kStrideA] - wide_[0].first,
+            ob = v[kOffB] + i * v[kStrideB] - wide_[1].first, oc = v[kOffC] + i * v[kStrideC];
     if (split_rows_) { // rows lo.. of C and of op(A)
       m = std::min(part_, v[kM] - lo);
       oa += v[kTransA] ? lo : lo * v[kLda];
@@ -110,13 +135,46 @@ public:
   }
 
 private:
+  static constexpr int64_t kWidenChunk = int64_t(1) << 16;
+
+  // A half operand and its f32 copy: elements [first, first + len) of its buffer, the span
+  // that its descriptor reads (gaps between rows and matrices included).
+  struct Widened {
+    int64_t first = 0, len = 0;
+    const char *src = nullptr; // the buffer, set by run
+    std::vector<float> buf;
+  };
+
+  // The span of `batch` matrices of rows x cols (leading dimension ld) `stride` apart from off.
+  void span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t off, Widened &w) const {
+    const int64_t reach = (v_[kBatch] - 1) * stride;
+    const bool empty = rows == 0 || cols == 0 || v_[kBatch] == 0 || v_[kM] == 0 || v_[kN] == 0;
+    w.first = empty ? 0 : off + std::min<int64_t>(reach, 0);
+    w.len = empty ? 0 : off + std::max<int64_t>(reach, 0) + (rows - 1) * ld + cols - w.first;
+    w.buf.resize(size_t(w.len)); // kept across runs: only grows
+  }
+
+  // Chunks of kWidenChunk elements of A's span, then of B's.
+  static void widen_task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
+    Gemm &g = *static_cast<Gemm *>(targs[0]);
+    const int64_t a_chunks = (g.wide_[0].len + kWidenChunk - 1) / kWidenChunk;
+    for (int64_t t = begin; t < end; ++t) {
+      Widened &w = g.wide_[t < a_chunks ? 0 : 1];
+      const int64_t lo = (t < a_chunks ? t : t - a_chunks) * kWidenChunk;
+      widen_to_f32(g.half_type_, w.src + (w.first + lo) * 2, w.buf.data() + lo,
+                   std::min(kWidenChunk, w.len - lo));
+    }
+  }
+
   GemmDesc gemm_;
   cpu::ThreadPool &pool_;
-  bool f64_ = false;
-  std::vector<const Field *> fields_;
+  bool f64_ = false, half_ = false;
+  DType half_type_ = DType::f32;
+  int64_t elem_[3] = {4, 4, 4}; // bytes per element of A, B, C
   std::vector<uint32_t> args_;
   int64_t v_[GemmDesc::kNum] = {};
   double alpha_ = 1.0, beta_ = 0.0;
+  Widened wide_[2]; // A, B when they are half
   // the current run's partition (set by run before the parts start)
   bool split_rows_ = true;
   int64_t part_ = 1, parts_ = 1;

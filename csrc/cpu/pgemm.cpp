@@ -1,10 +1,10 @@
 // The `pgemm` library call: the `gemm` product (gemm_desc.hpp: C[i] = alpha * op(A[i]) @ op(B[i])
-// + beta * C[i], f32) by luminal's own register-blocked kernel instead of OpenBLAS, its schedule
-// in descriptor fields that the search measures (targets/cpu.py offers the variants):
+// + beta * C[i]) by luminal's own register-blocked kernel instead of OpenBLAS, its schedule in
+// descriptor fields that the search measures (targets/cpu.py offers the variants):
 //   mr    rows of C per micro-tile, 1..14: the tile's mr x 32 sums live in 2 * mr registers
 //   mc    rows of C per task, rounded up to a multiple of mr (0 or absent: all of M)
 //   kc    depth of one pass over a task's tiles (0 or absent: all of K): a panel of B that
-//         deep is read from L1 by every tile of the task
+//         deep is read from L1 by every tile of the task (bf16 pairs: rounded up to even)
 //   pack  1: B holds the same values on every run (a plan weight): packed on the first run
 //         from each source buffer and kept; 0 or absent: packed on every run
 //   pack_a 0: A's rows read in place (needs trans_a 0); 1 or absent: A packed on every run
@@ -13,8 +13,18 @@
 // micro-kernel reads both sequentially whatever the operands' strides and transposes; read in
 // place, A costs no copy (a pass over all of A, 8% of a 2048-row product's time) but mr
 // streams of its rows.
+//
+// Operands: A and B f32, or both bf16 or both f16; C f32, sums in f32. bf16 on a CPU with
+// AVX512_BF16 keeps bf16 in its packed copies: a panel row and a tile row hold a depth pair
+// (2q, 2q+1) as one 32-bit word (zero past an odd K), multiplied by vdpbf16ps, which adds both
+// products of a pair into an f32 lane (twice the multiply-adds of an f32 FMA per instruction).
+// That instruction treats subnormal bf16 inputs and subnormal results as zero. Otherwise (f16,
+// or bf16 without AVX512_BF16 or with LUMINAL_PGEMM_ISA=portable) the operands are widened to
+// f32 while packing and the f32 kernel runs; such an A is always packed (pack_a 0 is taken as
+// 1), since the kernel reads f32.
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -43,28 +53,104 @@ constexpr int64_t kParallelWork = int64_t(1) << 17;
 // this many bytes the oldest are dropped (the search's rings hold at most 96 MB of inputs,
 // RING_MAX_BYTES in targets/cpu.py).
 constexpr size_t kMaxCopyBytes = size_t(256) << 20;
+// Half values widened per step of a packing loop (a stack buffer).
+constexpr int64_t kWidenChunk = 256;
+
+// ---- half -> f32
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t bits;
+  if (e == 0x1f)
+    bits = sign | 0x7f800000u | (m << 13);
+  else if (e != 0)
+    bits = sign | ((e + 112) << 23) | (m << 13);
+  else if (m == 0)
+    bits = sign;
+  else { // subnormal: m * 2^-24, a normal f32
+    const float f = float(m) * 0x1p-24f;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+using WidenFn = void (*)(const void *src, float *dst, int64_t n);
+
+void widen_f16_portable(const void *src, float *dst, int64_t n) {
+  const auto *s = static_cast<const uint16_t *>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+}
+
+void widen_bf16_portable(const void *src, float *dst, int64_t n) {
+  const auto *s = static_cast<const uint16_t *>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f")
+// (the maskz forms: GCC 12 warns that the plain ones' _mm512_undefined may be uninitialized)
+void widen_f16_avx512(const void *src, float *dst, int64_t n) {
+  const auto *s = static_cast<const uint16_t *>(src);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + i));
+    _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(__mmask16(0xffff), h));
+  }
+  for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+}
+
+void widen_bf16_avx512(const void *src, float *dst, int64_t n) { // vectorized by the compiler
+  const auto *s = static_cast<const uint16_t *>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+}
+#pragma GCC pop_options
+
+bool has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+}
+
+WidenFn pick_widen(DType t, bool wide) {
+  if (t == DType::f16)
+    return wide && __builtin_cpu_supports("f16c") ? widen_f16_avx512 : widen_f16_portable;
+  return wide ? widen_bf16_avx512 : widen_bf16_portable;
+}
+
+// ---- packed buffers
 
 struct FreeDeleter {
-  void operator()(float *p) const { pack_free(p); }
+  void operator()(void *p) const { pack_free(p); }
 };
 
-// 64-byte aligned floats (a panel row is one cache line).
-class FloatBuf {
+// 64-byte aligned 32-bit words (a panel row is one cache line): f32 values, or bf16 pairs.
+class WordBuf {
 public:
-  float *data() const { return p_.get(); }
+  template <class T = float> T *data() const { return static_cast<T *>(p_.get()); }
   size_t size() const { return n_; }
   void reserve(size_t n) {
     if (n <= n_) return;
-    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    p_.reset(static_cast<float *>(pack_alloc(bytes)));
+    size_t bytes = (n * 4 + 63) / 64 * 64;
+    p_.reset(pack_alloc(bytes));
     if (!p_) throw Error("out of memory packing a gemm operand (" + std::to_string(bytes) + " B)");
     n_ = n;
   }
 
 private:
-  std::unique_ptr<float, FreeDeleter> p_;
+  std::unique_ptr<void, FreeDeleter> p_;
   size_t n_ = 0;
 };
+
+// ---- packing, f32 layout: panel row p and tile row p hold depth p
 
 // Panels [p0, p1) of op(B) (k x n) into dst, each k * kNr floats.
 void pack_b(const float *b, int64_t ldb, bool tb, int64_t k, int64_t n, int64_t p0, int64_t p1,
@@ -87,6 +173,30 @@ void pack_b(const float *b, int64_t ldb, bool tb, int64_t k, int64_t n, int64_t 
   }
 }
 
+// The same from half values (b in elements of 2 bytes), widened by `widen`.
+void pack_b_widen(const uint16_t *b, int64_t ldb, bool tb, int64_t k, int64_t n, int64_t p0,
+                  int64_t p1, float *dst, WidenFn widen) {
+  float tmp[kWidenChunk];
+  for (int64_t p = p0; p < p1; ++p) {
+    float *d = dst + p * k * kNr;
+    const int64_t c0 = p * kNr, cols = std::min<int64_t>(kNr, n - c0);
+    if (!tb) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        widen(b + kk * ldb + c0, d + kk * kNr, cols);
+        std::fill(d + kk * kNr + cols, d + (kk + 1) * kNr, 0.f);
+      }
+      continue;
+    }
+    if (cols < kNr) std::fill(d, d + k * kNr, 0.f);
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t k0 = 0; k0 < k; k0 += kWidenChunk) {
+        const int64_t len = std::min(kWidenChunk, k - k0);
+        widen(b + (c0 + j) * ldb + k0, tmp, len);
+        for (int64_t kk = 0; kk < len; ++kk) d[(k0 + kk) * kNr + j] = tmp[kk];
+      }
+  }
+}
+
 // Micro-tiles [t0, t1) of mr rows of op(A) (m x k) into dst: tile t starts at dst + t * mr * k
 // and holds its rr = min(mr, m - t * mr) rows interleaved (depth p at p * rr).
 void pack_a(const float *a, int64_t lda, bool ta, int64_t m, int64_t k, int64_t mr, int64_t t0,
@@ -106,20 +216,109 @@ void pack_a(const float *a, int64_t lda, bool ta, int64_t m, int64_t k, int64_t 
   }
 }
 
+void pack_a_widen(const uint16_t *a, int64_t lda, bool ta, int64_t m, int64_t k, int64_t mr,
+                  int64_t t0, int64_t t1, float *dst, WidenFn widen) {
+  float tmp[kWidenChunk];
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t r0 = t * mr, rr = std::min(mr, m - r0);
+    float *d = dst + r0 * k;
+    if (ta) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        widen(a + kk * lda + r0, tmp, rr);
+        for (int64_t r = 0; r < rr; ++r) d[kk * rr + r] = tmp[r];
+      }
+    } else {
+      for (int64_t r = 0; r < rr; ++r)
+        for (int64_t k0 = 0; k0 < k; k0 += kWidenChunk) {
+          const int64_t len = std::min(kWidenChunk, k - k0);
+          widen(a + (r0 + r) * lda + k0, tmp, len);
+          for (int64_t kk = 0; kk < len; ++kk) d[(k0 + kk) * rr + r] = tmp[kk];
+        }
+    }
+  }
+}
+
+// ---- packing, bf16 pair layout: panel row q and tile row q hold depths (2q, 2q + 1), the
+// first in the low half of a word; a missing second depth (odd K) is 0
+
+uint32_t pair(uint16_t lo, uint16_t hi) {
+  return uint32_t(lo) | uint32_t(hi) << 16;
+}
+
+uint32_t load_pair(const uint16_t *p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+// Panels [p0, p1) of op(B) into dst, each (k + 1) / 2 * kNr words.
+void pack_b_pairs(const uint16_t *b, int64_t ldb, bool tb, int64_t k, int64_t n, int64_t p0,
+                  int64_t p1, uint32_t *dst) {
+  const int64_t kp = (k + 1) / 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    uint32_t *d = dst + p * kp * kNr;
+    const int64_t c0 = p * kNr, cols = std::min<int64_t>(kNr, n - c0);
+    if (cols < kNr) std::fill(d, d + kp * kNr, 0u);
+    if (!tb) {
+      for (int64_t q = 0; q < kp; ++q) {
+        const uint16_t *lo = b + 2 * q * ldb + c0;
+        if (2 * q + 1 < k)
+          for (int64_t j = 0; j < cols; ++j) d[q * kNr + j] = pair(lo[j], lo[ldb + j]);
+        else
+          for (int64_t j = 0; j < cols; ++j) d[q * kNr + j] = lo[j];
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint16_t *s = b + (c0 + j) * ldb;
+      for (int64_t q = 0; q < k / 2; ++q) d[q * kNr + j] = load_pair(s + 2 * q);
+      if (k % 2) d[(kp - 1) * kNr + j] = s[k - 1];
+    }
+  }
+}
+
+// Micro-tiles [t0, t1) of op(A): tile t starts at dst + t * mr * kp words, row q of its rr rows
+// at q * rr.
+void pack_a_pairs(const uint16_t *a, int64_t lda, bool ta, int64_t m, int64_t k, int64_t mr,
+                  int64_t t0, int64_t t1, uint32_t *dst) {
+  const int64_t kp = (k + 1) / 2;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t r0 = t * mr, rr = std::min(mr, m - r0);
+    uint32_t *d = dst + r0 * kp;
+    if (ta) {
+      for (int64_t q = 0; q < kp; ++q) {
+        const uint16_t *lo = a + 2 * q * lda + r0;
+        for (int64_t r = 0; r < rr; ++r)
+          d[q * rr + r] = 2 * q + 1 < k ? pair(lo[r], lo[lda + r]) : lo[r];
+      }
+    } else {
+      for (int64_t r = 0; r < rr; ++r) {
+        const uint16_t *s = a + (r0 + r) * lda;
+        for (int64_t q = 0; q < k / 2; ++q) d[q * rr + r] = load_pair(s + 2 * q);
+        if (k % 2) d[(kp - 1) * rr + r] = s[k - 1];
+      }
+    }
+  }
+}
+
+// ---- micro-kernels
+
 // One micro-tile: C[0..R, 0..cols) = alpha * (tile @ panel) + beta * C over depth kd; C is
-// not read when beta is 0. The tile's value at row r, depth p is ap[p * R + r] when A is
-// packed (Direct false; lda unused), ap[r * lda + p] when A is read in place.
-using MicroFn = void (*)(const float *ap, int64_t lda, const float *bp, int64_t kd, float *c,
+// not read when beta is 0. f32: the tile's value at row r, depth p is ap[p * R + r] when A is
+// packed (Direct false; lda unused), ap[r * lda + p] when A is read in place. bf16 pairs: the
+// word of row r, pair q is ap[q * R + r] packed, the bf16 values at ap[r * lda + 2q] in place.
+using MicroFn = void (*)(const void *ap, int64_t lda, const void *bp, int64_t kd, float *c,
                          int64_t ldc, int cols, float alpha, float beta);
 
 template <int R, bool Direct>
-void micro_portable(const float *ap, int64_t lda, const float *bp, int64_t kd, float *c,
-                    int64_t ldc, int cols, float alpha, float beta) {
+void micro_portable(const void *a, int64_t lda, const void *b, int64_t kd, float *c, int64_t ldc,
+                    int cols, float alpha, float beta) {
+  const float *ap = static_cast<const float *>(a), *bp = static_cast<const float *>(b);
   float acc[R][kNr] = {};
   for (int64_t p = 0; p < kd; ++p, bp += kNr)
     for (int r = 0; r < R; ++r) {
-      const float a = Direct ? ap[r * lda + p] : ap[p * R + r];
-      for (int j = 0; j < kNr; ++j) acc[r][j] += a * bp[j];
+      const float av = Direct ? ap[r * lda + p] : ap[p * R + r];
+      for (int j = 0; j < kNr; ++j) acc[r][j] += av * bp[j];
     }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < cols; ++j) {
@@ -130,21 +329,10 @@ void micro_portable(const float *ap, int64_t lda, const float *bp, int64_t kd, f
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f")
-template <int R, bool Direct>
-void micro_avx512(const float *ap, int64_t lda, const float *bp, int64_t kd, float *c, int64_t ldc,
-                  int cols, float alpha, float beta) {
-  __m512 acc[R][2];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kd; ++p, bp += kNr) {
-    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(Direct ? ap[r * lda + p] : ap[p * R + r]);
-      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
-    }
-  }
+// C's rows from a tile's sums: alpha * acc + beta * C, the first `cols` columns.
+template <int R>
+__attribute__((always_inline)) inline void store_tile(__m512 (&acc)[R][2], float *c, int64_t ldc,
+                                                      int cols, float alpha, float beta) {
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32   ? __mmask16(0xffff)
                        : cols <= 16 ? __mmask16(0)
@@ -162,35 +350,89 @@ void micro_avx512(const float *ap, int64_t lda, const float *bp, int64_t kd, flo
     _mm512_mask_storeu_ps(row + 16, m1, v1);
   }
 }
+
+template <int R, bool Direct>
+void micro_avx512(const void *a, int64_t lda, const void *b, int64_t kd, float *c, int64_t ldc,
+                  int cols, float alpha, float beta) {
+  const float *ap = static_cast<const float *>(a), *bp = static_cast<const float *>(b);
+  __m512 acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kd; ++p, bp += kNr) {
+    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(Direct ? ap[r * lda + p] : ap[p * R + r]);
+      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  store_tile<R>(acc, c, ldc, cols, alpha, beta);
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bf16")
+template <int R, bool Direct>
+void micro_bf16(const void *a, int64_t lda, const void *b, int64_t kd, float *c, int64_t ldc,
+                int cols, float alpha, float beta) {
+  const auto *bp = static_cast<const uint32_t *>(b);
+  __m512 acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  // in place, a last odd depth is read alone (its pair would run past the row's end)
+  const int64_t pairs = Direct ? kd / 2 : (kd + 1) / 2;
+  auto step = [&](const uint32_t *words, int64_t q, auto word) {
+    const __m512i b0 = _mm512_load_si512(words), b1 = _mm512_load_si512(words + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(int(word(r, q)));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)b0, (__m512bh)av);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)b1, (__m512bh)av);
+    }
+  };
+  if constexpr (Direct) {
+    const auto *ap = static_cast<const uint16_t *>(a);
+    for (int64_t q = 0; q < pairs; ++q, bp += kNr)
+      step(bp, q, [&](int r, int64_t qq) { return load_pair(ap + r * lda + 2 * qq); });
+    if (kd % 2) step(bp, pairs, [&](int r, int64_t) { return uint32_t(ap[r * lda + kd - 1]); });
+  } else {
+    const auto *ap = static_cast<const uint32_t *>(a);
+    for (int64_t q = 0; q < pairs; ++q, bp += kNr)
+      step(bp, q, [&](int r, int64_t qq) { return ap[qq * R + r]; });
+  }
+  store_tile<R>(acc, c, ldc, cols, alpha, beta);
+}
 #pragma GCC pop_options
 
 using MicroTable = std::array<MicroFn, kMaxMr + 1>; // by rows; [0] unused
 
-template <bool Direct, int... R>
-constexpr MicroTable table(bool wide, std::integer_sequence<int, R...>) {
-  return {nullptr, (wide ? &micro_avx512<R + 1, Direct> : &micro_portable<R + 1, Direct>)...};
+enum class Kernel { portable, avx512, bf16 };
+
+template <Kernel K, bool Direct, int... R>
+constexpr MicroTable table(std::integer_sequence<int, R...>) {
+  if constexpr (K == Kernel::bf16)
+    return {nullptr, &micro_bf16<R + 1, Direct>...};
+  else if constexpr (K == Kernel::avx512)
+    return {nullptr, &micro_avx512<R + 1, Direct>...};
+  else
+    return {nullptr, &micro_portable<R + 1, Direct>...};
 }
 
-// By the CPU's features, for packed A ([0]) and A read in place ([1]); LUMINAL_PGEMM_ISA=portable
-// forces the plain loops (tests compare).
-const MicroTable *pick_micro() {
+// Tables for packed A ([0]) and A read in place ([1]).
+template <Kernel K> const MicroTable *tables() {
   using Rows = std::make_integer_sequence<int, kMaxMr>;
-  static const MicroTable wide[2] = {table<false>(true, Rows{}), table<true>(true, Rows{})};
-  static const MicroTable portable[2] = {table<false>(false, Rows{}), table<true>(false, Rows{})};
-  const char *force = std::getenv("LUMINAL_PGEMM_ISA");
-  __builtin_cpu_init();
-  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  if (!avx512 || (force && std::string(force) == "portable")) return portable;
-  return wide;
+  static const MicroTable t[2] = {table<K, false>(Rows{}), table<K, true>(Rows{})};
+  return t;
 }
 
 // A packed B kept across runs (pack = 1): the buffer and layout it came from, a fingerprint of
 // its bytes, the panels of every batch matrix.
 struct PackedB {
-  const float *src = nullptr;
+  const void *src = nullptr;
   int64_t shape[6] = {}; // k, n, ldb, trans_b, batch, stride_b
   uint64_t hash = 0;
-  FloatBuf data;
+  WordBuf data;
 };
 
 class PGemm final : public LibCallOp {
@@ -199,12 +441,25 @@ class PGemm final : public LibCallOp {
 public:
   PGemm(const Plan &plan, size_t step, cpu::ThreadPool &pool)
       : at_("step " + std::to_string(step) + " (pgemm)"),
-        gemm_(plan.steps[step], at_, {"mr", "mc", "kc", "pack", "pack_a"}), pool_(pool),
-        micro_(pick_micro()) {
+        gemm_(plan.steps[step], at_, {"mr", "mc", "kc", "pack", "pack_a"}), pool_(pool) {
     const Step &s = plan.steps[step];
-    for (uint32_t a : s.args)
-      if (plan.buffers[a].dtype != DType::f32)
-        throw PlanError(at_ + ": A, B and C must all be f32");
+    const DType ta = plan.buffers[s.args[0]].dtype, tb = plan.buffers[s.args[1]].dtype,
+                tc = plan.buffers[s.args[2]].dtype;
+    const bool half = ta == DType::f16 || ta == DType::bf16;
+    if (ta != tb || tc != DType::f32 || (ta != DType::f32 && !half))
+      throw PlanError(at_ + ": takes f32 x f32 -> f32 or bf16/f16 x the same -> f32, not " +
+                      dtype_name(ta) + " x " + dtype_name(tb) + " -> " + dtype_name(tc));
+    elem_ = half ? 2 : 4;
+    // LUMINAL_PGEMM_ISA=portable forces the plain loops (tests compare)
+    const char *force = std::getenv("LUMINAL_PGEMM_ISA");
+    const bool wide = has_avx512() && !(force && std::string(force) == "portable");
+    if (wide && ta == DType::bf16 && __builtin_cpu_supports("avx512bf16")) {
+      micro_ = tables<Kernel::bf16>();
+      dpw_ = 2;
+    } else {
+      micro_ = wide ? tables<Kernel::avx512>() : tables<Kernel::portable>();
+      if (half) widen_ = pick_widen(ta, wide);
+    }
     for (const Field &f : s.fields) {
       int i = f.name == "mr"       ? 0
               : f.name == "mc"     ? 1
@@ -223,7 +478,7 @@ public:
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
-    const int64_t elems[3] = {buf_bytes[args_[0]] / 4, buf_bytes[args_[1]] / 4,
+    const int64_t elems[3] = {buf_bytes[args_[0]] / elem_, buf_bytes[args_[1]] / elem_,
                               buf_bytes[args_[2]] / 4};
     GemmDesc::Bound b = gemm_.bind(vals, elems);
     b.merge_shared_b();
@@ -243,9 +498,10 @@ public:
     mr_ = s[0];
     const int64_t m = v_[kM], k = v_[kK];
     mc_ = s[1] == 0 || s[1] >= m ? std::max<int64_t>(m, 1) : (s[1] + mr_ - 1) / mr_ * mr_;
-    kc_ = s[2] == 0 || s[2] >= k ? std::max<int64_t>(k, 1) : s[2];
+    // a pass starts on a pair
+    kc_ = s[2] == 0 || s[2] >= k ? std::max<int64_t>(k, 1) : (s[2] + dpw_ - 1) / dpw_ * dpw_;
     keep_b_ = s[3] == 1;
-    direct_a_ = s[4] == 0;
+    direct_a_ = s[4] == 0 && !widen_;
   }
 
   void run(void *const *args) override {
@@ -260,8 +516,9 @@ public:
         }
       return;
     }
-    a_ = static_cast<const float *>(args[0]) + v_[kOffA];
-    b_ = static_cast<const float *>(args[1]) + v_[kOffB];
+    a_ = static_cast<const char *>(args[0]) + v_[kOffA] * elem_;
+    b_ = static_cast<const char *>(args[1]) + v_[kOffB] * elem_;
+    kb_ = (k + dpw_ - 1) / dpw_;
     panels_ = (n + kNr - 1) / kNr;
     tiles_ = (m + mr_ - 1) / mr_;
     mblocks_ = (m + mc_ - 1) / mc_;
@@ -269,12 +526,12 @@ public:
     if (keep_b_) {
       bp_ = packed_b();
     } else {
-      b_pack_.reserve(size_t(batch * panels_ * k * kNr));
-      bp_ = bdst_ = b_pack_.data();
+      b_pack_.reserve(size_t(batch * panels_ * kb_ * kNr));
+      bp_ = bdst_ = b_pack_.data<uint32_t>();
       launch(&PGemm::pack_b_task, batch * panels_);
     }
     if (!direct_a_) {
-      a_pack_.reserve(size_t(batch * m * k));
+      a_pack_.reserve(size_t(batch * m * kb_));
       launch(&PGemm::pack_a_task, batch * tiles_);
     }
     launch(&PGemm::task, batch * mblocks_ * panels_);
@@ -289,14 +546,14 @@ private:
       fn(targs, nullptr, 0, tasks);
   }
 
-  const float *packed_b() {
+  const uint32_t *packed_b() {
     const int64_t shape[6] = {v_[kK], v_[kN], v_[kLdb], v_[kTransB], v_[kBatch], v_[kStrideB]};
     auto same = [&](const PackedB &p) {
       return p.src == b_ && std::equal(shape, shape + 6, p.shape);
     };
-    if (cur_ && same(*cur_)) return cur_->data.data();
+    if (cur_ && same(*cur_)) return cur_->data.data<uint32_t>();
     for (auto &p : copies_)
-      if (same(*p)) return (cur_ = p.get())->data.data();
+      if (same(*p)) return (cur_ = p.get())->data.data<uint32_t>();
     // each source buffer gets a copy of its own, copied from one of the same bytes if any: the
     // search times runs over a ring of identical inputs, and a run must read its packed B
     // as cold as its source, as a model's run does
@@ -304,40 +561,41 @@ private:
     const int64_t rows = v_[kTransB] ? v_[kN] : v_[kK], cols = v_[kTransB] ? v_[kK] : v_[kN];
     const int64_t reach = (v_[kBatch] - 1) * v_[kStrideB];
     const int64_t span = std::abs(reach) + (rows - 1) * v_[kLdb] + cols;
-    const float *first = b_ + std::min<int64_t>(reach, 0);
-    const uint64_t h = cpu::sample_hash(first, size_t(span) * sizeof(float), 0x5eed);
+    const char *first = b_ + std::min<int64_t>(reach, 0) * elem_;
+    const size_t span_bytes = size_t(span) * size_t(elem_);
+    const uint64_t h = cpu::sample_hash(first, span_bytes, 0x5eed);
     auto fresh = std::make_unique<PackedB>();
     fresh->src = b_;
     std::copy(shape, shape + 6, fresh->shape);
     fresh->hash = h;
-    const size_t count = size_t(v_[kBatch] * panels_ * v_[kK] * kNr);
+    const size_t count = size_t(v_[kBatch] * panels_ * kb_ * kNr);
     fresh->data.reserve(count);
     const PackedB *twin = nullptr;
     for (auto &p : copies_)
       if (p->hash == h && std::equal(shape, shape + 6, p->shape)) twin = p.get();
     if (twin) {
-      std::memcpy(fresh->data.data(), twin->data.data(), count * sizeof(float));
+      std::memcpy(fresh->data.data<uint32_t>(), twin->data.data<uint32_t>(), count * 4);
     } else {
-      bdst_ = fresh->data.data();
+      bdst_ = fresh->data.data<uint32_t>();
       launch(&PGemm::pack_b_task, v_[kBatch] * panels_);
     }
-    if (b_is_weight_) release_source(first, size_t(span) * sizeof(float));
+    if (b_is_weight_) release_source(first, span_bytes);
     copies_.push_back(std::move(fresh));
     cur_ = copies_.back().get();
     size_t bytes = 0;
-    for (auto &p : copies_) bytes += p->data.size() * sizeof(float);
+    for (auto &p : copies_) bytes += p->data.size() * 4;
     while (copies_.size() > 1 && bytes > kMaxCopyBytes) {
-      bytes -= copies_.front()->data.size() * sizeof(float);
+      bytes -= copies_.front()->data.size() * 4;
       copies_.erase(copies_.begin());
     }
-    return cur_->data.data();
+    return cur_->data.data<uint32_t>();
   }
 
   // A plan weight's pages are not read by this call again: let the kernel reclaim them, so a
   // packed weight is not resident twice (SmolLM2's f32 prefill weights: 415 MB). MADV_PAGEOUT
   // only reclaims: a mapped file's pages come back from the file if another step reads them,
   // anonymous memory without swap stays as it is.
-  static void release_source(const float *src, size_t bytes) {
+  static void release_source(const char *src, size_t bytes) {
 #ifdef MADV_PAGEOUT
     const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
     const uintptr_t lo = (uintptr_t(src) + page - 1) / page * page;
@@ -354,8 +612,17 @@ private:
     const int64_t *v = g.v_;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / g.panels_, p = t % g.panels_;
-      pack_b(g.b_ + i * v[kStrideB], v[kLdb], v[kTransB], v[kK], v[kN], p, p + 1,
-             g.bdst_ + i * g.panels_ * v[kK] * kNr);
+      const char *src = g.b_ + i * v[kStrideB] * g.elem_;
+      uint32_t *dst = g.bdst_ + i * g.panels_ * g.kb_ * kNr;
+      const auto *half = reinterpret_cast<const uint16_t *>(src);
+      auto *f = reinterpret_cast<float *>(dst);
+      if (g.dpw_ == 2)
+        pack_b_pairs(half, v[kLdb], v[kTransB], v[kK], v[kN], p, p + 1, dst);
+      else if (g.widen_)
+        pack_b_widen(half, v[kLdb], v[kTransB], v[kK], v[kN], p, p + 1, f, g.widen_);
+      else
+        pack_b(reinterpret_cast<const float *>(src), v[kLdb], v[kTransB], v[kK], v[kN], p, p + 1,
+               f);
     }
   }
 
@@ -364,31 +631,44 @@ private:
     const int64_t *v = g.v_;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / g.tiles_, tile = t % g.tiles_;
-      pack_a(g.a_ + i * v[kStrideA], v[kLda], v[kTransA], v[kM], v[kK], g.mr_, tile, tile + 1,
-             g.a_pack_.data() + i * v[kM] * v[kK]);
+      const char *src = g.a_ + i * v[kStrideA] * g.elem_;
+      uint32_t *dst = g.a_pack_.data<uint32_t>() + i * v[kM] * g.kb_;
+      const auto *half = reinterpret_cast<const uint16_t *>(src);
+      auto *f = reinterpret_cast<float *>(dst);
+      if (g.dpw_ == 2)
+        pack_a_pairs(half, v[kLda], v[kTransA], v[kM], v[kK], g.mr_, tile, tile + 1, dst);
+      else if (g.widen_)
+        pack_a_widen(half, v[kLda], v[kTransA], v[kM], v[kK], g.mr_, tile, tile + 1, f, g.widen_);
+      else
+        pack_a(reinterpret_cast<const float *>(src), v[kLda], v[kTransA], v[kM], v[kK], g.mr_, tile,
+               tile + 1, f);
     }
   }
 
-  // Task t: batch matrix i, rows [mb * mc, ...) of C, panel p.
+  // Task t: batch matrix i, rows [mb * mc, ...) of C, panel p. Offsets into packed operands are
+  // in 32-bit words (a word: one depth of f32, or a bf16 pair; dpw_ depths per word).
   static void task(void *const *targs, const int64_t *, int64_t begin, int64_t end) {
     const PGemm &g = *static_cast<const PGemm *>(targs[0]);
     const int64_t *v = g.v_;
-    const int64_t m = v[kM], n = v[kN], k = v[kK], per = g.mblocks_ * g.panels_;
+    const int64_t m = v[kM], n = v[kN], k = v[kK], kb = g.kb_, per = g.mblocks_ * g.panels_;
+    const MicroFn *micro = g.micro_[g.direct_a_].data();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / per, mb = t % per / g.panels_, p = t % g.panels_;
-      const float *ap = g.direct_a_ ? g.a_ + i * v[kStrideA] : g.a_pack_.data() + i * m * k;
-      const MicroFn *micro = g.micro_[g.direct_a_].data();
-      const float *bp = g.bp_ + (i * g.panels_ + p) * k * kNr;
+      const char *ad = g.a_ + i * v[kStrideA] * g.elem_; // A in place
+      const uint32_t *ap = g.a_pack_.data<uint32_t>() + i * m * kb;
+      const uint32_t *bp = g.bp_ + (i * g.panels_ + p) * kb * kNr;
       float *c = g.c_ + i * v[kStrideC] + p * kNr;
       const int cols = int(std::min<int64_t>(kNr, n - p * kNr));
       const int64_t r0 = mb * g.mc_, r1 = std::min(m, r0 + g.mc_);
       for (int64_t k0 = 0; k0 < k; k0 += g.kc_) {
-        const int64_t kd = std::min(g.kc_, k - k0);
+        const int64_t kd = std::min(g.kc_, k - k0), w0 = k0 / g.dpw_;
         const float beta = k0 == 0 ? g.beta_ : 1.f;
         for (int64_t r = r0; r < r1; r += g.mr_) {
           const int64_t rr = std::min(g.mr_, m - r);
-          const float *at = g.direct_a_ ? ap + r * v[kLda] + k0 : ap + r * k + k0 * rr;
-          micro[rr](at, v[kLda], bp + k0 * kNr, kd, c + r * v[kLdc], v[kLdc], cols, g.alpha_, beta);
+          const void *at = g.direct_a_
+                               ? static_cast<const void *>(ad + (r * v[kLda] + k0) * g.elem_)
+                               : static_cast<const void *>(ap + r * kb + w0 * rr);
+          micro[rr](at, v[kLda], bp + w0 * kNr, kd, c + r * v[kLdc], v[kLdc], cols, g.alpha_, beta);
         }
       }
     }
@@ -397,7 +677,10 @@ private:
   std::string at_;
   GemmDesc gemm_;
   cpu::ThreadPool &pool_;
-  const MicroTable *micro_; // [packed A, A in place]
+  const MicroTable *micro_ = nullptr; // [packed A, A in place]
+  WidenFn widen_ = nullptr;           // half operands run by the f32 kernel
+  int64_t elem_ = 4;                  // bytes of an A or B element
+  int64_t dpw_ = 1;                   // depths per packed word: 2 for bf16 pairs
   std::vector<uint32_t> args_;
   uint32_t sched_expr_[5] = {};
   bool sched_set_[5] = {};
@@ -406,15 +689,23 @@ private:
   int64_t mr_ = 8, mc_ = 1, kc_ = 1;
   bool keep_b_ = false, parallel_ = false, direct_a_ = false, b_is_weight_ = false;
   // the current run's operands and partition (set by run before the tasks start)
-  const float *a_ = nullptr, *b_ = nullptr, *bp_ = nullptr;
-  float *c_ = nullptr, *bdst_ = nullptr; // bdst_: where pack_b_task writes
-  int64_t panels_ = 0, tiles_ = 0, mblocks_ = 0;
-  FloatBuf a_pack_, b_pack_;
+  const char *a_ = nullptr, *b_ = nullptr;
+  const uint32_t *bp_ = nullptr;
+  float *c_ = nullptr;
+  uint32_t *bdst_ = nullptr; // where pack_b_task writes
+  int64_t kb_ = 0, panels_ = 0, tiles_ = 0, mblocks_ = 0;
+  WordBuf a_pack_, b_pack_;
   std::vector<std::unique_ptr<PackedB>> copies_; // oldest first
   PackedB *cur_ = nullptr;
 };
 
 } // namespace
+
+void widen_to_f32(DType t, const void *src, float *dst, int64_t n) {
+  static const WidenFn f16 = pick_widen(DType::f16, has_avx512());
+  static const WidenFn bf16 = pick_widen(DType::bf16, has_avx512());
+  (t == DType::f16 ? f16 : bf16)(src, dst, n);
+}
 
 std::unique_ptr<LibCallOp> make_pgemm(const Plan &plan, size_t step, cpu::ThreadPool &pool) {
   return std::make_unique<PGemm>(plan, step, pool);
