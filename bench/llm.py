@@ -813,6 +813,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="luminal's activations in products by quantized weights: f32, or q8 "
                    "(int8 per block of 32, llama.cpp's numerics; LUMINAL_ACT_QUANT)")  # fmt: skip
+    p.add_argument("--matmul-precision", choices=["f32", "bf16"], default="f32",
+                   help="luminal's products by f32 weights: f32, or bf16 operands with f32 "
+                   "sums (opt-in numerics; LUMINAL_MATMUL_PRECISION); contenders stay "
+                   "f32")  # fmt: skip
     p.add_argument("--torch-compile-cap", type=float, default=240.0,
                    help="seconds torch.compile may take (prefill + decode shapes)")  # fmt: skip
     a = p.parse_args(argv)
@@ -829,6 +833,7 @@ def main() -> None:
     a = parse_args()
     # read when a plan compiles, and part of the plan cache's key
     os.environ["LUMINAL_ACT_QUANT"] = "" if a.act_quant == "f32" else a.act_quant
+    os.environ["LUMINAL_MATMUL_PRECISION"] = "" if a.matmul_precision == "f32" else "bf16"
     import torch
 
     torch.set_num_threads(a.threads)
@@ -859,6 +864,7 @@ def main() -> None:
     limits = best_limits(samples)
     s = report(a, llm, mini, limits, unset)
     s.update(threads=a.threads, quick=a.quick, act_quant=a.act_quant,
+             matmul_precision=a.matmul_precision,
              blas_env_unset=list(BLAS_OVERRIDES),
              blas_env_was_set=unset.split(",") if unset else [],
              loadavg_start=list(load0), loadavg_end=list(os.getloadavg()),

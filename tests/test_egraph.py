@@ -313,6 +313,7 @@ def test_pass_list_flag_and_debug_output(monkeypatch, capsys) -> None:
         "act_quant",
         "fold_scales",
         "siblings",
+        "bf16",
         "egraph",
         "stage",
     ]

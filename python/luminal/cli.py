@@ -448,6 +448,16 @@ def _act_quant_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _matmul_precision_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--matmul-precision",
+        choices=["f32", "bf16"],
+        default=None,
+        help="products by f32/bf16 weights: f32, or bf16 (both operands rounded to bf16, sums "
+        "in f32; default: LUMINAL_MATMUL_PRECISION, else f32; docs/quantization.md)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="luminal", description="luminal: an ahead-of-time inference compiler"
@@ -483,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="quantized weights: dequantize inside the graph or once at load",
     )
     _act_quant_argument(g)
+    _matmul_precision_argument(g)
     g.set_defaults(fn=cmd_generate)
     e = sub.add_parser("embed", help="sentence embeddings (default model: all-MiniLM-L6-v2)")
     e.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
@@ -492,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--json", action="store_true", help="print the embeddings as JSON")
     e.add_argument("--backend", choices=["auto", "compiled", "interp"], default="auto")
+    _matmul_precision_argument(e)
     e.set_defaults(fn=cmd_embed)
     c = sub.add_parser(
         "compile",
@@ -520,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", choices=["cpu", "cuda"], default="cpu", help="plan backend")
     c.add_argument("--no-search", dest="search", action="store_false",
                    help="skip timing library-call alternatives (faster compile)")  # fmt: skip
+    _act_quant_argument(c)
+    _matmul_precision_argument(c)
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser(
         "run",
@@ -553,6 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cli.add_arguments(sv)
     _act_quant_argument(sv)
+    _matmul_precision_argument(sv)
     sv.set_defaults(fn=serve_cli.main)
     q = sub.add_parser(
         "quantize",
@@ -569,6 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     act_quant = getattr(args, "act_quant", None)
     if act_quant is not None:  # read when a plan compiles, and part of the plan cache's key
         os.environ[flags.ACT_QUANT.name] = "" if act_quant == "f32" else act_quant
+    precision = getattr(args, "matmul_precision", None)
+    if precision is not None:
+        os.environ[flags.MATMUL_PRECISION.name] = "" if precision == "f32" else precision
     try:
         return int(args.fn(args))
     except BrokenPipeError:  # output piped into `head`: stop quietly, as other tools do

@@ -132,6 +132,11 @@ ACT_QUANT = Flag(
     "q8 quantizes the activation operand of products by 32-block quantized weights to int8 per "
     "block of 32, as llama.cpp does (opt-in numerics, docs/quantization.md); empty: f32",
 )  # fmt: skip
+MATMUL_PRECISION = Flag(
+    "LUMINAL_MATMUL_PRECISION", "",
+    "bf16 rounds both operands of products by f32 or bf16 weights to bf16 and sums in f32 "
+    "(AVX-512 BF16 dot products; opt-in numerics, docs/quantization.md); empty or f32: f32",
+)  # fmt: skip
 PROGRESS = Flag(
     "LUMINAL_PROGRESS", "",
     "1 always shows the live progress line of long compiles on stderr, 0 never (default: "
@@ -142,7 +147,7 @@ ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB, KERNEL_CACHE
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE, COLLAPSE,
        CUBLASLT, SEARCH_BUDGET,
        SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
-       SEARCH_SCHEDULES, SEARCH_FUSION, ACT_QUANT, PROGRESS)  # fmt: skip
+       SEARCH_SCHEDULES, SEARCH_FUSION, ACT_QUANT, MATMUL_PRECISION, PROGRESS)  # fmt: skip
 
 
 def debug() -> int:

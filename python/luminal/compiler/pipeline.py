@@ -21,6 +21,7 @@ from .. import flags
 from ..graph.graph import Graph
 from . import kernel_ir as K
 from .actquant import quantize_activations
+from .bf16 import round_products
 from .collapse import collapse_dims
 from .fold import fold_scales
 from .lower import Lowered, lower
@@ -162,6 +163,13 @@ STAGES: list[Stage] = [
         _graph_pass(merge_sibling_products),
         "products of one operand by several weights merged into one (compiler/siblings.py)",
         flags.SIBLINGS,
+    ),
+    Stage(
+        "bf16",
+        _graph_pass(round_products),
+        "with LUMINAL_MATMUL_PRECISION=bf16, both operands of products by f32 or bf16 weights "
+        "rounded to bf16, the sums in f32 (compiler/bf16.py)",
+        flags.MATMUL_PRECISION,
     ),
     Stage(
         "egraph",

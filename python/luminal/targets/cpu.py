@@ -335,9 +335,11 @@ class _Background:
 def _pgemm_variants(call: K.LibCall, operands: Sequence[BufferInfo]) -> list[tuple[str, K.LibCall]]:
     """The gemm call as luminal's own GEMM at each of ``PGEMM_MR``; a weight B (the same
     values on every run) is packed once (``pack`` 1), another B on every run; A is read in
-    place unless transposed."""
-    if vector_registers() < 32 or any(b.dtype != dt.f32 for b in operands):
-        return []  # the kernel is AVX-512 f32 (elsewhere it runs, as plain loops)
+    place unless transposed. Operands f32, or both bf16 (AVX-512 BF16 dot products where the
+    CPU has them) or both f16 (widened while packed); the product f32."""
+    a, b, c = (x.dtype for x in operands)
+    if vector_registers() < 32 or c != dt.f32 or a != b or a not in (dt.f32, dt.bf16, dt.f16):
+        return []  # the kernel is AVX-512 (elsewhere it runs, as plain loops)
     pack = int(operands[1].role == "weight")
     # A read in place where it can be (rows of A, trans_a 0): 1.04-1.15x faster than packed at
     # every size timed (M 17..2048 by the PGEMM_MR sizes, one sitting, interleaved)

@@ -2,7 +2,9 @@
 
 The matmul of luminal.functional is a broadcast multiply and a SUM_REDUCE, so after lowering a
 kernel holds ``Reduce_k(A[idx_a] * B[idx_b])`` at each output point (..., m, n). The rule's
-premises pin everything a library GEMM needs: f32 operands read without padding, index
+premises pin everything a library GEMM needs: operands read without padding, both f32 or both
+one half type widened to f32 (bf16 or f16: their products are exact in f32, so the call sums
+the same products as the kernel), the sum in f32, index
 expressions affine in (batch, m, n, k) with unit stride along one axis of each operand,
 leading dimensions provably large enough, batch dims that flatten to one stride, and an
 output written contiguously. When they hold, the kernel splits into a ``gemm`` library call
@@ -111,6 +113,29 @@ def _replace(
     return out
 
 
+# storage types whose products a gemm call takes as they are, widened to f32 in the sum
+HALF = (dt.bf16, dt.f16)
+
+
+def _operand(v: K.Value) -> tuple[K.Load, dt.DType] | None:
+    """(the load, the type it reads) of an operand read as is: an f32 load, or a half-type
+    load widened to f32; None for anything else."""
+    if isinstance(v, K.Cast) and v.dtype is dt.f32 and isinstance(v.src, K.Load):
+        if v.src.dtype in HALF and v.src.valid == 1:
+            return v.src, v.src.dtype
+        return None
+    if isinstance(v, K.Load) and v.valid == 1 and v.dtype is dt.f32:
+        return v, dt.f32
+    return None
+
+
+def _half_of(v: K.Value) -> dt.DType | None:
+    """The half type of an operand that is a half-type value widened to f32, else None."""
+    if isinstance(v, K.Cast) and v.dtype is dt.f32 and v.src.dtype in HALF:
+        return v.src.dtype
+    return None
+
+
 def _ge(a: sint, b: sint) -> bool:
     return sym.prove_nonneg(sym.add(a, sym.mul(b, -1)))
 
@@ -118,7 +143,7 @@ def _ge(a: sint, b: sint) -> bool:
 def match_gemm(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
     """A gemm alternative for ``kern``, or None when the premises do not hold.
     ``new_buffer_id`` is the id a scratch product buffer would get."""
-    if kern.scatter_row is not None or kern.dtype is not dt.f32 or not kern.shape:
+    if kern.scatter_row is not None or not kern.shape:
         return None
     for r in _find_reduces(kern.value):
         alt = _match(kern, r, new_buffer_id)
@@ -130,9 +155,10 @@ def match_gemm(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
 def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative | None:
     if r.dtype is not dt.f32 or not isinstance(r.body, K.Alu):
         return None
-    loads = r.body.srcs
-    if not all(isinstance(x, K.Load) and x.valid == 1 and x.dtype is dt.f32 for x in loads):
+    op0, op1 = (_operand(x) for x in r.body.srcs)
+    if op0 is None or op1 is None or op0[1] is not op1[1]:
         return None
+    loads = [op0[0], op1[0]]
     shape = kern.shape
     rank = len(shape)
     n_var = f"_i{rank - 1}"
@@ -141,7 +167,7 @@ def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative |
     n_size, m_size = shape[-1], (shape[-2] if rank >= 2 else 1)
     k_size = r.extent
     names = batch_vars + ([m_var] if m_var else []) + [n_var, r.var.name]
-    aff = [_affine(x.index, names) for x in loads]  # type: ignore[union-attr]
+    aff = [_affine(x.index, names) for x in loads]
     if aff[0] is None or aff[1] is None:
         return None
     # A does not move with n, B does not move with m
@@ -184,9 +210,9 @@ def _match(kern: K.Kernel, r: K.Reduce, new_buffer_id: int) -> GemmAlternative |
     fields["ldc"] = n_size
     if not (sym.prove_nonneg(a_off) and sym.prove_nonneg(b_off)):
         return None
-    direct = kern.value is r
+    direct = kern.value is r and kern.dtype is dt.f32
     out = kern.out if direct else new_buffer_id
-    call = K.LibCall(f"{kern.name}_gemm", "gemm", fields, [a_load.buf, b_load.buf, out], out)  # type: ignore[union-attr]
+    call = K.LibCall(f"{kern.name}_gemm", "gemm", fields, [a_load.buf, b_load.buf, out], out)
     epilogue = None if direct else _epilogue(kern, r, out, shape)
     return GemmAlternative(call, epilogue, None if direct else shape, m_size, n_size, k_size, batch)
 
@@ -257,7 +283,7 @@ def match_any(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
 
 
 def _plain_load(v: K.Value) -> bool:
-    return isinstance(v, K.Load) and v.valid == 1 and v.dtype is dt.f32
+    return _operand(v) is not None
 
 
 # A copied operand may hold reductions over at most this many values (a pooling window, the
@@ -282,7 +308,7 @@ def match_gemm_copy(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | Non
     contiguous scratch buffers, or None. For kernels ``match_gemm`` refuses: it copies the
     left operand, else the right, else both, whichever is the first to satisfy every other
     premise."""
-    if kern.scatter_row is not None or kern.dtype is not dt.f32 or not kern.shape:
+    if kern.scatter_row is not None or not kern.shape:
         return None
     for r in _find_reduces(kern.value):
         for roles in ((0,), (1,), (0, 1)):
@@ -295,10 +321,15 @@ def match_gemm_copy(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | Non
 def _match_copied(
     kern: K.Kernel, r: K.Reduce, roles: tuple[int, ...], new_buffer_id: int
 ) -> GemmAlternative | None:
-    """``_match`` on ``kern`` with operand A (role 0) and/or B (role 1) read from a copy."""
+    """``_match`` on ``kern`` with operand A (role 0) and/or B (role 1) read from a copy. When
+    both operands are values of one half type widened to f32 (a bf16 weight, an activation
+    rounded to bf16), the copies keep the half type and the call reads it."""
     if r.dtype is not dt.f32 or not isinstance(r.body, K.Alu) or len(r.body.srcs) != 2:
         return None
     loads = r.body.srcs
+    halves = [_half_of(x) for x in loads]
+    half = halves[0] if halves[0] is not None and halves[0] is halves[1] else None
+    ctype = half or dt.f32
     if not all(_plain_load(x) or _elementwise(x) for x in loads):
         return None
     if any(isinstance(x, K.Load) and x.buf == kern.out for v in loads for x in K.walk(v)):
@@ -352,14 +383,16 @@ def _match_copied(
             if nm:
                 mapping[nm] = at
         buf = new_buffer_id + len(copies)
-        value = K.substitute(load, mapping)
+        stored = load.src if half is not None and isinstance(load, K.Cast) else load
+        value = K.substitute(stored, mapping)
         name = f"{kern.name}_copy{'ab'[role]}"
-        copies.append(K.Kernel(name, tuple(cshape), buf, value, dt.f32))
+        copies.append(K.Kernel(name, tuple(cshape), buf, value, ctype))
         sizes = tuple(size for _, _, size in axes)
         flat: sint = 0
         for (_, v, _), st in zip(axes, contiguous_strides(sizes), strict=True):
             flat = sym.add(flat, sym.mul(v, st))
-        srcs[i] = K.Load(buf, flat, 1, dt.f32)
+        copied = K.Load(buf, flat, 1, ctype)
+        srcs[i] = copied if half is None else K.Cast(copied, dt.f32)
     new_r = K.Reduce(r.op, kv, r.extent, K.Alu(r.body.op, tuple(srcs), r.body.dtype), r.dtype)
     value = _replace(kern.value, r, new_r)
     if not any(x is new_r for x in K.walk(value)):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ... import flags
+from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from .. import kernel_ir as K
 from ..actquant import mode as act_quant_mode
@@ -309,7 +310,7 @@ def _extra(kern: K.Kernel, alt: GemmAlternative) -> list[BufferInfo]:
     extra = [BufferInfo(c.out, c.name, c.dtype, c.shape, "scratch") for c in alt.copies]
     if alt.scratch_shape is not None:
         extra.append(
-            BufferInfo(alt.call.out, f"{kern.name}_prod", kern.dtype, alt.scratch_shape, "scratch")
+            BufferInfo(alt.call.out, f"{kern.name}_prod", dt.f32, alt.scratch_shape, "scratch")
         )
     return extra
 
