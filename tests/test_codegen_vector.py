@@ -341,3 +341,60 @@ def test_vector_selects_match_the_scalar_rest_and_torch():
     }
     for name, w in want.items():
         np.testing.assert_allclose(out[name][:, 13:32], w.numpy(), rtol=2e-6, atol=1e-6)
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """lm_f32_to_bf16 (codegen/prelude.py) in numpy: nearest even, a NaN kept quiet."""
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x40, r).astype(np.uint16)
+
+
+@pytest.mark.parametrize("out", ["bf16", "f32"])
+def test_bf16_rounding_in_vector_loops_matches_the_scalar_bits(out: str) -> None:
+    """An exp-heavy loop (vector form) whose value is rounded to bf16, stored as bf16 or
+    widened back to f32: ties both ways, carries into the exponent, overflow to inf, NaN,
+    infinities, subnormals and -0, in the vector part and the scalar rest (71 = 4 x 16 + 7)."""
+    special = np.array(
+        [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00001,
+         0xFF812345, 0x00000001, 0x80008000, 0x00018000, 0x80000000, 0x3F7FFFFF, 0x477FE000],
+        dtype=np.uint32,
+    ).view(np.float32)  # fmt: skip
+    x = RNG.standard_normal((3, 71)).astype(np.float32) * 1e3
+    x.reshape(-1)[: len(special)] = special
+    x.reshape(-1)[64 : 64 + len(special)] = special  # the last 7 are the scalar rest's
+    g = lm.Graph("round")
+    xi, z = g.input("x", (3, 71)), g.input("z", (3, 71))
+    y = (xi * z.exp2()).cast(dt.bf16)  # z = 0: x * 1, exact, through lm_vexp2f
+    g.output("y", y if out == "bf16" else y.cast(dt.f32))
+    src = _sources(g)
+    assert ("lm_vstore_bf16(" if out == "bf16" else "lm_vround_bf16(") in src
+    got = lm.compile(g).run({"x": x, "z": np.zeros_like(x)})["y"]
+    bits = got.view(np.uint16) if out == "bf16" else (got.view(np.uint32) >> 16).astype(np.uint16)
+    np.testing.assert_array_equal(bits, _bf16_bits(x))
+    if out == "f32":
+        assert not (got.view(np.uint32) & 0xFFFF).any()
+
+
+def test_widened_half_values_are_stored_in_their_type() -> None:
+    """A bf16 value widened to f32 and read many times (an activation rounded for a product)
+    is stored as bf16 and widened where it is read: half the bytes, and the product sees a
+    bf16 operand."""
+    g = lm.Graph("narrow")
+    x = g.input("x", (lm.dim("seq", 1, 64), 96))
+    w = g.input("w", (80, 96))
+    h = F.gelu(x).cast(dt.bf16).cast(dt.f32)
+    g.output("y", h @ w.transpose(0, 1))
+    low = lower(g)
+    stored = [low.buffers[k.out].dtype for k in low.kernels if isinstance(k, K.Kernel)]
+    assert stored == [dt.bf16, dt.f32]
+    prod = low.kernels[-1]
+    assert any(isinstance(v, K.Cast) and isinstance(v.src, K.Load) and v.src.dtype is dt.bf16
+               for v in K.walk(prod.value))  # fmt: skip
+    xv = RNG.standard_normal((5, 96)).astype(np.float32)
+    wv = RNG.standard_normal((80, 96)).astype(np.float32)
+    np.testing.assert_allclose(
+        lm.compile(g).run({"x": xv, "w": wv})["y"], g.run({"x": xv, "w": wv})["y"],
+        rtol=1e-5, atol=1e-4,
+    )  # fmt: skip

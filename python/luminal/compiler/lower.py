@@ -240,6 +240,8 @@ class _Lowerer:
         for m in self.softmax_sums.values():
             self.absorbed |= m.absorbed
             self.forced |= self._score_chain(m)
+        # narrow floats stored in their own type, widened where read (_narrow_source)
+        self.narrow: set[int] = set()
         self.inline = self._plan_fusion()
         self._reads: dict[tuple[int, View], K.Value] = {}
         self._subst_memo: dict[tuple, dict[int, object]] = {}
@@ -278,6 +280,8 @@ class _Lowerer:
                 ok = False
             elif n.id in self.absorbed or n.id in self.forced:
                 ok = True
+            elif n.id in self.narrow:
+                ok = False
             elif n.op in (Leaf.CONSTANT, Op.IOTA):
                 ok = True
             elif n.id in index_only and not any(c.op is Leaf.OUTPUT for c in cons):
@@ -317,6 +321,10 @@ class _Lowerer:
                 if ok and costly.get(n.id, (False, 0))[1] + int(_small_reduce(n)) > 0:
                     if any(_overlapping(v, n.shape) for v in views):
                         self.windowed.append(n.id)
+                narrow = None if ok else _narrow_source(n)
+                if narrow is not None and narrow.id not in self.absorbed | self.forced:
+                    self.narrow.add(narrow.id)
+                    ok = True
             elif n.op in REDUCE and len(cons) <= 2:
                 # never into a kernel that is itself a reduction: there it would sit inside
                 # the outer loop and be recomputed per step (a matmul feeding a matmul)
@@ -422,7 +430,7 @@ class _Lowerer:
     def materialized(self, n: Node) -> bool:
         if n.id in self.inline:
             return False
-        if n.id in self.store:
+        if n.id in self.store or n.id in self.narrow:
             return True
         if _is_copy(n):
             return True
@@ -710,6 +718,21 @@ def _overlapping(v: View, shape: tuple[sint, ...]) -> bool:
         return False
     read = idx[valid]
     return bool(len(np.unique(read)) < len(read))
+
+
+def _narrow_source(n: Node) -> Node | None:
+    """The source of ``n`` when ``n`` widens a narrower float to f32 or f64 (exactly: every
+    narrower float is an f32): storing that source instead and widening it where it is read
+    moves fewer bytes and keeps the narrow type visible to the reader (a GEMM of bf16
+    operands). None otherwise."""
+    if n.op is not Op.CAST or n.dtype not in (dt.f32, dt.f64):
+        return None
+    s, v = n.srcs[0]
+    if not s.dtype.is_float or s.dtype.packed or s.dtype.bits >= n.dtype.bits:
+        return None
+    if s.op in (Leaf.CONSTANT, Op.IOTA) or v != View.contiguous(s.shape):
+        return None
+    return s
 
 
 def _is_copy(n: Node) -> bool:

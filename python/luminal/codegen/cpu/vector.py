@@ -52,9 +52,24 @@ typedef int32_t lm_i32v __attribute__((vector_size(4 * LM_VL)));
 typedef uint32_t lm_u32v __attribute__((vector_size(4 * LM_VL)));
 static inline lm_f32v lm_vload_f32(const float *p) { lm_f32v v; memcpy(&v, p, sizeof v); return v; }
 static inline lm_i32v lm_vload_i32(const int32_t *p) { lm_i32v v; memcpy(&v, p, sizeof v); return v; }
+typedef uint16_t lm_u16v __attribute__((vector_size(2 * LM_VL)));
 static inline lm_f32v lm_vload_bf16(const uint16_t *p) {
   lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = (int32_t)((uint32_t)p[l] << 16);
   return (lm_f32v)v;
+}
+/* each lane's bf16 bits as lm_f32_to_bf16 gives them (nearest even, a NaN kept a quiet NaN),
+   in integer lanes: the same bits as the scalar loop, where vcvtneps2bf16 would flush
+   subnormals */
+static inline lm_u32v lm_vbf16_bits(lm_f32v v) {
+  lm_u32v u = (lm_u32v)v;
+  lm_u32v nan = (lm_u32v)((u & 0x7fffffffu) > 0x7f800000u);
+  lm_u32v r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (((u >> 16) | 0x40u) & nan) | (r & ~nan);
+}
+static inline lm_f32v lm_vround_bf16(lm_f32v v) { return (lm_f32v)(lm_vbf16_bits(v) << 16); }
+static inline void lm_vstore_bf16(uint16_t *p, lm_f32v v) {
+  lm_u16v h = __builtin_convertvector(lm_vbf16_bits(v), lm_u16v);
+  memcpy(p, &h, sizeof h);
 }
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -311,6 +326,9 @@ class _Vec:
                 return f"({ctype(v.dtype)})({a})", "s"
             if v.dtype is dt.f32:
                 return (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32v)", "f")
+            if v.dtype is dt.bf16:  # held in f32 lanes, rounded as a store would round it
+                f = a if kind == "f" else f"__builtin_convertvector({a}, lm_f32v)"
+                return f"lm_vround_bf16({f})", "f"
             if v.dtype is dt.i32:
                 # a vector of narrower integers already holds their values as i32
                 if kind == "i":
