@@ -12,6 +12,7 @@ import pytest
 
 import luminal as lm
 from luminal.cli import main
+from luminal.plan import Plan
 
 TINY = textwrap.dedent("""
     import numpy as np
@@ -98,6 +99,30 @@ def test_compile_writes_a_plan_and_reports_stages(tmp_path, capsys) -> None:
     for stage in ("lowering", "generating code for", "loading the plan", "done in"):
         assert stage in out.err, out.err
     assert lm.load(str(plan)).inputs == {"x": np.dtype(np.float32)}
+
+
+LINEAR = textwrap.dedent("""
+    import numpy as np
+    import luminal as lm
+
+    def build():
+        g = lm.Graph("lin")
+        x = g.input("x", (lm.dim("seq", 1, 64), 40))
+        w = g.weight("w", data=np.random.default_rng(0).standard_normal((24, 40)).astype("f4"))
+        g.output("y", x @ w.transpose(0, 1))
+        return g
+""")
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_compile_matmul_precision(precision, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LUMINAL_MATMUL_PRECISION", "")  # restored after main sets it
+    (tmp_path / "lin.py").write_text(LINEAR)
+    plan = tmp_path / "lin.lmp"
+    args = ["compile", "--graph", f"{tmp_path / 'lin.py'}:build", "-o", str(plan), "--no-search"]
+    assert main([*args, "--matmul-precision", precision]) == 0
+    weights = [b for b in Plan.load(str(plan)).buffers if b.role.name == "weight"]
+    assert [b.dtype.name for b in weights] == [precision]
 
 
 def test_compile_progress_callback() -> None:
