@@ -6,6 +6,7 @@ disk, so a second run of this file is much faster than the first.
 """
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 
@@ -324,3 +325,25 @@ def test_op_coverage(fn):
     _check(Zoo(), [args(n) for n in (3, 7)], atol=1e-4, rtol=1e-4, strides=True)
     assert lt.stats.eager_ops == {}
     assert lt.stats.compiles == 1 and lt.stats.failed_plans == 0
+
+
+@pytest.mark.parametrize("precision", ["highest", "medium"])
+def test_float32_matmul_precision_medium_gives_bf16_products(precision, monkeypatch):
+    """``torch.set_float32_matmul_precision("medium")`` allows bf16 inside float32 matmuls:
+    luminal's plan then takes bf16 products (both operands rounded, f32 sums)."""
+    monkeypatch.delenv("LUMINAL_MATMUL_PRECISION", raising=False)
+    lin = nn.Linear(96, 40, bias=False)
+    x = torch.randn(7, 96) * 3
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        with torch.no_grad():
+            got = torch.compile(lin, backend=luminal_backend)(x)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    bf = x.bfloat16().double() @ lin.weight.detach().bfloat16().double().T
+    f32 = x.double() @ lin.weight.detach().double().T
+    want = bf if precision == "medium" else f32
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
+    assert (bf - f32).abs().max() > 1e-2  # the two are told apart
+    assert "LUMINAL_MATMUL_PRECISION" not in os.environ

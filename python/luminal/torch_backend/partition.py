@@ -8,8 +8,10 @@ The unconvertible nodes stay in the parent graph and run in eager PyTorch.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import compile as lm_compile
+from .. import flags
 from .. import functional as F
 from ..functional._base import index_dtype
 from ..graph import dtypes as dt
@@ -49,6 +52,22 @@ class Stats:
 
 stats = Stats()
 _warned: set[str] = set()
+
+
+@contextlib.contextmanager
+def _matmul_precision() -> Iterator[None]:
+    """PyTorch's ``set_float32_matmul_precision("medium")`` (bf16 allowed inside float32
+    matmuls) as luminal's bf16 products while a plan compiles, unless
+    ``LUMINAL_MATMUL_PRECISION`` says otherwise (part of the plan cache's key either way)."""
+    name = flags.MATMUL_PRECISION.name
+    if name in os.environ or torch.get_float32_matmul_precision() != "medium":
+        yield
+        return
+    os.environ[name] = "bf16"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def warn_once(key: str, msg: str) -> None:
@@ -424,7 +443,8 @@ class LuminalPartition(torch.nn.Module):
         self.call = None
         for k, w in self.built.weights:
             w.set(weight_array(args[k]))
-        self.cg = lm_compile(self.built.graph)
+        with _matmul_precision():
+            self.cg = lm_compile(self.built.graph)
         stats.plans += 1
         self.weight_keys = [_weight_key(args[k]) for k, _ in self.built.weights]
         self.plan_dims = list(self.cg.executor.dims)
