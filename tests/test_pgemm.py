@@ -67,6 +67,21 @@ def assert_sum_close(out: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float
     assert out.dtype == np.float32 and np.all(err <= bound), float((err / bound).max())
 
 
+def _check_rows(ex, row_counts, bval, *, ta, tb, batch, nb, n, k, dtype, runs=1) -> None:
+    """Runs ``ex`` (c = 0.5 * op(a) @ op(b)) at each row count on random operands (``b`` the
+    plan's weight ``bval`` when given), ``runs`` times each, against numpy."""
+    for rows in row_counts:
+        av = rand(*((batch, k, rows) if ta else (batch, rows, k)), seed=rows, dtype=dtype)
+        bv = bval
+        if bv is None:
+            bv = rand(*((nb, n, k) if tb else (nb, k, n)), seed=rows + 1, dtype=dtype)
+        inputs = {"a": av} if bval is not None else {"a": av, "b": bv}
+        opa = av.transpose(0, 2, 1) if ta else av
+        opb = bv.transpose(0, 2, 1) if tb else bv
+        for _ in range(runs):
+            assert_sum_close(ex.run(inputs, m=rows)["c"], opa, opb, 0.5)
+
+
 CASES = [
     # mr, mc, kc, pack, pack_a, ta, tb, batch, shared_b, n, k
     (12, 0, 0, 1, 1, 0, 1, 1, True, 70, 45),
@@ -118,16 +133,8 @@ def test_pgemm_half_matches_numpy(case: tuple, isa: str, dtype: str, monkeypatch
                     n=n, k=k, dtype=dtype)  # fmt: skip
     ex = runtime.load(p)
     nb = 1 if shared_b else batch
-    for rows in (1, 5, 29, 301, 5):
-        av = rand(*((batch, k, rows) if ta else (batch, rows, k)), seed=rows, dtype=dtype)
-        bv = bval
-        if bv is None:
-            bv = rand(*((nb, n, k) if tb else (nb, k, n)), seed=rows + 1, dtype=dtype)
-        inputs = {"a": av} if pack else {"a": av, "b": bv}
-        opa = av.transpose(0, 2, 1) if ta else av
-        opb = bv.transpose(0, 2, 1) if tb else bv
-        for _ in range(2):
-            assert_sum_close(ex.run(inputs, m=rows)["c"], opa, opb, 0.5)
+    _check_rows(ex, (1, 5, 29, 301, 5), bval, ta=ta, tb=tb, batch=batch, nb=nb, n=n, k=k,
+                dtype=dtype, runs=2)  # fmt: skip
 
 
 GEMM_CASES = [
@@ -151,15 +158,8 @@ def test_gemm_half_matches_numpy(case: tuple, dtype: str) -> None:
         p, bval = _plan({}, ta=ta, tb=tb, batch=batch, shared_b=shared_b, weight=weight, n=n,
                         k=k, dtype=dtype, func="gemm")  # fmt: skip
         ex = runtime.load(p)
-        for rows in (1, 29, 301):
-            av = rand(*((batch, k, rows) if ta else (batch, rows, k)), seed=rows, dtype=dtype)
-            bv = bval
-            if bv is None:
-                bv = rand(*((nb, n, k) if tb else (nb, k, n)), seed=rows + 1, dtype=dtype)
-            inputs = {"a": av} if weight else {"a": av, "b": bv}
-            opa = av.transpose(0, 2, 1) if ta else av
-            opb = bv.transpose(0, 2, 1) if tb else bv
-            assert_sum_close(ex.run(inputs, m=rows)["c"], opa, opb, 0.5)
+        _check_rows(ex, (1, 29, 301), bval, ta=ta, tb=tb, batch=batch, nb=nb, n=n, k=k,
+                    dtype=dtype)  # fmt: skip
 
 
 @pytest.mark.parametrize("func", ["gemm", "pgemm"])

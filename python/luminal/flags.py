@@ -22,6 +22,14 @@ class Flag:
         except ValueError:
             raise ValueError(f"{self.name} must be an integer, got {v!r}") from None
 
+    def choice(self, allowed: tuple[str, ...], hint: str) -> str:
+        """The value, stripped and lowercased, checked to be one of ``allowed`` (``hint``
+        says what to use instead)."""
+        v = self.get().strip().lower()
+        if v not in allowed:
+            raise ValueError(f"{self.name}={self.get()!r} is not allowed: {hint}")
+        return v
+
     def as_float(self) -> float:
         v = self.get()
         try:

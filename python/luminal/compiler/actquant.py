@@ -30,6 +30,7 @@ from ..graph.ops import Leaf, Op
 from ..graph.view import View, idx_vars
 from ..loaders.quants import block_tag, tagged_graph
 from ..tensor import Tensor
+from .products import sum_products
 
 G = TypeVar("G", bound=Graph)
 
@@ -39,13 +40,9 @@ Q8_BLOCK = 32
 
 def mode() -> str:
     """``LUMINAL_ACT_QUANT``, checked."""
-    m = flags.ACT_QUANT.get().strip().lower()
-    if m not in MODES:
-        raise ValueError(
-            f"LUMINAL_ACT_QUANT={flags.ACT_QUANT.get()!r} is not an activation quantization "
-            "(use q8, or leave it empty for f32 activations)"
-        )
-    return m
+    return flags.ACT_QUANT.choice(
+        MODES, "q8 quantizes activations, empty leaves them f32 (an activation quantization)"
+    )
 
 
 def fake_quant_q8(x: Tensor) -> Tensor:
@@ -113,17 +110,8 @@ def quantize_activations(graph: G) -> G:
     axis; ``graph`` itself when ``LUMINAL_ACT_QUANT`` is empty or nothing qualifies."""
     if mode() != "q8" or not tagged_graph(graph):
         return graph
-    users: dict[int, int] = {}
-    for n in graph.nodes:
-        for s, _ in n.srcs:
-            users[s.id] = users.get(s.id, 0) + 1
     found: dict[int, tuple[int, int]] = {}  # multiply id -> (activation position, summed axis)
-    for r in graph.nodes:
-        if r.op is not Op.SUM_REDUCE:
-            continue
-        c, vr = r.srcs[0]
-        if c.op is not Op.MUL or users.get(c.id) != 1 or vr != View.contiguous(c.shape):
-            continue
+    for r, c in sum_products(graph):
         j = _block_operand(graph, c, r.arg)
         if j is None:
             continue

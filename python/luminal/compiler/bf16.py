@@ -26,6 +26,7 @@ from ..graph.graph import Graph, Node
 from ..graph.ops import Leaf, Op
 from ..graph.view import View
 from .fold import _fresh
+from .products import sum_products
 
 G = TypeVar("G", bound=Graph)
 
@@ -34,12 +35,7 @@ MODES = ("", "f32", "bf16")
 
 def mode() -> str:
     """``LUMINAL_MATMUL_PRECISION`` checked: ``bf16`` or empty (``f32`` reads as empty)."""
-    m = flags.MATMUL_PRECISION.get().strip().lower()
-    if m not in MODES:
-        raise ValueError(
-            f"LUMINAL_MATMUL_PRECISION={flags.MATMUL_PRECISION.get()!r} is not a matmul "
-            "precision (use bf16, or f32 / empty for f32 products)"
-        )
+    m = flags.MATMUL_PRECISION.choice(MODES, "bf16, or f32 / empty for f32 products")
     return "" if m == "f32" else m
 
 
@@ -67,17 +63,8 @@ def round_products(graph: G) -> G:
     product qualifies."""
     if mode() != "bf16":
         return graph
-    users: dict[int, int] = {}
-    for n in graph.nodes:
-        for s, _ in n.srcs:
-            users[s.id] = users.get(s.id, 0) + 1
     found: dict[int, int] = {}  # multiply id -> position of its weight operand
-    for r in graph.nodes:
-        if r.op is not Op.SUM_REDUCE:
-            continue
-        c, vr = r.srcs[0]
-        if c.op is not Op.MUL or users.get(c.id) != 1 or vr != View.contiguous(c.shape):
-            continue
+    for _, c in sum_products(graph):
         for j in (0, 1):
             if _weight_leaf(c.srcs[j][0]) is not None and _activation(c.srcs[1 - j][0]):
                 found[c.id] = j

@@ -266,6 +266,14 @@ class Graph:
             )
 
     # ------------------------------------------------------------------ traversal / checks
+    def use_counts(self) -> dict[int, int]:
+        """How many edges read each node (by id; nodes nothing reads are absent)."""
+        users: dict[int, int] = {}
+        for n in self.nodes:
+            for s, _ in n.srcs:
+                users[s.id] = users.get(s.id, 0) + 1
+        return users
+
     def toposort(self, roots: Iterable[Node] | None = None) -> list[Node]:
         """Nodes reachable from ``roots`` (default: the outputs), sources first."""
         order: list[Node] = []
