@@ -178,3 +178,22 @@ def test_stage_runs_in_the_pipeline(monkeypatch) -> None:
     g = pipeline.graph_passes(_linear())
     assert any(n.op is Leaf.INPUT and n.dtype is dt.bf16 for n in g.nodes)
     assert any(n.op is Op.CAST and n.dtype is dt.bf16 for n in g.nodes)
+
+
+def test_attention_output_is_rounded_after_its_kernel(monkeypatch) -> None:
+    """An attention output read head-major by the output projection: the staging copy and the
+    rounding come after the attention kernel, which keeps its own form (a SoftmaxSum at the
+    top, the attention code path), and the plan matches the interpreter."""
+    monkeypatch.setenv("LUMINAL_MATMUL_PRECISION", "bf16")
+    h, hd, n = 3, 20, 37
+    g = lm.Graph("attn_proj")
+    q, k, v = (g.input(name, (h, SEQ, hd)) for name in "qkv")
+    o = F.softmax((q @ k.transpose(1, 2)) * (hd**-0.5), -1) @ v
+    w = g.weight("w", data=RNG.standard_normal((n, h * hd)).astype(np.float32))
+    g.output("y", F.linear(o.permute(1, 0, 2).reshape(SEQ, h * hd), w))
+    low = lower(pipeline.graph_passes(g))
+    attn = [s for s in low.kernels if any(isinstance(x, K.SoftmaxSum) for x in K.walk(s.value))]
+    assert attn and all(isinstance(s.value, K.SoftmaxSum) for s in attn)
+    inputs = {name: RNG.standard_normal((h, 9, hd)).astype(np.float32) for name in "qkv"}
+    want = interpret(round_products(g), inputs)["y"]
+    np.testing.assert_allclose(lm.compile(g).run(inputs)["y"], want, rtol=1e-5, atol=1e-5)

@@ -313,9 +313,9 @@ def test_pass_list_flag_and_debug_output(monkeypatch, capsys) -> None:
         "act_quant",
         "fold_scales",
         "siblings",
-        "bf16",
         "egraph",
         "stage",
+        "bf16",
     ]
     g = CASES["log2-exp2"][0]
     graph = _graph(g, [(9,)], F)

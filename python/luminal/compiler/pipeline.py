@@ -165,13 +165,6 @@ STAGES: list[Stage] = [
         flags.SIBLINGS,
     ),
     Stage(
-        "bf16",
-        _graph_pass(round_products),
-        "with LUMINAL_MATMUL_PRECISION=bf16, both operands of products by f32 or bf16 weights "
-        "rounded to bf16, the sums in f32 (compiler/bf16.py)",
-        flags.MATMUL_PRECISION,
-    ),
-    Stage(
         "egraph",
         _graph_pass(_egraph),
         "equality saturation with the rule files (compiler/search/rules)",
@@ -183,6 +176,13 @@ STAGES: list[Stage] = [
         "div/mod-strided operands of sums shared by many rows copied contiguously "
         "(compiler/stage.py)",
         flags.STAGE,
+    ),
+    Stage(
+        "bf16",
+        _graph_pass(round_products),
+        "with LUMINAL_MATMUL_PRECISION=bf16, both operands of products by f32 or bf16 weights "
+        "rounded to bf16, the sums in f32 (compiler/bf16.py)",
+        flags.MATMUL_PRECISION,
     ),
     Stage(
         "lower",
