@@ -111,3 +111,28 @@ def test_weights_used_elsewhere_keep_the_naive_form():
     g.output("o", p.matmul(v))
     low = lower(g)
     assert not any(isinstance(x, K.SoftmaxSum) for kk in low.kernels for x in K.walk(kk.value))
+
+
+def test_gated_attention_keeps_its_kernel():
+    """An elementwise op on the attention output (a sigmoid gate, as gated-attention models
+    apply before the output projection) leaves the softmax-weighted sum matched (the e-graph
+    moves the scale under the row max's broadcast there) and in a kernel of its own, where the
+    attention code path runs; the gate and the projection come after it."""
+    seq, d, heads, n = 300, 24, 3, 17
+    g = lm.Graph("gated")
+    q, k, v, gate = (g.input(name, (heads, seq, d)) for name in ("q", "k", "v", "gate"))
+    o = _naive(g, q, k, v, 1 / np.sqrt(d)) * F.sigmoid(gate)
+    w = g.input("w", (n, heads * d))
+    g.output("o", F.linear(o.permute(1, 0, 2).reshape(seq, heads * d), w))
+    from luminal.compiler.pipeline import graph_passes
+
+    low = lower(graph_passes(g))
+    tops = [kk for kk in low.kernels if any(isinstance(x, K.SoftmaxSum) for x in K.walk(kk.value))]
+    assert len(tops) == 1 and isinstance(tops[0].value, K.SoftmaxSum)
+    _no_square_buffer(low.buffers, seq)
+    shapes = {name: (heads, seq, d) for name in ("q", "k", "v", "gate")} | {"w": (n, heads * d)}
+    xs, out = _run(g, shapes)
+    t = {name: torch.from_numpy(x) for name, x in xs.items()}
+    att = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"])
+    ref = (att * torch.sigmoid(t["gate"])).permute(1, 0, 2).reshape(seq, -1) @ t["w"].T
+    np.testing.assert_allclose(out, ref.numpy(), atol=1e-4, rtol=1e-4)

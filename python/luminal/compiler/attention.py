@@ -25,6 +25,9 @@ from ..graph.graph import Node
 from ..graph.ops import COMMUTATIVE, Leaf, Op
 from ..graph.view import View
 
+# relative difference of two scales that are one f32 constant rounded differently (2^-23)
+F32_EPS = 2.0**-23
+
 
 @dataclass
 class SoftmaxSumMatch:
@@ -78,7 +81,7 @@ def _linear(
                 if sub is None:
                     return None
             else:
-                sub = {(s.id, v): 1.0}
+                sub = _scaled_leaf(s, v, consumers, chain)
             for k, c in sub.items():
                 out[k] = out.get(k, 0.0) + c
         chain.add(n.id)
@@ -94,10 +97,32 @@ def _linear(
                 if sub is None:
                     return None
             else:
-                sub = {(x.id, vx): 1.0}
+                sub = _scaled_leaf(x, vx, consumers, chain)
             chain.add(n.id)
             return {key: coef * factor for key, coef in sub.items()}
     return None
+
+
+def _scaled_leaf(
+    n: Node, view: View, consumers: dict[int, list[Node]], chain: set[int]
+) -> dict[tuple[int, View], float]:
+    """The term ``n`` read through ``view``, with multiplications by constants peeled off:
+    ``c * x`` read through a view is ``c`` times ``x`` read through it (``x`` read whole by
+    ``n``), so a scale the e-graph moved under a broadcast (``c * max(S)`` broadcast over the
+    keys) still leaves ``max(S)`` as the term."""
+    factor = 1.0
+    while n.op is Op.MUL and len(consumers[n.id]) == 1:
+        (a, va), (b, vb) = n.srcs
+        for (x, vx), (cn, vc) in (((a, va), (b, vb)), ((b, vb), (a, va))):
+            c = _const_value(cn, vc)
+            if c is not None and _identity(vx, n.shape):
+                chain.add(n.id)
+                factor *= c
+                n = x
+                break
+        else:
+            break
+    return {(n.id, view): factor}
 
 
 def _other(n: Node, node: Node) -> tuple[Node, View] | None:
@@ -189,7 +214,9 @@ def _match_weights(
             s_node, m_node = nodes[s_id], nodes[m_id]
             if m_node.op is not Op.MAX_REDUCE:
                 continue
-            if not (cs > 0 and cm == -cs and _identity(vs, shape)):
+            # the scale of the max may be the f32 rounding of the scores' (the e-graph's
+            # max-scale rule folds constants in f32): equal to f32 precision
+            if not (cs > 0 and abs(cm + cs) <= F32_EPS * cs and _identity(vs, shape)):
                 continue
             if m_node.arg != len(shape) - 1 or m_node.srcs[0][0] is not s_node:
                 continue

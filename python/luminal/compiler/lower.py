@@ -280,7 +280,10 @@ class _Lowerer:
                 ok = False
             elif n.id in self.absorbed or n.id in self.forced:
                 ok = True
-            elif n.id in self.narrow:
+            elif n.id in self.narrow or n.id in self.softmax_sums:
+                # a softmax-weighted sum is a kernel of its own: the attention code path
+                # takes it only at a kernel's top (inside another value it runs as a scalar
+                # loop over the keys for every output element)
                 ok = False
             elif n.op in (Leaf.CONSTANT, Op.IOTA):
                 ok = True
