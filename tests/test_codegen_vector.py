@@ -351,9 +351,10 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.where(nan, (u >> 16) | 0x40, r).astype(np.uint16)
 
 
-@pytest.mark.parametrize("out", ["bf16", "f32"])
-def test_bf16_rounding_in_vector_loops_matches_the_scalar_bits(out: str) -> None:
-    """An exp-heavy loop (vector form) whose value is rounded to bf16, stored as bf16 or
+@pytest.mark.parametrize("half", ["bf16", "f16"])
+@pytest.mark.parametrize("out", ["half", "f32"])
+def test_half_rounding_in_vector_loops_matches_the_scalar_bits(out: str, half: str) -> None:
+    """An exp-heavy loop (vector form) whose value is rounded to bf16 or f16, stored so or
     widened back to f32: ties both ways, carries into the exponent, overflow to inf, NaN,
     infinities, subnormals and -0, in the vector part and the scalar rest (71 = 4 x 16 + 7)."""
     special = np.array(
@@ -366,15 +367,27 @@ def test_bf16_rounding_in_vector_loops_matches_the_scalar_bits(out: str) -> None
     x.reshape(-1)[64 : 64 + len(special)] = special  # the last 7 are the scalar rest's
     g = lm.Graph("round")
     xi, z = g.input("x", (3, 71)), g.input("z", (3, 71))
-    y = (xi * z.exp2()).cast(dt.bf16)  # z = 0: x * 1, exact, through lm_vexp2f
-    g.output("y", y if out == "bf16" else y.cast(dt.f32))
+    hd = dt.bf16 if half == "bf16" else dt.f16
+    y = (xi * z.exp2()).cast(hd)  # z = 0: x * 1, exact, through lm_vexp2f
+    g.output("y", y if out == "half" else y.cast(dt.f32))
     src = _sources(g)
-    assert ("lm_vstore_bf16(" if out == "bf16" else "lm_vround_bf16(") in src
+    assert (f"lm_vstore_{half}(" if out == "half" else f"lm_vround_{half}(") in src
     got = lm.compile(g).run({"x": x, "z": np.zeros_like(x)})["y"]
-    bits = got.view(np.uint16) if out == "bf16" else (got.view(np.uint32) >> 16).astype(np.uint16)
-    np.testing.assert_array_equal(bits, _bf16_bits(x))
-    if out == "f32":
-        assert not (got.view(np.uint32) & 0xFFFF).any()
+    if half == "bf16":
+        want = _bf16_bits(x)
+        bits = (
+            got.view(np.uint16) if out == "half" else (got.view(np.uint32) >> 16).astype(np.uint16)
+        )
+        np.testing.assert_array_equal(bits, want)
+        if out == "f32":
+            assert not (got.view(np.uint32) & 0xFFFF).any()
+        return
+    with np.errstate(over="ignore"):  # nearest even, overflow to inf, subnormals kept
+        want16 = x.astype(np.float16)
+        got16 = got if out == "half" else got.astype(np.float16)  # exact: f16 values widened
+    nan = np.isnan(want16)
+    np.testing.assert_array_equal(np.isnan(got16), nan)
+    np.testing.assert_array_equal(got16.view(np.uint16)[~nan], want16.view(np.uint16)[~nan])
 
 
 def test_widened_half_values_are_stored_in_their_type() -> None:

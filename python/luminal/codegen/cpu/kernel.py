@@ -341,7 +341,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         if jam:
             pass  # jam_task writes the element loops
         elif window is None:
-            half = k.dtype is dt.bf16 and not stage
+            half = k.dtype in (dt.bf16, dt.f16) and not stage
             if (
                 k.scatter_row is None
                 and (k.dtype is dt.f32 or half)
@@ -349,15 +349,16 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             ):
                 # exp-heavy values and staged runs: a vector loop first, stored straight to the
                 # output (streamed where the run would be staged to stream: no copy through the
-                # stack buffer); the scalar loop takes the rest. A bf16 output is stored
-                # rounded from the f32 lanes (a GEMM's bf16 operand).
+                # stack buffer); the scalar loop takes the rest. A bf16 or f16 output is stored
+                # rounded from the f32 lanes (a GEMM's half operand).
                 over = {b: f"lm_vload_f32(&{em.row_cache[r]}[{iv}])"
                         for r, b in caches.items() if r in em.cached}  # fmt: skip
                 dst = f"&b0[{cexpr(_flat(shape, {}))}]"
                 nt = "lm_nt" if stage else "0"
                 vloop = vector_loop(
                     em, k.value, inner_ix, lo, hi, "    ",
-                    (lambda x, at: [f"      lm_vstore_bf16({dst}, {x});", f"      {at} += LM_VL;"])
+                    (lambda x, at: [f"      lm_vstore_{k.dtype.name}({dst}, {x});",
+                                    f"      {at} += LM_VL;"])
                     if half else
                     (lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"]),
                     over, always=bool(stage), advance=True,

@@ -71,6 +71,16 @@ static inline void lm_vstore_bf16(uint16_t *p, lm_f32v v) {
   lm_u16v h = __builtin_convertvector(lm_vbf16_bits(v), lm_u16v);
   memcpy(p, &h, sizeof h);
 }
+/* f16 lanes by the C conversion the scalar lm_f32_to_f16 makes (vcvtps2ph where the CPU has
+   it): the same bits */
+typedef _Float16 lm_h16v __attribute__((vector_size(2 * LM_VL)));
+static inline lm_f32v lm_vround_f16(lm_f32v v) {
+  return __builtin_convertvector(__builtin_convertvector(v, lm_h16v), lm_f32v);
+}
+static inline void lm_vstore_f16(uint16_t *p, lm_f32v v) {
+  lm_h16v h = __builtin_convertvector(v, lm_h16v);
+  memcpy(p, &h, sizeof h);
+}
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* one widening load each; __builtin_convertvector from a byte vector is extracted byte by byte
@@ -326,9 +336,9 @@ class _Vec:
                 return f"({ctype(v.dtype)})({a})", "s"
             if v.dtype is dt.f32:
                 return (a, "f") if kind == "f" else (f"__builtin_convertvector({a}, lm_f32v)", "f")
-            if v.dtype is dt.bf16:  # held in f32 lanes, rounded as a store would round it
+            if v.dtype in (dt.bf16, dt.f16):  # in f32 lanes, rounded as a store would be
                 f = a if kind == "f" else f"__builtin_convertvector({a}, lm_f32v)"
-                return f"lm_vround_bf16({f})", "f"
+                return f"lm_vround_{v.dtype.name}({f})", "f"
             if v.dtype is dt.i32:
                 # a vector of narrower integers already holds their values as i32
                 if kind == "i":
