@@ -123,6 +123,24 @@ def test_cli(tiny, tmp_path, capsys) -> None:
         quant.quantize(src, out + "5", "fp3")
 
 
+def test_scales_option(tiny, tmp_path) -> None:
+    from luminal.loaders import lowp
+    from luminal.loaders.gguf import GGUFWeights
+
+    src, _ = tiny
+    x = GGUFWeights(GGUFFile(src), dequant="load").values("blk.0.attn_q.weight")
+    got = {}
+    for scales in lowp.SCALES:
+        out = str(tmp_path / f"{scales}.gguf")
+        assert cli.run([src, "-o", out, "--type", "mxfp4", "--scales", scales, "-q"]) == 0
+        got[scales] = GGUFFile(out).raw("blk.0.attn_q.weight").reshape(-1)
+        want = lowp.FORMATS["mxfp4"].quantize(x, scales)["blocks"].reshape(-1)
+        np.testing.assert_array_equal(got[scales], want)
+    assert (got["mse"] != got["amax"]).any()
+    with pytest.raises(ValueError, match="scales must be one of mse, amax, got 'min'"):
+        quant.quantize(src, tmp_path / "x.gguf", "int8", scales="min")
+
+
 def test_damaged_luminal_file_is_a_clear_error(tiny, tmp_path) -> None:
     from luminal.loaders.gguf import GGUFWeights
 

@@ -14,7 +14,10 @@ Three kinds of target type:
   reads it, llama.cpp refuses it by name.
 
 Matrices (2-D tensors) are quantized; vectors (norms, biases) stay f32, and so does a matrix
-whose row length is not a multiple of the format's block (listed in the result).
+whose row length is not a multiple of the format's block (listed in the result). ``scales``
+says how luminal's quantizers (``mxfp4`` and luminal's formats) choose their scales: ``"mse"``
+(the least squared error among candidates around the amax rule's, per row or block) or
+``"amax"`` (the format's own rule); the gguf package's and llama.cpp's types have their own.
 """
 
 from __future__ import annotations
@@ -65,13 +68,17 @@ class QuantizeResult:
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
-             embed_type: str | None = None, quiet: bool = True) -> QuantizeResult:  # fmt: skip
+             embed_type: str | None = None, quiet: bool = True,
+             scales: str = "mse") -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
-    as llama.cpp keeps them at higher precision in its 4-bit mixes."""
+    as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
+    quantizers choose scales (``lowp.SCALES``, see above)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
+    if scales not in lowp.SCALES:
+        raise ValueError(f"scales must be one of {', '.join(lowp.SCALES)}, got {scales!r}")
     if embed_type is not None and qtype in _LLAMA_CPP:
         raise ValueError(f"{qtype} is llama.cpp's own mix: embed_type does not apply to it")
     own = [t for t in TYPES if t not in _LLAMA_CPP]
@@ -94,7 +101,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(src, dst, qtype, embed_type, quiet)
+    res = _write(src, dst, qtype, embed_type, quiet, scales)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -117,7 +124,8 @@ def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
 EMBEDDINGS = ("token_embd.weight", "output.weight")
 
 
-def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool) -> QuantizeResult:
+def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool,
+           scales: str) -> QuantizeResult:  # fmt: skip
     import gguf
 
     f = GGUFFile(src)
@@ -145,7 +153,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool) -> Quan
         if x.ndim == 2 and t != "f32" and x.shape[1] % _block(t):
             res.kept_f32.append(name)
             t = "f32"
-        res.stored[name] = _put(w, name, x, t if x.ndim == 2 else "f32")
+        res.stored[name] = _put(w, name, x, t if x.ndim == 2 else "f32", scales)
         if not quiet and (k % 16 == 0 or k == len(names) - 1):
             print(f"\rquantize: {k + 1}/{len(names)} tensors", end="", file=sys.stderr)
     if not quiet:
@@ -166,7 +174,7 @@ def _block(qtype: str) -> int:
     return lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype).block
 
 
-def _put(w: Any, name: str, x: np.ndarray, qtype: str) -> str:
+def _put(w: Any, name: str, x: np.ndarray, qtype: str, scales: str) -> str:
     """Add tensor ``name`` (f32 values) as ``qtype``; the type it was stored as."""
     import gguf
 
@@ -179,11 +187,11 @@ def _put(w: Any, name: str, x: np.ndarray, qtype: str) -> str:
         return q.name
     if qtype in _GGUF_LOWP:
         gtype, fmt = _GGUF_LOWP[qtype]
-        data = next(iter(lowp.get(fmt).quantize(x).values()))
+        data = next(iter(lowp.get(fmt).quantize(x, scales).values()))
         w.add_tensor(name, data.view(np.uint8), raw_dtype=gguf.GGMLQuantizationType[gtype])
         return gtype
     f = lowp.get(qtype)
-    parts = f.quantize(x)
+    parts = f.quantize(x, scales)
     for p in f.parts:
         a = parts[p.name]
         w.add_tensor(f"{name}.{p.name}", a.view(np.int8) if a.dtype == np.uint8 else a)
