@@ -54,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(info))
     else:
         counts = ", ".join(f"{n} {t}" for t, n in sorted(info["tensors"].items()))
-        print(f"{res.path}: {res.qtype}, {res.size / 2**20:.1f} MiB, {counts} "
+        err = "" if res.error is None else f", weight error {100 * res.error:.2f}% (relative RMS)"
+        print(f"{res.path}: {res.qtype}, {res.size / 2**20:.1f} MiB, {counts}{err} "
               f"({res.seconds:.1f} s)")  # fmt: skip
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
