@@ -123,6 +123,35 @@ def test_cli(tiny, tmp_path, capsys) -> None:
         quant.quantize(src, out + "5", "fp3")
 
 
+def test_scales_option_and_weight_error(tiny, tmp_path, capsys) -> None:
+    from luminal.loaders import lowp
+    from luminal.loaders.gguf import GGUFWeights
+
+    src, _ = tiny
+    ws = GGUFWeights(GGUFFile(src), dequant="load")
+    x = ws.values("blk.0.attn_q.weight")
+    got, err = {}, {}
+    for scales in lowp.SCALES:
+        out = str(tmp_path / f"{scales}.gguf")
+        assert cli.run([src, "-o", out, "--type", "mxfp4", "--scales", scales, "--json"]) == 0
+        err[scales] = json.loads(capsys.readouterr().out)["rel_error"]
+        got[scales] = GGUFFile(out).raw("blk.0.attn_q.weight").reshape(-1)
+        want = lowp.FORMATS["mxfp4"].quantize(x, scales)["blocks"].reshape(-1)
+        np.testing.assert_array_equal(got[scales], want)
+    assert (got["mse"] != got["amax"]).any()
+    assert 0 < err["mse"] < err["amax"] < 0.2
+    # the error is over the quantized matrices: sqrt(sum (q - w)^2 / sum w^2)
+    res = quant.quantize(src, tmp_path / "q8.gguf", "q8_0")
+    q = GGUFWeights(GGUFFile(res.path), dequant="load")
+    mats = [n for n in GGUFFile(src).tensors if ws.values(n).ndim == 2]
+    e2 = sum(float(np.square(q.values(n).astype(np.float64) - ws.values(n)).sum()) for n in mats)
+    w2 = sum(float(np.square(ws.values(n).astype(np.float64)).sum()) for n in mats)
+    assert res.error == pytest.approx((e2 / w2) ** 0.5, rel=1e-9)
+    assert quant.quantize(src, tmp_path / "f32.gguf", "f32").error is None
+    with pytest.raises(ValueError, match="scales must be one of mse, amax, got 'min'"):
+        quant.quantize(src, tmp_path / "x.gguf", "int8", scales="min")
+
+
 def test_damaged_luminal_file_is_a_clear_error(tiny, tmp_path) -> None:
     from luminal.loaders.gguf import GGUFWeights
 

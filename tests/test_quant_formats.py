@@ -1,7 +1,8 @@
 """luminal's low-precision formats (``luminal.loaders.lowp``): element rounding against
 ``ml_dtypes``, each format's round trip against its reference quantizer (bit-exact packing,
 the graph expression equal to the numpy dequantizer), the MX / nvfp4 blocks against
-``gguf.quants``, and each format's GEMV/GEMM through a compiled plan against the interpreter."""
+``gguf.quants``, the error-minimising scales against the amax rule's, and each format's
+GEMV/GEMM through a compiled plan against the interpreter."""
 
 from __future__ import annotations
 
@@ -43,22 +44,28 @@ def test_element_codes_and_rounding_match_ml_dtypes(et: lowp.SmallFloat, md: typ
     np.testing.assert_array_equal(et.round(x).astype(np.float32), x.astype(md).astype(np.float32))
     got = np.asarray(et.table, np.float32)[et.encode(x)]
     np.testing.assert_array_equal(got, et.round(x).astype(np.float32))
+    # f64 inputs: the same values, and a hair off a tie the nearer neighbour
+    np.testing.assert_array_equal(et.round(x.astype(np.float64)), et.round(x))
+    t64 = ties.astype(np.float64)
+    np.testing.assert_array_equal(et.round(np.nextafter(t64, np.inf)), vals[1:])
+    np.testing.assert_array_equal(et.round(np.nextafter(t64, -np.inf)), vals[:-1])
     # saturating: past the largest finite value is the largest finite value
     big = np.asarray([et.max_finite * 1.5, -et.max_finite * 4], np.float32)
     np.testing.assert_array_equal(et.round(big), [et.max_finite, -et.max_finite])
 
 
+@pytest.mark.parametrize("scales", lowp.SCALES)
 @pytest.mark.parametrize("fmt", list(lowp.FORMATS))
-def test_round_trip_against_reference_quantizer(fmt: str) -> None:
+def test_round_trip_against_reference_quantizer(fmt: str, scales: str) -> None:
     f = lowp.FORMATS[fmt]
     rows, cols = 7, 64 * 3
     x = _weights(rows, cols)
     x[2] = 0.0  # an all-zero row
-    parts = f.quantize(x)
+    parts = f.quantize(x, scales)
     lowp.check_parts(f, parts, (rows, cols), fmt)
     ref = f.dequantize(parts)
     np.testing.assert_array_equal(lowp.dequantize(fmt, parts, (rows, cols)), ref)
-    again = f.quantize(ref)  # the quantized values are fixed points: same bytes
+    again = f.quantize(ref, scales)  # the quantized values are fixed points: same bytes
     for k in parts:
         np.testing.assert_array_equal(again[k], parts[k], err_msg=k)
     assert not ref[2].any()
@@ -70,27 +77,55 @@ def test_mx_and_nvfp4_spec_examples() -> None:
     # OCP MX: shared exponent floor(log2(amax)) - emax_elem; mxfp4 block amax 6 -> scale 1
     x = np.zeros((1, 32), np.float32)
     x[0, :4] = [6.0, -0.25, 0.75, 2.5]
-    b = lowp.FORMATS["mxfp4"].quantize(x)["blocks"]
+    b = lowp.FORMATS["mxfp4"].quantize(x, "amax")["blocks"]
     assert b[0, 0] == 127
     codes = lowp._unpack_nibbles(b[:, 1:])[0, :4]
     # 6 -> 0b0111; -0.25 ties 0/0.5 -> -0 (even); 0.75 ties 0.5/1 -> 1 (even); 2.5 -> 2 (even)
     assert codes.tolist() == [0b0111, 0b1000, 0b0010, 0b0100]
     # mxfp8: amax 1.0 -> e = 0 - 8 + 127
-    e = lowp.FORMATS["mxfp8"].quantize(np.ones((1, 32), np.float32))["e"]
+    e = lowp.FORMATS["mxfp8"].quantize(np.ones((1, 32), np.float32), "amax")["e"]
     assert e.tolist() == [[119]]
     # nvfp4: tensor scale amax / (6 * 448); a block's scale amax / 6 in e4m3
     y = np.zeros((1, 64), np.float32)
     y[0, 0], y[0, 16] = 2688.0, 6.0
-    p = lowp.FORMATS["nvfp4"].quantize(y)
+    p = lowp.FORMATS["nvfp4"].quantize(y, "amax")
     assert p["scale"].tolist() == [[1.0]]
     assert p["blocks"][0, :2].tolist() == [0x7E, 0x38]  # e4m3 448 and 1.0
     np.testing.assert_array_equal(lowp.FORMATS["nvfp4"].dequantize(p), y)
 
 
+def test_mse_scales_examples() -> None:
+    # mxfp4: amax 7.5 saturates to 6 under the rule's scale 1; scale 2 holds it as 8
+    x = np.zeros((1, 32), np.float32)
+    x[0, :2] = [7.5, 1.0]
+    f = lowp.FORMATS["mxfp4"]
+    assert f.quantize(x, "amax")["blocks"][0, 0] == 127
+    b = f.quantize(x)["blocks"]
+    assert b[0, 0] == 128
+    np.testing.assert_array_equal(f.dequantize({"blocks": b})[0, :2], [8.0, 1.0])
+    # nvfp4 (tensor scale 1): the rule's block scale for [2, 1.75] is e4m3(2 / 6) = 0.34375,
+    # giving 2.0625 twice; one code down, 0.3125, gives 1.875 twice
+    y = np.zeros((1, 64), np.float32)
+    y[0, 0], y[0, 16:18] = 2688.0, [2.0, 1.75]
+    g = lowp.FORMATS["nvfp4"]
+    assert g.quantize(y, "amax")["blocks"][0, 1] == 0x2B
+    p = g.quantize(y)
+    assert p["scale"].tolist() == [[1.0]] and p["blocks"][0, :2].tolist() == [0x7E, 0x2A]
+    np.testing.assert_array_equal(g.dequantize(p)[0, 16:18], [1.875, 1.875])
+    # int8: values on a grid of step 0.9 / 127 but for an amax of 0.92: clipping that one
+    # lets the scale land near the grid's step
+    z = (np.arange(-127, 128) * (0.9 / 127)).astype(np.float32)[None]
+    z[0, -1] = 0.92
+    q = lowp.FORMATS["int8"]
+    pa, pm = q.quantize(z, "amax"), q.quantize(z)
+    assert pm["scale"][0, 0] < pa["scale"][0, 0]
+    assert np.square(q.dequantize(pm) - z).sum() < np.square(q.dequantize(pa) - z).sum() / 2
+
+
 def test_blocks_agree_with_gguf() -> None:
     gguf = pytest.importorskip("gguf")
     x = _weights(9, 256)
-    mine = lowp.FORMATS["mxfp4"].quantize(x)
+    mine = lowp.FORMATS["mxfp4"].quantize(x, "amax")  # the OCP rule, as gguf's quantizer
     theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType.MXFP4)
     # the same scales and codes, except that a negative value rounding to zero is -0 here
     # (ties-to-even keeps the sign) where gguf writes +0
@@ -103,6 +138,35 @@ def test_blocks_agree_with_gguf() -> None:
     p = lowp.FORMATS["nvfp4"].quantize(x)
     ref = gguf.quants.dequantize(p["blocks"], gguf.GGMLQuantizationType.NVFP4) * p["scale"]
     np.testing.assert_array_equal(ref, lowp.FORMATS["nvfp4"].dequantize(p))
+
+
+# values sharing a scale: per row (None), per tensor (0) or per block
+GROUP = {"fp8_e4m3": None, "fp8_e5m2": None, "fp8_e4m3_tensor": 0, "fp8_e5m2_tensor": 0,
+         "int8": None, "mxfp8": 32, "mxfp4": 32, "nvfp4": 16}  # fmt: skip
+
+
+def _heavy_tailed(rows: int, cols: int) -> np.ndarray:
+    x = RNG.standard_t(2, size=(rows, cols)) * np.exp(RNG.normal(size=(rows, 1)))
+    x[RNG.random((rows, cols)) < 0.002] *= 50  # rare outliers on top
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("data", ["normal", "heavy"])
+@pytest.mark.parametrize("fmt", list(GROUP))
+def test_mse_scales_never_worse_than_amax(fmt: str, data: str) -> None:
+    f = lowp.FORMATS[fmt]
+    x = (_weights if data == "normal" else _heavy_tailed)(40, 64 * 6)
+    g = GROUP[fmt]
+    group = x.shape[1] if g is None else x.size if g == 0 else g
+
+    def errors(scales: str) -> np.ndarray:
+        r = f.dequantize(f.quantize(x, scales)).astype(np.float64) - x
+        return np.square(r).reshape(-1, group).sum(axis=1)
+
+    amax, mse = errors("amax"), errors("mse")
+    assert (mse <= amax * (1 + 1e-12)).all()  # up to the order of the f64 sums
+    if data == "normal" and GROUP[fmt] != 0:  # (one scale for a tensor, or an outlier 50x
+        assert mse.sum() < amax.sum()  # the rest, may well keep the amax rule's)
 
 
 def test_every_format_gemv_and_gemm_compiled_against_interp() -> None:
@@ -149,6 +213,8 @@ def test_bad_inputs_are_clear_errors() -> None:
         lowp.FORMATS["int8"].quantize(np.asarray([[1.0, np.nan]], np.float32))
     with pytest.raises(ValueError, match="2-D"):
         lowp.FORMATS["fp8_e4m3"].quantize(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="nvfp4: scales must be one of mse, amax, got 'max'"):
+        lowp.FORMATS["nvfp4"].quantize(np.ones((1, 64), np.float32), "max")
     with pytest.raises(ValueError, match="unknown low-precision format 'fp3'"):
         lowp.get("fp3")
     parts = lowp.FORMATS["int8"].quantize(np.ones((3, 8), np.float32))

@@ -14,7 +14,10 @@ Three kinds of target type:
   reads it, llama.cpp refuses it by name.
 
 Matrices (2-D tensors) are quantized; vectors (norms, biases) stay f32, and so does a matrix
-whose row length is not a multiple of the format's block (listed in the result).
+whose row length is not a multiple of the format's block (listed in the result). ``scales``
+says how luminal's quantizers (``mxfp4`` and luminal's formats) choose their scales: ``"mse"``
+(the least squared error among candidates around the amax rule's, per row or block) or
+``"amax"`` (the format's own rule); the gguf package's and llama.cpp's types have their own.
 """
 
 from __future__ import annotations
@@ -62,16 +65,22 @@ class QuantizeResult:
     embed_type: str = ""
     stored: dict[str, str] = field(default_factory=dict)  # tensor -> type it was written as
     kept_f32: list[str] = field(default_factory=list)  # matrices the format cannot hold
+    # relative RMS error of the matrices quantized here, sqrt(sum (q - w)^2 / sum w^2)
+    error: float | None = None
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
-             embed_type: str | None = None, quiet: bool = True) -> QuantizeResult:  # fmt: skip
+             embed_type: str | None = None, quiet: bool = True,
+             scales: str = "mse") -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
-    as llama.cpp keeps them at higher precision in its 4-bit mixes."""
+    as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
+    quantizers choose scales (``lowp.SCALES``, see above)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
+    if scales not in lowp.SCALES:
+        raise ValueError(f"scales must be one of {', '.join(lowp.SCALES)}, got {scales!r}")
     if embed_type is not None and qtype in _LLAMA_CPP:
         raise ValueError(f"{qtype} is llama.cpp's own mix: embed_type does not apply to it")
     own = [t for t in TYPES if t not in _LLAMA_CPP]
@@ -94,7 +103,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(src, dst, qtype, embed_type, quiet)
+    res = _write(src, dst, qtype, embed_type, quiet, scales)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -117,7 +126,8 @@ def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
 EMBEDDINGS = ("token_embd.weight", "output.weight")
 
 
-def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool) -> QuantizeResult:
+def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool,
+           scales: str) -> QuantizeResult:  # fmt: skip
     import gguf
 
     f = GGUFFile(src)
@@ -139,13 +149,17 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool) -> Quan
     res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
     owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}
     names = [*source.lowp, *(n for n in f.tensors if n not in owned)]
+    err2 = norm2 = 0.0
     for k, name in enumerate(names):
         x = np.ascontiguousarray(source.values(name), dtype=np.float32)
         t = embed_type if name in EMBEDDINGS else qtype
         if x.ndim == 2 and t != "f32" and x.shape[1] % _block(t):
             res.kept_f32.append(name)
             t = "f32"
-        res.stored[name] = _put(w, name, x, t if x.ndim == 2 else "f32")
+        res.stored[name], q = _put(w, name, x, t if x.ndim == 2 else "f32", scales)
+        if q is not None:
+            err2 += float(np.square(q.astype(np.float64) - x).sum())
+            norm2 += float(np.square(x.astype(np.float64)).sum())
         if not quiet and (k % 16 == 0 or k == len(names) - 1):
             print(f"\rquantize: {k + 1}/{len(names)} tensors", end="", file=sys.stderr)
     if not quiet:
@@ -155,6 +169,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool) -> Quan
     w.write_tensors_to_file()
     w.close()
     res.size = os.path.getsize(dst)
+    res.error = (err2 / norm2) ** 0.5 if norm2 > 0 else None
     return res
 
 
@@ -166,37 +181,42 @@ def _block(qtype: str) -> int:
     return lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype).block
 
 
-def _put(w: Any, name: str, x: np.ndarray, qtype: str) -> str:
-    """Add tensor ``name`` (f32 values) as ``qtype``; the type it was stored as."""
+def _put(w: Any, name: str, x: np.ndarray, qtype: str,
+         scales: str) -> tuple[str, np.ndarray | None]:  # fmt: skip
+    """Add tensor ``name`` (f32 values) as ``qtype``; the type it was stored as and, unless
+    f32, the values it decodes to."""
     import gguf
 
     if qtype == "f32":
         w.add_tensor(name, x)
-        return "F32"
+        return "F32", None
     if qtype in _GGUF_PY:
         q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
-        w.add_tensor(name, gguf.quants.quantize(x, q), raw_dtype=q)
-        return q.name
+        data = gguf.quants.quantize(x, q)
+        w.add_tensor(name, data, raw_dtype=q)
+        return q.name, gguf.quants.dequantize(data, q)
     if qtype in _GGUF_LOWP:
         gtype, fmt = _GGUF_LOWP[qtype]
-        data = next(iter(lowp.get(fmt).quantize(x).values()))
+        parts = lowp.get(fmt).quantize(x, scales)
+        data = next(iter(parts.values()))
         w.add_tensor(name, data.view(np.uint8), raw_dtype=gguf.GGMLQuantizationType[gtype])
-        return gtype
+        return gtype, lowp.get(fmt).dequantize(parts)
     f = lowp.get(qtype)
-    parts = f.quantize(x)
+    parts = f.quantize(x, scales)
     for p in f.parts:
         a = parts[p.name]
         w.add_tensor(f"{name}.{p.name}", a.view(np.int8) if a.dtype == np.uint8 else a)
     info = {"format": qtype, "shape": [int(x.shape[0]), int(x.shape[1])]}
     w.add_string(LUMINAL_QUANT_KEY + name, json.dumps(info))
-    return qtype
+    return qtype, f.dequantize(parts)
 
 
 def describe(res: QuantizeResult) -> dict[str, Any]:
-    """A JSON-able summary: the type, file size, tensor counts by stored type."""
+    """A JSON-able summary: the type, file size, tensor counts by stored type, weight error."""
     counts: dict[str, int] = {}
     for t in res.stored.values():
         counts[t] = counts.get(t, 0) + 1
     return {"path": res.path, "type": res.qtype, "embed_type": res.embed_type or res.qtype,
             "bytes": res.size, "tensors": counts,
-            "seconds": round(res.seconds, 2), "kept_f32": res.kept_f32}  # fmt: skip
+            "seconds": round(res.seconds, 2), "kept_f32": res.kept_f32,
+            "rel_error": None if res.error is None else round(res.error, 6)}  # fmt: skip

@@ -32,6 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="another type for the token embedding and output head (e.g. q8_0 with a 4-bit "
         "--type, as llama.cpp's mixes do)",
     )
+    p.add_argument(
+        "--scales",
+        choices=api.lowp.SCALES,
+        default="mse",
+        help="how luminal's formats (and mxfp4) choose their scales: mse, the least squared "
+        "error among candidates around the amax rule's (default); amax, the format's own rule",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -40,13 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and not args.force:
         raise ValueError(f"{args.output} exists (--force overwrites it)")
-    res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet)
+    res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet,
+                       scales=args.scales)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
     else:
         counts = ", ".join(f"{n} {t}" for t, n in sorted(info["tensors"].items()))
-        print(f"{res.path}: {res.qtype}, {res.size / 2**20:.1f} MiB, {counts} "
+        err = "" if res.error is None else f", weight error {100 * res.error:.2f}% (relative RMS)"
+        print(f"{res.path}: {res.qtype}, {res.size / 2**20:.1f} MiB, {counts}{err} "
               f"({res.seconds:.1f} s)")  # fmt: skip
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
