@@ -51,7 +51,7 @@ def _weight_leaf(n: Node) -> Node | None:
 
 
 def _activation(n: Node) -> bool:
-    """An f32 value not already a bf16 value widened, nor made from weights alone."""
+    """An f32 operand that is neither a weight nor a bf16 value widened already."""
     if n.dtype is not dt.f32 or (n.op is Leaf.INPUT and n.arg[1]):
         return False
     return not (n.op is Op.CAST and n.srcs[0][0].dtype is dt.bf16)
@@ -78,6 +78,9 @@ def round_products(graph: G) -> G:
     def widened(g: Graph, n: Node) -> Node:
         return g.add_op(Op.CAST, [(n, View.contiguous(n.shape))], arg=dt.f32)
 
+    def rounded_here(g: Graph, n: Node) -> Node:  # f32(bf16(n)), computed in the graph
+        return widened(g, g.add_op(Op.CAST, [(n, View.contiguous(n.shape))], arg=dt.bf16))
+
     def bf16_weight(g: Graph, leaf: Node, src: Node) -> Node:
         if leaf.id not in rounded:
             name = leaf.arg[0]
@@ -91,8 +94,7 @@ def round_products(graph: G) -> G:
                 )
                 rounded[leaf.id] = widened(g, w)
             else:  # no data yet: rounded where it is read
-                b = g.add_op(Op.CAST, [(src, View.contiguous(src.shape))], arg=dt.bf16)
-                rounded[leaf.id] = widened(g, b)
+                rounded[leaf.id] = rounded_here(g, src)
         return rounded[leaf.id]
 
     def sources(g: Graph, n: Node, srcs: list[tuple[Node, View]]) -> list[tuple[Node, View]]:
@@ -105,8 +107,7 @@ def round_products(graph: G) -> G:
         out = list(srcs)
         out[j] = (bf16_weight(g, leaf, w), wv)
         if x.id not in cast_x:
-            b = g.add_op(Op.CAST, [(x, View.contiguous(x.shape))], arg=dt.bf16)
-            cast_x[x.id] = widened(g, b)
+            cast_x[x.id] = rounded_here(g, x)
         out[1 - j] = (cast_x[x.id], xv)
         return out
 
