@@ -191,3 +191,56 @@ def test_erf_gelu_lands_in_the_product_kernel():
     want = torch.nn.functional.gelu(torch.from_numpy(xv) @ torch.from_numpy(wv).T
                                     + torch.from_numpy(bv)).numpy()  # fmt: skip
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_padded_window_of_a_permuted_sum_reads_affinely():
+    """ConvNeXt's depthwise convolution reads a residual sum whose one side is permuted from
+    channels-last: the padded window's flat offset splits into (n, c, h, w) only under its
+    mask (``2 < h + r // 7 < 11``), and there every division but the tap's folds away. The
+    simplified index equals the unsimplified one wherever the mask holds (checked at every
+    point)."""
+    import itertools
+
+    import torch
+
+    from luminal.compiler.masked import unflatten
+
+    for (hh, ww, kk, pad, stride) in ((5, 6, 7, 3, 1), (7, 5, 3, 1, 2)):
+        g = lm.Graph("dwres")
+        x, b = g.input("x", (2, hh, ww, 16)), g.input("b", (16,))
+        r, w = g.input("r", (2, 16, hh, ww)), g.input("w", (16, 1, kk, kk))
+        y = (x + b).permute((0, 3, 1, 2)) + r
+        g.output("y", F.conv2d(y, w, padding=pad, stride=stride, groups=16))
+        for k in lower(g).kernels:
+            for v in K.walk(k.value):
+                if isinstance(v, K.Load):
+                    assert all(d.args[1] == kk for d in sym.divmods(v.index)), v.index
+        xv, bv, rv, wv = rand(2, hh, ww, 16), rand(16), rand(2, 16, hh, ww), rand(16, 1, kk, kk)
+        got = lm.compile(g).run({"x": xv, "b": bv, "r": rv, "w": wv})["y"]
+        ty = (torch.tensor(xv) + torch.tensor(bv)).permute(0, 3, 1, 2) + torch.tensor(rv)
+        want = torch.nn.functional.conv2d(ty, torch.tensor(wv), padding=pad, stride=stride,
+                                          groups=16)  # fmt: skip
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+    # the flat offset of a padded 3x3 window over a (2, 4, 5, 6) tensor, split with its mask
+    i, j = sym.index_var(0, 5), sym.index_var(1, 6)
+    n, c = sym.index_var(2, 2), sym.index_var(3, 4)
+    t = sym.var("_r0", 0, 8, 9)
+    row, col = sym.add(i, sym.floordiv(t, 3)), sym.add(j, sym.mod(t, 3))
+    flat = sym.add(sym.add(sym.mul(n, 120), sym.mul(c, 30)), sym.add(sym.mul(row, 6), col))
+    flat = sym.add(flat, -7)  # one row and one column of padding
+    valid = sym.mul(
+        sym.mul(sym.lt(0, row), sym.lt(row, 6)), sym.mul(sym.lt(0, col), sym.lt(col, 7))
+    )
+    shape = (2, 4, 5, 6)
+    got = unflatten(flat, shape, valid)
+    assert not any(sym.divmods(e) for e in got.values() if e is not None) or all(
+        d.args[1] == 3 for e in got.values() for d in sym.divmods(e)
+    ), got
+    for iv, jv, nv, cv, tv in itertools.product(range(5), range(6), range(2), range(4), range(9)):
+        env = {"_i0": iv, "_i1": jv, "_i2": nv, "_i3": cv, "_r0": tv}
+        if not sym.evaluate(valid, env):
+            continue
+        f = sym.evaluate(flat, env)
+        want_idx = [f // 120, f // 30 % 4, f // 6 % 5, f % 6]
+        assert [sym.evaluate(got[f"_i{k}"], env) for k in range(4)] == want_idx, env

@@ -10,7 +10,6 @@ this by choosing among alternatives; this lowering is always available and alway
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -21,9 +20,10 @@ from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node
 from ..graph.ops import ELEMENTWISE, REDUCE, TRANSCENDENTAL, Leaf, Op
 from ..graph.symbolic import sint
-from ..graph.view import View, contiguous_strides
+from ..graph.view import View
 from . import kernel_ir as K
 from .attention import SoftmaxSumMatch, match_softmax_sums
+from .masked import assuming, read_at, unflatten
 
 Role = Literal["input", "weight", "output", "scratch"]
 
@@ -67,150 +67,6 @@ def _consumers(graph: Graph, live: list[Node]) -> dict[int, list[Node]]:
     for n in live:
         for s, _ in n.srcs:
             out[s.id].append(n)
-    return out
-
-
-def _unflatten(flat: sint, shape: tuple[sint, ...], valid: sint = 1) -> dict[str, sint]:
-    """Index variables of a contiguous tensor of ``shape`` at flat offset ``flat``, where
-    ``valid`` holds. When ``flat`` splits by the strides into parts that are each provably in
-    their axis's range where ``valid`` holds (a padded view: ``(h - 1) * W + w``), the parts
-    are the answer; else floor divisions and modulos of ``flat``."""
-    return dict(_unflatten_kept(flat, shape, valid))
-
-
-# a model's layers read through the same views: expressions are interned, so the answers are
-# kept by them (SmolLM2's decode graph: 9312 calls)
-@functools.lru_cache(maxsize=8192)
-def _unflatten_kept(flat: sint, shape: tuple[sint, ...], valid: sint) -> dict[str, sint]:
-    if 0 in shape:  # an empty tensor: no element is ever read, and its strides include 0
-        return {f"_i{k}": 0 for k, s in enumerate(shape) if s != 1}
-    narrow = _narrowed(valid)
-    if narrow:
-        # solved with the variables in the ranges valid leaves them (the answer is used only
-        # there), then written with the variables themselves again
-        solved = _unflatten_solve(sym.substitute(flat, narrow), shape, valid)
-        back = _widened(flat, narrow)
-        return {k: sym.substitute(e, back) for k, e in solved.items()}
-    return _unflatten_solve(flat, shape, valid)
-
-
-def _read_at(v: View, shape: tuple[sint, ...]) -> tuple[tuple[str, sint], ...]:
-    """Where a read through ``v`` lands in a tensor of ``shape``, masks aside: views that
-    differ only in their masks (a value and its padded copy, the two sides of a 2-way max)
-    read one shared subtree, so inlining a node read through them computes it once."""
-    if not shape:
-        return ()
-    return tuple(sorted(_unflatten(v.index, shape, v.valid).items()))
-
-
-def _widened(e: sint, narrow: dict[str, sint]) -> dict[str, sint]:
-    """The variables of ``e`` that ``narrow`` replaces, by name: substituting them undoes it."""
-    used = e.vars() if isinstance(e, sym.Expr) else frozenset()
-    return {v.name: v for v in used if v.name in narrow}
-
-
-def _assuming(index: sint, valid: sint) -> sint:
-    """``index`` simplified where ``valid`` holds (a masked read evaluates it only there):
-    a view's floor divisions and modulos that are constant in the ranges ``valid`` leaves its
-    variables fold away."""
-    if valid == 1 or not sym.has_divmod(index):
-        return index
-    narrow = _narrowed(valid)
-    if not narrow:
-        return index
-    return sym.substitute(sym.substitute(index, narrow), _widened(index, narrow))
-
-
-def _unflatten_solve(flat: sint, shape: tuple[sint, ...], valid: sint) -> dict[str, sint]:
-    strides = contiguous_strides(shape)
-    parts = _split_by_strides(flat, shape, strides)
-    if _parts_in_range(parts, shape, valid):
-        return {f"_i{k}": q for k, q in enumerate(parts) if shape[k] != 1}
-    out: dict[str, sint] = {}
-    for k, (s, st) in enumerate(zip(shape, strides)):
-        if s == 1:
-            continue
-        q = sym.floordiv(flat, st)
-        out[f"_i{k}"] = q if k == 0 else sym.mod(q, s)
-    return out
-
-
-def _split_by_strides(flat: sint, shape: tuple[sint, ...], strides: tuple[sint, ...]) -> list[sint]:
-    """``flat == sum(strides[k] * parts[k])``, each term in the part of the outermost axis
-    whose stride it is a multiple of (the innermost takes the rest)."""
-    parts: list[sint] = []
-    rem = flat
-    for s, st in zip(shape, strides):
-        if s == 1:
-            parts.append(0)
-        elif st == 1:
-            parts.append(rem)
-            rem = 0
-        else:
-            q, rem = sym._split_multiples(rem, st)
-            parts.append(q)
-    return parts
-
-
-def _parts_in_range(parts: list[sint], shape: tuple[sint, ...], valid: sint) -> bool:
-    """Whether ``0 <= parts[k] < shape[k]`` for every k wherever ``valid`` holds: from the
-    parts' own bounds, or from factors ``c < e`` and ``e < E`` of ``valid`` with a part equal
-    to ``e`` plus a constant (a padded window's row ``2*o + k - 1`` where
-    ``0 < 2*o + k < H + 1``)."""
-    facts = (
-        [f.args for f in sym._factors(valid) if f.kind == sym.LT]
-        if isinstance(valid, sym.Expr)
-        else []
-    )
-
-    def offset(q: sint, e: sint) -> int | None:
-        return sym.as_int(sym.add(q, sym.mul(e, -1)))
-
-    for q, size in zip(parts, shape):
-        if size == 1:
-            continue
-        low = sym.prove_nonneg(q) or any(
-            isinstance(a, int) and (d := offset(q, b)) is not None and a + 1 + d >= 0
-            for a, b in facts
-        )
-        high = sym.prove_lt(q, size) or any(
-            (d := offset(q, a)) is not None
-            and sym.prove_nonneg(sym.add(size, sym.mul(sym.add(b, d), -1)))
-            for a, b in facts
-        )
-        if not (low and high):
-            return False
-    return True
-
-
-def _narrowed(valid: sint) -> dict[str, sint]:
-    """Index variables with the ranges that the factors ``c < v`` and ``v < c`` (c an int)
-    of ``valid`` leave them: the second half of a concatenation reads its source at
-    ``32*h + k - 16`` where ``15 < k``, an affine index only under that fact."""
-    lo: dict[str, int] = {}
-    hi: dict[str, int] = {}
-    found: dict[str, sym.Expr] = {}
-    for f in sym._factors(valid) if isinstance(valid, sym.Expr) else []:
-        if f.kind != sym.LT:
-            continue
-        a, b = f.args
-        if isinstance(a, int) and isinstance(b, sym.Expr) and b.kind == sym.VAR:
-            lo[b.name] = max(lo.get(b.name, b.lo), a + 1)
-            found[b.name] = b
-        elif isinstance(b, int) and isinstance(a, sym.Expr) and a.kind == sym.VAR:
-            hi[a.name] = min(hi.get(a.name, a.hi), b - 1)
-            found[a.name] = a
-    out: dict[str, sint] = {}
-    for name, v in found.items():
-        low, high = lo.get(name, v.lo), hi.get(name, v.hi)
-        if low > high:
-            continue  # never valid: the read is masked out everywhere
-        if (low, high) == (v.lo, v.hi):
-            continue
-        ext = v.args[3]
-        if name in hi and (ext is None or isinstance(ext, int)):
-            ext = high + 1 if ext is None else min(ext, high + 1)
-        out[name] = sym.var(name, low, high, ext)
     return out
 
 
@@ -307,20 +163,20 @@ class _Lowerer:
                 ok = (
                     len(r) == 1
                     and all(c.op in ELEMENTWISE for c in cons)
-                    and len({_read_at(v, n.shape) for v in views}) == 1
+                    and len({read_at(v, n.shape) for v in views}) == 1
                 )
             elif n.op in ELEMENTWISE or _small_reduce(n):
                 # (a reduction over 2-4 values, relu's max against 0, is elementwise work)
                 # one kernel, and one view: then every use is the same shared subtree (reads
                 # through different views would each recompute it, exponentially in a chain)
                 views = {v for c in cons for s, v in c.srcs if s is n}
-                ok = len(r) == 1 and len({_read_at(v, n.shape) for v in views}) == 1
+                ok = len(r) == 1 and len({read_at(v, n.shape) for v in views}) == 1
                 if ok and any(self._recomputes(n, c, costly) for c in cons):
                     ok = False
                 if ok and len(cons) > 1:
                     # keep index math simple: div/mod views compose into large expressions
                     vw = next(iter(views))
-                    ok = not _has_divmod(_unflatten(vw.index, n.shape, vw.valid))
+                    ok = not _has_divmod(unflatten(vw.index, n.shape, vw.valid))
                 if ok and costly.get(n.id, (False, 0))[1] + int(_small_reduce(n)) > 0:
                     if any(_overlapping(v, n.shape) for v in views):
                         self.windowed.append(n.id)
@@ -370,7 +226,7 @@ class _Lowerer:
                     continue
                 if isinstance(v.valid, sym.Expr) and {x.name for x in v.valid.vars()} & names:
                     out.add(_VARIES)  # under a mask that changes within the loop: not hoisted
-                idx = _unflatten(v.index, n.shape, v.valid) if n.shape else {}
+                idx = unflatten(v.index, n.shape, v.valid) if n.shape else {}
                 for k in range(len(n.shape)):
                     e = idx.get(f"_i{k}", 0)
                     if isinstance(e, sym.Expr) and {x.name for x in e.vars()} & names:
@@ -460,7 +316,7 @@ class _Lowerer:
                 continue
             if n_consumers == 1 and v == View.contiguous(n.shape):
                 continue  # pointwise: each value computed exactly once either way
-            idx = _unflatten(v.index, n.shape, v.valid) if n.shape else {}
+            idx = unflatten(v.index, n.shape, v.valid) if n.shape else {}
             used = {x.name for e in idx.values() if isinstance(e, sym.Expr) for x in e.vars()}
             if isinstance(v.valid, sym.Expr):
                 used |= {x.name for x in v.valid.vars()}
@@ -500,13 +356,13 @@ class _Lowerer:
             )  # fmt: skip
             return v if view.valid == 1 else _masked(view.valid, v)
         if src.id in self.buf_of:
-            index = _assuming(view.index, view.valid)
+            index = assuming(view.index, view.valid)
             return K.Load(self.buf_of[src.id], index, view.valid, src.dtype)
         inner = self.values[src.id]
         if not src.shape:
             out = inner
         else:
-            out = self.subst(inner, _unflatten(view.index, src.shape, view.valid))
+            out = self.subst(inner, unflatten(view.index, src.shape, view.valid))
         return out if view.valid == 1 else _masked(view.valid, out)
 
     # ---------------------------------------------------------------- node values
@@ -555,7 +411,7 @@ class _Lowerer:
         to_out: dict[str, sint] = {f"_i{k}": sym.index_var(k, o.shape[k]) for k in range(n)}
         to_out[f"_i{n}"] = rv
         # the score in the product's index space: P and S share one index space
-        score = self.subst(self.values[m.score.id], _unflatten(m.p_view.index, m.p.shape))
+        score = self.subst(self.values[m.score.id], unflatten(m.p_view.index, m.p.shape))
         score = self.subst(score, to_out)
         score = K.Alu(Op.MUL, (score, K.Const(m.scale, o.dtype)), o.dtype)
         weight = self.subst(self.read(m.value, m.value_view), to_out)
