@@ -205,7 +205,7 @@ def test_padded_window_of_a_permuted_sum_reads_affinely():
 
     from luminal.compiler.masked import unflatten
 
-    for (hh, ww, kk, pad, stride) in ((5, 6, 7, 3, 1), (7, 5, 3, 1, 2)):
+    for hh, ww, kk, pad, stride in ((5, 6, 7, 3, 1), (7, 5, 3, 1, 2)):
         g = lm.Graph("dwres")
         x, b = g.input("x", (2, hh, ww, 16)), g.input("b", (16,))
         r, w = g.input("r", (2, 16, hh, ww)), g.input("w", (16, 1, kk, kk))

@@ -114,6 +114,14 @@ def _bounds(x: sint, facts: list[_Fact]) -> tuple[int, int]:
     return lo, hi
 
 
+def _quotient(kind: str, args: list[sint], facts: list[_Fact]) -> int | None:
+    """The quotient of a floor division or modulo by a constant, where the facts fix it."""
+    if kind not in (sym.DIV, sym.MOD) or not isinstance(args[1], int) or args[1] <= 0:
+        return None
+    lo, hi = _bounds(args[0], facts)
+    return lo // args[1] if lo // args[1] == hi // args[1] else None
+
+
 def _fold(x: sint, facts: list[_Fact], memo: dict[int, sint]) -> sint:
     """``x`` with each floor division and modulo by a constant whose quotient the facts fix
     replaced (innermost first, so an outer one sees the inner ones folded)."""
@@ -128,13 +136,10 @@ def _fold(x: sint, facts: list[_Fact], memo: dict[int, sint]) -> sint:
             out = sym.add(out, sym.mul(_fold(t, facts, memo), c))
     else:
         args = [_fold(a, facts, memo) for a in x.args]
-        out = None
-        if x.kind in (sym.DIV, sym.MOD) and isinstance(args[1], int) and args[1] > 0:
-            lo, hi = _bounds(args[0], facts)
-            if lo // args[1] == hi // args[1]:
-                q = lo // args[1]
-                out = q if x.kind == sym.DIV else sym.add(args[0], -args[1] * q)
-        if out is None:
+        q = _quotient(x.kind, args, facts)
+        if q is not None:
+            out = q if x.kind == sym.DIV else sym.add(args[0], -args[1] * q)
+        else:
             out = sym._prod(args) if x.kind == sym.MUL else sym._BUILDERS[x.kind](*args)
     memo[id(x)] = out
     return out
