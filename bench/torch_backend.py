@@ -1,6 +1,7 @@
 """torch.compile backends on the same models: luminal vs eager vs inductor, in one run.
 
     python bench/torch_backend.py [--models mlp,cnn,block,llama,gpt2,bert] [--repeat 10]
+    python bench/torch_backend.py --models zoo --generate 0   # untuned families (torch_zoo.py)
                                   [--backends eager,inductor,luminal]
                                   [--cache fresh|existing] [--json-out FILE]
 
@@ -96,8 +97,10 @@ def _models() -> dict[str, Callable[[], tuple[nn.Module, Callable[[int, int], di
 
         return make
 
+    from torch_zoo import zoo
+
     return {"mlp": mlp, "cnn": cnn, "block": _block, "llama": hf("llama"), "gpt2": hf("gpt2"),
-            "bert": hf("bert")}  # fmt: skip
+            "bert": hf("bert"), **zoo()}  # fmt: skip
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -305,6 +308,10 @@ def _ratios(rows: list[dict[str, Any]], shapes: list[tuple[int, int]]) -> dict[s
     }
 
 
+# ``--models zoo``: the families of bench/torch_zoo.py
+ZOO = ("vit", "resnet", "convnext", "mobilenetv2", "swin", "clip", "t5", "distilbert", "whisper")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="mlp,cnn,block,llama,gpt2,bert")
@@ -321,8 +328,12 @@ def main() -> None:
     root = tempfile.TemporaryDirectory(prefix="luminal-bench-") if args.cache == "fresh" else None
     shapes = [(2, 16), (4, 32)]  # sizes 0 and 1 are specialized by dynamo: avoid them
     models = _models()
+    names = [n for m in args.models.split(",") for n in (ZOO if m == "zoo" else [m])]
+    unknown = [n for n in names if n not in models]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(models)}, zoo")
     rows = []
-    for name in args.models.split(","):
+    for name in names:
         timed: dict[str, Timed] = {}
         model_rows: dict[str, dict[str, Any]] = {}
         for backend in args.backends.split(","):

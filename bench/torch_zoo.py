@@ -1,0 +1,81 @@
+"""More transformers architectures for ``bench/torch_backend.py --models zoo``: small random
+configs of families no luminal pass was written for (vision transformers, CNNs with depthwise
+and grouped convolutions, encoder-decoder encoders, windowed attention), to judge the
+compiler on graphs it was not tuned on. Image models take 64x64 pictures (the shape's batch
+is used, its sequence length ignored); text models take the shape's batch and length."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+Make = Callable[[], tuple[nn.Module, Callable[[int, int], dict[str, Any]]]]
+
+
+def _image(b: int, s: int) -> dict[str, Any]:
+    return dict(pixel_values=torch.randn(b, 3, 64, 64))
+
+
+def _ids(b: int, s: int) -> dict[str, Any]:
+    return dict(input_ids=torch.randint(0, 1000, (b, s)))
+
+
+def zoo() -> dict[str, Make]:
+    import transformers as tf
+
+    sdpa = dict(attn_implementation="sdpa")
+
+    def vit():
+        cfg = tf.ViTConfig(image_size=64, patch_size=8, hidden_size=192, intermediate_size=768,
+                           num_hidden_layers=4, num_attention_heads=3, **sdpa)  # fmt: skip
+        return tf.ViTModel(cfg).eval(), _image
+
+    def resnet():
+        cfg = tf.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256],
+                              depths=[1, 1, 1, 1], layer_type="basic")  # fmt: skip
+        return tf.ResNetModel(cfg).eval(), _image
+
+    def convnext():
+        cfg = tf.ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                                image_size=64)  # fmt: skip
+        return tf.ConvNextModel(cfg).eval(), _image
+
+    def mobilenetv2():
+        return tf.MobileNetV2Model(tf.MobileNetV2Config(image_size=64)).eval(), _image
+
+    def swin():
+        cfg = tf.SwinConfig(image_size=64, patch_size=4, embed_dim=32, depths=[1, 1],
+                            num_heads=[2, 4], window_size=4)  # fmt: skip
+        return tf.SwinModel(cfg).eval(), _image
+
+    def clip():
+        cfg = tf.CLIPVisionConfig(image_size=64, patch_size=8, hidden_size=128,
+                                  intermediate_size=512, num_hidden_layers=2,
+                                  num_attention_heads=4, **sdpa)  # fmt: skip
+        return tf.CLIPVisionModel(cfg).eval(), _image
+
+    def t5():
+        cfg = tf.T5Config(d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32,
+                          vocab_size=1000)  # fmt: skip
+        return tf.T5EncoderModel(cfg).eval(), _ids
+
+    def distilbert():
+        cfg = tf.DistilBertConfig(dim=256, hidden_dim=1024, n_layers=2, n_heads=4,
+                                  vocab_size=1000, **sdpa)  # fmt: skip
+        return tf.DistilBertModel(cfg).eval(), _ids
+
+    def whisper():
+        cfg = tf.WhisperConfig(d_model=128, encoder_layers=2, encoder_attention_heads=4,
+                               decoder_layers=1, decoder_attention_heads=4, encoder_ffn_dim=512,
+                               decoder_ffn_dim=512, num_mel_bins=40, max_source_positions=100,
+                               vocab_size=100, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                               decoder_start_token_id=0, **sdpa)  # fmt: skip
+        enc = tf.WhisperForConditionalGeneration(cfg).get_encoder().eval()
+        return enc, lambda b, s: dict(input_features=torch.randn(b, 40, 200))
+
+    return {"vit": vit, "resnet": resnet, "convnext": convnext, "mobilenetv2": mobilenetv2,
+            "swin": swin, "clip": clip, "t5": t5, "distilbert": distilbert,
+            "whisper": whisper}  # fmt: skip
