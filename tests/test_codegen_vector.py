@@ -411,3 +411,38 @@ def test_widened_half_values_are_stored_in_their_type() -> None:
         lm.compile(g).run({"x": xv, "w": wv})["y"], g.run({"x": xv, "w": wv})["y"],
         rtol=1e-5, atol=1e-4,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,shape,fn,ref",
+    [
+        ("colsum", (37, 53), lambda x: x.sum(0), lambda a: a.sum(0)),
+        ("outer_mean", (5, 19, 35), lambda x: x.mean(1), lambda a: a.mean(1)),
+        (
+            "channel_norm",  # ConvNeXt's channels-first layer norm over an NCHW tensor
+            (2, 24, 5, 17),
+            lambda x: (
+                (x - x.mean(1, keepdim=True))
+                * (((x - x.mean(1, keepdim=True)) ** 2).mean(1, keepdim=True) + 1e-6).rsqrt()
+            ),
+            lambda a: (
+                (a - a.mean(1, keepdims=True))
+                / np.sqrt(((a - a.mean(1, keepdims=True)) ** 2).mean(1, keepdims=True) + 1e-6)
+            ),
+        ),
+    ],
+)
+def test_sums_over_an_outer_axis_run_as_vectors_along_the_output(name, shape, fn, ref) -> None:
+    """A sum whose terms are strided in the summed axis but contiguous along the output's
+    innermost axis (a column sum, a mean over an outer axis, a channel norm of NCHW) adds one
+    vector of outputs per step of the summed variable instead of gathering along it; the
+    lanes past the last whole vector take the scalar loop."""
+    g = lm.Graph(name)
+    g.output("y", fn(g.input("x", shape)))
+    src = _sources(g)
+    assert any("lm_f32v" in ln and "= {0};" in ln for ln in src.splitlines()), (
+        "no vector accumulator along the output"
+    )
+    a = RNG.standard_normal(shape, dtype=np.float32)
+    got = lm.compile(g).run({"x": a})["y"]
+    np.testing.assert_allclose(got, ref(a), rtol=2e-5, atol=2e-5)

@@ -43,7 +43,7 @@ from .rows import (
     stageable,
     stream_flag,
 )
-from .vector import VECTOR_HELPERS, _flat, blocked_sum, vector_loop
+from .vector import VECTOR_HELPERS, _flat, blocked_sum, lane_sums, vector_loop
 
 # the C head: what SHARED_HELPERS expect a backend to define
 _C_HEAD = r"""
@@ -361,7 +361,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                                     f"      {at} += LM_VL;"])
                     if half else
                     (lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"]),
-                    over, always=bool(stage), advance=True,
+                    over, always=bool(stage) or lane_sums(k.value, inner_ix), advance=True,
                     # a row kernel's row is in cache already (rows.py prefetches the next)
                     prefetch=bool(stage) and not row_reduce and em.prefetch is None,
                 )  # fmt: skip

@@ -348,7 +348,9 @@ class _Vec:
         if isinstance(v, K.Alu):
             return self._alu(v)
         if isinstance(v, K.Reduce):
-            return self._unrolled(v)
+            if isinstance(v.extent, int) and v.extent <= 4:
+                return self._unrolled(v)
+            return self._lane_sum(v)
         if isinstance(v, K.Gather):
             return self._lookup(v)
         raise _Unsupported
@@ -387,6 +389,27 @@ class _Vec:
         if k == "s":
             return f"lm_vsplat{'f' if kind == 'f' else 'i'}({e})"
         raise _Unsupported
+
+    def _lane_sum(self, v: K.Reduce) -> tuple[str, str]:
+        """A float sum whose body varies along the lanes' variable (a column sum: the summed
+        axis strided, the lanes' axis unit-stride, ``lane_sums``): a loop over the summed
+        variable adding one vector per step, each lane's terms in the scalar loop's order."""
+        from ..cstyle import _c_name, cexpr
+
+        if v.op is not Op.SUM_REDUCE or v.dtype is not dt.f32:
+            raise _Unsupported
+        inner = _Vec(self.em, self.ri, self.ind + "  ")
+        inner.memo = dict(self.memo)
+        x = inner._vector(inner.val(v.body), "f")
+        acc, rv = self.em.tmp(), _c_name(v.var)
+        self.lines += [
+            f"{self.ind}lm_f32v {acc} = {{0}};",
+            f"{self.ind}for ({self.em.index_type} {rv} = 0; {rv} < {cexpr(v.extent)}; ++{rv}) {{",
+            *inner.lines,
+            f"{self.ind}  {acc} += {x};",
+            f"{self.ind}}}",
+        ]
+        return acc, "f"
 
     def _unrolled(self, v: K.Reduce) -> tuple[str, str]:
         """A float sum or max of 2-4 values (abs as max(x, -x), relu's max against a padded
@@ -519,6 +542,29 @@ def vector_loop(
 # prefetch left a GELU chain's exp2 and division waiting on memory (4096 x 4096, 2 threads:
 # 7.2 ms without; 256 ahead 5.1, 512 5.0, 1024 5.2, 2048 5.0, 4096 5.3 ms).
 STREAM_PREFETCH = 512
+
+
+def lane_sums(value: K.Value, var: sym.Expr) -> bool:
+    """Whether ``value`` holds a float sum (more than a few terms) that a vector along the
+    output variable ``var`` computes with plain loads where one along its own variable would
+    gather: every load varying with the summed variable is unit-stride in ``var`` or does not
+    depend on it, and one that depends on ``var`` is not unit-stride in the summed variable (a
+    column sum, a mean over an outer axis, a channel norm of an NCHW tensor)."""
+    for r in K.walk(value):
+        if not (isinstance(r, K.Reduce) and r.op is Op.SUM_REDUCE and r.dtype is dt.f32):
+            continue
+        if isinstance(r.extent, int) and r.extent <= 4:
+            continue
+        loads = [x for x in K.walk(r.body) if isinstance(x, K.Load)]
+        varying = [x for x in loads if isinstance(x.index, sym.Expr) and r.var in x.index.vars()]
+        lanes = [x for x in varying if var in x.index.vars()]
+        if (
+            lanes
+            and all(_step(x.index, var) == 1 for x in lanes)
+            and any(_step(x.index, r.var) != 1 for x in lanes)
+        ):
+            return True
+    return False
 
 
 def _step(index: sint, var: sym.Expr) -> sint:
