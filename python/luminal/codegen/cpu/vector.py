@@ -557,7 +557,7 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
             continue
         loads = [x for x in K.walk(r.body) if isinstance(x, K.Load)]
         varying = [x for x in loads if isinstance(x.index, sym.Expr) and r.var in x.index.vars()]
-        lanes = [x for x in varying if var in x.index.vars()]
+        lanes = [x for x in varying if isinstance(x.index, sym.Expr) and var in x.index.vars()]
         if (
             lanes
             and all(_step(x.index, var) == 1 for x in lanes)
