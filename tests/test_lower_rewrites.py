@@ -244,3 +244,33 @@ def test_padded_window_of_a_permuted_sum_reads_affinely():
         f = sym.evaluate(flat, env)
         want_idx = [f // 120, f // 30 % 4, f // 6 % 5, f % 6]
         assert [sym.evaluate(got[f"_i{k}"], env) for k in range(4)] == want_idx, env
+
+
+def test_row_statistics_are_not_recomputed_inside_a_convolution_copy():
+    """ConvNeXt's channels-first layer norm (permute, layer_norm over the last axis, permute
+    back) of a residual sum, feeding a 2x2 stride-2 convolution: the normalized value is
+    inlined into the convolution's im2col copy, but the row mean and variance are not
+    computed again there for every (channel, tap) of each patch (64 x 4 times each)."""
+    import torch
+
+    from luminal.compiler.pipeline import graph_passes
+
+    g = lm.Graph("ln_conv")
+    r, h = g.input("r", (2, 64, 8, 8)), g.input("h", (2, 8, 8, 64))
+    s, w, b = g.input("s", (64,)), g.input("w", (64,)), g.input("b", (64,))
+    cw = g.input("cw", (128, 64, 2, 2))
+    x = r + (s * h).permute((0, 3, 1, 2))
+    y = F.layer_norm(x.permute((0, 2, 3, 1)), (64,), w, b, 1e-6).permute((0, 3, 1, 2))
+    g.output("y", F.conv2d(y, cw, stride=2))
+    copies = [k for k in lower(graph_passes(g)).kernels if len(k.shape) == 6]
+    assert copies  # (n, oh, ow, c, kh, kw)
+    for k in copies:
+        assert not any(isinstance(v, K.Reduce) for v in K.walk(k.value)), k.name
+    vals = {"r": rand(2, 64, 8, 8), "h": rand(2, 8, 8, 64), "s": rand(64), "w": rand(64),
+            "b": rand(64), "cw": rand(128, 64, 2, 2)}  # fmt: skip
+    got = lm.compile(g).run(vals)["y"]
+    t = {k: torch.tensor(v) for k, v in vals.items()}
+    tx = (t["r"] + (t["s"] * t["h"]).permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    ty = torch.nn.functional.layer_norm(tx, (64,), t["w"], t["b"], 1e-6).permute(0, 3, 1, 2)
+    want = torch.nn.functional.conv2d(ty, t["cw"], stride=2)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)

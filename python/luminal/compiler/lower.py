@@ -62,6 +62,13 @@ class Lowered:
             k.verify()
 
 
+def _numel(shape: tuple[sint, ...]) -> sint:
+    out: sint = 1
+    for d in shape:
+        out = sym.mul(out, d)
+    return out
+
+
 def _consumers(graph: Graph, live: list[Node]) -> dict[int, list[Node]]:
     out: dict[int, list[Node]] = {n.id: [] for n in live}
     for n in live:
@@ -188,6 +195,8 @@ class _Lowerer:
                 # never into a kernel that is itself a reduction: there it would sit inside
                 # the outer loop and be recomputed per step (a matmul feeding a matmul)
                 ok = all(self._cheap_read(n, c, len(cons)) for c in cons) and not looped[n.id]
+                if ok and any(c.id in inline for c in cons):
+                    ok = not self._recomputed(n, r)
             if ok:
                 inline.add(n.id)
                 roots[n.id] = r
@@ -303,6 +312,20 @@ class _Lowerer:
             big = size > SHARED_TREE_MAX
             return big or any(isinstance(x, (K.Reduce, K.Gather)) for x in K.walk(v))
         return True
+
+    def _recomputed(self, n: Node, roots: frozenset[int]) -> bool:
+        """Whether reduction ``n``, read by a value computed inside the kernels of ``roots``,
+        would run more than once per element there after hoisting out of their innermost
+        loops: a layer norm's row statistics inside the im2col copy of the convolution after
+        it, once per (channel, tap) of each patch."""
+        node = {m.id: m for m in self.order}
+        size = sym.upper_bound(_numel(n.shape))
+        for rid in roots:
+            shape = node[rid].shape
+            inner = sym.upper_bound(shape[-1]) if shape else 1
+            if sym.upper_bound(_numel(shape)) > size * max(inner, 1):
+                return True
+        return False
 
     def _cheap_read(self, n: Node, c: Node, n_consumers: int) -> bool:
         if c.op in ELEMENTWISE:
