@@ -90,6 +90,7 @@ class _Lowerer:
         self.in_place = in_place  # outputs of graph.state to write into their inputs
         outs = list(graph.outputs.values())
         self.order = graph.toposort(outs)
+        self.by_id = {m.id: m for m in self.order}
         self.consumers = _consumers(graph, self.order)
         self.buffers: list[BufferInfo] = []
         self.buf_of: dict[int, int] = {}  # node id -> buffer id
@@ -318,10 +319,9 @@ class _Lowerer:
         would run more than once per element there after hoisting out of their innermost
         loops: a layer norm's row statistics inside the im2col copy of the convolution after
         it, once per (channel, tap) of each patch."""
-        node = {m.id: m for m in self.order}
         size = sym.upper_bound(_numel(n.shape))
         for rid in roots:
-            shape = node[rid].shape
+            shape = self.by_id[rid].shape
             inner = sym.upper_bound(shape[-1]) if shape else 1
             if sym.upper_bound(_numel(shape)) > size * max(inner, 1):
                 return True
