@@ -166,11 +166,6 @@ class Calibration:
             return f"{m.group(1)}.{_INPUTS[m.group(2)]}"
         return None
 
-    def order(self, name: str) -> int:
-        """Position of ``name``'s statistics in the order ``hessians`` yields them."""
-        k = self.key(name)
-        return self.config.n_layers if k is None or k == "head" else int(k.split(".")[0])
-
     def hessians(self, quiet: bool = True) -> Iterator[tuple[str, np.ndarray]]:
         """(key, X^T X) per input, layer by layer, then ``"head"``."""
         c = self.config
