@@ -230,6 +230,7 @@ def test_quantize_with_calibration_writes_a_file_luminal_runs(
                          calib_tokens=10)  # fmt: skip
     info = json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))
     assert info == res.calibration and info["matrices"] == 15 and info["tokens"] == 10
+    assert info["damp"] == calibrate.DAMP
     assert quant.describe(res)["calibration"] == info
     plain = tmp_path / "p.gguf"
     quant.quantize(tiny_llama, plain, qtype)
@@ -255,6 +256,8 @@ def test_bad_calibration_input_is_a_clear_error(tiny_llama, tmp_path) -> None:
             quant.quantize(tiny_llama, out, t, calibration="some text")
     with pytest.raises(ValueError, match="tokenizer"):  # the tiny file has none
         quant.quantize(tiny_llama, out, "int8", calibration="some text")
+    with pytest.raises(ValueError, match="calib_damp"):
+        quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_damp=0)
     with pytest.raises(ValueError, match="calib_tokens"):
         quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_tokens=0)
     assert not out.exists()
@@ -268,8 +271,9 @@ def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
     text.write_text("words for calibration")
     out = str(tmp_path / "o.gguf")
     assert cli.run([tiny_llama, "-o", out, "--type", "mxfp8", "--calibration", str(text),
-                    "--calib-tokens", "8"]) == 0  # fmt: skip
+                    "--calib-tokens", "8", "--calib-damp", "0.1"]) == 0  # fmt: skip
     assert "calibrated 15 matrices on 8 tokens" in capsys.readouterr().out
+    assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["damp"] == 0.1
     assert cli.run([tiny_llama, "-o", out, "--type", "int8", "--force",
                     "--calibration", str(tmp_path / "no.txt")]) == 2  # fmt: skip
     assert "no.txt: no such file" in capsys.readouterr().err

@@ -77,14 +77,17 @@ class QuantizeResult:
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
              embed_type: str | None = None, quiet: bool = True, scales: str = "mse",
              calibration: str | os.PathLike[str] | None = None,
-             calib_tokens: int = calibrate.CALIB_TOKENS) -> QuantizeResult:  # fmt: skip
+             calib_tokens: int = calibrate.CALIB_TOKENS,
+             calib_damp: float = calibrate.DAMP) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
     as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
     quantizers choose scales (``lowp.SCALES``, see above). ``calibration``: a text (a str
     with whitespace) or a text file; its first ``calib_tokens`` tokens calibrate the
     matrices of a llama-family model (``calibrate``) for the types luminal quantizes with
-    scales (an ``embed_type`` that is not one is rounded as without calibration)."""
+    scales (an ``embed_type`` that is not one is rounded as without calibration);
+    ``calib_damp``: added to X^T X's diagonal relative to its mean (more: closer to round to
+    nearest, less fitted to the text)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -113,6 +116,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
                 f"calibration applies to luminal's quantizers ({', '.join(able)}), not {qtype}"
             )
         text = calibrate.read_text(calibration)
+        if not calib_damp > 0:
+            raise ValueError(f"calib_damp must be positive, got {calib_damp}")
     t0 = time.perf_counter()
     if qtype in _LLAMA_CPP:
         _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
@@ -120,7 +125,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens)
+    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -151,7 +156,8 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 
 
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
-           text: str | None = None, calib_tokens: int = 0) -> QuantizeResult:  # fmt: skip
+           text: str | None = None, calib_tokens: int = 0,
+           damp: float = calibrate.DAMP) -> QuantizeResult:  # fmt: skip
     import gguf
 
     f = GGUFFile(src)
@@ -172,8 +178,8 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
     if text is not None:
         tokens = calibrate.text_tokens(f, text, calib_tokens)
         done = _calibrate(calibrate.Calibration.from_gguf(f, source, tokens), source, types,
-                          scales, quiet)  # fmt: skip
-        res.calibration = {**calibrate.describe(text, tokens), "matrices": len(done)}
+                          scales, quiet, damp)  # fmt: skip
+        res.calibration = {**calibrate.describe(text, tokens, damp), "matrices": len(done)}
     w = gguf.GGUFWriter(dst, f.architecture)
     for key, val in f.metadata.items():
         if key in ("general.architecture", "general.alignment", "general.file_type"):
@@ -221,7 +227,8 @@ def _block(qtype: str) -> int:
 
 
 def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
-               scales: str, quiet: bool) -> dict[str, dict[str, np.ndarray]]:  # fmt: skip
+               scales: str, quiet: bool,
+               damp: float) -> dict[str, dict[str, np.ndarray]]:  # fmt: skip
     """The parts of every matrix ``cal`` has statistics for and whose type has a grid."""
     todo: dict[str, list[str]] = {}
     for name, t in types.items():
@@ -230,7 +237,7 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
             todo.setdefault(key, []).append(name)
     out = {}
     for key, h in cal.hessians(quiet):
-        u = calibrate.inverse_factor(h) if key in todo else None
+        u = calibrate.inverse_factor(h, damp) if key in todo else None
         for name in todo.get(key, []):
             x = np.ascontiguousarray(source.values(name), dtype=np.float32)
             fmt = _grid_format(types[name])

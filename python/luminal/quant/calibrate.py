@@ -255,8 +255,8 @@ def text_tokens(f: Any, text: str, n: int) -> list[int]:
     return ids
 
 
-def describe(text: str, tokens: Sequence[int]) -> dict[str, Any]:
+def describe(text: str, tokens: Sequence[int], damp: float = DAMP) -> dict[str, Any]:
     """What the output's ``CALIB_KEY`` metadata records."""
     sha = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return {"method": "gptq", "tokens": len(tokens), "text_sha256": sha, "damp": DAMP,
+    return {"method": "gptq", "tokens": len(tokens), "text_sha256": sha, "damp": damp,
             "block": BLOCK}  # fmt: skip

@@ -54,6 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"calibrate on the first N tokens of the text (default {api.calibrate.CALIB_TOKENS})",
     )
+    p.add_argument(
+        "--calib-damp",
+        type=float,
+        default=api.calibrate.DAMP,
+        metavar="D",
+        help=f"damping added to X^T X's diagonal, relative to its mean (default "
+        f"{api.calibrate.DAMP}; more: closer to round to nearest, less fitted to the text)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -65,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     calibration = None if args.calibration is None else pathlib.Path(args.calibration)  # a file
     res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet,
                        scales=args.scales, calibration=calibration,
-                       calib_tokens=args.calib_tokens)  # fmt: skip
+                       calib_tokens=args.calib_tokens, calib_damp=args.calib_damp)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
