@@ -11,8 +11,10 @@ threads:
 
 - file size;
 - teacher-forced agreement: the first --tokens tokens of a fixed text, fed one at a time
-  (decode steps), each position's argmax compared with the f32 model's (``top1_agree``), and
-  perplexity of the text (``ppl``; the f32 model's is ``f32_ppl``);
+  (decode steps), each position's argmax compared with the f32 model's (``top1_agree``), the
+  mean KL divergence of the f32 model's next-token distribution to the format's (``kl``,
+  nats; steadier than top-1, which flips on near-tied logits), and perplexity of the text
+  (``ppl``; the f32 model's is ``f32_ppl``);
 - decode tok/s: 1 / the median of those decode steps;
 - greedy agreement: --decode greedy tokens after a short prompt, the fraction of leading
   tokens equal to the f32 model's;
@@ -20,6 +22,10 @@ threads:
   --quick uses the decode plan);
 - with --act-quant q8, each format again with int8 activations (``<fmt>@q8``), its agreement
   also against the same file's f32-activation run (``top1_agree_same_weights``);
+- with --calibration FILE, the formats are quantized calibrated on that text (GPTQ,
+  ``luminal.quant.calibrate``; never the evaluation text): ``--calibration default`` is the
+  text shipped with luminal (``python/luminal/quant/calibration.txt``); the JSON's
+  ``calibration`` names the file (null: round to nearest);
 - llama.cpp (llama-cpp-python) decode tok/s on the same file where llama.cpp reads it, and
   ``vs_llamacpp`` = luminal decode / llama.cpp decode (> 1: luminal faster).
 
@@ -57,8 +63,10 @@ if __name__ == "__main__":
 
 # ruff: noqa: E402 - imports only after the environment is clean (see above)
 import argparse
+import hashlib
 import json
 import math
+import pathlib
 import statistics
 import tempfile
 import time
@@ -182,19 +190,32 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
     ctx = max(a.tokens + 1, len(prompt) + a.decode, a.prefill) + 8
     work = a.workdir or tempfile.mkdtemp(prefix="luminal-quant-")
     os.makedirs(work, exist_ok=True)
-    files = {}
+    tag = ""
+    if a.calibration:
+        with open(a.calibration, encoding="utf-8") as fh:
+            calib = fh.read()
+        if TEXT[:200] in calib:
+            raise ValueError(f"{a.calibration} holds the evaluation text: calibrate on another")
+        tag = "-gptq-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
+    files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
-        path = os.path.join(work, f"smollm2-{fmt}.gguf")
+        path = os.path.join(work, f"smollm2-{fmt}{tag if fmt != 'f32' else ''}.gguf")
         if not os.path.exists(path):
             base = files.get("f32", src)  # requantize from the f32 values
             log(f"quantize {fmt} ...")
             qtype, _, embed = fmt.partition("+")
-            quant.quantize(base, path, qtype, embed or None)
+            t = time.perf_counter()
+            cal = pathlib.Path(a.calibration) if a.calibration and fmt != "f32" else None
+            quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
+                           calibration=cal)  # fmt: skip
+            log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
                            "decode": a.decode, "threads": a.threads, "quick": a.quick,
+                           "calibration": a.calibration and os.path.basename(a.calibration),
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
+    ref_logp: list[np.ndarray] = []
     ref_greedy: list[int] = []
     # with --act-quant q8, each format again with int8 activations ("<fmt>@q8"), compared with
     # the f32 reference and with the same weights' f32-activation run
@@ -223,8 +244,12 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         greedy = m.greedy(prompt, a.decode)
         if fmt == "f32":
             ref_logits, ref_greedy = logits, greedy
+            ref_logp = [_log_softmax(lg) for lg in logits]
         else:
             r["top1_agree"], r["greedy_agree"] = _agree(logits, greedy, ref_logits, ref_greedy)
+            r["kl"] = statistics.fmean(
+                float(np.exp(p) @ (p - _log_softmax(lg))) for p, lg in zip(ref_logp, logits)
+            )
             if act and fmt_file in same_weights:
                 r["top1_agree_same_weights"], r["greedy_agree_same_weights"] = _agree(
                     logits, greedy, *same_weights[fmt_file]
@@ -251,10 +276,11 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     def f(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
-    head = (f"{'format':<16}{'MiB':>8}{'decode':>9}{'prefill':>9}{'top1':>7}{'greedy':>8}"
-            f"{'ppl':>8}{'llama.cpp':>11}{'ratio':>7}")  # fmt: skip
-    print(f"SmolLM2-135M requantized; tok/s on {res['threads']} threads; agreement vs f32 over "
-          f"{res['tokens']} teacher-forced tokens")  # fmt: skip
+    head = (f"{'format':<16}{'MiB':>8}{'decode':>9}{'prefill':>9}{'top1':>7}{'KL':>8}"
+            f"{'greedy':>8}{'ppl':>8}{'llama.cpp':>11}{'ratio':>7}")  # fmt: skip
+    cal = f"calibrated on {res['calibration']}" if res.get("calibration") else "round to nearest"
+    print(f"SmolLM2-135M requantized ({cal}); tok/s on {res['threads']} threads; agreement vs "
+          f"f32 over {res['tokens']} teacher-forced tokens")  # fmt: skip
     print(head)
     flat: dict[str, Any] = {}
     for fmt, r in res["formats"].items():
@@ -263,10 +289,10 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
             continue
         print(f"{fmt:<16}{r['file_mib']:>8.1f}{r['decode_tok_s']:>9.1f}"
               f"{f(r.get('prefill_tok_s'), '.0f'):>9}{f(r.get('top1_agree'), '.3f'):>7}"
-              f"{f(r.get('greedy_agree'), '.2f'):>8}{r['ppl']:>8.2f}"
+              f"{f(r.get('kl'), '.4f'):>8}{f(r.get('greedy_agree'), '.2f'):>8}{r['ppl']:>8.2f}"
               f"{f(r.get('llamacpp_decode_tok_s'), '.1f'):>11}"
               f"{f(r.get('vs_llamacpp'), '.2f'):>7}")  # fmt: skip
-        for k in ("file_mib", "decode_tok_s", "prefill_tok_s", "top1_agree", "greedy_agree",
+        for k in ("file_mib", "decode_tok_s", "prefill_tok_s", "top1_agree", "kl", "greedy_agree",
                   "ppl", "llamacpp_decode_tok_s", "vs_llamacpp", "compile_s",
                   "top1_agree_same_weights", "greedy_agree_same_weights"):  # fmt: skip
             if k in r:
@@ -274,6 +300,7 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
         if fmt != "f32" and "@" not in fmt and "vs_llamacpp" not in r:
             flat[f"{fmt}_vs_llamacpp"] = None
     flat["quick"] = res["quick"]
+    flat["calibration"] = res.get("calibration")
     return flat
 
 
@@ -288,6 +315,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", help="keep the quantized files here (reused when present)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="quantize calibrated on this text (GPTQ); 'default': luminal's shipped "
+                   "calibration text. Default: round to nearest")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "
@@ -299,6 +329,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="32 tokens, 8 greedy, a short prefill, no measured search")  # fmt: skip
     a = p.parse_args(argv)
     a.formats = [s for s in a.formats.split(",") if s]
+    if a.calibration == "default":
+        from luminal.quant import calibrate
+
+        a.calibration = calibrate.TEXT
     if a.quick:
         a.tokens, a.decode, a.prefill, a.prefill_reps = min(a.tokens, 32), 8, 32, 1
     return a

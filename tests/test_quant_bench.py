@@ -1,6 +1,6 @@
 """bench/quant.py's pieces without running the model (the run itself takes minutes): argument
-handling and the JSON line's keys (``<fmt>_decode_tok_s``, ``<fmt>_top1_agree``,
-``<fmt>_vs_llamacpp``; null where llama.cpp does not read the file)."""
+handling and the JSON line's keys (``<fmt>_decode_tok_s``, ``<fmt>_top1_agree``, ``<fmt>_kl``,
+``calibration``, ``<fmt>_vs_llamacpp``; null where llama.cpp does not read the file)."""
 
 from __future__ import annotations
 
@@ -37,3 +37,12 @@ def test_arguments_and_json_keys(capsys) -> None:
     assert flat["mxfp4_decode_tok_s"] == 100.0 and flat["mxfp4_top1_agree"] == 0.9
     assert flat["mxfp4_vs_llamacpp"] == 1.25 and flat["int8_vs_llamacpp"] is None
     assert "nvfp4_decode_tok_s" not in flat and flat["quick"] is True
+    assert flat["calibration"] is None and "mxfp4_kl" not in flat
+    res["calibration"] = "calibration.txt"
+    res["formats"]["mxfp4"]["kl"] = 0.51234567  # type: ignore[index]
+    flat = b.report(res)
+    out = capsys.readouterr().out
+    assert flat["mxfp4_kl"] == 0.5123 and flat["calibration"] == "calibration.txt"
+    assert "calibrated on calibration.txt" in out and "0.5123" in out
+    a = b.parse_args(["--calibration", "default"])
+    assert os.path.basename(a.calibration) == "calibration.txt" and os.path.isfile(a.calibration)

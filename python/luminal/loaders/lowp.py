@@ -34,6 +34,10 @@ quantizing quantized values gives the same bytes. Layouts:
   per 16 values, then 32 bytes of e2m1 codes) and ``scale`` f32 (1, 1) = amax(tensor) / (6 *
   448); block scale = e4m3(amax(block) / 6 / scale).
 - ``bf16`` / ``f16``: ``data`` (rows, cols) of that type, cast to f32 in the graph.
+
+Each quantizer is its format's ``Grid`` applied to the whole matrix at once: the scale rule,
+the rounding with fixed scales, and the packing. Calibrated quantization (``quant.calibrate``)
+uses the same three pieces a few columns at a time, so its output is the format's own bytes.
 """
 
 from __future__ import annotations
@@ -159,6 +163,36 @@ class Quantizer(Protocol):
 
 
 @dataclass(frozen=True)
+class Grid:
+    """A format's rounding split at its scales, for one weight: ``group`` adjacent columns of
+    a row share a scale (the row length for per-row and per-tensor scales). ``scale(v)``: the
+    quantizer's scale rule for values v (rows, k * group) -> scales (rows or 1, k); ``fake(v,
+    s)``: the dequantized values of v (rows, m <= group) rounded with one group's scales s
+    (rows or 1, 1); ``pack(v, s)``: the parts of v (rows, cols) given all its scales."""
+
+    group: int
+    scale: Callable[[np.ndarray], np.ndarray]
+    fake: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    pack: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
+
+
+# A format's Grid for weight x (rows, cols) and a scale rule (SCALES); a tensor-wide scale
+# (nvfp4's) is taken from x here, not from the values the scale rule later sees.
+GridFor = Callable[[np.ndarray, str], Grid]
+
+
+def _whole(fmt: str, block: int, grid: GridFor) -> Quantizer:
+    """The quantizer of a format: its grid's scales for the whole matrix, then its packing."""
+
+    def quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
+        x = _rows2d(x, fmt, block, scales)
+        g = grid(x, scales)
+        return g.pack(x, g.scale(x))
+
+    return quantize
+
+
+@dataclass(frozen=True)
 class LowpFormat:
     name: str
     block: int  # columns must be a multiple of this
@@ -168,6 +202,7 @@ class LowpFormat:
     dequantize: Callable[[dict[str, np.ndarray]], np.ndarray]
     build: Callable[[Graph, dict[str, Tensor], sint, int], Tensor]
     gguf_type: str | None = None  # a plain GGUF tensor of this type when set
+    grid: GridFor | None = None  # None: no scales to fix (bf16, f16)
 
 
 def _rows2d(x: np.ndarray, fmt: str, block: int, scales: str) -> np.ndarray:
@@ -249,12 +284,12 @@ def _fp8(name: str, et: SmallFloat, per_row: bool) -> LowpFormat:
     def fake(x: np.ndarray, s: np.ndarray) -> np.ndarray:
         return et.round(x / s) * s
 
-    def quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
-        x = _rows2d(x, name, 1, scales)
-        s = _amax_scale(x, et.max_finite, per_row)
-        if scales == "mse":
-            s = _search_scale(x, s, _FP8_MULTS, fake)
-        return {"q": et.encode(x / s), "scale": s}
+    def grid(x: np.ndarray, scales: str) -> Grid:
+        def scale(v: np.ndarray) -> np.ndarray:
+            s = _amax_scale(v, et.max_finite, per_row)
+            return _search_scale(v, s, _FP8_MULTS, fake) if scales == "mse" else s
+
+        return Grid(x.shape[1], scale, fake, lambda v, s: {"q": et.encode(v / s), "scale": s})
 
     def dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
         v = np.asarray(et.table, np.float32)[p["q"]]
@@ -265,7 +300,7 @@ def _fp8(name: str, et: SmallFloat, per_row: bool) -> LowpFormat:
 
     parts = (Part("q", np.dtype(np.uint8), True), Part("scale", np.dtype(np.float32), per_row))
     bits = 8 + (32 / 4096 if per_row else 0)
-    return LowpFormat(name, 1, parts, bits, quantize, dequantize, build)
+    return LowpFormat(name, 1, parts, bits, _whole(name, 1, grid), dequantize, build, grid=grid)
 
 
 # int8 per channel ---------------------------------------------------------------------------
@@ -278,12 +313,19 @@ def _int8_codes(x: np.ndarray, s: np.ndarray) -> np.ndarray:
 _INT8_MULTS = np.linspace(1.0, 0.86, 8)  # clipping the row's outliers for a finer step
 
 
-def _int8_quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
-    x = _rows2d(x, "int8", 1, scales)
-    s = _amax_scale(x, 127.0, True)
-    if scales == "mse":
-        s = _search_scale(x, s, _INT8_MULTS, lambda v, c: _int8_codes(v, c).astype(np.float32) * c)
-    return {"q": _int8_codes(x, s).astype(np.int8), "scale": s}
+def _int8_fake(v: np.ndarray, s: np.ndarray) -> np.ndarray:
+    return _int8_codes(v, s).astype(np.float32) * s
+
+
+def _int8_grid(x: np.ndarray, scales: str) -> Grid:
+    def scale(v: np.ndarray) -> np.ndarray:
+        s = _amax_scale(v, 127.0, True)
+        return _search_scale(v, s, _INT8_MULTS, _int8_fake) if scales == "mse" else s
+
+    def pack(v: np.ndarray, s: np.ndarray) -> dict[str, np.ndarray]:
+        return {"q": _int8_codes(v, s).astype(np.int8), "scale": s}
+
+    return Grid(x.shape[1], scale, _int8_fake, pack)
 
 
 def _int8_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
@@ -323,10 +365,17 @@ def _mx_elements(x: np.ndarray, e: np.ndarray, block: int, et: SmallFloat) -> np
     return et.encode(xs).reshape(x.shape)
 
 
-def _mxfp8_quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
-    x = _rows2d(x, "mxfp8", 32, scales)
-    e = _mx_exponent(x, 32, E4M3, scales)
-    return {"q": _mx_elements(x, e, 32, E4M3), "e": e}
+def _mx_grid(et: SmallFloat, pack: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]],
+             x: np.ndarray, scales: str) -> Grid:  # fmt: skip
+    def fake(v: np.ndarray, e: np.ndarray) -> np.ndarray:
+        s = np.ldexp(1.0, e.astype(np.int64) - 127)
+        return et.round(v.astype(np.float64) / s).astype(np.float32) * s.astype(np.float32)
+
+    return Grid(32, lambda v: _mx_exponent(v, 32, et, scales), fake, pack)
+
+
+def _mxfp8_grid(x: np.ndarray, scales: str) -> Grid:
+    return _mx_grid(E4M3, lambda v, e: {"q": _mx_elements(v, e, 32, E4M3), "e": e}, x, scales)
 
 
 def _mxfp8_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
@@ -349,13 +398,15 @@ def _unpack_nibbles(b: np.ndarray) -> np.ndarray:
     return np.concatenate([b & 15, b >> 4], axis=-1)
 
 
-def _mxfp4_quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
-    x = _rows2d(x, "mxfp4", 32, scales)
+def _mxfp4_pack(x: np.ndarray, e: np.ndarray) -> dict[str, np.ndarray]:
     rows, cols = x.shape
-    e = _mx_exponent(x, 32, E2M1, scales)
     codes = _mx_elements(x, e, 32, E2M1).reshape(-1, 32)
     blocks = np.concatenate([e.reshape(-1, 1), _pack_nibbles(codes, 16)], axis=1)
     return {"blocks": blocks.reshape(rows, cols // 32 * 17)}
+
+
+def _mxfp4_grid(x: np.ndarray, scales: str) -> Grid:
+    return _mx_grid(E2M1, _mxfp4_pack, x, scales)
 
 
 def _mxfp4_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
@@ -383,11 +434,11 @@ def _nvfp4_scaled(xb: np.ndarray, dv: np.ndarray) -> np.ndarray:
     return np.divide(xb, dv, out=np.zeros_like(xb), where=dv > 0)
 
 
-def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray) -> np.ndarray:
+def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray, tmax: float) -> np.ndarray:
     """The e4m3 block-scale codes of least error among ``d``'s neighbours, per block. A
     candidate must still round its block's amax to 6, so the amax rule gives it back from the
-    dequantized block; a block holding the tensor's amax keeps its code (and the tensor scale
-    its value)."""
+    dequantized block; a block holding the tensor's amax ``tmax`` keeps its code (and the
+    tensor scale its value)."""
     rows, cols = x.shape
     t64 = np.float64(t[0, 0])
     amax = np.abs(x.reshape(rows, -1, 16)).max(axis=-1).astype(np.float64)
@@ -399,7 +450,7 @@ def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray) -> np.ndarray:
     d = d.reshape(rows, -1).astype(np.int64)
     cands = [np.clip(d + o, 0, 0x7E) for o in _NVFP4_STEPS]
     err = _errors(x, 16, cands, fake)
-    keep = amax == np.abs(x).max()
+    keep = amax == tmax
     for k, c in enumerate(cands[1:], 1):
         dv = _E4M3_F64[c] * t64
         top = E2M1.round(np.divide(amax, dv, out=np.zeros_like(amax), where=dv > 0)) == 6
@@ -407,18 +458,32 @@ def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray) -> np.ndarray:
     return _choose(err, cands).astype(np.uint8).reshape(-1)
 
 
-def _nvfp4_quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
-    x = _rows2d(x, "nvfp4", 64, scales)
-    rows, cols = x.shape
+def _nvfp4_grid(x: np.ndarray, scales: str) -> Grid:
+    """Block scales (rows, cols / 16) are e4m3 codes; the tensor scale is x's."""
     t = _amax_scale(x, 6.0 * E4M3.max_finite, per_row=False)  # (1, 1)
-    xb = x.reshape(-1, 16).astype(np.float64)
-    d = E4M3.encode(np.abs(xb).max(axis=1) / 6.0 / np.float64(t[0, 0]))  # positive codes
-    if scales == "mse":
-        d = _nvfp4_search(x, d, t)
-    codes = E2M1.encode(_nvfp4_scaled(xb, _E4M3_F64[d][:, None] * np.float64(t[0, 0])))
-    qs = _pack_nibbles(codes, 8).reshape(-1, 32)
-    blocks = np.concatenate([d.reshape(-1, 4), qs], axis=1)
-    return {"blocks": blocks.reshape(rows, cols // 64 * 36), "scale": t}
+    t64, tmax = np.float64(t[0, 0]), float(np.abs(x).max())
+
+    def scale(v: np.ndarray) -> np.ndarray:
+        xb = v.reshape(-1, 16).astype(np.float64)
+        d = E4M3.encode(np.abs(xb).max(axis=1) / 6.0 / t64)  # positive codes
+        if scales == "mse":
+            d = _nvfp4_search(v, d, t, tmax)
+        return d.reshape(v.shape[0], -1)
+
+    def fake(v: np.ndarray, d: np.ndarray) -> np.ndarray:
+        q = E2M1.round(_nvfp4_scaled(v, _E4M3_F64[d] * t64)).astype(np.float32)
+        return (q * _E4M3_F32[d]) * t
+
+    def pack(v: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
+        rows, cols = v.shape
+        d = d.reshape(-1)
+        xb = v.reshape(-1, 16).astype(np.float64)
+        codes = E2M1.encode(_nvfp4_scaled(xb, _E4M3_F64[d][:, None] * t64))
+        qs = _pack_nibbles(codes, 8).reshape(-1, 32)
+        blocks = np.concatenate([d.reshape(-1, 4), qs], axis=1)
+        return {"blocks": blocks.reshape(rows, cols // 64 * 36), "scale": t}
+
+    return Grid(16, scale, fake, pack)
 
 
 def _nvfp4_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
@@ -460,13 +525,17 @@ FORMATS: dict[str, LowpFormat] = {
         _fp8("fp8_e4m3_tensor", E4M3, per_row=False),
         _fp8("fp8_e5m2_tensor", E5M2, per_row=False),
         LowpFormat("int8", 1, (Part("q", np.dtype(np.int8), True), Part("scale", _F32, True)),
-                   8 + 32 / 4096, _int8_quantize, _int8_dequantize, _int8_build),
+                   8 + 32 / 4096, _whole("int8", 1, _int8_grid), _int8_dequantize, _int8_build,
+                   grid=_int8_grid),
         LowpFormat("mxfp8", 32, (Part("q", _U8, True), Part("e", _U8, True)), 8.25,
-                   _mxfp8_quantize, _mxfp8_dequantize, _mxfp8_build),
-        LowpFormat("mxfp4", 32, (Part("blocks", _U8, True),), 4.25, _mxfp4_quantize,
-                   _mxfp4_dequantize, _mxfp4_build, "MXFP4"),
+                   _whole("mxfp8", 32, _mxfp8_grid), _mxfp8_dequantize, _mxfp8_build,
+                   grid=_mxfp8_grid),
+        LowpFormat("mxfp4", 32, (Part("blocks", _U8, True),), 4.25,
+                   _whole("mxfp4", 32, _mxfp4_grid), _mxfp4_dequantize, _mxfp4_build, "MXFP4",
+                   grid=_mxfp4_grid),
         LowpFormat("nvfp4", 64, (Part("blocks", _U8, True), Part("scale", _F32, False)), 4.5,
-                   _nvfp4_quantize, _nvfp4_dequantize, _nvfp4_build),
+                   _whole("nvfp4", 64, _nvfp4_grid), _nvfp4_dequantize, _nvfp4_build,
+                   grid=_nvfp4_grid),
         _half("bf16", ml_dtypes.bfloat16),
         _half("f16", np.float16),
     )

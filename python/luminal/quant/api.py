@@ -18,6 +18,9 @@ whose row length is not a multiple of the format's block (listed in the result).
 says how luminal's quantizers (``mxfp4`` and luminal's formats) choose their scales: ``"mse"``
 (the least squared error among candidates around the amax rule's, per row or block) or
 ``"amax"`` (the format's own rule); the gguf package's and llama.cpp's types have their own.
+
+``calibration`` (a text, or a file of one) makes luminal's quantizers minimise each matrix's
+output error over that text's activations instead of its weight error (GPTQ, ``calibrate``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 
 from ..loaders import lowp
 from ..loaders.gguf import LUMINAL_QUANT_KEY, GGUFFile, GGUFWeights
+from . import calibrate
 
 # type -> GGUF tensor type, for the types the gguf package quantizes
 _GGUF_PY = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
@@ -67,15 +71,23 @@ class QuantizeResult:
     kept_f32: list[str] = field(default_factory=list)  # matrices the format cannot hold
     # relative RMS error of the matrices quantized here, sqrt(sum (q - w)^2 / sum w^2)
     error: float | None = None
+    calibration: dict[str, Any] | None = None  # what the file's calibrate.CALIB_KEY records
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
-             embed_type: str | None = None, quiet: bool = True,
-             scales: str = "mse") -> QuantizeResult:  # fmt: skip
+             embed_type: str | None = None, quiet: bool = True, scales: str = "mse",
+             calibration: str | os.PathLike[str] | None = None,
+             calib_tokens: int = calibrate.CALIB_TOKENS,
+             calib_damp: float = calibrate.DAMP) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
     as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
-    quantizers choose scales (``lowp.SCALES``, see above)."""
+    quantizers choose scales (``lowp.SCALES``, see above). ``calibration``: a text (a str
+    with whitespace) or a text file; its first ``calib_tokens`` tokens calibrate the
+    matrices of a llama-family model (``calibrate``) for the types luminal quantizes with
+    scales (an ``embed_type`` that is not one is rounded as without calibration);
+    ``calib_damp``: added to X^T X's diagonal relative to its mean (more: closer to round to
+    nearest, less fitted to the text)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -96,6 +108,16 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         raise FileNotFoundError(f"{src}: no such file")
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError(f"{dst}: the output would overwrite the input")
+    text = None
+    if calibration is not None:
+        if _grid_format(qtype) is None:
+            able = [t for t in TYPES if _grid_format(t) is not None]
+            raise ValueError(
+                f"calibration applies to luminal's quantizers ({', '.join(able)}), not {qtype}"
+            )
+        text = calibrate.read_text(calibration)
+        if not calib_damp > 0:
+            raise ValueError(f"calib_damp must be positive, got {calib_damp}")
     t0 = time.perf_counter()
     if qtype in _LLAMA_CPP:
         _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
@@ -103,7 +125,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(src, dst, qtype, embed_type, quiet, scales)
+    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -126,15 +148,43 @@ def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
 EMBEDDINGS = ("token_embd.weight", "output.weight")
 
 
-def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool,
-           scales: str) -> QuantizeResult:  # fmt: skip
+def _grid_format(qtype: str) -> lowp.LowpFormat | None:
+    """The luminal format of ``qtype`` when it has scales to calibrate."""
+    name = _GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype
+    f = lowp.FORMATS.get(name)
+    return f if f is not None and f.grid is not None else None
+
+
+def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
+           text: str | None = None, calib_tokens: int = 0,
+           damp: float = calibrate.DAMP) -> QuantizeResult:  # fmt: skip
     import gguf
 
     f = GGUFFile(src)
     source = GGUFWeights(f, dequant="load")
+    res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
+    owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}
+    names = [*source.lowp, *(n for n in f.tensors if n not in owned)]
+    types = {}
+    for name in names:
+        t = embed_type if name in EMBEDDINGS else qtype
+        if len(source.shape(name)) != 2:
+            t = "f32"
+        elif t != "f32" and source.shape(name)[1] % _block(t):
+            res.kept_f32.append(name)
+            t = "f32"
+        types[name] = t
+    done: dict[str, dict[str, np.ndarray]] = {}
+    if text is not None:
+        tokens = calibrate.text_tokens(f, text, calib_tokens)
+        done = _calibrate(calibrate.Calibration.from_gguf(f, source, tokens), source, types,
+                          scales, quiet, damp)  # fmt: skip
+        res.calibration = {**calibrate.describe(text, tokens, damp), "matrices": len(done)}
     w = gguf.GGUFWriter(dst, f.architecture)
     for key, val in f.metadata.items():
         if key in ("general.architecture", "general.alignment", "general.file_type"):
+            continue
+        if key == calibrate.CALIB_KEY:  # describes the source's quantization, not this one
             continue
         if key.startswith(LUMINAL_QUANT_KEY) or val is None:
             continue
@@ -146,17 +196,12 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool,
         w.add_uint32("general.file_type", _FILE_TYPE[qtype])
     if qtype in _LUMINAL or embed_type in _LUMINAL:
         w.add_uint32(LUMINAL_QUANT_KEY + "version", 1)
-    res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
-    owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}
-    names = [*source.lowp, *(n for n in f.tensors if n not in owned)]
+    if res.calibration is not None:
+        w.add_string(calibrate.CALIB_KEY, json.dumps(res.calibration))
     err2 = norm2 = 0.0
     for k, name in enumerate(names):
         x = np.ascontiguousarray(source.values(name), dtype=np.float32)
-        t = embed_type if name in EMBEDDINGS else qtype
-        if x.ndim == 2 and t != "f32" and x.shape[1] % _block(t):
-            res.kept_f32.append(name)
-            t = "f32"
-        res.stored[name], q = _put(w, name, x, t if x.ndim == 2 else "f32", scales)
+        res.stored[name], q = _put(w, name, x, types[name], scales, done.get(name))
         if q is not None:
             err2 += float(np.square(q.astype(np.float64) - x).sum())
             norm2 += float(np.square(x.astype(np.float64)).sum())
@@ -181,10 +226,30 @@ def _block(qtype: str) -> int:
     return lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype).block
 
 
-def _put(w: Any, name: str, x: np.ndarray, qtype: str,
-         scales: str) -> tuple[str, np.ndarray | None]:  # fmt: skip
-    """Add tensor ``name`` (f32 values) as ``qtype``; the type it was stored as and, unless
-    f32, the values it decodes to."""
+def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
+               scales: str, quiet: bool,
+               damp: float) -> dict[str, dict[str, np.ndarray]]:  # fmt: skip
+    """The parts of every matrix ``cal`` has statistics for and whose type has a grid."""
+    todo: dict[str, list[str]] = {}
+    for name, t in types.items():
+        key = cal.key(name)
+        if key is not None and _grid_format(t) is not None:
+            todo.setdefault(key, []).append(name)
+    out = {}
+    for key, h in cal.hessians(quiet):
+        u = calibrate.inverse_factor(h, damp) if key in todo else None
+        for name in todo.get(key, []):
+            x = np.ascontiguousarray(source.values(name), dtype=np.float32)
+            fmt = _grid_format(types[name])
+            assert fmt is not None and fmt.grid is not None and u is not None
+            out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales))
+    return out
+
+
+def _put(w: Any, name: str, x: np.ndarray, qtype: str, scales: str,
+         parts: dict[str, np.ndarray] | None = None) -> tuple[str, np.ndarray | None]:  # fmt: skip
+    """Add tensor ``name`` (f32 values) as ``qtype`` (from ``parts`` when given: calibrated);
+    the type it was stored as and, unless f32, the values it decodes to."""
     import gguf
 
     if qtype == "f32":
@@ -197,12 +262,12 @@ def _put(w: Any, name: str, x: np.ndarray, qtype: str,
         return q.name, gguf.quants.dequantize(data, q)
     if qtype in _GGUF_LOWP:
         gtype, fmt = _GGUF_LOWP[qtype]
-        parts = lowp.get(fmt).quantize(x, scales)
+        parts = parts or lowp.get(fmt).quantize(x, scales)
         data = next(iter(parts.values()))
         w.add_tensor(name, data.view(np.uint8), raw_dtype=gguf.GGMLQuantizationType[gtype])
         return gtype, lowp.get(fmt).dequantize(parts)
     f = lowp.get(qtype)
-    parts = f.quantize(x, scales)
+    parts = parts or f.quantize(x, scales)
     for p in f.parts:
         a = parts[p.name]
         w.add_tensor(f"{name}.{p.name}", a.view(np.int8) if a.dtype == np.uint8 else a)
@@ -219,4 +284,5 @@ def describe(res: QuantizeResult) -> dict[str, Any]:
     return {"path": res.path, "type": res.qtype, "embed_type": res.embed_type or res.qtype,
             "bytes": res.size, "tensors": counts,
             "seconds": round(res.seconds, 2), "kept_f32": res.kept_f32,
-            "rel_error": None if res.error is None else round(res.error, 6)}  # fmt: skip
+            "rel_error": None if res.error is None else round(res.error, 6),
+            "calibration": res.calibration}  # fmt: skip

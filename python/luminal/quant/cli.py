@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 
 from . import api
@@ -39,6 +40,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how luminal's formats (and mxfp4) choose their scales: mse, the least squared "
         "error among candidates around the amax rule's (default); amax, the format's own rule",
     )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="a text file: calibrate luminal's quantizers on the model's activations over it "
+        "(GPTQ: each matrix's output error, not its weight error, is minimised; llama-family "
+        "models)",
+    )
+    p.add_argument(
+        "--calib-tokens",
+        type=int,
+        default=api.calibrate.CALIB_TOKENS,
+        metavar="N",
+        help=f"calibrate on the first N tokens of the text (default {api.calibrate.CALIB_TOKENS})",
+    )
+    p.add_argument(
+        "--calib-damp",
+        type=float,
+        default=api.calibrate.DAMP,
+        metavar="D",
+        help=f"damping added to X^T X's diagonal, relative to its mean (default "
+        f"{api.calibrate.DAMP}; more: closer to round to nearest, less fitted to the text)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -47,8 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and not args.force:
         raise ValueError(f"{args.output} exists (--force overwrites it)")
+    calibration = None if args.calibration is None else pathlib.Path(args.calibration)  # a file
     res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet,
-                       scales=args.scales)  # fmt: skip
+                       scales=args.scales, calibration=calibration,
+                       calib_tokens=args.calib_tokens, calib_damp=args.calib_damp)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
@@ -57,6 +82,9 @@ def main(args: argparse.Namespace) -> int:
         err = "" if res.error is None else f", weight error {100 * res.error:.2f}% (relative RMS)"
         print(f"{res.path}: {res.qtype}, {res.size / 2**20:.1f} MiB, {counts}{err} "
               f"({res.seconds:.1f} s)")  # fmt: skip
+        if res.calibration is not None:
+            c = res.calibration
+            print(f"  calibrated {c['matrices']} matrices on {c['tokens']} tokens (GPTQ)")
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
         if not api.llama_cpp_reads(res.qtype, res.embed_type):

@@ -1,0 +1,262 @@
+"""Calibrated quantization: GPTQ error feedback over the second moments of each matrix's inputs.
+
+Round-to-nearest minimises each weight's own error; what matters is the layer's output. For a
+linear layer y = x W^T and inputs X (tokens, in) the output error ||X (W - Q)^T||^2 is a
+quadratic form in each row's weight error with H = X^T X. GPTQ (Frantar et al. 2022,
+arXiv:2210.17323) quantizes the input columns in order and, after each, moves the rounding
+error onto the columns not quantized yet, weighted by the Cholesky factor of H^-1, so that they
+compensate for it. Columns go in blocks of 128 whose updates to the later columns are applied
+once per block (the paper's lazy batch updates).
+
+The formats are luminal's (``lowp.Grid``): a group's scale is chosen by the format's own rule
+(``mse`` or ``amax``) when the column loop enters the group, from the weights as the error
+feedback has left them (a per-row or per-tensor scale: from the whole matrix, before the
+loop); each column is then rounded with that fixed scale, and the values that were rounded are
+packed by the format's own packing, so the parts are the format's bytes.
+
+Statistics: a numpy forward of the llama-family graph (``models/llama.py``: llama, smollm,
+qwen2) over the source's f32 values, run over a calibration text one layer at a time for all
+windows, gives per layer the X^T X of the attention projections' input (the attention norm's
+output: q, k, v), of ``attn_output`` (the attention output), of ``ffn_gate`` / ``ffn_up`` (the
+ffn norm's output) and of ``ffn_down`` (silu(gate) * up), and after the last layer that of the
+output head (the final norm's output). A tied head is ``token_embd.weight``: it is calibrated
+against the head's inputs, and the embedding lookup reads the same values. An untied
+``token_embd.weight`` has no inputs to weigh (a lookup): it is rounded to nearest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..loaders import lowp
+
+BLOCK = 128  # columns per lazy batch update
+DAMP = 0.01  # added to H's diagonal, relative to its mean: keeps H^-1 well conditioned
+CALIB_TOKENS = 512
+CALIB_KEY = "luminal.calibration"  # metadata of a calibrated file: a JSON object
+TEXT = os.path.join(os.path.dirname(__file__), "calibration.txt")  # the shipped text
+
+# matrix name suffix -> the input it multiplies (per layer)
+_INPUTS = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": "attn_out",
+           "ffn_gate": "ffn", "ffn_up": "ffn", "ffn_down": "ffn_mid"}  # fmt: skip
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.weight$")
+
+
+def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Quantize ``x`` (rows, cols) on ``grid`` minimising ||X (x - q)^T|| for inputs whose
+    X^T X has the ``inverse_factor`` ``u`` (cols, cols). Returns the parts and the dequantized
+    values q."""
+    rows, cols = x.shape
+    if u.shape != (cols, cols):
+        raise ValueError(f"gptq: the factor is {u.shape}, the weight has {cols} columns")
+    u = u.astype(np.float32)
+    w = np.array(x, np.float32)  # updated in place: the values each column is rounded from
+    q = np.empty_like(w)
+    group = min(grid.group, cols)
+    step = max(group, BLOCK // group * group) if group < cols else BLOCK
+    scales: list[np.ndarray] = []
+    s = grid.scale(w) if group == cols else None
+    for i1 in range(0, cols, step):
+        i2 = min(i1 + step, cols)
+        wb, ub = w[:, i1:i2], u[i1:i2, i1:i2]
+        err = np.empty((rows, i2 - i1), np.float32)
+        for j in range(i2 - i1):
+            if group < cols and j % group == 0:
+                s = grid.scale(wb[:, j : j + group])
+                scales.append(s)
+            assert s is not None
+            q[:, i1 + j] = grid.fake(wb[:, j : j + 1], s)[:, 0]
+            e = (wb[:, j] - q[:, i1 + j]) / ub[j, j]
+            wb[:, j + 1 :] -= np.outer(e, ub[j, j + 1 :])
+            err[:, j] = e
+        w[:, i2:] -= err @ u[i1:i2, i2:]
+    if group < cols:
+        s = np.concatenate(scales, axis=1)
+    assert s is not None
+    return grid.pack(w, s), q
+
+
+def inverse_factor(h: np.ndarray, damp: float = DAMP) -> np.ndarray:
+    """Upper U with U^T U = (H + damping)^-1 (computed once per input, shared by the matrices
+    that read it). A column no input reaches (zero diagonal) is
+    decoupled: rounded to nearest, no error sent to or from it."""
+    h = np.array(h, np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, :] = 0
+    h[:, dead] = 0
+    h[dead, dead] = 1
+    lam = damp * float(np.mean(np.diag(h)))
+    for _ in range(6):  # numerically semi-definite H: more damping until the factor exists
+        try:
+            hd = h + lam * np.eye(len(h))
+            hinv = np.linalg.inv(hd)
+            return np.ascontiguousarray(np.linalg.cholesky((hinv + hinv.T) / 2).T)
+        except np.linalg.LinAlgError:
+            lam = lam * 10 if lam > 0 else 1e-6
+    raise ValueError("gptq: X^T X is not positive definite even after damping")
+
+
+def read_text(calibration: str | os.PathLike[str]) -> str:
+    """The calibration text: a path (``os.PathLike``, or a str without whitespace) is read;
+    another str is the text itself."""
+    if isinstance(calibration, str) and any(c.isspace() for c in calibration):
+        text = calibration
+    else:
+        path = os.fspath(calibration)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"calibration text {path}: no such file")
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    if not text.strip():
+        raise ValueError("calibration text is empty")
+    return text
+
+
+class Calibration:
+    """X^T X of every calibrated matrix's inputs over ``tokens``, computed a layer at a time
+    by ``hessians``. ``config``: a ``LlamaConfig``; ``weights``: has ``has(name)`` and
+    ``values(name)`` (f32 arrays by GGUF tensor name, e.g. ``GGUFWeights``)."""
+
+    def __init__(self, config: Any, weights: Any, tokens: Sequence[int]) -> None:
+        from ..functional.attention import _inv_freq
+
+        if not tokens:
+            raise ValueError("calibration: no tokens")
+        self.config, self.weights, self.tokens = config, weights, list(tokens)
+        c = config
+        self.tied = not weights.has("output.weight")
+        self.window = min(c.context_length, len(self.tokens))
+        inv = _inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+        if weights.has("rope_freqs.weight"):
+            inv = inv / self._w("rope_freqs.weight").astype(np.float64)
+        ang = np.arange(self.window, dtype=np.float64)[:, None] * inv[None]  # (T, hd / 2)
+        ang = np.repeat(ang, 2, axis=1) if c.rope_interleaved else np.concatenate([ang, ang], 1)
+        self.cos, self.sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+    @staticmethod
+    def from_gguf(f: Any, weights: Any, tokens: Sequence[int]) -> Calibration:
+        """For GGUF file ``f`` read through ``weights`` (its ``GGUFWeights``)."""
+        from ..models.llama import config_from_gguf
+
+        try:
+            config = config_from_gguf(f)
+        except NotImplementedError as e:
+            raise ValueError(f"calibration runs llama-family models: {e}") from None
+        return Calibration(config, weights, tokens)
+
+    def _w(self, name: str) -> np.ndarray:
+        return np.asarray(self.weights.values(name), np.float32)
+
+    def head(self) -> str:
+        return "token_embd.weight" if self.tied else "output.weight"
+
+    def key(self, name: str) -> str | None:
+        """Which input's statistics ``name`` uses (None: not a calibrated matrix)."""
+        if name == self.head():
+            return "head"
+        m = _LAYER.match(name)
+        if m and m.group(2) in _INPUTS and int(m.group(1)) < self.config.n_layers:
+            return f"{m.group(1)}.{_INPUTS[m.group(2)]}"
+        return None
+
+    def hessians(self, quiet: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+        """(key, X^T X) per input, layer by layer, then ``"head"``."""
+        c = self.config
+        xs = [self._w("token_embd.weight")[self.tokens[i : i + self.window]]
+              for i in range(0, len(self.tokens), self.window)]  # fmt: skip
+        for layer in range(c.n_layers):
+            if not quiet:
+                print(f"\rcalibrate: layer {layer + 1}/{c.n_layers}", end="", file=sys.stderr)
+            hs: dict[str, np.ndarray] = {}
+            xs = [self._block(layer, x, hs) for x in xs]
+            for k, v in hs.items():
+                yield f"{layer}.{k}", v
+        if not quiet:
+            print(file=sys.stderr)
+        yield "head", sum((_xtx(self.final(x)) for x in xs), np.zeros((c.hidden_size,) * 2))
+
+    def final(self, x: np.ndarray) -> np.ndarray:
+        """The head's input for the last layer's output ``x``."""
+        return self._norm(x, "output_norm.weight")
+
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        r = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + self.config.rms_eps)
+        return (x * r * self._w(name)).astype(np.float32)
+
+    def _proj(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = x @ self._w(name + ".weight").T
+        return y + self._w(name + ".bias") if self.weights.has(name + ".bias") else y
+
+    def _rope(self, x: np.ndarray) -> np.ndarray:
+        """x (T, heads, hd) rotated: adjacent pairs (GGUF llama) or halves (qwen2)."""
+        t = len(x)
+        if self.config.rope_interleaved:
+            p = x.reshape(*x.shape[:-1], -1, 2)
+            rot = np.stack([-p[..., 1], p[..., 0]], axis=-1).reshape(x.shape)
+        else:
+            a, b = np.split(x, 2, axis=-1)
+            rot = np.concatenate([-b, a], axis=-1)
+        return x * self.cos[:t, None] + rot * self.sin[:t, None]
+
+    def _block(self, i: int, x: np.ndarray, hs: dict[str, np.ndarray]) -> np.ndarray:
+        """Layer ``i`` on one window ``x`` (T, hidden); adds its inputs' X^T X to ``hs``."""
+        c, p, t = self.config, f"blk.{i}.", len(x)
+        nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
+
+        def add(k: str, v: np.ndarray) -> None:
+            hs[k] = hs[k] + _xtx(v) if k in hs else _xtx(v)
+
+        h = self._norm(x, p + "attn_norm.weight")
+        add("attn", h)
+        q = self._rope(self._proj(h, p + "attn_q").reshape(t, nh, hd))
+        k = self._rope(self._proj(h, p + "attn_k").reshape(t, nkv, hd))
+        v = self._proj(h, p + "attn_v").reshape(t, nkv, hd)
+        k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(hd))
+        s = np.where(np.tri(t, dtype=bool)[None], s, -np.inf)
+        a = np.exp(s - s.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", a, v).reshape(t, nh * hd).astype(np.float32)
+        add("attn_out", o)
+        x = x + self._proj(o, p + "attn_output")
+        h = self._norm(x, p + "ffn_norm.weight")
+        add("ffn", h)
+        g, u = self._proj(h, p + "ffn_gate"), self._proj(h, p + "ffn_up")
+        m = (g / (1.0 + np.exp(-g)) * u).astype(np.float32)
+        add("ffn_mid", m)
+        return (x + self._proj(m, p + "ffn_down")).astype(np.float32)
+
+
+def _xtx(x: np.ndarray) -> np.ndarray:
+    x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    return x.T @ x
+
+
+def text_tokens(f: Any, text: str, n: int) -> list[int]:
+    """The first ``n`` tokens of ``text`` with the model's tokenizer."""
+    from ..tokenizer import Tokenizer
+
+    if n < 1:
+        raise ValueError(f"calib_tokens must be at least 1, got {n}")
+    try:
+        tok = Tokenizer.from_gguf(f)
+    except (NotImplementedError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"calibration needs the model's tokenizer: {e}") from None
+    ids = tok.encode(text)[:n]
+    if not ids:
+        raise ValueError("calibration text gives no tokens")
+    return ids
+
+
+def describe(text: str, tokens: Sequence[int], damp: float = DAMP) -> dict[str, Any]:
+    """What the output's ``CALIB_KEY`` metadata records."""
+    sha = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return {"method": "gptq", "tokens": len(tokens), "text_sha256": sha, "damp": damp,
+            "block": BLOCK}  # fmt: skip

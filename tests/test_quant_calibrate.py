@@ -1,0 +1,294 @@
+"""Calibrated quantization (``luminal.quant.calibrate``): GPTQ on a synthetic layer lowers the
+output error below round-to-nearest's for every format with scales, its parts are the format's
+own (numpy dequantizer, graph expression, a compiled matmul), the same inputs give the same
+bytes; the calibration forward gives luminal's logits and transformers' layer inputs on tiny
+Llama / Qwen2 models; ``quantize(calibration=...)`` writes a file luminal runs, with the
+calibration recorded; bad input is a clear error. Slow tier: SmolLM2 calibrated."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal import quant
+from luminal.loaders import lowp
+from luminal.loaders.gguf import GGUFFile
+from luminal.quant import calibrate
+
+GRID = [n for n, f in lowp.FORMATS.items() if f.grid is not None]
+
+
+def _layer(rows: int = 24, cols: int = 256, n: int = 1024, seed: int = 0):
+    """Weights and inputs X = Z A with a few large, correlated directions."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(cols, cols)) * 0.1
+    a[:4] *= 30
+    x = (rng.normal(size=(n, cols)) @ a).astype(np.float32)
+    w = (rng.normal(size=(rows, cols)) * 0.05).astype(np.float32)
+    return w, x, calibrate.inverse_factor(x.T.astype(np.float64) @ x)
+
+
+def _out_err(x: np.ndarray, w: np.ndarray, q: np.ndarray) -> float:
+    return float(np.linalg.norm(x.astype(np.float64) @ (w - q).T.astype(np.float64)))
+
+
+@pytest.mark.parametrize("scales", lowp.SCALES)
+@pytest.mark.parametrize("fmt", GRID)
+def test_gptq_beats_round_to_nearest_and_packs_the_format(fmt: str, scales: str) -> None:
+    w, x, u = _layer()
+    f = lowp.FORMATS[fmt]
+    assert f.grid is not None
+    parts, q = calibrate.gptq(w, u, f.grid(w, scales))
+    lowp.check_parts(f, parts, w.shape, fmt)
+    np.testing.assert_array_equal(f.dequantize(parts), q)  # the loop's values are the file's
+    np.testing.assert_array_equal(lowp.dequantize(fmt, parts, w.shape), q)  # graph expression
+    rtn = f.dequantize(f.quantize(w, scales))
+    assert _out_err(x, w, q) < 0.5 * _out_err(x, w, rtn)
+    again, _ = calibrate.gptq(w, u, f.grid(w, scales))
+    assert all(again[k].tobytes() == parts[k].tobytes() for k in parts)
+
+
+def test_per_row_scale_comes_from_the_whole_row() -> None:
+    w, _, u = _layer()
+    f = lowp.FORMATS["int8"]
+    assert f.grid is not None
+    parts, _ = calibrate.gptq(w, u, f.grid(w, "amax"))
+    np.testing.assert_array_equal(parts["scale"], f.quantize(w, "amax")["scale"])
+
+
+def test_dead_inputs_are_rounded_to_nearest() -> None:
+    """A column no input reaches takes no error: its values are round-to-nearest's."""
+    w, x, _ = _layer(cols=64)
+    x[:, 5] = 0
+    u = calibrate.inverse_factor(x.T.astype(np.float64) @ x)
+    f = lowp.FORMATS["int8"]
+    assert f.grid is not None
+    _, q = calibrate.gptq(w, u, f.grid(w, "amax"))
+    rtn = f.dequantize(f.quantize(w, "amax"))
+    np.testing.assert_array_equal(q[:, 5], rtn[:, 5])
+    assert not np.array_equal(q[:, 6:], rtn[:, 6:])  # live columns took earlier errors
+    with pytest.raises(ValueError, match="columns"):
+        calibrate.gptq(w, u[:10, :10], f.grid(w, "amax"))
+
+
+def test_calibrated_weight_through_a_compiled_matmul() -> None:
+    w, x, u = _layer(rows=20, cols=128)
+    f = lowp.FORMATS["nvfp4"]
+    assert f.grid is not None
+    parts, q = calibrate.gptq(w, u, f.grid(w, "mse"))
+    g = lm.Graph("calibrated")
+    n = lm.dim("n", 1, 8)
+    g.output("y", g.input("x", (n, 128)) @ lowp.weight(g, "w", "nvfp4", parts, w.shape).T)
+    xs = x[:5]
+    got = lm.compile(g).run({"x": xs})["y"]
+    want = xs @ q.T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+# --------------------------------------------------------------------------- tiny models
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from luminal.models.llama import from_hf  # noqa: E402
+
+IDS = [5, 17, 3, 42, 8, 60, 1, 9, 33, 71, 12, 40, 2, 7]
+
+
+def _hf(kind: str, tied: bool):
+    torch.manual_seed(0)
+    common = dict(vocab_size=80, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rope_theta=1000.0, rms_norm_eps=1e-5, tie_word_embeddings=tied)  # fmt: skip
+    cls = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if kind == "qwen2"
+           else (transformers.LlamaConfig, transformers.LlamaForCausalLM))  # fmt: skip
+    hf = cls[1](cls[0](**common)).eval()
+    with torch.no_grad():  # random norms and biases so a wrong mapping shows
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias"):
+                p.normal_(0, 0.5)
+    return hf
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter: q/k rows reordered for adjacent-pair RoPE."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+class _Arrays:
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def has(self, name: str) -> bool:
+        return name in self.arrays
+
+    def values(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+
+def _model(kind: str, tied: bool):
+    """transformers' model and luminal's Llama over GGUF-layout arrays (llama: permuted q/k,
+    adjacent-pair RoPE, as in a GGUF file)."""
+    hf = _hf(kind, tied)
+    arrays = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+    model = from_hf(hf.config.to_dict(), arrays)
+    if kind == "llama":
+        ws = model.weights.arrays  # type: ignore[attr-defined]
+        for i in range(2):
+            ws[f"blk.{i}.attn_q.weight"] = _permute(ws[f"blk.{i}.attn_q.weight"], 4)
+            ws[f"blk.{i}.attn_k.weight"] = _permute(ws[f"blk.{i}.attn_k.weight"], 2)
+        model.config.rope_interleaved = True
+    return hf, model
+
+
+@pytest.mark.parametrize("kind,tied", [("llama", True), ("llama", False), ("qwen2", False)])
+def test_statistics_are_the_layers_inputs(kind: str, tied: bool) -> None:
+    """X^T X per input against transformers' layer inputs (hooks); the forward's logits
+    against luminal's graph."""
+    hf, model = _model(kind, tied)
+    cal = calibrate.Calibration(model.config, _Arrays(model.weights.arrays), IDS)
+    seen: dict[str, np.ndarray] = {}
+
+    def hook(key: str):
+        def f(mod, args):
+            seen[key] = args[0][0].detach().numpy().astype(np.float64)
+
+        return f
+
+    layers = hf.model.layers
+    for i, layer in enumerate(layers):
+        layer.self_attn.q_proj.register_forward_pre_hook(hook(f"{i}.attn"))
+        layer.self_attn.o_proj.register_forward_pre_hook(hook(f"{i}.attn_out"))
+        layer.mlp.gate_proj.register_forward_pre_hook(hook(f"{i}.ffn"))
+        layer.mlp.down_proj.register_forward_pre_hook(hook(f"{i}.ffn_mid"))
+    hf.lm_head.register_forward_pre_hook(hook("head"))
+    with torch.no_grad():
+        hf(torch.tensor([IDS]))
+    got = dict(cal.hessians())
+    assert sorted(got) == sorted(seen)
+    for k, v in seen.items():
+        want = v.T @ v
+        np.testing.assert_allclose(got[k], want, rtol=2e-4, atol=2e-5 * np.abs(want).max(),
+                                   err_msg=k)  # fmt: skip
+    assert cal.key("token_embd.weight") == ("head" if tied else None)
+    assert cal.key("blk.1.ffn_up.weight") == "1.ffn" and cal.key("blk.1.attn_norm.weight") is None
+    x = model.weights.arrays["token_embd.weight"][IDS]
+    for i in range(2):
+        x = cal._block(i, x, {})
+    logits = cal.final(x) @ model.weights.arrays[cal.head()].T
+    g = model.build(logits="all")
+    ref = g.run({"tokens": np.asarray(IDS, np.int32), **model.new_cache()}, pos=0)["logits"]
+    np.testing.assert_allclose(logits, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
+def _write_llama(path: str, tied: bool = True) -> None:
+    """A tiny llama GGUF (f32) as llama.cpp's converter lays it out."""
+    _, model = _model("llama", tied)
+    c = model.config
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(c.n_layers)
+    w.add_context_length(c.context_length)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_eps)
+    for name, a in model.weights.arrays.items():
+        w.add_tensor(name, np.ascontiguousarray(a, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("cal") / "llama.gguf")
+    _write_llama(path)
+    return path
+
+
+@pytest.mark.parametrize("qtype", ["nvfp4", "mxfp4", "int8"])
+def test_quantize_with_calibration_writes_a_file_luminal_runs(
+    tiny_llama, tmp_path, monkeypatch, qtype
+) -> None:
+    # the tiny file has no tokenizer: the text's tokens are given
+    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
+    out = tmp_path / "c.gguf"
+    res = quant.quantize(tiny_llama, out, qtype, calibration="some calibration text",
+                         calib_tokens=10)  # fmt: skip
+    info = json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))
+    assert info == res.calibration and info["matrices"] == 15 and info["tokens"] == 10
+    assert info["damp"] == calibrate.DAMP
+    assert quant.describe(res)["calibration"] == info
+    plain = tmp_path / "p.gguf"
+    quant.quantize(tiny_llama, plain, qtype)
+    assert calibrate.CALIB_KEY not in GGUFFile(plain).metadata
+    s = lm.models.load(out, backend="interp")
+    assert np.isfinite(s.forward(IDS[:6])).all()
+    # requantizing a calibrated file does not carry its record over
+    quant.quantize(out, tmp_path / "r.gguf", "int8")
+    assert calibrate.CALIB_KEY not in GGUFFile(tmp_path / "r.gguf").metadata
+
+
+def test_bad_calibration_input_is_a_clear_error(tiny_llama, tmp_path) -> None:
+    out = tmp_path / "o.gguf"
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        quant.quantize(tiny_llama, out, "int8", calibration=tmp_path / "nope.txt")
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        quant.quantize(tiny_llama, out, "int8", calibration="missing.txt")
+    (tmp_path / "empty.txt").write_text(" \n")
+    with pytest.raises(ValueError, match="empty"):
+        quant.quantize(tiny_llama, out, "int8", calibration=tmp_path / "empty.txt")
+    for t in ("q4_k_m", "q8_0", "bf16"):
+        with pytest.raises(ValueError, match=f"calibration applies.*not {t}"):
+            quant.quantize(tiny_llama, out, t, calibration="some text")
+    with pytest.raises(ValueError, match="tokenizer"):  # the tiny file has none
+        quant.quantize(tiny_llama, out, "int8", calibration="some text")
+    with pytest.raises(ValueError, match="calib_damp"):
+        quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_damp=0)
+    with pytest.raises(ValueError, match="calib_tokens"):
+        quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_tokens=0)
+    assert not out.exists()
+
+
+def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
+    from luminal.quant import cli
+
+    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
+    text = tmp_path / "calib text.txt"  # a path with a space is still a file
+    text.write_text("words for calibration")
+    out = str(tmp_path / "o.gguf")
+    assert cli.run([tiny_llama, "-o", out, "--type", "mxfp8", "--calibration", str(text),
+                    "--calib-tokens", "8", "--calib-damp", "0.1"]) == 0  # fmt: skip
+    assert "calibrated 15 matrices on 8 tokens" in capsys.readouterr().out
+    assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["damp"] == 0.1
+    assert cli.run([tiny_llama, "-o", out, "--type", "int8", "--force",
+                    "--calibration", str(tmp_path / "no.txt")]) == 2  # fmt: skip
+    assert "no.txt: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_calibrated_file(tmp_path) -> None:
+    from luminal.models import smollm2_path
+
+    out = tmp_path / "m.gguf"
+    res = quant.quantize(smollm2_path(), out, "mxfp4", calibration=calibrate.TEXT,
+                         calib_tokens=64)  # fmt: skip
+    assert res.calibration is not None and res.calibration["tokens"] == 64
+    assert res.calibration["matrices"] == 30 * 7 + 1  # tied head: token_embd, calibrated
+    f = GGUFFile(out)
+    assert f.type_name("blk.0.attn_q.weight") == "MXFP4"
+    s = lm.models.load(out, backend="interp", max_context=16)
+    assert np.isfinite(s.forward([1, 2, 3])).all()
