@@ -3,10 +3,12 @@ serves every output column of that row.
 
 Two forms. The blocked form, when the IR shows the score's heart is a dot product of a
 query-side and a key-side operand (``sum_r q[r] * k[j, r]``), works like a small GEMM: a task
-is a block of query rows; each tile of keys is copied once (the key operand transposed, the
-value rows padded), the block's dot products are register-blocked vector FMAs over the tile,
-the rest of the score (scale, mask, whatever the IR holds) is evaluated per row from them,
-and P.V accumulates as rank-1 updates of several rows at once. The row form serves every
+is a block of query rows, held along vector lanes (the query operand transposed once per
+task); each tile of keys is copied once as stored, the block's dot products are
+register-blocked vector FMAs of row lanes by broadcast key elements, the rest of the score
+(scale, mask, whatever the IR holds) is evaluated from them as vectors across rows, so are
+the running max, rescale and sums, and P.V keeps several rows by four vectors of value
+columns in registers over the whole tile. The row form serves every
 other score, and blocks too short to amortize the copies: per row, scores of a tile of keys,
 then exp, then the weighted columns as a vector.
 """
@@ -32,7 +34,12 @@ _QB = 64  # query rows per task of the blocked form
 # 384 heads of dim 32 (2 threads, one sitting): 8 keys 3.2x and 17 keys 1.6x faster per row,
 # 24 keys 0.9x, 32 keys 0.7x (the per-row cost grows with the keys, the tile's does not).
 _SHORT_KEYS = 3
-_RB = 4  # rows per register block; a block of fewer rows takes the row form
+_RB = 5  # rows per register block of P.V (x 4 vectors of columns); fewer rows: the row form
+_KT = 48  # keys per tile of the blocked form
+_KG = 6  # keys per register block of the blocked form's dot products (x 4 vectors of rows)
+# _KT, _KG, _RB: set by timing the bench's attention (4 heads, d 64, seq 1024, one thread,
+# AVX-512, round-robin medians): tile 32 / group 4 / rows 4 67 GFLOP/s; 48 / 6 / 4 77; 48 / 6 /
+# 5 86; 48 / 6 / 6 83 (24 / 6, 64 / 4, 32 / 8, 28 / 7 between; the old layout 64)
 _MAX_DOT = 256  # longest dot product (head dim) the blocked form copies to the stack
 
 # Vector helpers of the blocked form. The key tile is LM_SM_T keys: four vectors, so the
@@ -51,8 +58,14 @@ _SM_PRELUDE = r"""
 #define LM_SM_T (4 * LM_VL)
 #define LM_FLT_MAX 3.40282347e+38f
 typedef float lm_vf __attribute__((vector_size(LM_VL * 4)));
+typedef int32_t lm_vi __attribute__((vector_size(LM_VL * 4)));
 static inline lm_vf lm_vld(const float *p) { lm_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void lm_vst(float *p, lm_vf v) { memcpy(p, &v, sizeof v); }
+/* lanes of a where m is set, else of b; the lanewise max b > a ? b : a (a NaN b passed over) */
+static inline lm_vf lm_sm_vsel(lm_vi m, lm_vf a, lm_vf b) {
+  return (lm_vf)(((lm_vi)a & m) | ((lm_vi)b & ~m));
+}
+static inline lm_vf lm_sm_vmax(lm_vf a, lm_vf b) { return lm_sm_vsel(b > a, b, a); }
 #endif
 """
 
@@ -177,7 +190,10 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
         tasks = sym.mul(tasks, sz)
     lines += [
         "  for (int64_t t = begin; t < end; ++t) {",
-        f"    const int64_t ib = (t % {cexpr(nb)}) * {_QB}, tq = t / {cexpr(nb)}; (void)tq;",
+        # blocks in the order first, last, second, second last, ...: a causal mask's work grows
+        # along the blocks, and a run of tasks (a thread's chunk) then holds light and heavy
+        f"    const int64_t tb = t % {cexpr(nb)}, tq = t / {cexpr(nb)}; (void)tq;",
+        f"    const int64_t ib = ((tb & 1) ? {cexpr(nb)} - 1 - tb / 2 : tb / 2) * {_QB};",
     ]
     _decode_task(lines, ext, n - 2, "tq")
     lines.append(f"    const int64_t rows = lm_min({_QB}, {ext[n - 2]} - ib);")
@@ -367,150 +383,153 @@ def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
 
 
 def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
-    """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB)."""
+    """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB). The
+    block's rows lie along vector lanes: its query operands are transposed once per task
+    (``qt[r][row]``), so each tile of keys is copied as it is stored (``kt[key][r]``, a
+    vector copy) and the dot products are vector FMAs of query lanes by broadcast key
+    elements; the scores ``st[key][row]`` then keep the rows in lanes, so the running max, the
+    rescale and the sums are vector operations across rows, and P.V broadcasts each score
+    against vectors of value columns held in registers over the whole tile."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n, cols, d = len(k.shape), k.shape[-1], dot.red.extent
-    assert isinstance(d, int)
+    assert isinstance(d, int) and isinstance(cols, int)
     row, jv, cv, rv = f"i{n - 2}", _c_name(v.var), f"i{n - 1}", _c_name(dot.red.var)
     ext_s = cexpr(v.extent)
-    colp = f"(({cols} + LM_SM_T - 1) / LM_SM_T * LM_SM_T)"  # value width padded to tiles
+    kt_, kg, rb = _KT, _KG, _RB
     al = "__attribute__((aligned(64)))"
+    # value columns in vectors: groups of four (16 accumulators of _RB rows), then the rest
+    ncv = f"(({cols} + LM_VL - 1) / LM_VL)"
+    colp = f"({ncv} * LM_VL)"
+    qv = f"({_QB} / LM_VL)"  # vectors of query rows
+    qbp = -(-_QB // rb) * rb  # rows of the accumulators: whole register blocks
     out = [
-        f"    float qs[{_QB}][{d}] {al}, oacc[{_QB}][{colp}] {al}, mrow[{_QB}], lrow[{_QB}];",
-        f"    float kts[{d}][LM_SM_T] {al}, vts[LM_SM_T][{colp}] {al};",
-        "    /* zero: the padding rows and columns of the copies below stay so */",
-        "    memset(oacc, 0, sizeof oacc), memset(qs, 0, sizeof qs);",
-        "    memset(kts, 0, sizeof kts), memset(vts, 0, sizeof vts);",
-        f"    for (int64_t ri = 0; ri < {_QB}; ++ri) mrow[ri] = -INFINITY, lrow[ri] = 0;",
-        "    /* the block's query operands, once per task */",
+        f"    float qt[{d}][{_QB}] {al}, oacc[{qbp}][{colp}] {al};",
+        f"    float st[{kt_}][{qbp}] {al}, kt[{kt_}][{d}] {al}, vt[{kt_}][{colp}] {al};",
+        f"    float mrow[{_QB}] {al}, lrow[{_QB}] {al};",
+        "    /* zero: the padding rows and columns of the copies below stay so; scores of rows",
+        "       past the block's end stay -inf (no weight), those past the vectors of rows 0 */",
+        "    memset(oacc, 0, sizeof oacc), memset(qt, 0, sizeof qt), memset(vt, 0, sizeof vt);",
+        f"    for (int jj = 0; jj < {kt_}; ++jj)",
+        f"      for (int ri = 0; ri < {qbp}; ++ri) st[jj][ri] = ri < {_QB} ? -INFINITY : 0;",
+        f"    for (int ri = 0; ri < {_QB}; ++ri) mrow[ri] = -INFINITY, lrow[ri] = 0;",
+        "    /* the block's query operands, transposed, once per task */",
         "    for (int64_t ri = 0; ri < rows; ++ri) {",
         f"      const int64_t {row} = ib + ri;",
         f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: out.extend(_emit_into(em, dot.q, "        ", "qs[ri][" + rv + "] = {};")))
+    em.block(lambda: out.extend(_emit_into(em, dot.q, "        ", "qt[" + rv + "][ri] = {};")))
     out += [
         "      }",
         "    }",
-        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += LM_SM_T) {{",
-        f"      const int64_t jn = lm_min(LM_SM_T, {ext_s} - j0);",
+        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += {kt_}) {{",
+        f"      const int64_t jn = lm_min({kt_}, {ext_s} - j0);",
     ]
     if _monotone_in(v.score, dot.red):
         out += _masked_tile_skip(k, em, dot)
     out += [
-        "      /* the tile's key operands transposed (keys along vectors) and its value rows;",
-        "         keys past the end are zero (their scores are -inf below) */",
-        "      for (int64_t jj = jn; jj < LM_SM_T; ++jj) {",
-        f"        for (int c = 0; c < {d}; ++c) kts[c][jj] = 0;",
-        f"        for (int c = 0; c < {cols}; ++c) vts[jj][c] = 0;",
-        "      }",
+        "      /* the tile's key operands and value rows as stored (keys past the end: zero) */",
         "      for (int64_t jj = 0; jj < jn; ++jj) {",
         f"        const int64_t {jv} = j0 + jj;",
         f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: out.extend(_emit_into(em, dot.k, "          ", "kts[" + rv + "][jj] = {};")))
+    em.block(lambda: out.extend(_emit_into(em, dot.k, "          ", "kt[jj][" + rv + "] = {};")))
     out += ["        }", f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{"]
-    em.block(
-        lambda: out.extend(_emit_into(em, v.weight, "          ", "vts[jj][" + cv + "] = {};"))
-    )
+    em.block(lambda: out.extend(_emit_into(em, v.weight, "          ", "vt[jj][" + cv + "] = {};")))
     out += [
         "        }",
         "      }",
-        f"      for (int64_t rb = 0; rb < rows; rb += {_RB}) {{",
-        f"        float dots[{_RB}][LM_SM_T] {al}, ps[{_RB}][LM_SM_T] {al};",
-        "        { /* dots = the block's query rows x the tile's keys */",
-        f"          lm_vf c[{_RB}][4];",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) c[ri][u] = (lm_vf){0};",
+        f"      for (int64_t jj = jn; jj < {kt_}; ++jj) {{",
+        f"        for (int c = 0; c < {d}; ++c) kt[jj][c] = 0;",
+        f"        for (int c = 0; c < {cols}; ++c) vt[jj][c] = 0;",
+        "      }",
+        f"      /* st = keys x the block's rows: {kg} keys x 4 vectors of rows per register block */",
+        f"      for (int j = 0; j < {kt_}; j += {kg})",
+        f"        for (int v0 = 0; v0 < {qv}; v0 += 4) {{",
+        f"          lm_vf c[4][{kg}];",
+        "          for (int u = 0; u < 4; ++u)",
+        f"            for (int g = 0; g < {kg}; ++g) c[u][g] = (lm_vf){{0}};",
         f"          for (int r = 0; r < {d}; ++r) {{",
-        "            lm_vf kv[4];",
-        "            for (int u = 0; u < 4; ++u) kv[u] = lm_vld(&kts[r][u * LM_VL]);",
-        f"            for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "              const float a = qs[rb + ri][r];",
-        "              for (int u = 0; u < 4; ++u) c[ri][u] += a * kv[u];",
+        "            lm_vf qq[4];",
+        "            for (int u = 0; u < 4; ++u) qq[u] = lm_vld(&qt[r][(v0 + u) * LM_VL]);",
+        f"            for (int g = 0; g < {kg}; ++g) {{",
+        "              const float b = kt[j + g][r];",
+        "              for (int u = 0; u < 4; ++u) c[u][g] += qq[u] * b;",
         "            }",
         "          }",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) lm_vst(&dots[ri][u * LM_VL], c[ri][u]);",
+        "          for (int u = 0; u < 4; ++u)",
+        f"            for (int g = 0; g < {kg}; ++g) lm_vst(&st[j + g][(v0 + u) * LM_VL], c[u][g]);",
         "        }",
-        "        /* per row: scores, tile max, rescale; msub: the max to subtract, +inf for a",
-        "           row without weight here (past the block's end, or every key masked) */",
-        f"        float msub[{_RB}];",
-        f"        for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "          msub[ri] = INFINITY;",
-        "          if (rb + ri >= rows) { /* past the block's last row: no weight */",
-        "            for (int jj = 0; jj < LM_SM_T; ++jj) ps[ri][jj] = -INFINITY;",
-        "            continue;",
-        "          }",
-        f"          const int64_t {row} = ib + rb + ri;",
-        "          for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"            const int64_t {jv} = j0 + jj;",
+        "      /* the scores as the IR has them, each row's dot product read from st */",
+        "      for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"        const int64_t {jv} = j0 + jj;",
+        "        #pragma omp simd",
+        "        for (int64_t ri = 0; ri < rows; ++ri) {",
+        f"          const int64_t {row} = ib + ri;",
     ]
 
     def score() -> None:
-        # the score as the IR has it, its dot product read from the micro-GEMM's result
-        em.scopes[-1][dot.red] = "dots[ri][jj]"
-        out.extend(_emit_into(em, v.score, "            ", "ps[ri][jj] = {};"))
+        em.scopes[-1][dot.red] = "st[jj][ri]"
+        out.extend(_emit_into(em, v.score, "          ", "st[jj][ri] = {};"))
 
     em.block(score)
     out += [
-        "          }",
-        "          for (int64_t jj = jn; jj < LM_SM_T; ++jj) ps[ri][jj] = -INFINITY;",
-        "          /* the tile max as an integer max of order-preserving keys (it vectorizes);",
-        "             NaN when a score is NaN */",
-        "          int32_t key = (int32_t)0x807fffff, nan = 0;",
-        "          #pragma omp simd reduction(max:key) reduction(|:nan)",
-        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
-        "            const uint32_t b = lm_f32_bits(ps[ri][jj]);",
-        "            const int32_t kk = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1));",
-        "            key = kk > key ? kk : key;",
-        "            nan |= ps[ri][jj] != ps[ri][jj];",
-        "          }",
-        "          const float tm = nan ? NAN : lm_bits_f32((uint32_t)key ^ ((uint32_t)(key >> 31) >> 1));",
-        "          if (tm == -INFINITY) continue; /* every key of the tile masked */",
-        "          float mm = mrow[rb + ri];",
-        "          if (tm > mm) {",
-        "            if (mm != -INFINITY) { /* before the first live tile the sums are 0 */",
-        "              const float r = lm_exp2f(mm - tm);",
-        "              lrow[rb + ri] *= r;",
-        f"              for (int c = 0; c < {colp}; ++c) oacc[rb + ri][c] *= r;",
-        "            }",
-        "            mm = mrow[rb + ri] = tm;",
-        "          }",
-        "          msub[ri] = mm;",
         "        }",
-        "        /* the exps of all the block's rows in one loop, independent chains that",
-        "           overlap (exp2(-inf - inf) = 0 for rows without weight); then each row's sum",
-        "           as vectors (a reduction clause would keep its lanes on the stack) */",
-        "        for (int jj = 0; jj < LM_SM_T; jj += LM_VL) {",
-        *(
-            f"          lm_vst(&ps[{r}][jj], lm_vexp2f(lm_vld(&ps[{r}][jj]) - msub[{r}]));"
-            for r in range(_RB)
-        ),
+        "      }",
+        f"      for (int64_t jj = jn; jj < {kt_}; ++jj)",
+        "        for (int64_t ri = 0; ri < rows; ++ri) st[jj][ri] = -INFINITY;",
+        "      /* per vector of rows: the tile max (a NaN score is passed over: its exp makes the",
+        "         row NaN), the rescale where the max grew, the exps and their sums. msub: the",
+        "         max to subtract, +inf while a row has no weight (exp2(-inf - inf) = 0) */",
+        f"      for (int w = 0; w < {qv}; ++w) {{",
+        "        lm_vf mt = lm_vld(&st[0][w * LM_VL]);",
+        f"        for (int jj = 1; jj < {kt_}; ++jj) mt = lm_sm_vmax(mt, lm_vld(&st[jj][w * LM_VL]));",
+        "        const lm_vf mo = lm_vld(&mrow[w * LM_VL]), mn = lm_sm_vmax(mo, mt);",
+        "        const lm_vf one = (lm_vf){0} + 1.0f, inf = one * INFINITY;",
+        "        /* 1 where the max stayed (both -inf included) */",
+        "        const lm_vf r = lm_sm_vsel(mo == mn, one, lm_vexp2f(mo - mn));",
+        "        lm_vi grew = r != one;",
+        "        int any = 0;",
+        "        for (int e = 0; e < LM_VL; ++e) any |= grew[e];",
+        "        if (any) {",
+        "          lm_vst(&lrow[w * LM_VL], lm_vld(&lrow[w * LM_VL]) * r);",
+        "          for (int e = 0; e < LM_VL; ++e)",
+        f"            for (int c = 0; c < {colp}; c += LM_VL)",
+        "              lm_vst(&oacc[w * LM_VL + e][c], lm_vld(&oacc[w * LM_VL + e][c]) * r[e]);",
         "        }",
-        f"        for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "          lm_vf sv = lm_vld(&ps[ri][0]);",
-        "          for (int u = 1; u < 4; ++u) sv += lm_vld(&ps[ri][u * LM_VL]);",
-        "          float ls = 0;",
-        "          for (int e = 0; e < LM_VL; ++e) ls += sv[e];",
-        "          lrow[rb + ri] += ls;",
+        "        lm_vst(&mrow[w * LM_VL], mn);",
+        "        const lm_vf msub = lm_sm_vsel(mn == -inf, inf, mn);",
+        "        lm_vf ls = lm_vld(&lrow[w * LM_VL]);",
+        f"        for (int jj = 0; jj < {kt_}; ++jj) {{",
+        "          const lm_vf p = lm_vexp2f(lm_vld(&st[jj][w * LM_VL]) - msub);",
+        "          lm_vst(&st[jj][w * LM_VL], p);",
+        "          ls += p;",
         "        }",
-        "        /* P.V: rank-1 updates of the block's rows, four vectors of columns at a time */",
-        f"        for (int c0 = 0; c0 < {colp}; c0 += LM_SM_T) {{",
-        f"          lm_vf a[{_RB}][4];",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) a[ri][u] = lm_vld(&oacc[rb + ri][c0 + u * LM_VL]);",
-        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
-        "            lm_vf vv[4];",
-        "            for (int u = 0; u < 4; ++u) vv[u] = lm_vld(&vts[jj][c0 + u * LM_VL]);",
-        f"            for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "              const float p = ps[ri][jj];",
-        "              for (int u = 0; u < 4; ++u) a[ri][u] += p * vv[u];",
-        "            }",
-        "          }",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) lm_vst(&oacc[rb + ri][c0 + u * LM_VL], a[ri][u]);",
-        "        }",
+        "        lm_vst(&lrow[w * LM_VL], ls);",
+        "      }",
+        f"      /* P.V: {rb} rows x up to 4 vectors of columns in registers over the tile */",
+        f"      for (int r0 = 0; r0 < rows; r0 += {rb}) {{",
+    ]
+    for lo, width in ((0, f"({ncv} / 4 * 4)"), (f"({ncv} / 4 * 4)", ncv)):
+        nw = "4" if lo == 0 else f"({ncv} % 4)"
+        out += [
+            f"        for (int cb = {lo}; cb < {width}; cb += 4) {{",
+            f"          lm_vf a[{rb}][4];",
+            f"          for (int i = 0; i < {rb}; ++i)",
+            f"            for (int u = 0; u < {nw}; ++u) a[i][u] = lm_vld(&oacc[r0 + i][(cb + u) * LM_VL]);",
+            "          for (int jj = 0; jj < jn; ++jj) {",
+            "            lm_vf vv[4];",
+            f"            for (int u = 0; u < {nw}; ++u) vv[u] = lm_vld(&vt[jj][(cb + u) * LM_VL]);",
+            f"            for (int i = 0; i < {rb}; ++i) {{",
+            "              const float p = st[jj][r0 + i];",
+            f"              for (int u = 0; u < {nw}; ++u) a[i][u] += p * vv[u];",
+            "            }",
+            "          }",
+            f"          for (int i = 0; i < {rb}; ++i)",
+            f"            for (int u = 0; u < {nw}; ++u) lm_vst(&oacc[r0 + i][(cb + u) * LM_VL], a[i][u]);",
+            "        }",
+        ]
+    out += [
         "      }",
         "    }",
         "    for (int64_t ri = 0; ri < rows; ++ri) {",
