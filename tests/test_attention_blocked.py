@@ -13,6 +13,8 @@ import luminal.functional as F
 from luminal.codegen.cpu import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
+from luminal.functional._base import iota
+from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
 
 
@@ -99,6 +101,35 @@ def test_head_dims_tiles_and_blocks_end_mid_way(heads, kv_heads, d, dv, causal):
         out = cg.run(xs, L=seqv)["o"]
         ref = _sdpa(xs, is_causal=causal, enable_gqa=gqa)
         np.testing.assert_allclose(out, ref, atol=5e-5, rtol=2e-4)
+
+
+@pytest.mark.parametrize("window", [None, 70])
+def test_index_masks_with_an_offset_and_a_window(window):
+    # a KV cache's causal mask (key <= row + kv_len - q_len) and a sliding window beside it:
+    # comparisons linear in the row and key, which whole tiles pass or fail (then evaluated
+    # without them, or skipped), and tiles that hold the edge
+    Q, L = sym.dim("Q", 1, 300), sym.dim("L", 1, 400)
+    g = lm.Graph("attention_blocked_offset")
+    q, k, v = g.input("q", (2, Q, 40)), g.input("k", (2, L, 40)), g.input("v", (2, L, 24))
+    i, j = sym.index_var(0, Q), sym.index_var(1, L)
+    off = sym.add(L, sym.mul(Q, -1))
+    ok = sym.lt(j, sym.add(sym.add(i, off), 1))
+    if window is not None:  # and row + off - key < window
+        ok = sym.logical_and(ok, sym.lt(sym.add(sym.add(i, off), -window), j))
+    mask = iota(g, (Q, L), ok).cast(dt.bool_)
+    g.output("o", F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert _forms(g) == {"blocked"}
+    cg = lm.compile(g)
+    # 70 x 132: key offset 62, the first 64-key tile's last key one past row 0's last key
+    for qv, lv in ((5, 5), (64, 64), (67, 200), (70, 132), (130, 131), (300, 400)):
+        xs = _inputs({"q": (2, qv, 40), "k": (2, lv, 40), "v": (2, lv, 24)}, {}, qv + lv)
+        ii, jj = np.arange(qv)[:, None], np.arange(lv)[None, :]
+        keep = jj <= ii + lv - qv
+        if window is not None:
+            keep &= ii + lv - qv - window < jj
+        m = np.where(keep, 0.0, -np.inf).astype(np.float32)
+        out = cg.run(xs, Q=qv, L=lv)["o"]
+        np.testing.assert_allclose(out, _sdpa({**xs, "m": m}), atol=3e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("keys", [97, 13])

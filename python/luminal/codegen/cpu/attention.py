@@ -22,6 +22,7 @@ from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import COMMUTATIVE, Op
 from ...graph.symbolic import sint
+from ...graph.symbolic_text import LT
 from ...graph.view import contiguous_strides
 from ..cstyle import Emitter, _c_name, _emit_into, cexpr, ctype, store_stmt
 
@@ -35,16 +36,17 @@ _QB = 64  # query rows per task of the blocked form
 # 24 keys 0.9x, 32 keys 0.7x (the per-row cost grows with the keys, the tile's does not).
 _SHORT_KEYS = 3
 _RB = 5  # rows per register block of P.V (x 4 vectors of columns); fewer rows: the row form
-_KT = 48  # keys per tile of the blocked form
+_KT = 64  # keys per tile of the blocked form: a query block's, so causal tiles align
 _KG = 6  # keys per register block of the blocked form's dot products (x 4 vectors of rows)
 # _KT, _KG, _RB: set by timing the bench's attention (4 heads, d 64, seq 1024, one thread,
-# AVX-512, round-robin medians): tile 32 / group 4 / rows 4 67 GFLOP/s; 48 / 6 / 4 77; 48 / 6 /
-# 5 86; 48 / 6 / 6 83 (24 / 6, 64 / 4, 32 / 8, 28 / 7 between; the old layout 64)
+# AVX-512, round-robin medians of wall time): tile 32 / group 4 / rows 4 67 GFLOP/s; 48 / 6 / 4
+# 77; 48 / 6 / 5 86; 48 / 6 / 6 83 (24 / 6, 64 / 4, 32 / 8, 28 / 7 between; the old layout
+# 64); then in thread CPU time, tiles of 48 and 64 keys alike (79 GFLOP/s), 64 kept.
 _MAX_DOT = 256  # longest dot product (head dim) the blocked form copies to the stack
 
-# Vector helpers of the blocked form. The key tile is LM_SM_T keys: four vectors, so the
-# dot products of a 4-row block are 16 accumulators, as are the 4 rows x 4 vectors of P.V.
-# GCC's vector types keep them in registers (plain loops over arrays stay in memory).
+# Vector helpers of the blocked form (LM_SM_T, four vectors of keys, is the short-keys
+# threshold's unit). GCC's vector types keep the register blocks' accumulators in registers
+# (plain loops over arrays stay in memory).
 _SM_PRELUDE = r"""
 #ifndef LM_SM_PRELUDE
 #define LM_SM_PRELUDE
@@ -344,13 +346,17 @@ def _row(
     return out
 
 
-def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
+def _masked_tile_skip(
+    k: K.Kernel, em: Emitter, dot: _ScoreDot, subst: dict[K.Value, str] | None = None
+) -> list[str]:
     """C that skips a tile of keys no row of the block gives weight: every score is -inf
     for both extreme finite dot products, so (the score being monotone in its dot) for every
     finite one; the tile would add exp2(-inf) = 0 to every sum (a causal mask's keys past the
     block's last row). The check is a vector loop per row and stops after the first row
-    with a live score, so an unmasked tile pays for one row of it. Dot products that overflow to inf are not covered: like attention that skips
-    causally masked keys, their masked scores then do not turn the row into NaN."""
+    with a live score, so an unmasked tile pays for one row of it. Dot products that
+    overflow to inf are not covered: like attention that skips causally masked keys, their
+    masked scores then do not turn the row into NaN. ``subst``: C for parts of the score
+    known on the whole tile (see ``_index_steps``)."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n = len(k.shape)
@@ -368,6 +374,7 @@ def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     for bound, var in (("LM_FLT_MAX", "hi"), ("-LM_FLT_MAX", "lo")):
 
         def score(bound: str = bound, var: str = var) -> None:
+            em.scopes[-1].update(subst or {})
             em.scopes[-1][dot.red] = bound
             out.extend(_emit_into(em, v.score, "            ", var + " = {};"))
 
@@ -379,6 +386,62 @@ def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
         "        if (dead) continue;",
         "      }",
     ]
+    return out
+
+
+@dataclass
+class _Step:
+    """A comparison ``a < b`` of the score (a causal mask's ``key < row + 1``) whose
+    ``b - a`` is ``rest + row_c * row + key_c * key``, ``rest`` free of both: over a
+    rectangle of rows and keys its extremes are at corners, so a tile can be known to pass it
+    everywhere, or fail it everywhere, from two numbers."""
+
+    node: K.IndexVal
+    rest: sint
+    row_c: int
+    key_c: int
+
+
+def _index_steps(v: K.SoftmaxSum, row_var: sint) -> list[_Step]:
+    """The score's comparisons linear in the row and key indices (see ``_Step``)."""
+    if not isinstance(row_var, sym.Expr):
+        return []
+    row, key, out = row_var.name, v.var.name, []
+    for x in K.walk(v.score):
+        if not (isinstance(x, K.IndexVal) and isinstance(x.expr, sym.Expr)):
+            continue
+        if x.expr.kind != LT:
+            continue
+        a, b = x.expr.args
+        diff = sym.add(b, sym.mul(a, -1))
+        rest = sym.substitute(diff, {row: 0, key: 0})
+        rc = sym.as_int(sym.add(sym.substitute(diff, {row: 1, key: 0}), sym.mul(rest, -1)))
+        kc = sym.as_int(sym.add(sym.substitute(diff, {row: 0, key: 1}), sym.mul(rest, -1)))
+        if rc is None or kc is None or sym.var_names(rest) & {row, key}:
+            continue
+        lin = sym.add(rest, sym.add(sym.mul(row_var, rc), sym.mul(v.var, kc)))
+        if sym.add(lin, sym.mul(diff, -1)) != 0:
+            continue
+        out.append(_Step(x, rest, rc, kc))
+    return out
+
+
+def _step_bounds(steps: list[_Step], row: str, jv: str) -> list[str]:
+    """C for the least and greatest ``b - a`` of each step over the tile (rows ``ib`` ..
+    ``ib + rows - 1``, keys ``j0`` .. ``j0 + jn - 1``): ``lt_all`` when every step holds
+    on the whole tile, ``lt_none`` when the one step fails on all of it."""
+    r_lo, r_hi, k_lo, k_hi = "ib", "(ib + rows - 1)", "j0", "(j0 + jn - 1)"
+    out, alls = [], []
+    for i, st in enumerate(steps):
+        lo = f"{cexpr(st.rest)} + {st.row_c} * {r_lo if st.row_c > 0 else r_hi}"
+        lo += f" + {st.key_c} * {k_lo if st.key_c > 0 else k_hi}"
+        hi = f"{cexpr(st.rest)} + {st.row_c} * {r_hi if st.row_c > 0 else r_lo}"
+        hi += f" + {st.key_c} * {k_hi if st.key_c > 0 else k_lo}"
+        out += [f"      const int64_t lt{i}_lo = {lo}, lt{i}_hi = {hi};"]
+        alls.append(f"lt{i}_lo >= 1")
+    out.append(f"      const int lt_all = {' && '.join(alls)};")
+    none = "lt0_hi <= 0" if len(steps) == 1 else "0"
+    out.append(f"      const int lt_none = {none}; (void)lt_none;")
     return out
 
 
@@ -403,15 +466,16 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     colp = f"({ncv} * LM_VL)"
     qv = f"({_QB} / LM_VL)"  # vectors of query rows
     qbp = -(-_QB // rb) * rb  # rows of the accumulators: whole register blocks
+    sts = -(-qbp // 16) * 16  # a score row's stride: whole 64-byte lines
+    ktp = -(-kt_ // kg) * kg  # rows of the key tile: whole register blocks (the rest zero)
     out = [
         f"    float qt[{d}][{_QB}] {al}, oacc[{qbp}][{colp}] {al};",
-        f"    float st[{kt_}][{qbp}] {al}, kt[{kt_}][{d}] {al}, vt[{kt_}][{colp}] {al};",
+        f"    float st[{ktp}][{sts}] {al}, kt[{ktp}][{d}] {al}, vt[{kt_}][{colp}] {al};",
         f"    float mrow[{_QB}] {al}, lrow[{_QB}] {al};",
-        "    /* zero: the padding rows and columns of the copies below stay so; scores of rows",
-        "       past the block's end stay -inf (no weight), those past the vectors of rows 0 */",
+        "    /* zero: the padding rows and columns of the copies below stay so (rows past the",
+        "       block's end get finite sums that are not stored) */",
         "    memset(oacc, 0, sizeof oacc), memset(qt, 0, sizeof qt), memset(vt, 0, sizeof vt);",
-        f"    for (int jj = 0; jj < {kt_}; ++jj)",
-        f"      for (int ri = 0; ri < {qbp}; ++ri) st[jj][ri] = ri < {_QB} ? -INFINITY : 0;",
+        "    memset(kt, 0, sizeof kt), memset(st, 0, sizeof st);",
         f"    for (int ri = 0; ri < {_QB}; ++ri) mrow[ri] = -INFINITY, lrow[ri] = 0;",
         "    /* the block's query operands, transposed, once per task */",
         "    for (int64_t ri = 0; ri < rows; ++ri) {",
@@ -425,7 +489,20 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
         f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += {kt_}) {{",
         f"      const int64_t jn = lm_min({kt_}, {ext_s} - j0);",
     ]
+    steps = _index_steps(v, sym.index_var(n - 2, k.shape[n - 2]))
+    true_: dict[K.Value, str] = {st.node: "1" for st in steps}
+    if steps:
+        out += ["      /* the score's index comparisons that hold, or fail, on the whole tile */"]
+        out += _step_bounds(steps, row, jv)
     if _monotone_in(v.score, dot.red):
+        if steps:
+            out += ["      if (lt_all)"]
+            out += _masked_tile_skip(k, em, dot, true_)
+            if len(steps) == 1:
+                out += ["      else if (lt_none)"]
+                false_: dict[K.Value, str] = {steps[0].node: "0"}
+                out += _masked_tile_skip(k, em, dot, false_)
+            out += ["      else"]
         out += _masked_tile_skip(k, em, dot)
     out += [
         "      /* the tile's key operands and value rows as stored (keys past the end: zero) */",
@@ -439,12 +516,13 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     out += [
         "        }",
         "      }",
-        f"      for (int64_t jj = jn; jj < {kt_}; ++jj) {{",
+        f"      for (int64_t jj = jn; jj < {kt_}; ++jj) {{ /* the last tile */",
         f"        for (int c = 0; c < {d}; ++c) kt[jj][c] = 0;",
         f"        for (int c = 0; c < {cols}; ++c) vt[jj][c] = 0;",
         "      }",
-        f"      /* st = keys x the block's rows: {kg} keys x 4 vectors of rows per register block */",
-        f"      for (int j = 0; j < {kt_}; j += {kg})",
+        f"      /* st = keys x the block's rows: {kg} keys x 4 vectors of rows per register block",
+        "         (the key groups that hold live keys) */",
+        f"      for (int j = 0; j < jn; j += {kg})",
         f"        for (int v0 = 0; v0 < {qv}; v0 += 4) {{",
         f"          lm_vf c[4][{kg}];",
         "          for (int u = 0; u < 4; ++u)",
@@ -460,22 +538,30 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
         "          for (int u = 0; u < 4; ++u)",
         f"            for (int g = 0; g < {kg}; ++g) lm_vst(&st[j + g][(v0 + u) * LM_VL], c[u][g]);",
         "        }",
-        "      /* the scores as the IR has them, each row's dot product read from st */",
-        "      for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"        const int64_t {jv} = j0 + jj;",
-        "        #pragma omp simd",
-        "        for (int64_t ri = 0; ri < rows; ++ri) {",
-        f"          const int64_t {row} = ib + ri;",
+        "      /* the scores as the IR has them, each row's dot product read from st (the",
+        "         index comparisons that hold on the whole tile as 1) */",
     ]
+    for variant in [true_, None] if steps else [None]:
+        if steps:
+            out.append("      if (lt_all) {" if variant else "      } else {")
+        out += [
+            "      for (int64_t jj = 0; jj < jn; ++jj) {",
+            f"        const int64_t {jv} = j0 + jj;",
+            "        #pragma omp simd",
+            "        for (int64_t ri = 0; ri < rows; ++ri) {",
+            f"          const int64_t {row} = ib + ri;",
+        ]
 
-    def score() -> None:
-        em.scopes[-1][dot.red] = "st[jj][ri]"
-        out.extend(_emit_into(em, v.score, "          ", "st[jj][ri] = {};"))
+        def score(variant: dict[K.Value, str] | None = variant, out: list[str] = out) -> None:
+            em.scopes[-1].update(variant or {})
+            em.scopes[-1][dot.red] = "st[jj][ri]"
+            out.extend(_emit_into(em, v.score, "          ", "st[jj][ri] = {};"))
 
-    em.block(score)
+        em.block(score)
+        out += ["        }", "      }"]
+    if steps:
+        out.append("      }")
     out += [
-        "        }",
-        "      }",
         f"      for (int64_t jj = jn; jj < {kt_}; ++jj)",
         "        for (int64_t ri = 0; ri < rows; ++ri) st[jj][ri] = -INFINITY;",
         "      /* per vector of rows: the tile max (a NaN score is passed over: its exp makes the",
