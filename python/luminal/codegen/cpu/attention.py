@@ -4,13 +4,13 @@ serves every output column of that row.
 Two forms. The blocked form, when the IR shows the score's heart is a dot product of a
 query-side and a key-side operand (``sum_r q[r] * k[j, r]``), works like a small GEMM: a task
 is a block of query rows, held along vector lanes (the query operand transposed once per
-task); each tile of keys is copied once as stored, the block's dot products are
-register-blocked vector FMAs of row lanes by broadcast key elements, the rest of the score
-(scale, mask, whatever the IR holds) is evaluated from them as vectors across rows, so are
-the running max, rescale and sums, and P.V keeps several rows by four vectors of value
-columns in registers over the whole tile. The row form serves every
-other score, and blocks too short to amortize the copies: per row, scores of a tile of keys,
-then exp, then the weighted columns as a vector.
+task); each tile of keys is read as stored (in place, or copied once), the block's dot
+products are register-blocked vector FMAs of row lanes by broadcast key elements, the rest
+of the score (scale, mask, whatever the IR holds) is evaluated from them as vectors across
+rows, so are the running max, rescale and sums, and P.V keeps several rows by four vectors
+of value columns in registers over the whole tile. The row form serves every other score,
+and blocks too short to amortize the copies: per row, scores of a tile of keys, then exp,
+then the weighted columns as a vector.
 """
 
 from __future__ import annotations
@@ -445,12 +445,31 @@ def _step_bounds(steps: list[_Step], row: str, jv: str) -> list[str]:
     return out
 
 
+def _in_place(x: K.Value, key: sym.Expr, inner: sint) -> tuple[sint, sint] | None:
+    """(offset at key 0 and inner index 0, key stride) when ``x`` is an f32 load of
+    ``offset + stride * key + inner``, free of padding: then a tile's rows are read where they
+    are stored instead of copied."""
+    if not (isinstance(x, K.Load) and x.valid == 1 and x.dtype is dt.f32):
+        return None
+    if not isinstance(inner, sym.Expr):
+        return None
+    idx, names = x.index, {key.name, inner.name}
+    base = sym.substitute(idx, {key.name: 0, inner.name: 0})
+    one = sym.add(sym.substitute(idx, {key.name: 0, inner.name: 1}), sym.mul(base, -1))
+    stride = sym.add(sym.substitute(idx, {key.name: 1, inner.name: 0}), sym.mul(base, -1))
+    if one != 1 or (sym.var_names(base) | sym.var_names(stride)) & names:
+        return None
+    if sym.add(sym.add(base, sym.add(sym.mul(key, stride), inner)), sym.mul(idx, -1)) != 0:
+        return None
+    return base, stride
+
+
 def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB). The
     block's rows lie along vector lanes: its query operands are transposed once per task
-    (``qt[r][row]``), so each tile of keys is copied as it is stored (``kt[key][r]``, a
-    vector copy) and the dot products are vector FMAs of query lanes by broadcast key
-    elements; the scores ``st[key][row]`` then keep the rows in lanes, so the running max, the
+    (``qt[r][row]``), so each tile of keys is read as it is stored (``key * stride + r``: in
+    place when a plain load, else copied to ``kt``) and the dot products are vector FMAs of
+    query lanes by broadcast key elements; the scores ``st[key][row]`` then keep the rows in lanes, so the running max, the
     rescale and the sums are vector operations across rows, and P.V broadcasts each score
     against vectors of value columns held in registers over the whole tile."""
     v = k.value
@@ -483,9 +502,20 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
         f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
     em.block(lambda: out.extend(_emit_into(em, dot.q, "        ", "qt[" + rv + "][ri] = {};")))
+    kpl = _in_place(dot.k, v.var, dot.red.var)
+    vpl = _in_place(v.weight, v.var, sym.index_var(n - 1, cols))
+    kp = f"{em.ptr_of(dot.k.buf)} + ({cexpr(kpl[0])})" if kpl and isinstance(dot.k, K.Load) else "0"
+    vp = (
+        f"{em.ptr_of(v.weight.buf)} + ({cexpr(vpl[0])})"
+        if vpl and isinstance(v.weight, K.Load)
+        else "0"
+    )
     out += [
         "      }",
         "    }",
+        f"    const float *const kp = {kp}, *const vp = {vp}; (void)kp, (void)vp;",
+        f"    const int64_t ks = {cexpr(kpl[1]) if kpl else 0}, vs = {cexpr(vpl[1]) if vpl else 0};",
+        "    (void)ks, (void)vs;",
         f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += {kt_}) {{",
         f"      const int64_t jn = lm_min({kt_}, {ext_s} - j0);",
     ]
@@ -505,17 +535,34 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
             out += ["      else"]
         out += _masked_tile_skip(k, em, dot)
     out += [
-        "      /* the tile's key operands and value rows as stored (keys past the end: zero) */",
-        "      for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"        const int64_t {jv} = j0 + jj;",
-        f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+        "      /* the tile's key operands and value rows: read in place when plain loads whose",
+        "         tile (and key group) lies inside the sequence, else copied (the rest: zero) */",
+        f"      const int kin = {'1' if kpl else '0'} && j0 + {ktp} <= {ext_s};",
+        f"      const int vin = {'1' if vpl else '0'} && j0 + {kt_} <= {ext_s}"
+        f" && {cols} % LM_VL == 0;",
+        "      const float *const kb = kin ? kp + j0 * ks : &kt[0][0];",
+        "      const float *const vb = vin ? vp + j0 * vs : &vt[0][0];",
+        f"      const int64_t kss = kin ? ks : {d}, vss = vin ? vs : {colp};",
+        "      if (!kin)",
+        "        for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"          const int64_t {jv} = j0 + jj;",
+        f"          for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: out.extend(_emit_into(em, dot.k, "          ", "kt[jj][" + rv + "] = {};")))
-    out += ["        }", f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{"]
-    em.block(lambda: out.extend(_emit_into(em, v.weight, "          ", "vt[jj][" + cv + "] = {};")))
+    em.block(lambda: out.extend(_emit_into(em, dot.k, "            ", "kt[jj][" + rv + "] = {};")))
     out += [
+        "          }",
         "        }",
-        "      }",
+        "      if (!vin)",
+        "        for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"          const int64_t {jv} = j0 + jj;",
+        f"          for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
+    ]
+    em.block(
+        lambda: out.extend(_emit_into(em, v.weight, "            ", "vt[jj][" + cv + "] = {};"))
+    )
+    out += [
+        "          }",
+        "        }",
         f"      for (int64_t jj = jn; jj < {kt_}; ++jj) {{ /* the last tile */",
         f"        for (int c = 0; c < {d}; ++c) kt[jj][c] = 0;",
         f"        for (int c = 0; c < {cols}; ++c) vt[jj][c] = 0;",
@@ -531,7 +578,7 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
         "            lm_vf qq[4];",
         "            for (int u = 0; u < 4; ++u) qq[u] = lm_vld(&qt[r][(v0 + u) * LM_VL]);",
         f"            for (int g = 0; g < {kg}; ++g) {{",
-        "              const float b = kt[j + g][r];",
+        "              const float b = kb[(j + g) * kss + r];",
         "              for (int u = 0; u < 4; ++u) c[u][g] += qq[u] * b;",
         "            }",
         "          }",
@@ -605,7 +652,7 @@ def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
             f"            for (int u = 0; u < {nw}; ++u) a[i][u] = lm_vld(&oacc[r0 + i][(cb + u) * LM_VL]);",
             "          for (int jj = 0; jj < jn; ++jj) {",
             "            lm_vf vv[4];",
-            f"            for (int u = 0; u < {nw}; ++u) vv[u] = lm_vld(&vt[jj][(cb + u) * LM_VL]);",
+            f"            for (int u = 0; u < {nw}; ++u) vv[u] = lm_vld(&vb[jj * vss + (cb + u) * LM_VL]);",
             f"            for (int i = 0; i < {rb}; ++i) {{",
             "              const float p = st[jj][r0 + i];",
             f"              for (int u = 0; u < {nw}; ++u) a[i][u] += p * vv[u];",
