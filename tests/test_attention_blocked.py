@@ -73,12 +73,19 @@ def test_odd_sizes_match_sdpa(batch, heads, d, dv, causal):
 
 @pytest.mark.parametrize(
     "heads,kv_heads,d,dv,causal",
-    [(4, 2, 24, 24, True), (2, 1, 72, 40, False), (3, 3, 128, 128, True), (2, 2, 80, 130, False)],
+    [
+        (4, 2, 24, 24, True),
+        (2, 1, 72, 40, False),
+        (3, 3, 128, 128, True),
+        (2, 2, 80, 130, False),
+        (4, 2, 32, 48, False),
+    ],
 )
 def test_head_dims_tiles_and_blocks_end_mid_way(heads, kv_heads, d, dv, causal):
-    # the blocked form's edges: key tiles (48 keys) and register blocks of rows (5) that end
+    # the blocked form's edges: key tiles (64 keys) and register blocks of rows (5) that end
     # mid way, query blocks (64 rows) taken in the interleaved order, value widths that are no
-    # multiple of four vectors (130: a group of four, then the rest), shared key heads (GQA);
+    # multiple of four vectors (130: a group of four, then the rest), shared key heads (GQA),
+    # key and value tiles read in place (unit stride, whole vectors: 48) or copied (24, 40, 130);
     # the causal mask, else an additive float mask
     L = sym.dim("L", 1, 400)
     g = lm.Graph("attention_blocked_dims")
