@@ -1,4 +1,4 @@
-"""The blocked form of attention's C kernel (codegen/c_attention.py): query rows in blocks,
+"""The blocked form of attention's C kernel (codegen/cpu/attention.py): query rows in blocks,
 key tiles copied once per block, the score's dot product as a micro-GEMM. Odd sizes reach
 every edge: sequences that end mid tile and mid block, blocks too short for the blocked form
 (they take the row form), head dims that are not a multiple of the vector width, value widths
@@ -13,6 +13,8 @@ import luminal.functional as F
 from luminal.codegen.cpu import render_kernel
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
+from luminal.functional._base import iota
+from luminal.graph import dtypes as dt
 from luminal.graph import symbolic as sym
 
 
@@ -24,7 +26,7 @@ def _forms(g) -> set[str]:
     for kk in low.kernels:
         if any(isinstance(x, K.SoftmaxSum) for x in K.walk(kk.value)):
             src = render_kernel(kk, list(low.dims)).source
-            out.add("blocked" if "dots[ri][jj]" in src else "row")
+            out.add("blocked" if "st[jj][ri]" in src else "row")
     return out
 
 
@@ -67,6 +69,74 @@ def test_odd_sizes_match_sdpa(batch, heads, d, dv, causal):
         xs = _inputs(shapes, {"L": seqv}, seqv)
         out = cg.run(xs, L=seqv)["o"]
         np.testing.assert_allclose(out, _sdpa(xs, is_causal=causal), atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,d,dv,causal",
+    [
+        (4, 2, 24, 24, True),
+        (2, 1, 72, 40, False),
+        (3, 3, 128, 128, True),
+        (2, 2, 80, 130, False),
+        (4, 2, 32, 48, False),
+    ],
+)
+def test_head_dims_tiles_and_blocks_end_mid_way(heads, kv_heads, d, dv, causal):
+    # the blocked form's edges: key tiles (64 keys) and register blocks of rows (5) that end
+    # mid way, query blocks (64 rows) taken in the interleaved order, value widths that are no
+    # multiple of four vectors (130: a group of four, then the rest), shared key heads (GQA),
+    # key and value tiles read in place (unit stride, whole vectors: 48) or copied (24, 40, 130);
+    # the causal mask, else an additive float mask
+    L = sym.dim("L", 1, 400)
+    g = lm.Graph("attention_blocked_dims")
+    shapes = {"q": (1, heads, L, d), "k": (1, kv_heads, L, d), "v": (1, kv_heads, L, dv)}
+    if not causal:
+        shapes["m"] = (L, L)
+    ins = {n: g.input(n, s) for n, s in shapes.items()}
+    gqa = heads != kv_heads
+    kw = {"is_causal": True} if causal else {"attn_mask": ins["m"]}
+    g.output(
+        "o", F.scaled_dot_product_attention(ins["q"], ins["k"], ins["v"], enable_gqa=gqa, **kw)
+    )
+    assert _forms(g) == {"blocked"}
+    cg = lm.compile(g)
+    for seqv in (5, 6, 9, 47, 48, 49, 97, 130, 331):
+        xs = _inputs(shapes, {"L": seqv}, seqv + d)
+        if not causal:
+            xs["m"][:, seqv // 3] = -np.inf  # one key masked for every row
+            xs["m"][seqv // 2, 1:] = -np.inf  # one row left one key (the first)
+        out = cg.run(xs, L=seqv)["o"]
+        ref = _sdpa(xs, is_causal=causal, enable_gqa=gqa)
+        np.testing.assert_allclose(out, ref, atol=5e-5, rtol=2e-4)
+
+
+@pytest.mark.parametrize("window", [None, 70])
+def test_index_masks_with_an_offset_and_a_window(window):
+    # a KV cache's causal mask (key <= row + kv_len - q_len) and a sliding window beside it:
+    # comparisons linear in the row and key, which whole tiles pass or fail (then evaluated
+    # without them, or skipped), and tiles that hold the edge
+    Q, L = sym.dim("Q", 1, 300), sym.dim("L", 1, 400)
+    g = lm.Graph("attention_blocked_offset")
+    q, k, v = g.input("q", (2, Q, 40)), g.input("k", (2, L, 40)), g.input("v", (2, L, 24))
+    i, j = sym.index_var(0, Q), sym.index_var(1, L)
+    off = sym.add(L, sym.mul(Q, -1))
+    ok = sym.lt(j, sym.add(sym.add(i, off), 1))
+    if window is not None:  # and row + off - key < window
+        ok = sym.logical_and(ok, sym.lt(sym.add(sym.add(i, off), -window), j))
+    mask = iota(g, (Q, L), ok).cast(dt.bool_)
+    g.output("o", F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert _forms(g) == {"blocked"}
+    cg = lm.compile(g)
+    # 70 x 132: key offset 62, the first 64-key tile's last key one past row 0's last key
+    for qv, lv in ((5, 5), (64, 64), (67, 200), (70, 132), (130, 131), (300, 400)):
+        xs = _inputs({"q": (2, qv, 40), "k": (2, lv, 40), "v": (2, lv, 24)}, {}, qv + lv)
+        ii, jj = np.arange(qv)[:, None], np.arange(lv)[None, :]
+        keep = jj <= ii + lv - qv
+        if window is not None:
+            keep &= ii + lv - qv - window < jj
+        m = np.where(keep, 0.0, -np.inf).astype(np.float32)
+        out = cg.run(xs, Q=qv, L=lv)["o"]
+        np.testing.assert_allclose(out, _sdpa({**xs, "m": m}), atol=3e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("keys", [97, 13])

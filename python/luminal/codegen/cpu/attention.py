@@ -3,12 +3,14 @@ serves every output column of that row.
 
 Two forms. The blocked form, when the IR shows the score's heart is a dot product of a
 query-side and a key-side operand (``sum_r q[r] * k[j, r]``), works like a small GEMM: a task
-is a block of query rows; each tile of keys is copied once (the key operand transposed, the
-value rows padded), the block's dot products are register-blocked vector FMAs over the tile,
-the rest of the score (scale, mask, whatever the IR holds) is evaluated per row from them,
-and P.V accumulates as rank-1 updates of several rows at once. The row form serves every
-other score, and blocks too short to amortize the copies: per row, scores of a tile of keys,
-then exp, then the weighted columns as a vector.
+is a block of query rows, held along vector lanes (the query operand transposed once per
+task); each tile of keys is read as stored (in place, or copied once), the block's dot
+products are register-blocked vector FMAs of row lanes by broadcast key elements, the rest
+of the score (scale, mask, whatever the IR holds) is evaluated from them as vectors across
+rows, so are the running max, rescale and sums, and P.V keeps several rows by four vectors
+of value columns in registers over the whole tile. The row form serves every other score,
+and blocks too short to amortize the copies: per row, scores of a tile of keys, then exp,
+then the weighted columns as a vector.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ...graph import dtypes as dt
 from ...graph import symbolic as sym
 from ...graph.ops import COMMUTATIVE, Op
 from ...graph.symbolic import sint
+from ...graph.symbolic_text import LT
 from ...graph.view import contiguous_strides
 from ..cstyle import Emitter, _c_name, _emit_into, cexpr, ctype, store_stmt
 
@@ -32,12 +35,18 @@ _QB = 64  # query rows per task of the blocked form
 # 384 heads of dim 32 (2 threads, one sitting): 8 keys 3.2x and 17 keys 1.6x faster per row,
 # 24 keys 0.9x, 32 keys 0.7x (the per-row cost grows with the keys, the tile's does not).
 _SHORT_KEYS = 3
-_RB = 4  # rows per register block; a block of fewer rows takes the row form
+_RB = 5  # rows per register block of P.V (x 4 vectors of columns); fewer rows: the row form
+_KT = 64  # keys per tile of the blocked form: a query block's, so causal tiles align
+_KG = 6  # keys per register block of the blocked form's dot products (x 4 vectors of rows)
+# _KT, _KG, _RB: set by timing the bench's attention (4 heads, d 64, seq 1024, one thread,
+# AVX-512, round-robin medians of wall time): tile 32 / group 4 / rows 4 67 GFLOP/s; 48 / 6 / 4
+# 77; 48 / 6 / 5 86; 48 / 6 / 6 83 (24 / 6, 64 / 4, 32 / 8, 28 / 7 between; the old layout
+# 64); then in thread CPU time, tiles of 48 and 64 keys alike (79 GFLOP/s), 64 kept.
 _MAX_DOT = 256  # longest dot product (head dim) the blocked form copies to the stack
 
-# Vector helpers of the blocked form. The key tile is LM_SM_T keys: four vectors, so the
-# dot products of a 4-row block are 16 accumulators, as are the 4 rows x 4 vectors of P.V.
-# GCC's vector types keep them in registers (plain loops over arrays stay in memory).
+# Vector helpers of the blocked form (LM_SM_T, four vectors of keys, is the short-keys
+# threshold's unit). GCC's vector types keep the register blocks' accumulators in registers
+# (plain loops over arrays stay in memory).
 _SM_PRELUDE = r"""
 #ifndef LM_SM_PRELUDE
 #define LM_SM_PRELUDE
@@ -51,8 +60,21 @@ _SM_PRELUDE = r"""
 #define LM_SM_T (4 * LM_VL)
 #define LM_FLT_MAX 3.40282347e+38f
 typedef float lm_vf __attribute__((vector_size(LM_VL * 4)));
+typedef int32_t lm_vi __attribute__((vector_size(LM_VL * 4)));
 static inline lm_vf lm_vld(const float *p) { lm_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void lm_vst(float *p, lm_vf v) { memcpy(p, &v, sizeof v); }
+/* lanes of a where m is set, else of b; the lanewise max b > a ? b : a (a NaN b passed over) */
+static inline lm_vf lm_sm_vsel(lm_vi m, lm_vf a, lm_vf b) {
+  return (lm_vf)(((lm_vi)a & m) | ((lm_vi)b & ~m));
+}
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* vmaxps(b, a) is b > a ? b : a, in one instruction of 2 cycles' latency where the select
+   takes three (the tile max is a chain of them) */
+static inline lm_vf lm_sm_vmax(lm_vf a, lm_vf b) { return (lm_vf)_mm512_max_ps((__m512)b, (__m512)a); }
+#else
+static inline lm_vf lm_sm_vmax(lm_vf a, lm_vf b) { return lm_sm_vsel(b > a, b, a); }
+#endif
 #endif
 """
 
@@ -177,7 +199,10 @@ def _render_softmax_rows(k: K.Kernel, em: Emitter, lines: list[str], ext: list[s
         tasks = sym.mul(tasks, sz)
     lines += [
         "  for (int64_t t = begin; t < end; ++t) {",
-        f"    const int64_t ib = (t % {cexpr(nb)}) * {_QB}, tq = t / {cexpr(nb)}; (void)tq;",
+        # blocks in the order first, last, second, second last, ...: a causal mask's work grows
+        # along the blocks, and a run of tasks (a thread's chunk) then holds light and heavy
+        f"    const int64_t tb = t % {cexpr(nb)}, tq = t / {cexpr(nb)}; (void)tq;",
+        f"    const int64_t ib = ((tb & 1) ? {cexpr(nb)} - 1 - tb / 2 : tb / 2) * {_QB};",
     ]
     _decode_task(lines, ext, n - 2, "tq")
     lines.append(f"    const int64_t rows = lm_min({_QB}, {ext[n - 2]} - ib);")
@@ -328,13 +353,17 @@ def _row(
     return out
 
 
-def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
+def _masked_tile_skip(
+    k: K.Kernel, em: Emitter, dot: _ScoreDot, subst: dict[K.Value, str] | None = None
+) -> list[str]:
     """C that skips a tile of keys no row of the block gives weight: every score is -inf
     for both extreme finite dot products, so (the score being monotone in its dot) for every
     finite one; the tile would add exp2(-inf) = 0 to every sum (a causal mask's keys past the
     block's last row). The check is a vector loop per row and stops after the first row
-    with a live score, so an unmasked tile pays for one row of it. Dot products that overflow to inf are not covered: like attention that skips
-    causally masked keys, their masked scores then do not turn the row into NaN."""
+    with a live score, so an unmasked tile pays for one row of it. Dot products that
+    overflow to inf are not covered: like attention that skips causally masked keys, their
+    masked scores then do not turn the row into NaN. ``subst``: C for parts of the score
+    known on the whole tile (see ``_index_steps``)."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n = len(k.shape)
@@ -352,6 +381,7 @@ def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     for bound, var in (("LM_FLT_MAX", "hi"), ("-LM_FLT_MAX", "lo")):
 
         def score(bound: str = bound, var: str = var) -> None:
+            em.scopes[-1].update(subst or {})
             em.scopes[-1][dot.red] = bound
             out.extend(_emit_into(em, v.score, "            ", var + " = {};"))
 
@@ -366,151 +396,285 @@ def _masked_tile_skip(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
     return out
 
 
+@dataclass
+class _Step:
+    """A comparison ``a < b`` of the score (a causal mask's ``key < row + 1``) whose
+    ``b - a`` is ``rest + row_c * row + key_c * key``, ``rest`` free of both: over a
+    rectangle of rows and keys its extremes are at corners, so a tile can be known to pass it
+    everywhere, or fail it everywhere, from two numbers."""
+
+    node: K.IndexVal
+    rest: sint
+    row_c: int
+    key_c: int
+
+
+def _index_steps(v: K.SoftmaxSum, row_var: sint) -> list[_Step]:
+    """The score's comparisons linear in the row and key indices (see ``_Step``)."""
+    if not isinstance(row_var, sym.Expr):
+        return []
+    row, key, out = row_var.name, v.var.name, []
+    for x in K.walk(v.score):
+        if not (isinstance(x, K.IndexVal) and isinstance(x.expr, sym.Expr)):
+            continue
+        if x.expr.kind != LT:
+            continue
+        a, b = x.expr.args
+        diff = sym.add(b, sym.mul(a, -1))
+        rest = sym.substitute(diff, {row: 0, key: 0})
+        rc = sym.as_int(sym.add(sym.substitute(diff, {row: 1, key: 0}), sym.mul(rest, -1)))
+        kc = sym.as_int(sym.add(sym.substitute(diff, {row: 0, key: 1}), sym.mul(rest, -1)))
+        if rc is None or kc is None or sym.var_names(rest) & {row, key}:
+            continue
+        lin = sym.add(rest, sym.add(sym.mul(row_var, rc), sym.mul(v.var, kc)))
+        if sym.add(lin, sym.mul(diff, -1)) != 0:
+            continue
+        out.append(_Step(x, rest, rc, kc))
+    return out
+
+
+def _step_bounds(steps: list[_Step], row: str, jv: str) -> list[str]:
+    """C for the least and greatest ``b - a`` of each step over the tile (rows ``ib`` ..
+    ``ib + rows - 1``, keys ``j0`` .. ``j0 + jn - 1``): ``lt_all`` when every step holds
+    on the whole tile, ``lt_none`` when the one step fails on all of it."""
+    r_lo, r_hi, k_lo, k_hi = "ib", "(ib + rows - 1)", "j0", "(j0 + jn - 1)"
+    out, alls = [], []
+    for i, st in enumerate(steps):
+        lo = f"{cexpr(st.rest)} + {st.row_c} * {r_lo if st.row_c > 0 else r_hi}"
+        lo += f" + {st.key_c} * {k_lo if st.key_c > 0 else k_hi}"
+        hi = f"{cexpr(st.rest)} + {st.row_c} * {r_hi if st.row_c > 0 else r_lo}"
+        hi += f" + {st.key_c} * {k_hi if st.key_c > 0 else k_lo}"
+        out += [f"      const int64_t lt{i}_lo = {lo}, lt{i}_hi = {hi};"]
+        alls.append(f"lt{i}_lo >= 1")
+    out.append(f"      const int lt_all = {' && '.join(alls)};")
+    none = "lt0_hi <= 0" if len(steps) == 1 else "0"
+    out.append(f"      const int lt_none = {none}; (void)lt_none;")
+    return out
+
+
+def _in_place(x: K.Value, key: sym.Expr, inner: sint) -> tuple[sint, sint] | None:
+    """(offset at key 0 and inner index 0, key stride) when ``x`` is an f32 load of
+    ``offset + stride * key + inner``, free of padding: then a tile's rows are read where they
+    are stored instead of copied."""
+    if not (isinstance(x, K.Load) and x.valid == 1 and x.dtype is dt.f32):
+        return None
+    if not isinstance(inner, sym.Expr):
+        return None
+    idx, names = x.index, {key.name, inner.name}
+    base = sym.substitute(idx, {key.name: 0, inner.name: 0})
+    one = sym.add(sym.substitute(idx, {key.name: 0, inner.name: 1}), sym.mul(base, -1))
+    stride = sym.add(sym.substitute(idx, {key.name: 1, inner.name: 0}), sym.mul(base, -1))
+    if one != 1 or (sym.var_names(base) | sym.var_names(stride)) & names:
+        return None
+    if sym.add(sym.add(base, sym.add(sym.mul(key, stride), inner)), sym.mul(idx, -1)) != 0:
+        return None
+    return base, stride
+
+
 def _blocked(k: K.Kernel, em: Emitter, dot: _ScoreDot) -> list[str]:
-    """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB)."""
+    """The blocked form for the task's ``rows`` query rows from ``ib`` (at least _RB). The
+    block's rows lie along vector lanes: its query operands are transposed once per task
+    (``qt[r][row]``), so each tile of keys is read as it is stored (``key * stride + r``: in
+    place when a plain load, else copied to ``kt``) and the dot products are vector FMAs of
+    query lanes by broadcast key elements; the scores ``st[key][row]`` then keep the rows in lanes, so the running max, the
+    rescale and the sums are vector operations across rows, and P.V broadcasts each score
+    against vectors of value columns held in registers over the whole tile."""
     v = k.value
     assert isinstance(v, K.SoftmaxSum)
     n, cols, d = len(k.shape), k.shape[-1], dot.red.extent
-    assert isinstance(d, int)
+    assert isinstance(d, int) and isinstance(cols, int)
     row, jv, cv, rv = f"i{n - 2}", _c_name(v.var), f"i{n - 1}", _c_name(dot.red.var)
     ext_s = cexpr(v.extent)
-    colp = f"(({cols} + LM_SM_T - 1) / LM_SM_T * LM_SM_T)"  # value width padded to tiles
+    kt_, kg, rb = _KT, _KG, _RB
+    assert kt_ % 4 == 0  # the tile max's four chains
     al = "__attribute__((aligned(64)))"
+    # value columns in vectors: groups of four (16 accumulators of _RB rows), then the rest
+    ncv = f"(({cols} + LM_VL - 1) / LM_VL)"
+    colp = f"({ncv} * LM_VL)"
+    qv = f"({_QB} / LM_VL)"  # vectors of query rows
+    qbp = -(-_QB // rb) * rb  # rows of the accumulators: whole register blocks
+    sts = -(-qbp // 16) * 16  # a score row's stride: whole 64-byte lines
+    ktp = -(-kt_ // kg) * kg  # rows of the key tile: whole register blocks (the rest zero)
     out = [
-        f"    float qs[{_QB}][{d}] {al}, oacc[{_QB}][{colp}] {al}, mrow[{_QB}], lrow[{_QB}];",
-        f"    float kts[{d}][LM_SM_T] {al}, vts[LM_SM_T][{colp}] {al};",
-        "    /* zero: the padding rows and columns of the copies below stay so */",
-        "    memset(oacc, 0, sizeof oacc), memset(qs, 0, sizeof qs);",
-        "    memset(kts, 0, sizeof kts), memset(vts, 0, sizeof vts);",
-        f"    for (int64_t ri = 0; ri < {_QB}; ++ri) mrow[ri] = -INFINITY, lrow[ri] = 0;",
-        "    /* the block's query operands, once per task */",
+        f"    float qt[{d}][{_QB}] {al}, oacc[{qbp}][{colp}] {al};",
+        f"    float st[{ktp}][{sts}] {al}, kt[{ktp}][{d}] {al}, vt[{kt_}][{colp}] {al};",
+        f"    float mrow[{_QB}] {al}, lrow[{_QB}] {al};",
+        "    /* zero: the padding rows and columns of the copies below stay so (rows past the",
+        "       block's end get finite sums that are not stored) */",
+        "    memset(oacc, 0, sizeof oacc), memset(qt, 0, sizeof qt), memset(vt, 0, sizeof vt);",
+        "    memset(kt, 0, sizeof kt), memset(st, 0, sizeof st);",
+        f"    for (int ri = 0; ri < {_QB}; ++ri) mrow[ri] = -INFINITY, lrow[ri] = 0;",
+        "    /* the block's query operands, transposed, once per task */",
         "    for (int64_t ri = 0; ri < rows; ++ri) {",
         f"      const int64_t {row} = ib + ri;",
         f"      for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: out.extend(_emit_into(em, dot.q, "        ", "qs[ri][" + rv + "] = {};")))
+    em.block(lambda: out.extend(_emit_into(em, dot.q, "        ", "qt[" + rv + "][ri] = {};")))
+    kpl = _in_place(dot.k, v.var, dot.red.var)
+    vpl = _in_place(v.weight, v.var, sym.index_var(n - 1, cols))
+    kp = f"{em.ptr_of(dot.k.buf)} + ({cexpr(kpl[0])})" if kpl and isinstance(dot.k, K.Load) else "0"
+    vp = (
+        f"{em.ptr_of(v.weight.buf)} + ({cexpr(vpl[0])})"
+        if vpl and isinstance(v.weight, K.Load)
+        else "0"
+    )
     out += [
         "      }",
         "    }",
-        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += LM_SM_T) {{",
-        f"      const int64_t jn = lm_min(LM_SM_T, {ext_s} - j0);",
+        f"    const float *const kp = {kp}, *const vp = {vp}; (void)kp, (void)vp;",
+        f"    const int64_t ks = {cexpr(kpl[1]) if kpl else 0}, vs = {cexpr(vpl[1]) if vpl else 0};",
+        "    (void)ks, (void)vs;",
+        f"    for (int64_t j0 = 0; j0 < {ext_s}; j0 += {kt_}) {{",
+        f"      const int64_t jn = lm_min({kt_}, {ext_s} - j0);",
     ]
+    steps = _index_steps(v, sym.index_var(n - 2, k.shape[n - 2]))
+    true_: dict[K.Value, str] = {st.node: "1" for st in steps}
+    if steps:
+        out += ["      /* the score's index comparisons that hold, or fail, on the whole tile */"]
+        out += _step_bounds(steps, row, jv)
     if _monotone_in(v.score, dot.red):
+        if steps:
+            out += ["      if (lt_all)"]
+            out += _masked_tile_skip(k, em, dot, true_)
+            if len(steps) == 1:
+                out += ["      else if (lt_none)"]
+                false_: dict[K.Value, str] = {steps[0].node: "0"}
+                out += _masked_tile_skip(k, em, dot, false_)
+            out += ["      else"]
         out += _masked_tile_skip(k, em, dot)
     out += [
-        "      /* the tile's key operands transposed (keys along vectors) and its value rows;",
-        "         keys past the end are zero (their scores are -inf below) */",
-        "      for (int64_t jj = jn; jj < LM_SM_T; ++jj) {",
-        f"        for (int c = 0; c < {d}; ++c) kts[c][jj] = 0;",
-        f"        for (int c = 0; c < {cols}; ++c) vts[jj][c] = 0;",
-        "      }",
-        "      for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"        const int64_t {jv} = j0 + jj;",
-        f"        for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
+        "      /* the tile's key operands and value rows: read in place when plain loads whose",
+        "         tile (and key group) lies inside the sequence, else copied (the rest: zero) */",
+        f"      const int kin = {'1' if kpl else '0'} && j0 + {ktp} <= {ext_s};",
+        f"      const int vin = {'1' if vpl else '0'} && j0 + {kt_} <= {ext_s}"
+        f" && {cols} % LM_VL == 0;",
+        "      const float *const kb = kin ? kp + j0 * ks : &kt[0][0];",
+        "      const float *const vb = vin ? vp + j0 * vs : &vt[0][0];",
+        f"      const int64_t kss = kin ? ks : {d}, vss = vin ? vs : {colp};",
+        "      if (!kin)",
+        "        for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"          const int64_t {jv} = j0 + jj;",
+        f"          for (int64_t {rv} = 0; {rv} < {d}; ++{rv}) {{",
     ]
-    em.block(lambda: out.extend(_emit_into(em, dot.k, "          ", "kts[" + rv + "][jj] = {};")))
-    out += ["        }", f"        for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{"]
+    em.block(lambda: out.extend(_emit_into(em, dot.k, "            ", "kt[jj][" + rv + "] = {};")))
+    out += [
+        "          }",
+        "        }",
+        "      if (!vin)",
+        "        for (int64_t jj = 0; jj < jn; ++jj) {",
+        f"          const int64_t {jv} = j0 + jj;",
+        f"          for (int64_t {cv} = 0; {cv} < {cols}; ++{cv}) {{",
+    ]
     em.block(
-        lambda: out.extend(_emit_into(em, v.weight, "          ", "vts[jj][" + cv + "] = {};"))
+        lambda: out.extend(_emit_into(em, v.weight, "            ", "vt[jj][" + cv + "] = {};"))
     )
     out += [
+        "          }",
         "        }",
+        f"      for (int64_t jj = jn; jj < {kt_}; ++jj) {{ /* the last tile */",
+        f"        for (int c = 0; c < {d}; ++c) kt[jj][c] = 0;",
+        f"        for (int c = 0; c < {cols}; ++c) vt[jj][c] = 0;",
         "      }",
-        f"      for (int64_t rb = 0; rb < rows; rb += {_RB}) {{",
-        f"        float dots[{_RB}][LM_SM_T] {al}, ps[{_RB}][LM_SM_T] {al};",
-        "        { /* dots = the block's query rows x the tile's keys */",
-        f"          lm_vf c[{_RB}][4];",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) c[ri][u] = (lm_vf){0};",
+        f"      /* st = keys x the block's rows: {kg} keys x 4 vectors of rows per register block",
+        "         (the key groups that hold live keys) */",
+        f"      for (int j = 0; j < jn; j += {kg})",
+        f"        for (int v0 = 0; v0 < {qv}; v0 += 4) {{",
+        f"          lm_vf c[4][{kg}];",
+        "          for (int u = 0; u < 4; ++u)",
+        f"            for (int g = 0; g < {kg}; ++g) c[u][g] = (lm_vf){{0}};",
         f"          for (int r = 0; r < {d}; ++r) {{",
-        "            lm_vf kv[4];",
-        "            for (int u = 0; u < 4; ++u) kv[u] = lm_vld(&kts[r][u * LM_VL]);",
-        f"            for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "              const float a = qs[rb + ri][r];",
-        "              for (int u = 0; u < 4; ++u) c[ri][u] += a * kv[u];",
+        "            lm_vf qq[4];",
+        "            for (int u = 0; u < 4; ++u) qq[u] = lm_vld(&qt[r][(v0 + u) * LM_VL]);",
+        f"            for (int g = 0; g < {kg}; ++g) {{",
+        "              const float b = kb[(j + g) * kss + r];",
+        "              for (int u = 0; u < 4; ++u) c[u][g] += qq[u] * b;",
         "            }",
         "          }",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) lm_vst(&dots[ri][u * LM_VL], c[ri][u]);",
+        "          for (int u = 0; u < 4; ++u)",
+        f"            for (int g = 0; g < {kg}; ++g) lm_vst(&st[j + g][(v0 + u) * LM_VL], c[u][g]);",
         "        }",
-        "        /* per row: scores, tile max, rescale; msub: the max to subtract, +inf for a",
-        "           row without weight here (past the block's end, or every key masked) */",
-        f"        float msub[{_RB}];",
-        f"        for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "          msub[ri] = INFINITY;",
-        "          if (rb + ri >= rows) { /* past the block's last row: no weight */",
-        "            for (int jj = 0; jj < LM_SM_T; ++jj) ps[ri][jj] = -INFINITY;",
-        "            continue;",
-        "          }",
-        f"          const int64_t {row} = ib + rb + ri;",
-        "          for (int64_t jj = 0; jj < jn; ++jj) {",
-        f"            const int64_t {jv} = j0 + jj;",
+        "      /* the scores as the IR has them, each row's dot product read from st (the",
+        "         index comparisons that hold on the whole tile as 1) */",
     ]
+    for variant in [true_, None] if steps else [None]:
+        if steps:
+            out.append("      if (lt_all) {" if variant else "      } else {")
+        out += [
+            "      for (int64_t jj = 0; jj < jn; ++jj) {",
+            f"        const int64_t {jv} = j0 + jj;",
+            "        #pragma omp simd",
+            "        for (int64_t ri = 0; ri < rows; ++ri) {",
+            f"          const int64_t {row} = ib + ri;",
+        ]
 
-    def score() -> None:
-        # the score as the IR has it, its dot product read from the micro-GEMM's result
-        em.scopes[-1][dot.red] = "dots[ri][jj]"
-        out.extend(_emit_into(em, v.score, "            ", "ps[ri][jj] = {};"))
+        def score(variant: dict[K.Value, str] | None = variant, out: list[str] = out) -> None:
+            em.scopes[-1].update(variant or {})
+            em.scopes[-1][dot.red] = "st[jj][ri]"
+            out.extend(_emit_into(em, v.score, "          ", "st[jj][ri] = {};"))
 
-    em.block(score)
+        em.block(score)
+        out += ["        }", "      }"]
+    if steps:
+        out.append("      }")
     out += [
-        "          }",
-        "          for (int64_t jj = jn; jj < LM_SM_T; ++jj) ps[ri][jj] = -INFINITY;",
-        "          /* the tile max as an integer max of order-preserving keys (it vectorizes);",
-        "             NaN when a score is NaN */",
-        "          int32_t key = (int32_t)0x807fffff, nan = 0;",
-        "          #pragma omp simd reduction(max:key) reduction(|:nan)",
-        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
-        "            const uint32_t b = lm_f32_bits(ps[ri][jj]);",
-        "            const int32_t kk = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) >> 1));",
-        "            key = kk > key ? kk : key;",
-        "            nan |= ps[ri][jj] != ps[ri][jj];",
-        "          }",
-        "          const float tm = nan ? NAN : lm_bits_f32((uint32_t)key ^ ((uint32_t)(key >> 31) >> 1));",
-        "          if (tm == -INFINITY) continue; /* every key of the tile masked */",
-        "          float mm = mrow[rb + ri];",
-        "          if (tm > mm) {",
-        "            if (mm != -INFINITY) { /* before the first live tile the sums are 0 */",
-        "              const float r = lm_exp2f(mm - tm);",
-        "              lrow[rb + ri] *= r;",
-        f"              for (int c = 0; c < {colp}; ++c) oacc[rb + ri][c] *= r;",
-        "            }",
-        "            mm = mrow[rb + ri] = tm;",
-        "          }",
-        "          msub[ri] = mm;",
+        f"      for (int64_t jj = jn; jj < {kt_}; ++jj)",
+        "        for (int64_t ri = 0; ri < rows; ++ri) st[jj][ri] = -INFINITY;",
+        "      /* per vector of rows: the tile max (a NaN score is passed over: its exp makes the",
+        "         row NaN), the rescale where the max grew, the exps and their sums. msub: the",
+        "         max to subtract, +inf while a row has no weight (exp2(-inf - inf) = 0) */",
+        f"      for (int w = 0; w < {qv}; ++w) {{",
+        "        /* four chains of maxes, their latency overlapped */",
+        "        lm_vf m4[4];",
+        "        for (int u = 0; u < 4; ++u) m4[u] = lm_vld(&st[u][w * LM_VL]);",
+        f"        for (int jj = 4; jj < {kt_}; jj += 4)",
+        "          for (int u = 0; u < 4; ++u) m4[u] = lm_sm_vmax(m4[u], lm_vld(&st[jj + u][w * LM_VL]));",
+        "        const lm_vf mt = lm_sm_vmax(lm_sm_vmax(m4[0], m4[1]), lm_sm_vmax(m4[2], m4[3]));",
+        "        const lm_vf mo = lm_vld(&mrow[w * LM_VL]), mn = lm_sm_vmax(mo, mt);",
+        "        const lm_vf one = (lm_vf){0} + 1.0f, inf = one * INFINITY;",
+        "        /* 1 where the max stayed (both -inf included) */",
+        "        const lm_vf r = lm_sm_vsel(mo == mn, one, lm_vexp2f(mo - mn));",
+        "        lm_vi grew = r != one;",
+        "        int any = 0;",
+        "        for (int e = 0; e < LM_VL; ++e) any |= grew[e];",
+        "        if (any) {",
+        "          lm_vst(&lrow[w * LM_VL], lm_vld(&lrow[w * LM_VL]) * r);",
+        "          for (int e = 0; e < LM_VL; ++e)",
+        f"            for (int c = 0; c < {colp}; c += LM_VL)",
+        "              lm_vst(&oacc[w * LM_VL + e][c], lm_vld(&oacc[w * LM_VL + e][c]) * r[e]);",
         "        }",
-        "        /* the exps of all the block's rows in one loop, independent chains that",
-        "           overlap (exp2(-inf - inf) = 0 for rows without weight); then each row's sum",
-        "           as vectors (a reduction clause would keep its lanes on the stack) */",
-        "        for (int jj = 0; jj < LM_SM_T; jj += LM_VL) {",
-        *(
-            f"          lm_vst(&ps[{r}][jj], lm_vexp2f(lm_vld(&ps[{r}][jj]) - msub[{r}]));"
-            for r in range(_RB)
-        ),
+        "        lm_vst(&mrow[w * LM_VL], mn);",
+        "        const lm_vf msub = lm_sm_vsel(mn == -inf, inf, mn);",
+        "        lm_vf ls = lm_vld(&lrow[w * LM_VL]);",
+        f"        for (int jj = 0; jj < {kt_}; ++jj) {{",
+        "          const lm_vf p = lm_vexp2f(lm_vld(&st[jj][w * LM_VL]) - msub);",
+        "          lm_vst(&st[jj][w * LM_VL], p);",
+        "          ls += p;",
         "        }",
-        f"        for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "          lm_vf sv = lm_vld(&ps[ri][0]);",
-        "          for (int u = 1; u < 4; ++u) sv += lm_vld(&ps[ri][u * LM_VL]);",
-        "          float ls = 0;",
-        "          for (int e = 0; e < LM_VL; ++e) ls += sv[e];",
-        "          lrow[rb + ri] += ls;",
-        "        }",
-        "        /* P.V: rank-1 updates of the block's rows, four vectors of columns at a time */",
-        f"        for (int c0 = 0; c0 < {colp}; c0 += LM_SM_T) {{",
-        f"          lm_vf a[{_RB}][4];",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) a[ri][u] = lm_vld(&oacc[rb + ri][c0 + u * LM_VL]);",
-        "          for (int jj = 0; jj < LM_SM_T; ++jj) {",
-        "            lm_vf vv[4];",
-        "            for (int u = 0; u < 4; ++u) vv[u] = lm_vld(&vts[jj][c0 + u * LM_VL]);",
-        f"            for (int ri = 0; ri < {_RB}; ++ri) {{",
-        "              const float p = ps[ri][jj];",
-        "              for (int u = 0; u < 4; ++u) a[ri][u] += p * vv[u];",
-        "            }",
-        "          }",
-        f"          for (int ri = 0; ri < {_RB}; ++ri)",
-        "            for (int u = 0; u < 4; ++u) lm_vst(&oacc[rb + ri][c0 + u * LM_VL], a[ri][u]);",
-        "        }",
+        "        lm_vst(&lrow[w * LM_VL], ls);",
+        "      }",
+        f"      /* P.V: {rb} rows x up to 4 vectors of columns in registers over the tile */",
+        f"      for (int r0 = 0; r0 < rows; r0 += {rb}) {{",
+    ]
+    for lo, width in ((0, f"({ncv} / 4 * 4)"), (f"({ncv} / 4 * 4)", ncv)):
+        nw = "4" if lo == 0 else f"({ncv} % 4)"
+        out += [
+            f"        for (int cb = {lo}; cb < {width}; cb += 4) {{",
+            f"          lm_vf a[{rb}][4];",
+            f"          for (int i = 0; i < {rb}; ++i)",
+            f"            for (int u = 0; u < {nw}; ++u) a[i][u] = lm_vld(&oacc[r0 + i][(cb + u) * LM_VL]);",
+            "          for (int jj = 0; jj < jn; ++jj) {",
+            "            lm_vf vv[4];",
+            f"            for (int u = 0; u < {nw}; ++u) vv[u] = lm_vld(&vb[jj * vss + (cb + u) * LM_VL]);",
+            f"            for (int i = 0; i < {rb}; ++i) {{",
+            "              const float p = st[jj][r0 + i];",
+            f"              for (int u = 0; u < {nw}; ++u) a[i][u] += p * vv[u];",
+            "            }",
+            "          }",
+            f"          for (int i = 0; i < {rb}; ++i)",
+            f"            for (int u = 0; u < {nw}; ++u) lm_vst(&oacc[r0 + i][(cb + u) * LM_VL], a[i][u]);",
+            "        }",
+        ]
+    out += [
         "      }",
         "    }",
         "    for (int64_t ri = 0; ri < rows; ++ri) {",
