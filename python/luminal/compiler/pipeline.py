@@ -27,12 +27,12 @@ from .fold import fold_scales
 from .lower import Lowered, lower
 from .schedule import schedule
 from .search.egraph import simplify
-from .search.fusion import choose_fusions
+from .search.fusion import choose_fusions, choose_layouts
 from .search.schedules import choose_schedules
 from .search.select import choose_library_calls
 from .search.tuner import STATS, Tuner
 from .siblings import merge_sibling_products
-from .stage import stage_strided_reads
+from .stage import stage_strided_reads, summed_major_operands
 from .target import Target
 
 
@@ -47,6 +47,7 @@ class Compilation:
     low: Lowered | None = None
     tuner: Tuner | None = None
     product: Any = None  # the target's plan
+    unstaged: Graph | None = None  # the graph before "stage", for the layouts stage
     times: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -87,6 +88,11 @@ def _egraph(g: Graph) -> Graph:
     return simplify(g, verbose=flags.debug() >= 3)[0]
 
 
+def _stage(c: Compilation) -> None:
+    c.unstaged = c.graph
+    _graph_pass(stage_strided_reads)(c)
+
+
 def _lower(c: Compilation) -> None:
     c.say(f"lowering {len(c.graph.nodes)} nodes")
     c.low = lower(c.graph)
@@ -112,6 +118,38 @@ def _library_calls(c: Compilation) -> None:
     tuner = _tuner(c)
     if tuner is not None:
         c.low = choose_library_calls(c.lowered, tuner)
+
+
+def _layouts(c: Compilation) -> None:
+    tuner = _tuner(c)
+    if tuner is None or c.unstaged is None:
+        return
+    major = summed_major_operands(c.unstaged)
+    if not major:
+        return
+    copies: dict[int, tuple[int, int]] = {}
+    alt = _restaged(c, major, copies)
+    chosen = choose_layouts(c.lowered, alt.lowered, copies, tuner)
+    if chosen:
+        done = alt if chosen == major else _restaged(c, frozenset(chosen), {})
+        c.graph, c.low = done.graph, done.low
+
+
+def _restaged(
+    c: Compilation, major: frozenset[tuple[int, int]], copies: dict[int, tuple[int, int]]
+) -> Compilation:
+    """``c`` staged again from its unstaged graph with ``major`` copied summed axis first,
+    through every enabled stage from "stage" to "library_calls"."""
+    assert c.unstaged is not None
+    sub = Compilation(c.unstaged, c.target, c.search, c.say, tuner=c.tuner)
+    state = dict(c.unstaged.state)
+    sub.graph = stage_strided_reads(c.unstaged, major, copies)
+    sub.graph.state = state
+    names = [st.name for st in STAGES]
+    for st in STAGES[names.index("stage") + 1 : names.index("library_calls") + 1]:
+        if st.enabled():
+            st.run(sub)
+    return sub
 
 
 def _fusion(c: Compilation) -> None:
@@ -172,7 +210,7 @@ STAGES: list[Stage] = [
     ),
     Stage(
         "stage",
-        _graph_pass(stage_strided_reads),
+        _stage,
         "div/mod-strided operands of sums shared by many rows copied contiguously "
         "(compiler/stage.py)",
         flags.STAGE,
@@ -203,6 +241,13 @@ STAGES: list[Stage] = [
         "generated kernel or library call (GEMM), by measurement on the target "
         "(compiler/search/select.py)",
         flags.SEARCH_LIBRARY,
+    ),
+    Stage(
+        "layouts",
+        _layouts,
+        "staged copies read along an output axis (a conv's patches) copied in row order or "
+        "summed axis first, by measurement (compiler/search/fusion.py)",
+        flags.SEARCH_FUSION,
     ),
     Stage(
         "fusion",

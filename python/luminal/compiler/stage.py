@@ -26,15 +26,15 @@ G = TypeVar("G", bound=Graph)
 MIN_REUSE = 16  # stage an operand read at least this many times per element
 
 
-def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
-    """(elementwise node id, source position) -> the node's axes that read names: the
-    operands of a summed product read through a div/mod split of the summed axis and shared
-    across at least ``MIN_REUSE`` values of the other axes."""
+def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], tuple[list[int], int]]:
+    """(elementwise node id, source position) -> (the node's axes that read names, the summed
+    axis): the operands of a summed product read through a div/mod split of the summed axis
+    and shared across at least ``MIN_REUSE`` values of the other axes."""
     users: dict[int, list[Node]] = {}
     for n in graph.nodes:
         for s, _ in n.srcs:
             users.setdefault(s.id, []).append(n)
-    out: dict[tuple[int, int], list[int]] = {}
+    out: dict[tuple[int, int], tuple[list[int], int]] = {}
     for r in graph.nodes:
         if r.op is not Op.SUM_REDUCE:
             continue
@@ -55,25 +55,62 @@ def strided_sum_operands(graph: Graph) -> dict[tuple[int, int], list[int]]:
                 if f"_i{a}" not in used:
                     reuse *= max(sym.lower_bound(ext), 1)
             if reuse >= MIN_REUSE:
-                out[(c.id, j)] = [a for a in range(len(v.shape)) if f"_i{a}" in used]
+                axes = [a for a in range(len(v.shape)) if f"_i{a}" in used]
+                out[(c.id, j)] = (axes, r.arg)
     return out
 
 
-def stage_strided_reads(graph: G) -> G:
+Operand = tuple[int, int]  # (reading node id, source position) in the unstaged graph
+
+
+def stage_strided_reads(
+    graph: G, summed_major: frozenset[Operand] = frozenset(),
+    copies: dict[int, Operand] | None = None,
+) -> G:  # fmt: skip
     """A copy of ``graph`` in which each operand found by ``strided_sum_operands`` is first
-    copied contiguously (the values its view reads, in the order of the reading node's axes),
-    then read from the copy. Returns ``graph`` when there is none."""
+    copied contiguously (the values its view reads, in the order of the reading node's axes;
+    the operands in ``summed_major`` summed axis first: ``summed_major_operands``), then read
+    from the copy. ``copies``, when given, receives copy node id -> operand. Returns ``graph``
+    when there is none."""
     found = strided_sum_operands(graph)
     if not found:
         return graph
 
     def sources(g: Graph, n: Node, srcs: list[tuple[Node, View]]) -> list[tuple[Node, View]]:
-        return [_staged(g, s, v, found[(n.id, j)]) if (n.id, j) in found else (s, v)
-                for j, (s, v) in enumerate(srcs)]  # fmt: skip
+        out = []
+        for j, (s, v) in enumerate(srcs):
+            if (n.id, j) not in found:
+                out.append((s, v))
+                continue
+            axes, k = found[(n.id, j)]
+            if (n.id, j) in summed_major:
+                axes = [k] + [a for a in axes if a != k]
+            copy, view = _staged(g, s, v, axes)
+            if copies is not None:
+                copies[copy.id] = (n.id, j)
+            out.append((copy, view))
+        return out
 
     g = graph.rebuilt(sources)
     g.verify()
     return g
+
+
+def summed_major_operands(graph: Graph) -> frozenset[Operand]:
+    """The staged operands whose source rows run along an output axis rather than along the
+    summed one (a convolution's patches: the image is read along a row of outputs). Copied
+    summed axis first, the copy's innermost loop reads and writes rows of the source where
+    the row-order copy moves runs of kernel-width values, and the product reads the copy as a
+    transposed operand. Which layout is faster depends on the product's
+    shape and on the GEMM form that consumes it, so both are measured
+    (``compiler/search/fusion.py``)."""
+    nodes = {n.id: n for n in graph.nodes}
+    out = set()
+    for key, (axes, k) in strided_sum_operands(graph).items():
+        v = nodes[key[0]].srcs[key[1]][1]
+        if k in axes and _rows_along_output(v, axes, k):
+            out.add(key)
+    return frozenset(out)
 
 
 def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
@@ -99,3 +136,20 @@ def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
     for a, st in zip(axes, contiguous_strides(tuple(v.shape[a] for a in axes))):
         index = sym.add(index, sym.mul(outer[a], st))
     return copy, View(tuple(v.shape), index)
+
+
+def _rows_along_output(v: View, axes: list[int], k: int) -> bool:
+    """Whether ``v`` walks its source in shorter steps along one of its output ``axes`` than
+    the innermost loop over ``k`` is long: one row of the source then serves many outputs."""
+    zero = {f"_i{b}": 0 for b in range(len(v.shape))}
+    at0 = sym.substitute(v.index, zero)
+    inner_k = split_axis(v.index, f"_i{k}", v.shape[k])[-1][0]
+    if not isinstance(inner_k, int):
+        return False
+    for a in axes:
+        if a == k:
+            continue
+        step = sym.as_int(sym.add(sym.substitute(v.index, {**zero, f"_i{a}": 1}), sym.mul(at0, -1)))
+        if step is not None and 0 < abs(step) < inner_k:
+            return True
+    return False

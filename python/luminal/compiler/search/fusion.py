@@ -1,4 +1,4 @@
-"""Fuse or store, by measurement.
+"""Fuse or store, and the layout of staged copies, by measurement.
 
 Lowering inlines a cheap value into the kernel that reads it. When that kernel reads each
 element several times through overlapping windows (a convolution's patches over a batch-normed,
@@ -9,6 +9,9 @@ calls are chosen for it as for the first program, and the steps that differ betw
 cut out and measured by the tuner like any other choice (checked against each other, cached on
 disk). Cut-outs name their buffers after the graph (inputs by name, intermediates by node), so
 both read the same random inputs and their common outputs are compared.
+
+Staged copies of a product's strided operand (``compiler/stage.py``) are chosen the same way:
+copied in the product's row order or summed axis first.
 """
 
 from __future__ import annotations
@@ -42,6 +45,30 @@ def choose_fusions(
         return low
     every = frozenset(low.windowed)
     alt = finish(lower(graph, every))
+    chosen = choose_groups(low, alt, tuner, every, "fusion", ("fused", "stored"))
+    if not chosen:
+        return low
+    return alt if chosen == every else finish(lower(graph, frozenset(chosen)))
+
+
+def choose_layouts(
+    low: Lowered, alt: Lowered, copies: dict[int, tuple[int, int]], tuner: Tuner
+) -> set[tuple[int, int]]:
+    """The staged operands (``compiler/stage.py``) to copy summed axis first: ``alt`` is the
+    program with every operand of ``copies`` (copy node id -> operand) so copied, ``low`` the
+    one with none; each group of differing steps (a copy and the products reading it) is
+    measured both ways."""
+    chosen = choose_groups(low, alt, tuner, frozenset(copies), "layout", ("rows", "columns"))
+    return {copies[c] for c in chosen}
+
+
+def choose_groups(
+    low: Lowered, alt: Lowered, tuner: Tuner, owners: frozenset[int], kind: str,
+    labels: tuple[str, str],
+) -> set[int]:  # fmt: skip
+    """Of ``owners`` (node ids whose buffers ``alt`` writes differently from ``low``), those
+    whose group of differing steps measures faster as in ``alt``. Groups are joined by the
+    buffers their steps share; a model's repeated layers are measured once."""
     old_keys, new_keys = _keys(low), _keys(alt)
     old_set, new_set = set(old_keys), set(new_keys)
     gone = [s for s, key in zip(low.kernels, old_keys, strict=True) if key not in new_set]
@@ -49,24 +76,22 @@ def choose_fusions(
     dims = representative_dims(low)
     chosen: set[int] = set()
     memo: dict[str, bool] = {}
-    for fused_steps, stored_steps in _groups(low, gone, alt, new):
-        owners = {n for n in every if f"t{n}" in _written(alt, stored_steps)}
-        if not owners or not fused_steps:
+    for old_steps, new_steps in _groups(low, gone, alt, new):
+        mine = {n for n in owners if f"t{n}" in _written(alt, new_steps)}
+        if not mine or not old_steps:
             continue
-        fused, split = _cut(low, fused_steps, "fused"), _cut(alt, stored_steps, "stored")
-        key = f"{sub_fingerprint(fused)}|{sub_fingerprint(split)}"
-        if key not in memo:  # a model's repeated layers: one measurement
+        a, b = _cut(low, old_steps, labels[0]), _cut(alt, new_steps, labels[1])
+        key = f"{sub_fingerprint(a)}|{sub_fingerprint(b)}"
+        if key not in memo:
             cands = [
-                Candidate("fused", fused, estimate(fused, dims, tuner.cost)),
-                Candidate("stored", split, estimate(split, dims, tuner.cost)),
+                Candidate(labels[0], a, estimate(a, dims, tuner.cost)),
+                Candidate(labels[1], b, estimate(b, dims, tuner.cost)),
             ]
-            name = f"{fused_steps[-1].name}<-" + ",".join(f"t{n}" for n in sorted(owners))
-            memo[key] = tuner.choose(name, "fusion", dims, fused, cands).label == "stored"
+            name = f"{old_steps[-1].name}<-" + ",".join(f"t{n}" for n in sorted(mine))
+            memo[key] = tuner.choose(name, kind, dims, a, cands).label == labels[1]
         if memo[key]:
-            chosen |= owners
-    if not chosen:
-        return low
-    return alt if chosen == every else finish(lower(graph, frozenset(chosen)))
+            chosen |= mine
+    return chosen
 
 
 def _names(low: Lowered, step: Step) -> set[str]:
