@@ -53,6 +53,9 @@ from torch import nn  # noqa: E402
 from turns import time_turns  # noqa: E402 - this folder: python puts a script's folder first
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+# this folder last: its kernels.py would stand in for the `kernels` package transformers imports
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 
 import luminal.torch_backend as lt  # noqa: E402
 
