@@ -104,4 +104,3 @@ def test_compile_searches_layouts_and_matches_torch(tmp_path, monkeypatch) -> No
     for b in (1, 5):
         x = rand(b, 7, 13, 11)
         np.testing.assert_allclose(cg.run({"x": x})["y"], _ref(g, x, 2), rtol=1e-4, atol=1e-4)
-

@@ -134,8 +134,8 @@ def _groups(
         return i
 
     owner: dict[str, int] = {}
-    for i, (_, _, names) in enumerate(steps):
-        for n in names:
+    for i, (_, _, joins) in enumerate(steps):
+        for n in joins:
             if n in owner:
                 parent[root(i)] = root(owner[n])
             else:
