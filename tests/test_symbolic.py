@@ -114,3 +114,34 @@ def test_a_remainder_within_one_multiple_divides_to_a_constant():
                 env = {"h": hv, "k": kv}
                 assert sym.evaluate(sym.floordiv(e, 128), env) == x // 128, (c, hv, kv)
                 assert sym.evaluate(sym.mod(e, 128), env) == x % 128, (c, hv, kv)
+
+
+def test_dim_padded_to_a_multiple_is_whole_blocks():
+    # a window partition pads n up to n + (-n % c): a reshape into (blocks, c) must see that
+    # it is c times a whole number of blocks, for a plain dim and a derived one
+    s = sym.dim("s", 1, 1000)
+    for n, c in ((s, 7), (sym.floordiv(s, 4), 4), (sym.add(sym.mul(s, 3), 2), 5)):
+        p = sym.add(n, sym.mod(sym.mul(n, -1), c))
+        blocks = sym.floordiv(p, c)
+        assert sym.add(sym.mul(blocks, c), sym.mul(p, -1)) == 0, p
+        assert sym.mod(p, c) == 0
+        for v in range(1, 60):
+            nv = sym.as_int(sym.substitute(n, {"s": v}))
+            assert sym.as_int(sym.substitute(p, {"s": v})) == nv + (-nv % c)
+
+
+def test_padded_dim_reshapes_into_blocks():
+    import numpy as np
+
+    import luminal as lm
+
+    seq = lm.dim("seq", 1, 64)
+    g = lm.Graph("pad")
+    x = g.input("x", (2, seq))
+    pad = sym.mod(sym.mul(seq, -1), 4)
+    g.output("y", x.pad_dim(1, 0, pad).reshape(2, -1, 4).sum(2))
+    cg = lm.compile(g)
+    for n in (1, 5, 8, 11):
+        a = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
+        ref = np.pad(a, ((0, 0), (0, -n % 4))).reshape(2, -1, 4).sum(2)
+        np.testing.assert_allclose(cg.run({"x": a})["y"], ref, rtol=1e-5, atol=1e-5)

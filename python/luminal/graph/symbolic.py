@@ -227,6 +227,22 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
         for t in [t for t in terms if t.kind == MOD and terms.get(t, 0)]:
             x, c = t.args
             k = terms[t]
+            if isinstance(c, int) and c > 0 and isinstance(x, Expr):
+                # k*(x % c) - k*x == -k*c*(x // c): a dim padded up to a multiple of c,
+                # n + (-n % c), is c times a whole number of blocks
+                tx, cx = _lin(x)
+                if all(terms.get(u) == -k * cu for u, cu in tx.items()):
+                    del terms[t]
+                    for u in tx:
+                        del terms[u]
+                    q = floordiv(x, c)
+                    for u, cu in _lin(q)[0].items():
+                        terms[u] = terms.get(u, 0) - k * c * cu
+                        if terms[u] == 0:
+                            del terms[u]
+                    extra += k * cx - k * c * _lin(q)[1]
+                    changed = True
+                    break
             d: sint | None = _INTERN.get((DIV, (x, c)))
             if isinstance(c, Expr):
                 # c*(x // c) as a term and its coefficient (64*s*(x//(64*s)): 64 on s*(x//..))
