@@ -231,15 +231,15 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
                 # k*(x % c) - k*x == -k*c*(x // c): a dim padded up to a multiple of c,
                 # n + (-n % c), is c times a whole number of blocks
                 tx, cx = _lin(x)
-                if all(terms.get(u) == -k * cu for u, cu in tx.items()):
+                if all(terms.get(w) == -k * cw for w, cw in tx.items()):
                     del terms[t]
-                    for u in tx:
-                        del terms[u]
+                    for w in tx:
+                        del terms[w]
                     q = floordiv(x, c)
-                    for u, cu in _lin(q)[0].items():
-                        terms[u] = terms.get(u, 0) - k * c * cu
-                        if terms[u] == 0:
-                            del terms[u]
+                    for w, cw in _lin(q)[0].items():
+                        terms[w] = terms.get(w, 0) - k * c * cw
+                        if terms[w] == 0:
+                            del terms[w]
                     extra += k * cx - k * c * _lin(q)[1]
                     changed = True
                     break
