@@ -109,20 +109,20 @@ def _groups(
     ``new_low``) in groups joined by a buffer name any two of them share that one of them
     writes, each group's steps in program order."""
 
-    def names(low: Lowered, s: Step, side: int) -> set[str]:
+    def names(low: Lowered, s: Step, side: int, written_only: bool = False) -> set[str]:
         # a kernel's scratch (named after its kernel, whose number differs between the
         # programs) joins only its own side's steps
         out = set()
-        for bs in K.step_buffers(s):
+        for bs in K.step_buffers(s)[:1] if written_only else K.step_buffers(s):
             for b in bs:
                 raw = low.buffers[b].name
                 out.add(f"{side}:{raw}" if _stable(raw) != raw else raw)
         return out
 
-    written = {n for s in gone for n in names(old, s, 0) if _writes(old, s, n)}
-    written |= {n for s in new for n in names(new_low, s, 1) if _writes(new_low, s, n)}
     # joined through what one of them writes: inputs many steps only read (the image, a
     # buffer of dims-derived scalars) would join unrelated layers into one group
+    written = {n for s in gone for n in names(old, s, 0, True)}
+    written |= {n for s in new for n in names(new_low, s, 1, True)}
     steps = [(0, s, names(old, s, 0) & written) for s in gone]
     steps += [(1, s, names(new_low, s, 1) & written) for s in new]
     parent = list(range(len(steps)))
@@ -144,11 +144,6 @@ def _groups(
     for i, (side, s, _) in enumerate(steps):
         groups.setdefault(root(i), ([], []))[side].append(s)
     return list(groups.values())
-
-
-def _writes(low: Lowered, s: Step, name: str) -> bool:
-    raw = name.split(":", 1)[-1]
-    return any(low.buffers[b].name == raw for b in K.step_buffers(s)[0])
 
 
 def _stable(name: str) -> str:
