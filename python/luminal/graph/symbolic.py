@@ -741,9 +741,17 @@ def mod(a: sint, b: sint) -> sint:
     if (peel := _peel_small(r, b)) is not None:
         big, small, g = peel
         return add(mul(mod(big, _exact_div(b, g)), g), small)
-    if isinstance(r, Expr) and r.kind == MOD and isinstance(b, int) and isinstance(r.args[1], int):
-        if r.args[1] % b == 0:
-            return mod(r.args[0], b)
+    if isinstance(b, int) and isinstance(r, Expr):
+        # (k*(y % m) + z) % b == (k*y + z) % b where b divides m: (-(n % 4)) % 4, a pad up
+        # to a multiple, is (-n) % 4, which n + (-n) % 4 then folds into a multiple of 4
+        rt, rc = _lin(r)
+        mods = {t for t in rt if t.kind == MOD and isinstance(t.args[1], int)
+                and t.args[1] % b == 0}  # fmt: skip
+        if mods:
+            whole: sint = rc
+            for t, c in rt.items():
+                whole = add(whole, mul(t.args[0] if t in mods else t, c))
+            return mod(whole, b)
     if (split := _by_coefficient(r, b)) is not None:
         # r % (c*m) == c*((r // c) % m) + r % c
         c = _exact_div(b, split[1])

@@ -11,6 +11,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from .partition import Env, binders_for, split, stats, warn_once
+from .symbols import guard_multiples
 
 # Ops core ATen keeps whole that luminal has no converter for, where PyTorch's own
 # decomposition reaches ops that it converts
@@ -58,7 +59,7 @@ def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     weight_names = {phs[i].name for i in weight_positions}
     fake_mode = detect_fake_mode(example_inputs)
     shape_env = getattr(fake_mode, "shape_env", None)
-    env = Env(binders_for(gm))
+    env = Env(binders_for(gm), guard_multiples(shape_env))
     try:
         runner = split(gm, weight_names, shape_env, env)
     except Exception as e:  # a backend bug must not stop a model eager PyTorch can run
@@ -69,7 +70,11 @@ def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     forward = runner.forward  # the generated code itself: nn.Module's call dispatch costs µs
 
     def run(*args: Any) -> Any:
-        env.bind(args)
+        try:
+            env.bind(args)
+        except ValueError as e:  # a size outside dynamo's guards: eager PyTorch runs it
+            warn_once(f"bind:{e}", f"luminal: {e}; this call runs in eager PyTorch")
+            return gm(*args)
         return forward(*args)
 
     return run

@@ -432,9 +432,16 @@ def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any 
     src = cx.node.args[0].meta.get("val") if cx.node is not None else None
     if not isinstance(src, torch.Tensor) or src.storage_offset() != 0 or not src.is_contiguous():
         raise Unsupported("as_strided of a tensor that is not its own contiguous storage")
-    if not all(isinstance(v, int) for v in (*size, *stride)):
-        raise Unsupported("as_strided with symbolic sizes or strides")
     off = storage_offset or 0
+    if (
+        tuple(size) == tuple(x.shape)
+        and off == 0
+        and all(
+            n == 1 or sym.add(st, sym.mul(want, -1)) == 0
+            for n, st, want in zip(size, stride, _contiguous(x.shape), strict=True)
+        )
+    ):
+        return x  # x's own layout restated (AOTAutograd restrides a keepdim reduction so)
     flat = x.reshape((-1,)) if x.ndim != 1 else x
     shape = tuple(size)
     expr: Any = off
@@ -444,6 +451,15 @@ def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any 
         return flat.slice(0, off, 1).reshape(())
     idx = F._base.iota(cx.g, shape, expr, dt.i64)
     return F._base.gather_flat(flat, idx)
+
+
+def _contiguous(shape: tuple[Any, ...]) -> list[Any]:
+    out: list[Any] = []
+    acc: Any = 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc = sym.mul(acc, n)
+    return out[::-1]
 
 
 # ----------------------------------------------------------------------------- searching, bits

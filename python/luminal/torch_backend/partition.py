@@ -32,7 +32,7 @@ from ..graph.ops import Leaf, Op
 from ..tensor import Graph, Tensor
 from .call import _BITS_VIEWED, Call, complex_of, plan_array, prepare, to_torch, weight_array
 from .convert import Ctx, convert_call
-from .symbols import Dims, Unsupported, bare_symbol
+from .symbols import Dims, Unsupported, bare_symbol, quotient_name
 
 
 @dataclass
@@ -81,16 +81,25 @@ def warn_once(key: str, msg: str) -> None:
 class Env:
     """Dims bound from the top-level arguments of the current call, shared by its partitions."""
 
-    def __init__(self, binders: dict[str, tuple[int, int | None]]) -> None:
+    def __init__(self, binders: dict[str, tuple[int, int | None]],
+                 multiples: dict[str, int] | None = None) -> None:  # fmt: skip
         self.binders = binders  # dim name -> (argument index, axis or None for a SymInt arg)
+        self.multiples = multiples or {}  # dim name -> m its guards hold it to multiples of
         self.dims: dict[str, int] = {}
         self._sizes = [(n, i, a) for n, (i, a) in binders.items() if a is not None]
         self._ints = [(n, i) for n, (i, a) in binders.items() if a is None]
+        self._quotients = [(n, m, quotient_name(n, m)) for n, m in self.multiples.items()
+                           if n in binders]  # fmt: skip
 
     def bind(self, args: Sequence[Any]) -> None:
         dims = {name: args[i].shape[axis] for name, i, axis in self._sizes}  # torch.Size: ints
         for name, i in self._ints:
             dims[name] = int(args[i])
+        for name, m, q in self._quotients:
+            if dims[name] % m:
+                raise ValueError(f"size {name} = {dims[name]} is not a multiple of {m}, which "
+                                 "the graph's guards promised")  # fmt: skip
+            dims[q] = dims[name] // m
         self.dims = dims
 
 
@@ -132,11 +141,12 @@ _EAGER_COPY = "a new value for an input, copied by eager PyTorch"
 _MISSING = object()  # a value luminal cannot hold (SymFloat, an unconverted result, ...)
 
 
-def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: bool = False) -> Built:
+def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: bool = False,
+          multiples: dict[str, int] | None = None) -> Built:  # fmt: skip
     """Convert ``gm`` to a luminal graph. Strict builds raise Unsupported; tolerant builds record
     each failing node and stand in an input for its value so later nodes can still be tried."""
     g = Graph("torch")
-    dims = Dims(shape_env)
+    dims = Dims(shape_env, multiples)
     cx = Ctx(g, dims)
     env: dict[Node, Any] = {}
     inputs: list[tuple[int, str]] = []
@@ -558,7 +568,7 @@ class _Support(OperatorSupportBase):
 def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> GraphModule:
     """Replace the convertible parts of ``gm`` with LuminalPartitions; warn once per eager op."""
     weight_names = weight_names - {n.name for n in mutated_inputs(gm)}  # read at every call
-    trial = build(gm, weight_names, shape_env, tolerant=True)
+    trial = build(gm, weight_names, shape_env, tolerant=True, multiples=env.multiples)
     bound = set(env.binders)
     for node, why in trial.failed.items():
         if why in (_DOWNSTREAM, _EAGER_COPY):
@@ -601,7 +611,7 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
             and (a.op == "get_attr" or (a.op == "placeholder" and a.name in weight_names))
         }
         try:
-            built = build(sub, subw, shape_env)
+            built = build(sub, subw, shape_env, multiples=env.multiples)
             unbound = set(built.dims.dims) - bound
             if unbound:
                 raise Unsupported(f"sizes {sorted(unbound)} are not input sizes")

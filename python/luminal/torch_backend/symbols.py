@@ -7,6 +7,7 @@ guards allow; at run time the dims are read off the top-level inputs' shapes.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sympy
@@ -22,10 +23,14 @@ class Unsupported(Exception):
 
 
 class Dims:
-    """torch symbol -> luminal dim, with ranges from the ShapeEnv when one is known."""
+    """torch symbol -> luminal dim, with ranges from the ShapeEnv when one is known. A symbol
+    dynamo's guards hold to multiples of ``m`` (``multiples``) becomes ``m`` times a dim of its
+    own (``quotient_name``), so sizes such as a window count ``(s + (-s % 4)) // 4`` divide out
+    exactly as they do for every value the guards let through."""
 
-    def __init__(self, shape_env: Any = None) -> None:
+    def __init__(self, shape_env: Any = None, multiples: dict[str, int] | None = None) -> None:
         self.shape_env = shape_env
+        self.multiples = multiples or {}
         self.dims: dict[str, sym.Expr] = {}
 
     def symbol(self, s: sympy.Symbol) -> sym.Expr:
@@ -41,7 +46,14 @@ class Dims:
                     lo = max(int(vr.lower), 0)
                 if _finite(vr.upper):
                     hi = min(int(vr.upper), sym.DEFAULT_DIM_MAX)
-            d = self.dims[name] = sym.dim(name, lo, hi)
+            m = self.multiples.get(name, 1)
+            if m > 1:
+                q = sym.dim(quotient_name(name, m), -(-lo // m), max(hi // m, 1))
+                prod = sym.mul(m, q)
+                assert isinstance(prod, sym.Expr)  # m > 1 times a dim
+                d = self.dims[name] = prod
+            else:
+                d = self.dims[name] = sym.dim(name, lo, hi)
         return d
 
     def expr(self, e: Any) -> sint:
@@ -107,3 +119,107 @@ def bare_symbol(s: Any) -> str | None:
     """The symbol's name when a size is exactly one symbol (so a run binds it), else None."""
     e = s.node.expr if isinstance(s, torch.SymInt) else None
     return e.name if isinstance(e, sympy.Symbol) else None
+
+
+def quotient_name(name: str, m: int) -> str:
+    """The luminal dim standing for ``name // m`` where guards hold ``name`` to multiples of m."""
+    return f"{name}_div{m}"
+
+
+_DIVISIONS = (tf.Mod, tf.PythonMod, sympy.Mod, tf.FloorDiv, tf.CleanDiv, tf.ModularIndexing)
+
+
+def guard_multiples(shape_env: Any) -> dict[str, int]:
+    """Symbol name -> m > 1 for each symbol every value of which that dynamo's guards admit is
+    a multiple of m (a guard such as ``Eq(Mod(s, 4), 0)``, or a padded size dynamo assumed
+    unpadded). Compiled code only ever sees values its guards admit, so the symbol may be
+    written as m times a new dim.
+
+    Only guards over one symbol are read: leaving a guard out admits more values, which can
+    only make m smaller. m is the gcd of the admitted values from the symbol's lower bound up
+    to past twice the period of any constant the guards hold (a value whose guards do not
+    evaluate to a definite False counts as admitted)."""
+    if shape_env is None:
+        return {}
+    hints = getattr(shape_env, "backed_var_to_val", None) or getattr(shape_env, "var_to_val", {})
+    ranges = getattr(shape_env, "var_to_range", {})
+    per: dict[Any, list[Any]] = {}
+    for g in getattr(shape_env, "guards", ()):
+        e = getattr(g, "expr", None)
+        if not isinstance(e, sympy.Basic) or len(e.free_symbols) != 1:
+            continue
+        per.setdefault(next(iter(e.free_symbols)), []).append(e)
+    out: dict[str, int] = {}
+    for s, guards in per.items():
+        hint = hints.get(s)
+        if not any(e.has(*_DIVISIONS) for e in guards) or hint is None or int(hint) < 2:
+            continue
+        h = int(hint)
+        srcs = sorted((p for p in (_python(e, s) for e in guards) if p is not None), key=len)
+        tests = [eval(f"lambda v: {p}") for p in srcs]  # short guards reject most values first
+        consts = [abs(int(a)) for e in guards for a in e.atoms(sympy.Integer)]
+        span = min(max([h, *consts]), 1 << 16)
+        vr = ranges.get(s)
+        lo = max(int(vr.lower), 1) if vr is not None and _finite(vr.lower) else 1
+        m = h
+        for v in range(lo, h + 2 * span + 1):
+            if v % m and _admits(tests, v):
+                m = math.gcd(m, v)
+                if m == 1:
+                    break
+        if m > 1:
+            out[s.name] = m
+    return out
+
+
+def _admits(tests: list[Any], v: int) -> bool:
+    for t in tests:
+        try:
+            if not t(v):
+                return False
+        except (ZeroDivisionError, ValueError, OverflowError):
+            continue  # undefined at v: not a definite no
+    return True
+
+
+_REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">",
+        sympy.Ge: ">="}  # fmt: skip
+
+
+def _python(e: Any, s: Any) -> str | None:
+    """``e`` over the one symbol ``s`` as Python source in ``v`` (None where a node is not
+    integer arithmetic or a comparison: that guard is then left out)."""
+    if e == s:
+        return "v"
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if e is sympy.true or e is sympy.false:
+        return str(bool(e))
+    a = [_python(x, s) for x in e.args]
+    if any(x is None for x in a):
+        return None
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(a) + ")"  # type: ignore[arg-type]
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(a) + ")"  # type: ignore[arg-type]
+    if isinstance(e, (tf.FloorDiv, tf.CleanDiv)):
+        return f"({a[0]} // {a[1]})"
+    if isinstance(e, (tf.Mod, tf.PythonMod, sympy.Mod)):
+        return f"({a[0]} % {a[1]})"
+    if isinstance(e, (tf.PowByNatural, sympy.Pow)) and isinstance(e.args[1], sympy.Integer) \
+            and int(e.args[1]) >= 0:  # fmt: skip
+        return f"({a[0]} ** {a[1]})"
+    if isinstance(e, (tf.Max, sympy.Max)):
+        return f"max({', '.join(a)})"  # type: ignore[arg-type]
+    if isinstance(e, (tf.Min, sympy.Min)):
+        return f"min({', '.join(a)})"  # type: ignore[arg-type]
+    rel = _REL.get(type(e))
+    if rel is not None:
+        return f"({a[0]} {rel} {a[1]})"
+    if isinstance(e, sympy.And):
+        return "(" + " and ".join(a) + ")"  # type: ignore[arg-type]
+    if isinstance(e, sympy.Or):
+        return "(" + " or ".join(a) + ")"  # type: ignore[arg-type]
+    if isinstance(e, sympy.Not):
+        return f"(not {a[0]})"
+    return None
