@@ -145,3 +145,32 @@ def test_padded_dim_reshapes_into_blocks():
         a = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
         ref = np.pad(a, ((0, 0), (0, -n % 4))).reshape(2, -1, 4).sum(2)
         np.testing.assert_allclose(cg.run({"x": a})["y"], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pad_amount_written_through_a_remainder_folds_too():
+    # PyTorch writes a pad up to a multiple as (c - n % c) % c: (-(n % c)) % c is (-n) % c
+    s = sym.dim("s", 1, 1000)
+    n = sym.mul(s, 2)
+    p = sym.add(n, sym.mod(sym.mul(sym.mod(n, 3), -1), 3))
+    assert sym.mod(p, 3) == 0
+    assert sym.add(sym.mul(sym.floordiv(p, 3), 3), sym.mul(p, -1)) == 0
+    for v in range(1, 40):
+        assert sym.as_int(sym.substitute(p, {"s": v})) == 2 * v + (-(2 * v) % 3)
+
+
+def test_monomial_divisor_peels_an_int_part():
+    # a window's row over symbolic windows: (512*w + 128*i + 32*j + k) // (2048*d*d) does not
+    # depend on i, j, k (which stay below 512), so a row reduction hoists out of their loops
+    d = sym.dim("d", 1, 50)
+    w, i, j, k = (sym.var(n, 0, hi) for n, hi in (("w", 9999), ("i", 3), ("j", 3), ("k", 31)))
+    r = sym.add(sym.add(sym.mul(512, w), sym.mul(128, i)), sym.add(sym.mul(32, j), k))
+    b = sym.mul(2048, sym.mul(d, d))
+    q, m = sym.floordiv(r, b), sym.mod(r, b)
+    assert sym.var_names(q) == {"w", "d"}
+    rng = __import__("random").Random(0)
+    for _ in range(300):
+        env = {"d": rng.randint(1, 50), "w": rng.randint(0, 9999), "i": rng.randint(0, 3),
+               "j": rng.randint(0, 3), "k": rng.randint(0, 31)}  # fmt: skip
+        rv, bv = sym.as_int(sym.substitute(r, env)), sym.as_int(sym.substitute(b, env))
+        assert sym.as_int(sym.substitute(q, env)) == rv // bv
+        assert sym.as_int(sym.substitute(m, env)) == rv % bv

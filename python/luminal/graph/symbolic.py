@@ -694,13 +694,27 @@ def _peel_small(r: sint, b: sint) -> tuple[sint, sint, sint] | None:
             for x, c in big_t.values():
                 big = add(big, mul(x, c))
             return big, small, g
+    if bm is not None:
+        # an int part g of a monomial divisor: (512*w + 32*i + j) // (2048*s*s) is
+        # w // (4*s*s) when 32*i + j < 512 (a window partition's row over symbolic windows)
+        for gc in sorted({gcd(c, bc) for c in terms.values()} - {1}, reverse=True):
+            big_i = {t: c // gc for t, c in terms.items() if c % gc == 0}
+            if not big_i or len(big_i) == len(terms):
+                continue
+            small = _from_lin({t: c for t, c in terms.items() if t not in big_i}, const % gc)
+            if prove_nonneg(small) and prove_lt(small, gc):
+                return _from_lin(big_i, const // gc), small, gc
     return None
 
 
-def _exact_div(b: sint, g: sint) -> int:
-    """b / g for a divisor g that _peel_small took from b (an int, or g = m*gc for b = m*bc)."""
+def _exact_div(b: sint, g: sint) -> sint:
+    """b / g for a divisor g that _peel_small took from b (an int, or g = m*gc or an int gc
+    for b = m*bc)."""
     if isinstance(b, int) and isinstance(g, int):
         return b // g
+    if isinstance(g, int):  # an int part of a monomial: b / g is a monomial again
+        ((bm, bc),) = _lin(b)[0].items()
+        return mul(bm, bc // g)
     ((_, bc),) = _lin(b)[0].items()
     gt, _ = _lin(g)
     ((_, gc),) = gt.items()
@@ -754,8 +768,8 @@ def mod(a: sint, b: sint) -> sint:
             return mod(whole, b)
     if (split := _by_coefficient(r, b)) is not None:
         # r % (c*m) == c*((r // c) % m) + r % c
-        c = _exact_div(b, split[1])
-        return add(mul(mod(split[0], split[1]), c), mod(r, c))
+        cb = _exact_div(b, split[1])
+        return add(mul(mod(split[0], split[1]), cb), mod(r, cb))
     if (factor := _by_poly_factor(r, b)) is not None:
         # r % (e*p) == p*((r // p) % e) + r % p
         inner, p, e = factor
