@@ -50,6 +50,36 @@ def _mm_graph(bias: bool) -> lm.Graph:
     return g
 
 
+def test_candidates_are_measured_at_the_callers_typical_dims(tmp_path, monkeypatch):
+    # a torch.compile call traced at seq 24 is tuned there (and at seq's smallest), not at the
+    # default budget; the value is clamped to the dim's range, and dims without one share it
+    use_kernel_cache(monkeypatch, tmp_path)
+    low = lower(_mm_graph(False))
+    default = select.representative_dims(low)["seq"]
+    sizes = []
+
+    def measure(sub, dims):
+        sizes.append(dims["seq"])
+        return 1.0
+
+    token = select.TYPICAL_DIMS.set({"seq": 24})
+    try:
+        assert select.representative_dims(low) == {"seq": 24}
+        select.choose_library_calls(low, measure, "typical")
+    finally:
+        select.TYPICAL_DIMS.reset(token)
+    assert sizes and set(sizes) == {24, 1} and default != 24
+    token = select.TYPICAL_DIMS.set({"seq": 10**9, "other": 3})
+    try:
+        assert select.representative_dims(low) == {"seq": 4096}
+    finally:
+        select.TYPICAL_DIMS.reset(token)
+    g = _mm_graph(False)
+    cg = lm.compile(g, typical_dims={"seq": 24, "unused": 5}, cache=False)
+    a = rand(24, 64)
+    np.testing.assert_allclose(cg.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("prefer", ["gemm", "generated", "order=1"])
 def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp_path, monkeypatch):

@@ -157,6 +157,7 @@ def compile(  # noqa: A001
     progress: Callable[[str], None] | None = None,
     cache: bool = True,
     load: bool = True,
+    typical_dims: Mapping[str, int] | None = None,
 ) -> CompiledGraph:
     """Compile ``graph`` into a plan for target ``backend`` (``luminal.targets.names()``)
     and load it. With ``search`` (the default), kernels with a library alternative (GEMM) are
@@ -168,20 +169,26 @@ def compile(  # noqa: A001
     comes from the plan cache when this graph, with these weights and options, was compiled
     before on this machine by this luminal, and goes into it otherwise. With ``load=False``
     the plan is not loaded until it first runs (a caller that saves it and runs the saved
-    file never holds the runtime's copy of its weights)."""
+    file never holds the runtime's copy of its weights).
+
+    ``typical_dims`` gives values the graph's symbolic dims usually take: the search measures
+    its candidates there (and at each dim's smallest) instead of at a default size."""
     from . import plan_cache, targets
 
     say = progress or PROGRESS.get() or (lambda msg: None)
     target = targets.get(backend)
     store = plan_cache.default_cache() if cache else None
+    typical = {n: int(v) for n, v in (typical_dims or {}).items() if n in graph.dims()}
     if store is None:
-        return _compile(graph, backend, target, search, say, load)
-    key = plan_cache.make_key(plan_cache.graph_fingerprint(graph), backend,
-                              {"search": search, "target": target.cache_id()})  # fmt: skip
+        return _compile(graph, backend, target, search, say, load, typical)
+    options: dict[str, Any] = {"search": search, "target": target.cache_id()}
+    if typical:
+        options["typical_dims"] = sorted(typical.items())
+    key = plan_cache.make_key(plan_cache.graph_fingerprint(graph), backend, options)
     built: list[CompiledGraph] = []
 
     def build() -> tuple[Plan, dict[str, Any]]:
-        built.append(_compile(graph, backend, target, search, say, load))
+        built.append(_compile(graph, backend, target, search, say, load, typical))
         return built[0].plan, graph.weights
 
     path, _ = store.get_or_build(key, build)
@@ -222,6 +229,7 @@ def _compile(
     search: bool,
     say: Callable[[str], None],
     load: bool = True,
+    typical_dims: Mapping[str, int] | None = None,
 ) -> CompiledGraph:
     from . import progress
     from .compiler import pipeline  # not at import: ``python -m`` runs it as a script
@@ -229,7 +237,8 @@ def _compile(
     t0 = time.perf_counter()
     _start_prelude(backend)
     with progress.task(f"compiling {graph.name!r}"):
-        c = pipeline.run(graph, target, search, say, on_stage=progress.update)
+        c = pipeline.run(graph, target, search, say, on_stage=progress.update,
+                         typical_dims=typical_dims)  # fmt: skip
         plan = cast(Plan, c.product)
         say(f"loading the plan ({len(plan.kernels)} kernels; compiled C is cached on disk)")
         progress.update("loading the plan", detail=lambda: f"{len(plan.kernels)} kernels")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ from .schedule import schedule
 from .search.egraph import simplify
 from .search.fusion import choose_fusions, choose_layouts
 from .search.schedules import choose_schedules
-from .search.select import choose_library_calls
+from .search.select import TYPICAL_DIMS, choose_library_calls
 from .search.tuner import STATS, Tuner
 from .siblings import merge_sibling_products
 from .stage import stage_strided_reads, summed_major_operands
@@ -292,10 +292,20 @@ def run(
     say: Callable[[str], None] | None = None,
     stages: list[Stage] | None = None,
     on_stage: OnStage | None = None,
+    typical_dims: Mapping[str, int] | None = None,
 ) -> Compilation:
     """Runs ``stages`` (default ``STAGES``) on ``graph`` for ``target``; ``on_stage`` hears
-    of each stage as it starts (the progress line)."""
-    c = Compilation(graph, target, search, say or (lambda msg: None))
+    of each stage as it starts (the progress line). The search measures at ``typical_dims``
+    where given (``search.select.TYPICAL_DIMS``)."""
+    token = TYPICAL_DIMS.set(dict(typical_dims or {}))
+    try:
+        return _run(Compilation(graph, target, search, say or (lambda msg: None)), stages,
+                    on_stage)  # fmt: skip
+    finally:
+        TYPICAL_DIMS.reset(token)
+
+
+def _run(c: Compilation, stages: list[Stage] | None, on_stage: OnStage | None) -> Compilation:
     level = flags.debug()
     todo = [st for st in (STAGES if stages is None else stages) if st.enabled()]
     for i, st in enumerate(todo):

@@ -454,7 +454,8 @@ class LuminalPartition(torch.nn.Module):
         for k, w in self.built.weights:
             w.set(weight_array(args[k]))
         with _matmul_precision():
-            self.cg = lm_compile(self.built.graph)
+            # the search measures at this call's sizes: what the model was traced for
+            self.cg = lm_compile(self.built.graph, typical_dims=self.env.dims)
         stats.plans += 1
         self.weight_keys = [_weight_key(args[k]) for k, _ in self.built.weights]
         self.plan_dims = list(self.cg.executor.dims)

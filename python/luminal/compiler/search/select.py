@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
 from ... import flags
@@ -62,14 +63,21 @@ Step = K.Kernel | K.LibCall
 Measure = Callable[[Lowered, dict[str, int]], "float | Timing"]
 
 
+# values of symbolic dims the caller knows the graph runs at (the example a torch.compile call
+# traced): candidates are measured there rather than at the shared budget below
+TYPICAL_DIMS: ContextVar[Mapping[str, int] | None] = ContextVar("typical_dims", default=None)
+
+
 def representative_dims(low: Lowered) -> dict[str, int]:
-    """The size every symbolic dim takes while candidates are measured. Dims multiply (batch x
-    seq rows), so they share one budget of ``REPRESENTATIVE_DIM``: one dim gets 256, two get 16
-    each. 256 of each would time a (65536 x k) product for a batch of sentences, seconds per
+    """The size every symbolic dim takes while candidates are measured: its typical value
+    (``TYPICAL_DIMS``) where the caller gave one. Otherwise dims multiply (batch x seq rows),
+    so they share one budget of ``REPRESENTATIVE_DIM``: one dim gets 256, two get 16 each.
+    256 of each would time a (65536 x k) product for a batch of sentences, seconds per
     candidate, at a size the model rarely sees."""
-    free = [n for n, d in low.dims.items() if d.hi > d.lo]
+    typical = TYPICAL_DIMS.get() or {}
+    free = [n for n, d in low.dims.items() if d.hi > d.lo and n not in typical]
     each = max(1, int(round(REPRESENTATIVE_DIM ** (1 / max(len(free), 1)))))
-    out = {n: min(max(each, d.lo), d.hi) for n, d in low.dims.items()}
+    out = {n: min(max(typical.get(n, each), d.lo), d.hi) for n, d in low.dims.items()}
     return fit_product(out, K.part_of(low.kernels), low.dims)
 
 
