@@ -141,7 +141,9 @@ def guard_multiples(shape_env: Any) -> dict[str, int]:
     evaluate to a definite False counts as admitted)."""
     if shape_env is None:
         return {}
-    hints = getattr(shape_env, "backed_var_to_val", None) or getattr(shape_env, "var_to_val", {})
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:  # PyTorch before backed_var_to_val
+        hints = getattr(shape_env, "var_to_val", {})
     ranges = getattr(shape_env, "var_to_range", {})
     per: dict[Any, list[Any]] = {}
     for g in getattr(shape_env, "guards", ()):
