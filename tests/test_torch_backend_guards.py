@@ -13,14 +13,7 @@ from luminal.torch_backend import luminal_backend  # noqa: E402
 from luminal.torch_backend.partition import Env  # noqa: E402
 from luminal.torch_backend.symbols import guard_multiples  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    lt.reset_stats()
-    torch.manual_seed(0)
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Windows(nn.Module):

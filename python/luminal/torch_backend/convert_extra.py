@@ -15,7 +15,7 @@ import torch
 from .. import functional as F
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
-from ..graph.view import idx_vars
+from ..graph.view import contiguous_strides, idx_vars
 from ..tensor import Tensor, broadcast_shapes
 from . import convert as _convert
 from .convert import Ctx, op
@@ -437,8 +437,8 @@ def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any 
         tuple(size) == tuple(x.shape)
         and off == 0
         and all(
-            n == 1 or sym.add(st, sym.mul(want, -1)) == 0
-            for n, st, want in zip(size, stride, _contiguous(x.shape), strict=True)
+            n == 1 or F._base.same(st, want)
+            for n, st, want in zip(size, stride, contiguous_strides(x.shape), strict=True)
         )
     ):
         return x  # x's own layout restated (AOTAutograd restrides a keepdim reduction so)
@@ -451,15 +451,6 @@ def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any 
         return flat.slice(0, off, 1).reshape(())
     idx = F._base.iota(cx.g, shape, expr, dt.i64)
     return F._base.gather_flat(flat, idx)
-
-
-def _contiguous(shape: tuple[Any, ...]) -> list[Any]:
-    out: list[Any] = []
-    acc: Any = 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc = sym.mul(acc, n)
-    return out[::-1]
 
 
 # ----------------------------------------------------------------------------- searching, bits
