@@ -80,6 +80,53 @@ def test_candidates_are_measured_at_the_callers_typical_dims(tmp_path, monkeypat
     np.testing.assert_allclose(cg.run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-4, atol=1e-4)
 
 
+def test_measurements_see_how_much_of_the_program_passes_between_runs(tmp_path, monkeypatch):
+    # a step of a program that fits the caches is timed on inputs the rest of the program has
+    # passed over (a few copies, or none), one of a larger program on inputs none of it holds;
+    # decisions of the first kind are cached apart
+    from luminal.compiler.search.tuner import PROGRAM_BYTES, Tuner
+    from luminal.targets import cpu
+
+    use_kernel_cache(monkeypatch, tmp_path)
+    llc = 4 << 20
+    monkeypatch.setattr(cpu, "_last_level_cache", lambda: llc)
+    target = cpu.CpuTarget()
+    inputs = {"a": np.zeros(1 << 16, np.float32)}  # 256 KB
+    size = inputs["a"].nbytes
+    seen = {}
+    for program in (None, size, 3 * size, 100 * llc):
+        token = PROGRAM_BYTES.set(program)
+        try:
+            ring = target._ring(inputs)
+            seen[program] = (0 if ring is None else len(ring.sets), target.measure_context())
+        finally:
+            PROGRAM_BYTES.reset(token)
+    assert seen[None] == (1 + 2 * llc // size, "")
+    assert seen[100 * llc] == seen[None]
+    assert seen[size] == (0, "program<=262144")
+    assert seen[3 * size] == (3, "program<=1048576")
+
+    programs = []
+    real = cpu.CpuTarget.measure
+
+    def measure(self, low, dims, cutoff=None):
+        programs.append(PROGRAM_BYTES.get())
+        return real(self, low, dims, cutoff)
+
+    monkeypatch.setattr(cpu.CpuTarget, "measure", measure)
+    g = _mm_graph(True)
+    lm.compile(g, typical_dims={"seq": 20}, cache=False)
+    want = (20 * 64 + 48 * 64 + 48 + 20 * 48) * 4  # x, w, b, relu(x @ w.T + b) at seq 20
+    assert programs and all(want <= p <= 2 * want for p in programs)
+
+    keys = []
+    for context in ("", "program<=4096"):
+        t = Tuner(lambda sub, dims: 1.0, "ctx", context=lambda c=context: c)
+        low = lower(_mm_graph(False))
+        keys.append(t._cached("gemm", {"seq": 4}, low, [])[0])
+    assert keys[0] != keys[1]
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("prefer", ["gemm", "generated", "order=1"])
 def test_sum_of_products_becomes_gemm_or_kernel_by_measurement(bias, prefer, tmp_path, monkeypatch):

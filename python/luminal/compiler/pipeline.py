@@ -29,8 +29,8 @@ from .schedule import schedule
 from .search.egraph import simplify
 from .search.fusion import choose_fusions, choose_layouts
 from .search.schedules import choose_schedules
-from .search.select import TYPICAL_DIMS, choose_library_calls
-from .search.tuner import STATS, Tuner
+from .search.select import TYPICAL_DIMS, choose_library_calls, representative_dims
+from .search.tuner import PROGRAM_BYTES, STATS, Tuner, program_bytes
 from .siblings import merge_sibling_products
 from .stage import stage_strided_reads, summed_major_operands
 from .target import Target
@@ -110,7 +110,8 @@ def _tuner(c: Compilation) -> Tuner | None:
         schedules = t.searches_schedules and flags.SEARCH_SCHEDULES.get() != "0"
         c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants,
                         getattr(t, "prepare", None), races=getattr(t, "races", False),
-                        schedules=schedules)  # fmt: skip
+                        schedules=schedules,
+                        context=getattr(t, "measure_context", None))  # fmt: skip
     return c.tuner
 
 
@@ -312,7 +313,14 @@ def _run(c: Compilation, stages: list[Stage] | None, on_stage: OnStage | None) -
         if on_stage is not None:
             on_stage(st.name, i + 1, len(todo), _progress_detail(c, st.name))
         t = time.perf_counter()
-        st.run(c)
+        size = None
+        if c.low is not None and c.search:
+            size = PROGRAM_BYTES.set(program_bytes(c.low, representative_dims(c.low)))
+        try:
+            st.run(c)
+        finally:
+            if size is not None:
+                PROGRAM_BYTES.reset(size)
         c.times[st.name] = time.perf_counter() - t
         if level >= 1:
             print(f"luminal: stage {st.name}: {1e3 * c.times[st.name]:.1f} ms", file=sys.stderr)

@@ -61,7 +61,10 @@ class Target(Protocol):
     search calls it with a stage's candidates. With ``wait=False`` it may return before that
     is done (compiling in the background while the search lists more candidates) and must
     finish it before it next measures or prepares waiting. ``races = True`` says ``measure``
-    takes ``cutoff=`` (seconds: a first run slower than it is the only one)."""
+    takes ``cutoff=`` (seconds: a first run slower than it is the only one). A target whose
+    measurements depend on more than a cut-out and its dims (``search.tuner.PROGRAM_BYTES``)
+    has ``measure_context() -> str`` naming it, part of each decision's cache key ('': on
+    nothing more)."""
 
     name: str
     cost: CostModel

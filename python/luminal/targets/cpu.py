@@ -31,7 +31,7 @@ from ..compiler import kernel_ir as K
 from ..compiler.lower import BufferInfo, Lowered
 from ..compiler.schedule import apply
 from ..compiler.search.select import canonical_vars, cut_value, subprogram
-from ..compiler.search.tuner import Timing, random_inputs, sub_fingerprint
+from ..compiler.search.tuner import PROGRAM_BYTES, Timing, random_inputs, sub_fingerprint
 from ..compiler.target import CostModel, ScheduleSpace
 from ..graph import dtypes as dt
 from ..plan import KernelFormat, Plan
@@ -225,19 +225,29 @@ def _last_level_cache() -> int:
         return 32 << 20
 
 
+def _other_bytes(size: int) -> int:
+    """Bytes of other data that pass through the caches between two runs of a step whose
+    inputs take ``size`` bytes: the rest of the program (``PROGRAM_BYTES``), at most twice
+    the last-level cache (which leaves none of the step's inputs cached)."""
+    cap = 2 * _last_level_cache()
+    program = PROGRAM_BYTES.get()
+    return cap if program is None else max(0, min(cap, program - size))
+
+
 class _Ring:
     """Copies of one set of inputs that timed runs take in turn, so each run reads data that
-    twice the last-level cache of other data has passed through since its last use: it starts
-    with none of its inputs cached, as in a model, where the layers evict each other and
-    weights stream from memory every step. Timed warm, SmolLM2's dequantized copy + GEMM of a
+    ``other`` bytes of other data have passed through since its last use, as in the program:
+    in a model larger than twice the last-level cache each step starts with none of its
+    inputs cached (the layers evict each other and weights stream from memory every step);
+    in a small one they stay cached. Timed warm, SmolLM2's dequantized copy + GEMM of a
     576 x 576 projection took 0.29 ms (as fast as the GEMV that dequantizes in place) and
     1.15 ms per layer in decode. Copies are made once per set of inputs (a decision's
     candidates share them), where evicting the caches before every run wrote 64 MB each. Sets
     too large to copy within ``RING_MAX_BYTES`` are evicted before every run."""
 
-    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+    def __init__(self, inputs: dict[str, np.ndarray], other: int) -> None:
         size = max(sum(a.nbytes for a in inputs.values()), 1)
-        count = 1 + -(-2 * _last_level_cache() // size)
+        count = 1 + -(-other // size)
         self.sets = [inputs]
         if count * size <= RING_MAX_BYTES:
             self.sets += [{n: a.copy() for n, a in inputs.items()} for _ in range(count - 1)]
@@ -264,8 +274,8 @@ class _Ring:
         return self.sets[self.turn]
 
 
-def _ring_key(inputs: dict[str, np.ndarray]) -> tuple:
-    return tuple((n, id(a), a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
+def _ring_key(inputs: dict[str, np.ndarray], other: int) -> tuple:
+    return (other, *((n, id(a), a.shape, a.dtype.str) for n, a in sorted(inputs.items())))
 
 
 def _idle_core() -> bool:
@@ -463,11 +473,18 @@ class CpuTarget:
             self._executors.popitem(last=False)
         return ex
 
-    def _ring(self, inputs: dict[str, np.ndarray]) -> _Ring:
-        key = _ring_key(inputs)
+    def _ring(self, inputs: dict[str, np.ndarray]) -> _Ring | None:
+        """The ring a measurement on ``inputs`` takes its runs' inputs from; None: runs on
+        the inputs as they are, warm (they fit an L1, or nothing else in the program would
+        pass through the caches between two runs)."""
+        size = sum(a.nbytes for a in inputs.values())
+        other = _other_bytes(size)
+        if size <= EVICT_ABOVE or other == 0:
+            return None
+        key = _ring_key(inputs, other)
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = _Ring(inputs)
+            ring = self._rings[key] = _Ring(inputs, other)
             while len(self._rings) > 2:  # a decision's two sizes
                 self._rings.popitem(last=False)
         return ring
@@ -487,9 +504,9 @@ class CpuTarget:
         first = time.perf_counter() - t
         if first * 1e3 > flags.SEARCH_MEASURE_MS.as_float():
             return Timing(first, 1, outputs)
-        # inputs larger than an L1 come from memory in a model too; smaller ones (a decode
-        # step's activations, just written) are timed warm
-        ring = self._ring(inputs) if sum(a.nbytes for a in inputs.values()) > EVICT_ABOVE else None
+        # inputs larger than an L1 come from memory in a large model too; smaller ones (a
+        # decode step's activations, just written) are timed warm
+        ring = self._ring(inputs)
         if ring is not None and any(_stateful(s) for s in low.kernels):
             ring.prime(ex, dims)
         times = []
@@ -503,6 +520,14 @@ class CpuTarget:
             if cutoff is not None and times[0] > cutoff:
                 break  # past the warm-up's one-time costs and still a clear loser
         return Timing(min(times), len(times), outputs)
+
+    def measure_context(self) -> str:
+        """The size class of the program being compiled where some of it stays cached
+        between two runs of a step (``_other_bytes``): measurements differ by it."""
+        program = PROGRAM_BYTES.get()
+        if program is None or program >= 2 * _last_level_cache():
+            return ""
+        return f"program<={1 << max(program - 1, 1).bit_length()}"
 
     def evaluate(self, low: Lowered, dims: dict[str, int]) -> dict[str, np.ndarray]:
         """Outputs of a small plan on the search's seeded inputs (to check a candidate)."""

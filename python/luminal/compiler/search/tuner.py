@@ -30,6 +30,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,17 @@ from ..target import CostModel, ScheduleSpace
 # v16: reducing kernels estimated at the target's reduce_speedup, ranked above copy+gemm;
 # v17: a jam whose rows leave the L1 estimated as half of it)
 CACHE_VERSION = "tuner-v17"
+
+# Bytes of all the buffers of the program being compiled (weights, inputs, intermediates) at
+# the dims its candidates are measured at, set by the pipeline while its stages search: at
+# most this much other data passes through a device's caches between two runs of one step,
+# which a target's measurement may reproduce (a small model's weights stay cached)
+PROGRAM_BYTES: ContextVar[int | None] = ContextVar("program_bytes", default=None)
+
+
+def program_bytes(low: Lowered, dims: Mapping[str, int]) -> int:
+    return sum(int(sym.evaluate(b.nbytes(), dims)) for b in low.buffers)
+
 
 # A candidate whose first run is this many times the fastest one's time cannot win by its
 # repeats (repeats take the fastest of a few runs; on a quiet machine they differ from the
@@ -377,6 +389,9 @@ class Tuner:
     races: bool = False
     # a schedule stage follows that chooses task orders: the library-call choice leaves them
     schedules: bool = False
+    # what the target's measurements depend on beyond a cut-out and its dims
+    # (Target.measure_context): part of each decision's cache key
+    context: Callable[[], str] | None = None
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)
@@ -466,6 +481,9 @@ class Tuner:
         candidate's kernels)."""
         seen = self._keys.get(id(candidates))
         dims_key = repr(sorted(dims.items()))
+        context = self.context() if self.context is not None else ""
+        if context:
+            dims_key += "|" + context
         if (
             seen is not None
             and seen[0] is candidates
