@@ -117,7 +117,8 @@ def test_measurements_see_how_much_of_the_program_passes_between_runs(tmp_path, 
     g = _mm_graph(True)
     lm.compile(g, typical_dims={"seq": 20}, cache=False)
     want = (20 * 64 + 48 * 64 + 48 + 20 * 48) * 4  # x, w, b, relu(x @ w.T + b) at seq 20
-    assert programs and all(want <= p <= 2 * want for p in programs)
+    # one size for the whole compile: a decision the fusion stage takes again is cached once
+    assert len(set(programs)) == 1 and want <= programs[0] <= 2 * want
 
     keys = []
     for context in ("", "program<=4096"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextvars import Token
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -309,21 +310,24 @@ def run(
 def _run(c: Compilation, stages: list[Stage] | None, on_stage: OnStage | None) -> Compilation:
     level = flags.debug()
     todo = [st for st in (STAGES if stages is None else stages) if st.enabled()]
-    for i, st in enumerate(todo):
-        if on_stage is not None:
-            on_stage(st.name, i + 1, len(todo), _progress_detail(c, st.name))
-        t = time.perf_counter()
-        size = None
-        if c.low is not None and c.search:
-            size = PROGRAM_BYTES.set(program_bytes(c.low, representative_dims(c.low)))
-        try:
+    size: Token[int | None] | None = None
+    try:
+        for i, st in enumerate(todo):
+            if on_stage is not None:
+                on_stage(st.name, i + 1, len(todo), _progress_detail(c, st.name))
+            t = time.perf_counter()
+            if size is None and c.low is not None and c.search:
+                # the program as lowered, for every later stage: a decision two stages share
+                # (the fusion stage chooses library calls again) has one cache key
+                size = PROGRAM_BYTES.set(program_bytes(c.low, representative_dims(c.low)))
             st.run(c)
-        finally:
-            if size is not None:
-                PROGRAM_BYTES.reset(size)
-        c.times[st.name] = time.perf_counter() - t
-        if level >= 1:
-            print(f"luminal: stage {st.name}: {1e3 * c.times[st.name]:.1f} ms", file=sys.stderr)
+            c.times[st.name] = time.perf_counter() - t
+            if level >= 1:
+                print(f"luminal: stage {st.name}: {1e3 * c.times[st.name]:.1f} ms",
+                      file=sys.stderr)  # fmt: skip
+    finally:
+        if size is not None:
+            PROGRAM_BYTES.reset(size)
     return c
 
 
