@@ -12,6 +12,7 @@ import luminal as lm
 import luminal.functional as F
 from kernel_cache import use_kernel_cache
 from luminal.compile import build_plan
+from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import _overlapping, lower
 from luminal.compiler.search.fusion import choose_fusions
 from luminal.compiler.search.tuner import Tuner
@@ -94,3 +95,44 @@ def test_compile_searches_fusion_and_matches_torch(tmp_path, monkeypatch):
     for b in (2, 5):
         a = _inputs(b)
         np.testing.assert_allclose(cg.run(a)["y"], _ref(a), rtol=1e-4, atol=1e-3)
+
+
+def test_a_product_both_programs_call_joins_the_copies_it_reads(tmp_path, monkeypatch):
+    # with the strided conv a library product in both programs (the same call, so not among
+    # the steps that differ), the fused side's patch copy and the stored side's producer +
+    # copy still meet in one group, through that call: it is measured both ways
+    from luminal.compiler.search.select import choose_library_calls
+
+    use_kernel_cache(monkeypatch, tmp_path)
+    g = _graph()
+    seen = []
+
+    def measure(sub, dims):
+        calls = [s for s in sub.kernels if isinstance(s, K.LibCall)]
+        return 1.0 if calls and all(c.func == "gemm" for c in calls) else 2.0
+
+    def evaluate(sub, dims):
+        from luminal.targets import get
+
+        return get("cpu").evaluate(sub, dims)
+
+    tuner = Tuner(measure, "test-joined", evaluate)
+    real = tuner.choose
+
+    def choose(name, kind, dims, reference, candidates, default=0):
+        seen.append((kind, [c.sub for c in candidates]))
+        return real(name, kind, dims, reference, candidates, default)
+
+    monkeypatch.setattr(tuner, "choose", choose)
+    finish = lambda low: choose_library_calls(low, tuner)  # noqa: E731
+    low = finish(lower(g))
+    assert sum(isinstance(s, K.LibCall) for s in low.kernels) == 2
+    out = choose_fusions(g, low, tuner, finish)
+    fusion = [subs for kind, subs in seen if kind == "fusion"]
+    assert fusion, "the windowed value was not measured both ways"
+    for subs in fusion:
+        assert all(any(isinstance(s, K.LibCall) for s in sub.kernels) for sub in subs)
+    ex = lm.load(build_plan(out, "cnn").to_bytes())
+    for b in (1, 3):
+        a = _inputs(b)
+        np.testing.assert_allclose(ex.run(a)["y"], _ref(a), rtol=1e-4, atol=1e-3)

@@ -71,8 +71,12 @@ def choose_groups(
     buffers their steps share; a model's repeated layers are measured once."""
     old_keys, new_keys = _keys(low), _keys(alt)
     old_set, new_set = set(old_keys), set(new_keys)
-    gone = [s for s, key in zip(low.kernels, old_keys, strict=True) if key not in new_set]
-    new = [s for s, key in zip(alt.kernels, new_keys, strict=True) if key not in old_set]
+    gone = _with_scratch_readers(
+        low, [s for s, key in zip(low.kernels, old_keys, strict=True) if key not in new_set]
+    )
+    new = _with_scratch_readers(
+        alt, [s for s, key in zip(alt.kernels, new_keys, strict=True) if key not in old_set]
+    )
     dims = representative_dims(low)
     chosen: set[int] = set()
     memo: dict[str, bool] = {}
@@ -92,6 +96,19 @@ def choose_groups(
         if memo[key]:
             chosen |= mine
     return chosen
+
+
+def _with_scratch_readers(low: Lowered, changed: list[Step]) -> list[Step]:
+    """``changed`` with the steps of ``low`` that read scratch one of them writes, in program
+    order: a library call both programs have (the same product of a copy) reads each
+    program's own copy, and only through what it writes do the two sides' groups meet. A
+    convolution split by range (a generated kernel for small sizes, copy + product for
+    large) had its parts measured apart from the producer they read and compared with
+    unlike cut-outs."""
+    mine = {id(s) for s in changed}
+    scratch = {b for s in changed for b in K.step_buffers(s)[0]
+               if _stable(low.buffers[b].name) != low.buffers[b].name}  # fmt: skip
+    return [s for s in low.kernels if id(s) in mine or scratch & set(K.step_buffers(s)[1])]
 
 
 def _names(low: Lowered, step: Step) -> set[str]:
