@@ -446,3 +446,33 @@ def test_sums_over_an_outer_axis_run_as_vectors_along_the_output(name, shape, fn
     a = RNG.standard_normal(shape, dtype=np.float32)
     got = lm.compile(g).run({"x": a})["y"]
     np.testing.assert_allclose(got, ref(a), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("groups,cin,k", [(6, 6, 7), (3, 6, 3)])
+def test_padded_conv_taps_run_as_vectors_along_the_output_row(groups, cin, k) -> None:
+    """A conv of symbolic size, generated (depthwise 7x7, grouped 3x3 of two channels a
+    group): its taps are split by the kernel width (no division of the inner tap variable
+    left), and each output row runs as vectors of columns whose padded loads read only the
+    lanes inside the picture, the row's last columns one shorter vector; rows narrower than
+    a vector and wider than several, against PyTorch."""
+    import torch
+
+    h, w = lm.dim("h", 1, 200), lm.dim("w", 1, 200)
+    g = lm.Graph("conv")
+    x = g.input("x", (2, cin, h, w))
+    wt = RNG.standard_normal((cin, cin // groups, k, k), dtype=np.float32)
+    g.output("y", F.conv2d(x, g.weight("wt", data=wt), None, padding=k // 2, groups=groups))
+    low = lower(graph_passes(g))
+    (kern,) = [s for s in schedule(low.kernels) if isinstance(s, K.Kernel)
+               and any(isinstance(r, K.Reduce) for r in K.walk(s.value))]  # fmt: skip
+    inner = [r for r in K.walk(kern.value) if isinstance(r, K.Reduce)][-1]
+    assert inner.extent == k, "the taps are not split by the kernel width"
+    src = _sources(g)
+    assert "lm_vload_f32_lanes" in src and "lm_vstore_f32_lanes" in src
+    cg = lm.compile(g, search=False, cache=False)
+    for hw in ((5, 3), (9, 37), (23, 16)):
+        a = RNG.standard_normal((2, cin, *hw), dtype=np.float32)
+        want = torch.nn.functional.conv2d(
+            torch.from_numpy(a), torch.from_numpy(wt), padding=k // 2, groups=groups
+        ).numpy()
+        np.testing.assert_allclose(cg.run({"x": a})["y"], want, rtol=1e-4, atol=1e-4)

@@ -95,10 +95,20 @@ DEFAULT_SPLIT_MAX = 16
 
 
 def _default_split(r: K.Reduce) -> K.Reduce:
-    """The largest split (inner extent a power of two up to ``DEFAULT_SPLIT_MAX``) after
-    which no index divides or takes a modulus of the inner variable; ``r`` itself when none
-    helps."""
+    """The largest split (inner extent a power of two up to ``DEFAULT_SPLIT_MAX``, else a
+    constant the body divides the variable by) after which no index divides or takes a
+    modulus of the inner variable; ``r`` itself when none helps. A convolution's taps summed
+    as one axis (channel x kernel rows x kernel columns) split by the kernel width: the row
+    and its padding test are computed once per row, not per tap."""
     for g in (g for g in (64, 32, 16, 8, 4, 2) if g <= DEFAULT_SPLIT_MAX):
+        out = _split_by(r, g)
+        if out is not None:
+            return out
+    found: set[int] = set()
+    seen: set[int] = set()
+    for e in _index_exprs(r.body):
+        _divisors_of(e, r.var.name, found, seen)
+    for g in sorted(found, reverse=True):
         out = _split_by(r, g)
         if out is not None:
             return out

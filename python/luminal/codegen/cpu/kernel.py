@@ -353,6 +353,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 # rounded from the f32 lanes (a GEMM's half operand).
                 over = {b: f"lm_vload_f32(&{em.row_cache[r]}[{iv}])"
                         for r, b in caches.items() if r in em.cached}  # fmt: skip
+                summed = lane_sums(k.value, inner_ix)
                 dst = f"&b0[{cexpr(_flat(shape, {}))}]"
                 nt = "lm_nt" if stage else "0"
                 vloop = vector_loop(
@@ -361,9 +362,13 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                                     f"      {at} += LM_VL;"])
                     if half else
                     (lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"]),
-                    over, always=bool(stage) or lane_sums(k.value, inner_ix), advance=True,
+                    over, always=bool(stage) or summed, advance=True,
                     # a row kernel's row is in cache already (rows.py prefetches the next)
                     prefetch=bool(stage) and not row_reduce and em.prefetch is None,
+                    # sums along the lanes: a row's last columns as one shorter vector (a
+                    # conv's rows of 7 or 28 columns are mostly tail)
+                    tail=(lambda x, n: [f"      lm_vstore_f32_lanes({dst}, {x}, {n});"])
+                    if summed and not half and not stage else None,
                 )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]

@@ -213,6 +213,29 @@ static inline int32_t lm_vnanmask(lm_f32v x) {
 #endif
 static inline lm_f32v lm_vsplatf(float x) { lm_f32v v; for (int l = 0; l < LM_VL; ++l) v[l] = x; return v; }
 static inline lm_i32v lm_vsplati(int32_t x) { lm_i32v v; for (int l = 0; l < LM_VL; ++l) v[l] = x; return v; }
+/* lanes 0..n-1 of v stored to p (n < LM_VL: a row's last columns) */
+static inline void lm_vstore_f32_lanes(float *p, lm_f32v v, int64_t n) {
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+#else
+  for (int64_t l = 0; l < n; ++l) p[l] = v[l];
+#endif
+}
+/* p[0..LM_VL) with only lanes lo..hi-1 read (clamped to the vector), zeros in the others: a
+   padded window's edge, where the other lanes' addresses lie outside the input */
+static inline lm_f32v lm_vload_f32_lanes(const float *p, int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > LM_VL ? LM_VL : hi;
+  if (lo == 0 && hi == LM_VL) return lm_vload_f32(p);
+  if (hi <= lo) return lm_vsplatf(0.0f);
+#if defined(__AVX512F__)
+  return (lm_f32v)_mm512_maskz_loadu_ps((__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)), p);
+#else
+  lm_f32v v = lm_vsplatf(0.0f);
+  for (int64_t l = lo; l < hi; ++l) v[l] = p[l];
+  return v;
+#endif
+}
 /* lm_max2f lane by lane (NaN propagates, +0 beats -0): three compares and a blend */
 static inline lm_f32v lm_vmax2f(lm_f32v a, lm_f32v b) {
   const lm_i32v ai = (lm_i32v)a, bi = (lm_i32v)b;
@@ -280,9 +303,17 @@ def _small(v: K.Value) -> bool:
 
 class _Vec:
     def __init__(
-        self, em: Emitter, ri: sym.Expr, ind: str, over: dict[K.Value, str] | None = None
+        self,
+        em: Emitter,
+        ri: sym.Expr,
+        ind: str,
+        over: dict[K.Value, str] | None = None,
+        lanes: str | None = None,
     ) -> None:
         self.em, self.ri, self.ind = em, ri, ind
+        # a C expression: only this many lanes exist (a row's last columns), the loads of
+        # the others are not made
+        self.lanes = lanes
         self.lines: list[str] = []
         # values given as float vectors already (a row cache's entries read as one vector)
         self.memo: dict[K.Value, tuple[str, str]] = {v: (e, "f") for v, e in (over or {}).items()}
@@ -319,12 +350,18 @@ class _Vec:
             return _const(v.value, v.dtype), "s"
         if isinstance(v, K.Load):
             ptr = self.em.ptr_of(v.buf)
+            if v.valid != 1 and not v.dtype.packed and v.dtype is dt.f32:
+                return self._padded_load(v, ptr), "f"
             if v.valid != 1 or v.dtype.packed:
                 raise _Unsupported
             if not isinstance(v.index, sym.Expr) or self.ri not in v.index.vars():
                 return load_expr(ptr, cexpr(v.index), v.dtype), "s"
             if _step(v.index, self.ri) != 1:
                 raise _Unsupported
+            if self.lanes is not None:
+                if v.dtype is not dt.f32:
+                    raise _Unsupported
+                return f"lm_vload_f32_lanes(&{ptr}[{cexpr(v.index)}], 0, {self.lanes})", "f"
             if v.dtype in _INT_LOADS:
                 return f"lm_vload_{_INT_LOADS[v.dtype]}(&{ptr}[{cexpr(v.index)}])", "i"
             if v.dtype in _FLOAT_LOADS:
@@ -354,6 +391,40 @@ class _Vec:
         if isinstance(v, K.Gather):
             return self._lookup(v)
         raise _Unsupported
+
+    def _padded_load(self, v: K.Load, ptr: str) -> str:
+        """An f32 load zero outside a padding mask (a product of comparisons): the mask's
+        comparisons of the lanes' variable ``x`` (``c*x + r < 0``, c = +-1) bound the lanes
+        read, the rest is one test for all lanes (a padded conv's taps: the row in range, the
+        columns a window of lanes)."""
+        from ..cstyle import _c_name, cexpr
+
+        x = self.ri
+        if not isinstance(v.index, sym.Expr) or x not in v.index.vars():
+            raise _Unsupported  # the same for every lane: the scalar form broadcasts it
+        if _step(v.index, x) != 1 or not isinstance(v.valid, sym.Expr):
+            raise _Unsupported
+        at = _c_name(x)  # the first lane's index
+        lo, hi, rest = "0", self.lanes or "LM_VL", []
+        for f in sym._factors(v.valid):
+            if x not in f.vars():
+                rest.append(f"({cexpr(f)})")
+                continue
+            if f.kind != sym.LT:
+                raise _Unsupported
+            a, b = f.args
+            terms, const = sym._lin(sym.add(a, sym.mul(b, -1)))  # c*x + r < 0
+            c = terms.pop(x, 0)
+            if c not in (1, -1) or any(x in t.vars() for t in terms):
+                raise _Unsupported
+            r = cexpr(sym._from_lin(terms, const))
+            if c == 1:  # lane < -r - at
+                hi = f"lm_min({hi}, -({r}) - {at})"
+            else:  # lane > r - at
+                lo = f"lm_max({lo}, ({r}) - {at} + 1)"
+        if rest:
+            hi = f"({' && '.join(rest)}) ? {hi} : 0"
+        return f"lm_vload_f32_lanes(&{ptr}[{cexpr(v.index)}], {lo}, {hi})"
 
     def _lookup(self, v: K.Gather) -> tuple[str, str]:
         """A gather from a table of up to 256 floats (a small-float or 4-bit level code's
@@ -398,7 +469,7 @@ class _Vec:
 
         if v.op is not Op.SUM_REDUCE or v.dtype is not dt.f32:
             raise _Unsupported
-        inner = _Vec(self.em, self.ri, self.ind + "  ")
+        inner = _Vec(self.em, self.ri, self.ind + "  ", lanes=self.lanes)
         inner.memo = dict(self.memo)
         x = inner._vector(inner.val(v.body), "f")
         acc, rv = self.em.tmp(), _c_name(v.var)
@@ -492,6 +563,7 @@ def vector_loop(
     always: bool = False,
     advance: bool = False,
     prefetch: bool = False,
+    tail: Callable[[str, str], list[str]] | None = None,
 ) -> tuple[list[str], str] | None:
     """The vector part of a loop over ``var`` from ``lo`` to ``hi`` that computes ``value``
     per index: steps of ``LM_VL`` indices, each running ``step(vector, step variable)``
@@ -502,7 +574,9 @@ def vector_loop(
     (``over``: values readable as vectors already; ``always``: whatever the ops;
     ``advance``: ``step``'s statements move the step variable on, not the loop header;
     ``prefetch``: each step prefetches ``STREAM_PREFETCH`` elements ahead in the inputs that
-    stream, see ``_streamed``)."""
+    stream, see ``_streamed``; ``tail``: the indices after the last whole vector are one
+    vector of fewer lanes, their loads limited to them, stored by ``tail(vector, lanes)``,
+    where the value's loads allow it, and the scalar loop gets none)."""
     if sym.upper_bound(var) + 1 < BLOCK_LANES:
         return None  # never a whole vector at the widest target: the scalar loop alone
     if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
@@ -527,7 +601,7 @@ def vector_loop(
             f"{ind}  __builtin_prefetch(&{em.ptr_of(x.buf)}[{cexpr(x.index)} + {STREAM_PREFETCH}]);"
             for x in _streamed(value, var)
         ]
-    return [
+    lines = [
         f"{ind}int64_t {at} = {lo};",
         f"{ind}for (; {at} + LM_VL <= {hi};{'' if advance else f' {at} += LM_VL'}) {{",
         f"{ind}  const int64_t {iv} = {at};",
@@ -535,7 +609,27 @@ def vector_loop(
         *vec.lines,
         *step(x, at),
         f"{ind}}}",
-    ], at
+    ]
+    if tail is not None and not over:
+        done = em.checkpoint()
+        n = em.tmp()
+        rest = _Vec(em, var, ind + "  ", lanes=n)
+        try:
+            y, kind = rest.val(value)
+        except _Unsupported:
+            kind = ""
+        if kind == "f":
+            lines += [
+                f"{ind}if ({at} < {hi}) {{",
+                f"{ind}  const int64_t {iv} = {at}, {n} = {hi} - {at};",
+                *rest.lines,
+                *tail(y, n),
+                f"{ind}  {at} = {hi};",
+                f"{ind}}}",
+            ]
+        else:
+            done()
+    return lines, at
 
 
 # Elements ahead that a streaming elementwise loop prefetches its inputs: the hardware's own
@@ -549,7 +643,9 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
     output variable ``var`` computes with plain loads where one along its own variable would
     gather: every load varying with the summed variable is unit-stride in ``var`` or does not
     depend on it, and one that depends on ``var`` is not unit-stride in the summed variable (a
-    column sum, a mean over an outer axis, a channel norm of an NCHW tensor)."""
+    column sum, a mean over an outer axis, a channel norm of an NCHW tensor) or the sum is
+    shorter than a vector (a conv's taps along a row: lanes of the summed axis would be mostly
+    idle)."""
     for r in K.walk(value):
         if not (isinstance(r, K.Reduce) and r.op is Op.SUM_REDUCE and r.dtype is dt.f32):
             continue
@@ -558,10 +654,11 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
         loads = [x for x in K.walk(r.body) if isinstance(x, K.Load)]
         varying = [x for x in loads if isinstance(x.index, sym.Expr) and r.var in x.index.vars()]
         lanes = [x for x in varying if isinstance(x.index, sym.Expr) and var in x.index.vars()]
+        short = isinstance(r.extent, int) and r.extent < BLOCK_LANES
         if (
             lanes
             and all(_step(x.index, var) == 1 for x in lanes)
-            and any(_step(x.index, r.var) != 1 for x in lanes)
+            and (short or any(_step(x.index, r.var) != 1 for x in lanes))
         ):
             return True
     return False
