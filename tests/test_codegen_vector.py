@@ -448,16 +448,17 @@ def test_sums_over_an_outer_axis_run_as_vectors_along_the_output(name, shape, fn
     np.testing.assert_allclose(got, ref(a), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("groups,cin,k", [(6, 6, 7), (3, 6, 3)])
-def test_padded_conv_taps_run_as_vectors_along_the_output_row(groups, cin, k) -> None:
-    """A conv of symbolic size, generated (depthwise 7x7, grouped 3x3 of two channels a
-    group): its taps are split by the kernel width (no division of the inner tap variable
-    left), and each output row runs as vectors of columns whose padded loads read only the
-    lanes inside the picture, the row's last columns one shorter vector; rows narrower than
-    a vector and wider than several, against PyTorch."""
+@pytest.mark.parametrize("groups,cin,k,most", [(6, 6, 7, 200), (3, 6, 3, 4096), (6, 6, 3, 4096)])
+def test_padded_conv_taps_run_as_vectors_along_the_output_row(groups, cin, k, most) -> None:
+    """A conv of symbolic size, generated (depthwise 7x7 and 3x3, grouped 3x3 of two channels
+    a group; sizes up to 4096 make the output's runs staged): its taps are split by the
+    kernel width (no division of the inner tap variable left), and each output row runs as
+    vectors of columns whose padded loads read only the lanes inside the picture, the row's
+    last columns one shorter vector; rows narrower than a vector and wider than several,
+    against PyTorch."""
     import torch
 
-    h, w = lm.dim("h", 1, 200), lm.dim("w", 1, 200)
+    h, w = lm.dim("h", 1, most), lm.dim("w", 1, most)
     g = lm.Graph("conv")
     x = g.input("x", (2, cin, h, w))
     wt = RNG.standard_normal((cin, cin // groups, k, k), dtype=np.float32)

@@ -21,6 +21,7 @@ from ...compiler.kfold import folded
 from ...compiler.schedule import apply, jam_applies
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
+from ...graph.ops import Op
 from ...graph.symbolic import sint
 from ...graph.view import contiguous_strides
 from ..cstyle import (
@@ -365,10 +366,10 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                     over, always=bool(stage) or summed, advance=True,
                     # a row kernel's row is in cache already (rows.py prefetches the next)
                     prefetch=bool(stage) and not row_reduce and em.prefetch is None,
-                    # sums along the lanes: a row's last columns as one shorter vector (a
+                    # a sum per element: a row's last columns as one shorter vector (a
                     # conv's rows of 7 or 28 columns are mostly tail)
                     tail=(lambda x, n: [f"      lm_vstore_f32_lanes({dst}, {x}, {n});"])
-                    if summed and not half and not stage else None,
+                    if not half and _sums_per_element(k.value, inner_ix) else None,
                 )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]
@@ -465,6 +466,16 @@ def _advance(n: int, ext: list[str], nchunks: str | None) -> list[str]:
     for name, e in reversed(steps):
         out = f"if (++{name} == {e}) {{ {name} = 0; {out} }}"
     return [f"    {out}"] if out else []
+
+
+def _sums_per_element(v: K.Value, x: sym.Expr) -> bool:
+    """Whether ``v`` holds a float sum that varies with the inner output variable ``x``: one
+    per element (a conv's taps), not a row's sum shared along the row."""
+    memo: dict[int, frozenset[str]] = {}
+    return any(
+        isinstance(r, K.Reduce) and r.op is Op.SUM_REDUCE and x.name in K.free_vars(r, memo)
+        for r in K.walk(v)
+    )
 
 
 def _unmasked(v: K.Value) -> tuple[sint, K.Value] | None:
