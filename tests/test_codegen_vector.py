@@ -448,32 +448,39 @@ def test_sums_over_an_outer_axis_run_as_vectors_along_the_output(name, shape, fn
     np.testing.assert_allclose(got, ref(a), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("groups,cin,k,most", [(6, 6, 7, 200), (3, 6, 3, 4096), (6, 6, 3, 4096)])
-def test_padded_conv_taps_run_as_vectors_along_the_output_row(groups, cin, k, most) -> None:
+@pytest.mark.parametrize(
+    "groups,cin,k,most,stride",
+    [(6, 6, 7, 200, 1), (3, 6, 3, 4096, 1), (6, 6, 3, 4096, 1), (6, 6, 3, 4096, 2),
+     (6, 6, 7, 200, 2)],
+)  # fmt: skip
+def test_padded_conv_taps_run_as_vectors_along_the_output_row(groups, cin, k, most, stride):
     """A conv of symbolic size, generated (depthwise 7x7 and 3x3, grouped 3x3 of two channels
-    a group; sizes up to 4096 make the output's runs staged): its taps are split by the
-    kernel width (no division of the inner tap variable left), and each output row runs as
-    vectors of columns whose padded loads read only the lanes inside the picture, the row's
-    last columns one shorter vector; rows narrower than a vector and wider than several,
-    against PyTorch."""
+    a group; sizes up to 4096 make the output's runs staged; stride 1 and 2): its taps are
+    split by the kernel width (no division of the inner tap variable left), and each output
+    row runs as vectors of columns whose padded loads read only the lanes inside the picture
+    (every other column at stride 2), the row's last columns one shorter vector; rows
+    narrower than a vector and wider than several, against PyTorch."""
     import torch
 
     h, w = lm.dim("h", 1, most), lm.dim("w", 1, most)
     g = lm.Graph("conv")
     x = g.input("x", (2, cin, h, w))
     wt = RNG.standard_normal((cin, cin // groups, k, k), dtype=np.float32)
-    g.output("y", F.conv2d(x, g.weight("wt", data=wt), None, padding=k // 2, groups=groups))
+    y = F.conv2d(x, g.weight("wt", data=wt), None, stride=stride, padding=k // 2, groups=groups)
+    g.output("y", y)
     low = lower(graph_passes(g))
     (kern,) = [s for s in schedule(low.kernels) if isinstance(s, K.Kernel)
                and any(isinstance(r, K.Reduce) for r in K.walk(s.value))]  # fmt: skip
     inner = [r for r in K.walk(kern.value) if isinstance(r, K.Reduce)][-1]
     assert inner.extent == k, "the taps are not split by the kernel width"
     src = _sources(g)
-    assert "lm_vload_f32_lanes" in src and "lm_vstore_f32_lanes" in src
+    load = "lm_vload_f32_lanes" if stride == 1 else "lm_vload_f32_s2_lanes"
+    assert f"{load}(" in src and "lm_vstore_f32_lanes(" in src
     cg = lm.compile(g, search=False, cache=False)
-    for hw in ((5, 3), (9, 37), (23, 16)):
+    for hw in ((5, 3), (9, 37), (23, 16), (40, 70)):
         a = RNG.standard_normal((2, cin, *hw), dtype=np.float32)
         want = torch.nn.functional.conv2d(
-            torch.from_numpy(a), torch.from_numpy(wt), padding=k // 2, groups=groups
-        ).numpy()
+            torch.from_numpy(a), torch.from_numpy(wt), stride=stride, padding=k // 2,
+            groups=groups,
+        ).numpy()  # fmt: skip
         np.testing.assert_allclose(cg.run({"x": a})["y"], want, rtol=1e-4, atol=1e-4)

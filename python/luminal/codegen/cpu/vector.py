@@ -221,6 +221,34 @@ static inline void lm_vstore_f32_lanes(float *p, lm_f32v v, int64_t n) {
   for (int64_t l = 0; l < n; ++l) p[l] = v[l];
 #endif
 }
+/* p[0], p[2], .. p[2 * (LM_VL - 1)] with only lanes lo..hi-1 read (clamped to the vector),
+   zeros in the others: a stride-2 conv's taps along a row. Two loads and one two-source
+   permute under AVX-512 */
+static inline lm_f32v lm_vload_f32_s2_lanes(const float *p, int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > LM_VL ? LM_VL : hi;
+  if (hi <= lo) return lm_vsplatf(0.0f);
+#if defined(__AVX512F__)
+  const uint32_t lanes = ((1u << hi) - 1) & ~((1u << lo) - 1);
+  uint32_t even = 0x55555555u; /* element 2l of the 32 for each lane l */
+  if (lanes != 0xffffu) {
+#if defined(__BMI2__)
+    even = _pdep_u32(lanes, 0x55555555u);
+#else
+    even = 0;
+    for (int l = 0; l < 16; ++l) even |= ((lanes >> l) & 1u) << (2 * l);
+#endif
+  }
+  const __m512 a = _mm512_maskz_loadu_ps((__mmask16)(even & 0xffffu), p);
+  const __m512 b = _mm512_maskz_loadu_ps((__mmask16)(even >> 16), p + 16);
+  const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  return (lm_f32v)_mm512_permutex2var_ps(a, idx, b);
+#else
+  lm_f32v v = lm_vsplatf(0.0f);
+  for (int64_t l = lo; l < hi; ++l) v[l] = p[2 * l];
+  return v;
+#endif
+}
 /* p[0..LM_VL) with only lanes lo..hi-1 read (clamped to the vector), zeros in the others: a
    padded window's edge, where the other lanes' addresses lie outside the input */
 static inline lm_f32v lm_vload_f32_lanes(const float *p, int64_t lo, int64_t hi) {
@@ -356,6 +384,9 @@ class _Vec:
                 raise _Unsupported
             if not isinstance(v.index, sym.Expr) or self.ri not in v.index.vars():
                 return load_expr(ptr, cexpr(v.index), v.dtype), "s"
+            if _step(v.index, self.ri) == 2 and v.dtype is dt.f32:  # a stride-2 conv's taps
+                n = self.lanes or "LM_VL"
+                return f"lm_vload_f32_s2_lanes(&{ptr}[{cexpr(v.index)}], 0, {n})", "f"
             if _step(v.index, self.ri) != 1:
                 raise _Unsupported
             if self.lanes is not None:
@@ -394,15 +425,16 @@ class _Vec:
 
     def _padded_load(self, v: K.Load, ptr: str) -> str:
         """An f32 load zero outside a padding mask (a product of comparisons): the mask's
-        comparisons of the lanes' variable ``x`` (``c*x + r < 0``, c = +-1) bound the lanes
-        read, the rest is one test for all lanes (a padded conv's taps: the row in range, the
-        columns a window of lanes)."""
+        comparisons of the lanes' variable ``x`` (``c*x + r < 0``) bound the lanes read, the
+        rest is one test for all lanes (a padded conv's taps: the row in range, the columns a
+        window of lanes). Unit-stride in ``x``, or stride 2 (a strided conv's taps)."""
         from ..cstyle import _c_name, cexpr
 
         x = self.ri
         if not isinstance(v.index, sym.Expr) or x not in v.index.vars():
             raise _Unsupported  # the same for every lane: the scalar form broadcasts it
-        if _step(v.index, x) != 1 or not isinstance(v.valid, sym.Expr):
+        stride = _step(v.index, x)
+        if stride not in (1, 2) or not isinstance(v.valid, sym.Expr):
             raise _Unsupported
         at = _c_name(x)  # the first lane's index
         lo, hi, rest = "0", self.lanes or "LM_VL", []
@@ -415,16 +447,21 @@ class _Vec:
             a, b = f.args
             terms, const = sym._lin(sym.add(a, sym.mul(b, -1)))  # c*x + r < 0
             c = terms.pop(x, 0)
-            if c not in (1, -1) or any(x in t.vars() for t in terms):
+            if c == 0 or any(x in t.vars() for t in terms):
                 raise _Unsupported
             r = cexpr(sym._from_lin(terms, const))
             if c == 1:  # lane < -r - at
                 hi = f"lm_min({hi}, -({r}) - {at})"
-            else:  # lane > r - at
+            elif c == -1:  # lane > r - at
                 lo = f"lm_max({lo}, ({r}) - {at} + 1)"
+            elif c > 0:  # x < ceil(-r / c)
+                hi = f"lm_min({hi}, lm_fdiv(-({r}) - 1, {c}) + 1 - {at})"
+            else:  # x > r / -c
+                lo = f"lm_max({lo}, lm_fdiv({r}, {-c}) + 1 - {at})"
         if rest:
             hi = f"({' && '.join(rest)}) ? {hi} : 0"
-        return f"lm_vload_f32_lanes(&{ptr}[{cexpr(v.index)}], {lo}, {hi})"
+        load = "lm_vload_f32_lanes" if stride == 1 else "lm_vload_f32_s2_lanes"
+        return f"{load}(&{ptr}[{cexpr(v.index)}], {lo}, {hi})"
 
     def _lookup(self, v: K.Gather) -> tuple[str, str]:
         """A gather from a table of up to 256 floats (a small-float or 4-bit level code's
@@ -645,19 +682,20 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
     depend on it, and one that depends on ``var`` is not unit-stride in the summed variable (a
     column sum, a mean over an outer axis, a channel norm of an NCHW tensor) or the sum is
     shorter than a vector (a conv's taps along a row: lanes of the summed axis would be mostly
-    idle)."""
+    idle). Stride 2 in ``var`` counts as plain (a stride-2 conv: two loads and a permute)."""
     for r in K.walk(value):
         if not (isinstance(r, K.Reduce) and r.op is Op.SUM_REDUCE and r.dtype is dt.f32):
             continue
-        if isinstance(r.extent, int) and r.extent <= 4:
-            continue
+        nested = any(isinstance(y, K.Reduce) for y in K.walk(r.body))
+        if isinstance(r.extent, int) and r.extent <= 4 and not nested:
+            continue  # a few terms, written out (a 3x3 conv's taps count as 9)
         loads = [x for x in K.walk(r.body) if isinstance(x, K.Load)]
         varying = [x for x in loads if isinstance(x.index, sym.Expr) and r.var in x.index.vars()]
         lanes = [x for x in varying if isinstance(x.index, sym.Expr) and var in x.index.vars()]
         short = isinstance(r.extent, int) and r.extent < BLOCK_LANES
         if (
             lanes
-            and all(_step(x.index, var) == 1 for x in lanes)
+            and all(_step(x.index, var) in (1, 2) for x in lanes)
             and (short or any(_step(x.index, r.var) != 1 for x in lanes))
         ):
             return True
