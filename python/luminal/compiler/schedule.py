@@ -479,7 +479,7 @@ def alternatives(k: Step, space: ScheduleSpace | None = None) -> list[K.Schedule
         return []
     splits = (-1, 0, *space.splits)
     out = [K.Schedule(s, c) for c in (0, *space.chunks) for s in splits]
-    if 1 in space.orders and len(k.shape) >= 2 and _reduces_per_element(k):
+    if 1 in space.orders and len(k.shape) >= 2 and reduces_per_element(k):
         # the other task order: worth it when an operand shared by every outer index (a
         # weight) is larger than a cache and the outer extent is small (a product of few rows)
         out += [K.Schedule(s, c, 1) for c in (0, *space.chunks) for s in (-1, *space.splits)]
@@ -558,7 +558,7 @@ def _split_sums(k: K.Kernel) -> bool:
     )
 
 
-def _reduces_per_element(k: K.Kernel) -> bool:
+def reduces_per_element(k: K.Kernel) -> bool:
     """Whether each output element runs a reduction of its own (a dot product per element):
     the kernels whose tasks are chunks of a few elements, where the task order matters."""
     inner = f"_i{len(k.shape) - 1}"

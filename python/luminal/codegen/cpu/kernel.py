@@ -18,10 +18,9 @@ from dataclasses import dataclass, replace
 
 from ...compiler import kernel_ir as K
 from ...compiler.kfold import folded
-from ...compiler.schedule import apply, jam_applies
+from ...compiler.schedule import apply, jam_applies, reduces_per_element
 from ...graph import dtypes as dt
 from ...graph import symbolic as sym
-from ...graph.ops import Op
 from ...graph.symbolic import sint
 from ...graph.view import contiguous_strides
 from ..cstyle import (
@@ -44,7 +43,8 @@ from .rows import (
     stageable,
     stream_flag,
 )
-from .vector import VECTOR_HELPERS, _flat, blocked_sum, lane_sums, vector_loop
+from .vector import _flat, blocked_sum, lane_sums, mask_window, vector_loop
+from .vector_prelude import VECTOR_HELPERS
 
 # the C head: what SHARED_HELPERS expect a backend to define
 _C_HEAD = r"""
@@ -213,7 +213,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
     stage = 0  # elements of a task's staged output run (rows.py); 0: plain stores
     jam = 0  # elements of the jammed dim per task (K.Schedule.jam); 0: no jam
     odometer = False
-    window: tuple[list[str], list[str], sint] | None = None  # see _mask_window
+    window: tuple[list[str], list[str], sint] | None = None  # see vector.mask_window
     masked: tuple[sint, K.Value] | None = None
     if n == 0:
         tasks: sint = 1
@@ -337,7 +337,7 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             and em.prefetch is None
             and k.scatter_row is None
         ):
-            window = _mask_window(masked[0], inner_ix)
+            window = mask_window(masked[0], inner_ix)
         start = lo  # where the scalar element loop starts (after a vector loop's part)
         if jam:
             pass  # jam_task writes the element loops
@@ -366,10 +366,10 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                     over, always=bool(stage) or summed, advance=True,
                     # a row kernel's row is in cache already (rows.py prefetches the next)
                     prefetch=bool(stage) and not row_reduce and em.prefetch is None,
-                    # a sum per element: a row's last columns as one shorter vector (a
+                    # a reduction per element: a row's last columns as one shorter vector (a
                     # conv's rows of 7 or 28 columns are mostly tail)
                     tail=(lambda x, n: [f"      lm_vstore_f32_lanes({dst}, {x}, {n});"])
-                    if not half and _sums_per_element(k.value, inner_ix) else None,
+                    if not half and reduces_per_element(k) else None,
                 )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]
@@ -468,16 +468,6 @@ def _advance(n: int, ext: list[str], nchunks: str | None) -> list[str]:
     return [f"    {out}"] if out else []
 
 
-def _sums_per_element(v: K.Value, x: sym.Expr) -> bool:
-    """Whether ``v`` holds a float sum that varies with the inner output variable ``x``: one
-    per element (a conv's taps), not a row's sum shared along the row."""
-    memo: dict[int, frozenset[str]] = {}
-    return any(
-        isinstance(r, K.Reduce) and r.op is Op.SUM_REDUCE and x.name in K.free_vars(r, memo)
-        for r in K.walk(v)
-    )
-
-
 def _unmasked(v: K.Value) -> tuple[sint, K.Value] | None:
     """(mask, value without it) of a value that is zero outside a mask: padding."""
     if isinstance(v, K.Masked):
@@ -485,38 +475,6 @@ def _unmasked(v: K.Value) -> tuple[sint, K.Value] | None:
     if isinstance(v, K.Load) and v.valid != 1:
         return v.valid, replace(v, valid=1)
     return None
-
-
-def _mask_window(valid: sint, x: sym.Expr) -> tuple[list[str], list[str], sint] | None:
-    """A padding mask as a window of the inner loop: ``valid`` (a product of comparisons) is
-    ``lo_k <= x`` and ``x < hi_k`` for each listed bound (C expressions), times a rest free of
-    ``x``. Then the loop runs the unmasked value over the window and stores zeros around it
-    (a padded conv's copy: the per-element test kept it scalar). None when ``x`` appears
-    otherwise."""
-    los: list[str] = []
-    his: list[str] = []
-    rest: sint = 1
-    for f in sym._factors(valid) if isinstance(valid, sym.Expr) else []:
-        if x not in f.vars():
-            rest = sym.mul(rest, f)
-            continue
-        if f.kind != sym.LT:
-            return None
-        a, b = f.args
-        terms, const = sym._lin(sym.add(a, sym.mul(b, -1)))  # c*x + r < 0
-        c = terms.pop(x, 0)
-        if c == 0 or any(x in t.vars() for t in terms):
-            return None
-        r = sym._from_lin(terms, const)
-        if c == 1:
-            his.append(cexpr(sym.mul(r, -1)))
-        elif c == -1:
-            los.append(cexpr(sym.add(r, 1)))
-        elif c > 0:  # x < ceil(-r / c)
-            his.append(f"(lm_fdiv({cexpr(sym.add(sym.mul(r, -1), -1))}, {c}) + 1)")
-        else:  # x > r / -c
-            los.append(f"(lm_fdiv({cexpr(r)}, {-c}) + 1)")
-    return los, his, rest
 
 
 def _window_bounds(window: tuple[list[str], list[str], sint], lo: str, hi: str) -> list[str]:
