@@ -484,3 +484,43 @@ def test_padded_conv_taps_run_as_vectors_along_the_output_row(groups, cin, k, mo
             groups=groups,
         ).numpy()  # fmt: skip
         np.testing.assert_allclose(cg.run({"x": a})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+# each a luminal pool and PyTorch's (``tf``: torch.nn.functional)
+_POOLS = {
+    "max3s2p1": (lambda x: F.max_pool2d(x, 3, 2, 1), lambda tf, t: tf.max_pool2d(t, 3, 2, 1)),
+    "max3s1p1": (lambda x: F.max_pool2d(x.relu(), 3, 1, 1),
+                 lambda tf, t: tf.max_pool2d(t.relu(), 3, 1, 1)),
+    "max2s2": (lambda x: F.max_pool2d(x, 2, 2), lambda tf, t: tf.max_pool2d(t, 2, 2)),
+    "avg3s1p1": (lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+                 lambda tf, t: tf.avg_pool2d(t, 3, 1, 1, count_include_pad=False)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_POOLS))
+def test_padded_pools_run_as_vectors_along_the_output_row(name, tmp_path):
+    """A pool of symbolic size (padded or not, stride 1 or 2, max or mean): each output row
+    runs as vectors of columns, a padding mask's lanes computed as a window (its loads read
+    only the lanes inside the picture); the code builds for every vector width, and rows
+    narrower than a vector and wider than several match PyTorch, NaNs included."""
+    import torch
+
+    fn, ref = _POOLS[name]
+    h, w = lm.dim("h", 2, 4096), lm.dim("w", 2, 4096)
+    g = lm.Graph("pool")
+    g.output("y", fn(g.input("x", (2, 3, h, w))))
+    src = _sources(g)
+    assert "lm_vload_f32" in src and "lm_vstore_f32_lanes(" in src
+    if name.endswith("p1") and name.startswith("max"):
+        assert "lm_vwindow_f32(" in src
+    if platform.machine() in ("x86_64", "AMD64") and shutil.which("cc") is not None:
+        low = lower(graph_passes(g))
+        for k in [k for k in schedule(low.kernels) if isinstance(k, K.Kernel)]:
+            for march in ("x86-64", "x86-64-v3"):
+                _compiles(tmp_path, march, render_kernel(k, sorted(low.dims)).source)
+    cg = lm.compile(g, search=False, cache=False)
+    for hw in ((2, 3), (5, 9), (9, 37), (23, 16), (40, 70)):
+        a = RNG.standard_normal((2, 3, *hw), dtype=np.float32)
+        a[1, 2, 0, 1] = np.nan
+        want = ref(torch.nn.functional, torch.from_numpy(a)).numpy()
+        np.testing.assert_allclose(cg.run({"x": a})["y"], want, rtol=1e-5, atol=1e-6)

@@ -116,11 +116,16 @@ class _Vec:
         ind: str,
         over: dict[K.Value, str] | None = None,
         lanes: str | None = None,
+        first: str = "0",
+        guard: frozenset[str] = frozenset(),
     ) -> None:
         self.em, self.ri, self.ind = em, ri, ind
-        # a C expression: only this many lanes exist (a row's last columns), the loads of
-        # the others are not made
-        self.lanes = lanes
+        # C expressions: only lanes first..lanes-1 exist (a row's last columns, a padding
+        # mask's window), the loads of the others are not made
+        self.lanes, self.first = lanes, first
+        # variables of the enclosing masks: a load the same for every lane is made for all
+        # lanes, so it may not depend on them (it would read where the mask guards)
+        self.guard = guard
         self.lines: list[str] = []
         # values given as float vectors already (a row cache's entries read as one vector)
         self.memo: dict[K.Value, tuple[str, str]] = {v: (e, "f") for v, e in (over or {}).items()}
@@ -162,16 +167,19 @@ class _Vec:
             if v.valid != 1 or v.dtype.packed:
                 raise _Unsupported
             if not isinstance(v.index, sym.Expr) or self.ri not in v.index.vars():
+                if _names(v.index) & self.guard:
+                    raise _Unsupported
                 return load_expr(ptr, cexpr(v.index), v.dtype), "s"
             if _step(v.index, self.ri) == 2 and v.dtype is dt.f32:  # a stride-2 conv's taps
                 n = self.lanes or "LM_VL"
-                return f"lm_vload_f32_s2_lanes(&{ptr}[{cexpr(v.index)}], 0, {n})", "f"
+                return f"lm_vload_f32_s2_lanes(&{ptr}[{cexpr(v.index)}], {self.first}, {n})", "f"
             if _step(v.index, self.ri) != 1:
                 raise _Unsupported
-            if self.lanes is not None:
+            if self.lanes is not None or self.first != "0":
                 if v.dtype is not dt.f32:
                     raise _Unsupported
-                return f"lm_vload_f32_lanes(&{ptr}[{cexpr(v.index)}], 0, {self.lanes})", "f"
+                n = self.lanes or "LM_VL"
+                return f"lm_vload_f32_lanes(&{ptr}[{cexpr(v.index)}], {self.first}, {n})", "f"
             if v.dtype in _INT_LOADS:
                 return f"lm_vload_{_INT_LOADS[v.dtype]}(&{ptr}[{cexpr(v.index)}])", "i"
             if v.dtype in _FLOAT_LOADS:
@@ -200,35 +208,66 @@ class _Vec:
             return self._lane_sum(v)
         if isinstance(v, K.Gather):
             return self._lookup(v)
+        if isinstance(v, K.Masked):
+            return self._masked(v)
         raise _Unsupported
 
-    def _padded_load(self, v: K.Load, ptr: str) -> str:
-        """An f32 load zero outside a padding mask (a product of comparisons): the mask's
-        comparisons of the lanes' variable ``x`` (``c*x + r < 0``) bound the lanes read, the
-        rest is one test for all lanes (a padded conv's taps: the row in range, the columns a
-        window of lanes). Unit-stride in ``x``, or stride 2 (a strided conv's taps)."""
+    def _window(self, valid: sint) -> tuple[str, str]:
+        """The lanes (C expressions ``lo``, ``hi``) where a padding mask (a product of
+        comparisons) holds: its comparisons of the lanes' variable ``x`` (``c*x + r < 0``)
+        bound them, the rest is one test for all lanes (a padded conv's taps: the row in
+        range, the columns a window of lanes)."""
         from ..cstyle import _c_name, cexpr
+
+        x = self.ri
+        if not isinstance(valid, sym.Expr):
+            raise _Unsupported
+        window = mask_window(valid, x)
+        if window is None:
+            raise _Unsupported
+        los, his, rest = window
+        at = _c_name(x)  # the first lane's index: lane = x - at
+        lo, hi = self.first, self.lanes or "LM_VL"
+        for e in los:
+            lo = f"lm_max({lo}, {e} - {at})"
+        for e in his:
+            hi = f"lm_min({hi}, {e} - {at})"
+        if rest != 1:
+            hi = f"(({cexpr(rest)}) ? {hi} : 0)"
+        return lo, hi
+
+    def _padded_load(self, v: K.Load, ptr: str) -> str:
+        """An f32 load zero outside a padding mask, its lanes bounded by the mask's window.
+        Unit-stride in the lanes' variable, or stride 2 (a strided conv's taps)."""
+        from ..cstyle import cexpr
 
         x = self.ri
         if not isinstance(v.index, sym.Expr) or x not in v.index.vars():
             raise _Unsupported  # the same for every lane: the scalar form broadcasts it
         stride = _step(v.index, x)
-        if stride not in (1, 2) or not isinstance(v.valid, sym.Expr):
+        if stride not in (1, 2):
             raise _Unsupported
-        window = mask_window(v.valid, x)
-        if window is None:
-            raise _Unsupported
-        los, his, rest = window
-        at = _c_name(x)  # the first lane's index: lane = x - at
-        lo, hi = "0", self.lanes or "LM_VL"
-        for e in los:
-            lo = f"lm_max({lo}, {e} - {at})"
-        for e in his:
-            hi = f"lm_min({hi}, {e} - {at})"
-        if rest != 1:  # one test for all lanes
-            hi = f"({cexpr(rest)}) ? {hi} : 0"
+        lo, hi = self._window(v.valid)
         load = "lm_vload_f32_lanes" if stride == 1 else "lm_vload_f32_s2_lanes"
         return f"{load}(&{ptr}[{cexpr(v.index)}], {lo}, {hi})"
+
+    def _masked(self, v: K.Masked) -> tuple[str, str]:
+        """A value zero outside a padding mask (a padded max pool's taps, its mask of
+        ones): computed over the mask's window of lanes, whose loads read only those lanes,
+        then zero in the others."""
+        from ..cstyle import cexpr
+
+        if v.dtype is not dt.f32:
+            raise _Unsupported
+        lo, hi = self._window(v.valid)
+        inner = _Vec(self.em, self.ri, self.ind, lanes=hi, first=lo,
+                     guard=self.guard | _names(v.valid))  # fmt: skip
+        inner.memo = dict(self.memo)
+        x, kind = inner.val(v.value)
+        self.lines += inner.lines
+        if kind == "s" and self.ri.name not in _names(v.valid):
+            return f"(({cexpr(v.valid)}) ? ({x}) : 0.0f)", "s"
+        return f"lm_vwindow_f32({inner._vector((x, kind), 'f')}, {lo}, {hi})", "f"
 
     def _lookup(self, v: K.Gather) -> tuple[str, str]:
         """A gather from a table of up to 256 floats (a small-float or 4-bit level code's
@@ -273,7 +312,8 @@ class _Vec:
 
         if v.op is not Op.SUM_REDUCE or v.dtype is not dt.f32:
             raise _Unsupported
-        inner = _Vec(self.em, self.ri, self.ind + "  ", lanes=self.lanes)
+        inner = _Vec(self.em, self.ri, self.ind + "  ", lanes=self.lanes, first=self.first,
+                     guard=self.guard)  # fmt: skip
         inner.memo = dict(self.memo)
         x = inner._vector(inner.val(v.body), "f")
         acc, rv = self.em.tmp(), _c_name(v.var)
@@ -325,6 +365,11 @@ class _Vec:
             raise _Unsupported
         args = [self.val(s) for s in v.srcs]
         if all(k == "s" for _, k in args):
+            if d is dt.f32 and v.op in (Op.ADD, Op.MUL):  # one scalar for all lanes (a mask's)
+                name = self.em.tmp()
+                op = "+" if v.op is Op.ADD else "*"
+                self.lines.append(f"{self.ind}const float {name} = {args[0][0]} {op} {args[1][0]};")
+                return name, "s"
             raise _Unsupported  # not hoisted yet independent of the lanes: leave it scalar
         kind = "f" if d is dt.f32 else "i"
         if v.op is Op.RECIP and d is dt.f32:
@@ -443,15 +488,18 @@ STREAM_PREFETCH = 512
 
 
 def lane_sums(value: K.Value, var: sym.Expr) -> bool:
-    """Whether ``value`` holds a float sum (more than a few terms) that a vector along the
-    output variable ``var`` computes with plain loads where one along its own variable would
-    gather: every load varying with the summed variable is unit-stride in ``var`` or does not
-    depend on it, and one that depends on ``var`` is not unit-stride in the summed variable (a
-    column sum, a mean over an outer axis, a channel norm of an NCHW tensor) or the sum is
-    shorter than a vector (a conv's taps along a row: lanes of the summed axis would be mostly
-    idle). Stride 2 in ``var`` counts as plain (a stride-2 conv: two loads and a permute)."""
+    """Whether ``value`` holds a float sum or max (more than a few terms) that a vector along
+    the output variable ``var`` computes with plain loads where one along its own variable
+    would gather: every load varying with the reduced variable is unit-stride in ``var`` or
+    does not depend on it, and one that depends on ``var`` is not unit-stride in the reduced
+    variable (a column sum, a mean over an outer axis, a channel norm of an NCHW tensor) or the
+    reduction is shorter than a vector (a conv's or a pool's taps along a row: lanes of the
+    reduced axis would be mostly idle). Stride 2 in ``var`` counts as plain (a stride-2 conv:
+    two loads and a permute)."""
     for r in K.walk(value):
-        if not (isinstance(r, K.Reduce) and r.op is Op.SUM_REDUCE and r.dtype is dt.f32):
+        if not (
+            isinstance(r, K.Reduce) and r.op in (Op.SUM_REDUCE, Op.MAX_REDUCE) and r.dtype is dt.f32
+        ):
             continue
         nested = any(isinstance(y, K.Reduce) for y in K.walk(r.body))
         if isinstance(r.extent, int) and r.extent <= 4 and not nested:
@@ -467,6 +515,10 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
         ):
             return True
     return False
+
+
+def _names(e: sint) -> frozenset[str]:
+    return frozenset(x.name for x in e.vars()) if isinstance(e, sym.Expr) else frozenset()
 
 
 def _step(index: sint, var: sym.Expr) -> sint:

@@ -230,6 +230,15 @@ static inline lm_f32v lm_vload_f32_lanes(const float *p, int64_t lo, int64_t hi)
   return v;
 #endif
 }
+/* v with the lanes outside lo..hi-1 (clamped to the vector) zero: a padding mask's window */
+static inline lm_f32v lm_vwindow_f32(lm_f32v v, int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > LM_VL ? LM_VL : hi;
+  if (lo == 0 && hi == LM_VL) return v;
+  lm_i32v l;
+  for (int k = 0; k < LM_VL; ++k) l[k] = k;
+  return (lm_f32v)((lm_i32v)v & ((l >= (int32_t)lo) & (l < (int32_t)hi)));
+}
 /* lm_max2f lane by lane (NaN propagates, +0 beats -0): three compares and a blend */
 static inline lm_f32v lm_vmax2f(lm_f32v a, lm_f32v b) {
   const lm_i32v ai = (lm_i32v)a, bi = (lm_i32v)b;
