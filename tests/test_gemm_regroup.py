@@ -12,6 +12,7 @@ import torch
 import luminal as lm
 import luminal.functional as F
 from kernel_cache import use_kernel_cache
+from luminal.codegen.cpu import render_kernel
 from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
@@ -119,3 +120,31 @@ def test_pooled_operand_is_copied() -> None:
     xv = np.random.default_rng(2).standard_normal((2, 4, 10, 10)).astype(np.float32)
     np.testing.assert_allclose(cg.run({"x": xv})["y"], g.run({"x": xv})["y"], rtol=1e-4,
                                atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("k,stride,pad", [(7, 2, 3), (3, 1, 1), (3, 2, 1)])
+def test_staged_patches_of_symbolic_size_feed_the_gemm_directly(k, stride, pad) -> None:
+    """A conv of symbolic size reads its staged patch copy ((batch, oy, ox, taps), contiguous):
+    with (oy, ox) regrouped as one pixel axis, the copy is a row-major operand of the GEMM,
+    which reads it in place (no second copy of the patches). The copy's rows of ``k`` taps
+    run as vectors of fewer lanes; the compiled product matches PyTorch at several sizes."""
+    h = lm.dim("h", 4, 300)
+    g = lm.Graph("conv")
+    x = g.input("x", (2, 3, h, h))
+    wv = np.random.default_rng(3).standard_normal((16, 3, k, k)).astype(np.float32)
+    g.output("y", F.conv2d(x, g.weight("w", data=wv), stride=stride, padding=pad))
+    low = lower(graph_passes(g))
+    copy, conv = [s for s in low.kernels if isinstance(s, K.Kernel)][:2]
+    assert "cast" in copy.name and "sum_reduce" in conv.name
+    alt = match_any(conv, len(low.buffers))
+    assert alt is not None and not alt.copies, "the staged patches were copied again"
+    src = render_kernel(copy, sorted(low.dims)).source
+    assert "lm_vload_f32_lanes(" in src and "lm_vstore_f32_lanes(" in src
+    chosen = select.choose_library_calls(low, _prefer_library, "test")
+    assert any(isinstance(s, K.LibCall) for s in chosen.kernels)
+    plan = lm.load(build_plan(chosen, "conv").to_bytes())
+    for n in (4, 9, 23):
+        xv = np.random.default_rng(n).standard_normal((2, 3, n, n)).astype(np.float32)
+        ref = torch.nn.functional.conv2d(torch.from_numpy(xv), torch.from_numpy(wv),
+                                         stride=stride, padding=pad)  # fmt: skip
+        np.testing.assert_allclose(plan.run({"x": xv})["y"], ref.numpy(), rtol=1e-4, atol=1e-4)

@@ -43,7 +43,15 @@ from .rows import (
     stageable,
     stream_flag,
 )
-from .vector import _flat, blocked_sum, lane_sums, mask_window, vector_loop
+from .vector import (
+    BLOCK_LANES,
+    _flat,
+    blocked_sum,
+    lane_sums,
+    mask_window,
+    strided_rows,
+    vector_loop,
+)
 from .vector_prelude import VECTOR_HELPERS
 
 # the C head: what SHARED_HELPERS expect a backend to define
@@ -338,6 +346,19 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             and k.scatter_row is None
         ):
             window = mask_window(masked[0], inner_ix)
+        # a row shorter than a vector (a conv's im2col rows of 3 or 7 taps) is one vector of
+        # fewer lanes, its padding a window of them, where the scalar form pays a loop per
+        # row; a row read at stride 2 (a strided conv's patches, copied summed axis first)
+        # takes two loads and a permute per vector, where GCC's form of the scalar loop
+        # gathers
+        short = (
+            window is not None
+            and k.dtype is dt.f32
+            and isinstance(inner_ix, sym.Expr)
+            and (sym.upper_bound(shape[-1]) < BLOCK_LANES or strided_rows(k.value, inner_ix))
+        )
+        if short:
+            window = None
         start = lo  # where the scalar element loop starts (after a vector loop's part)
         if jam:
             pass  # jam_task writes the element loops
@@ -363,13 +384,13 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                                     f"      {at} += LM_VL;"])
                     if half else
                     (lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"]),
-                    over, always=bool(stage) or summed, advance=True,
+                    over, always=bool(stage) or summed or short, advance=True,
                     # a row kernel's row is in cache already (rows.py prefetches the next)
                     prefetch=bool(stage) and not row_reduce and em.prefetch is None,
                     # a reduction per element: a row's last columns as one shorter vector (a
                     # conv's rows of 7 or 28 columns are mostly tail)
                     tail=(lambda x, n: [f"      lm_vstore_f32_lanes({dst}, {x}, {n});"])
-                    if not half and reduces_per_element(k) else None,
+                    if not half and (short or reduces_per_element(k)) else None,
                 )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]

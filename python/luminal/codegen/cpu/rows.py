@@ -45,6 +45,11 @@ ROW_CAP = 8192
 # a following kernel could read them from
 STREAM_BYTES = 32 << 20
 
+# elements of the shortest run worth staging: streamed stores pay off on whole 64-byte lines
+# (16 f32); a shorter run (an im2col row of 3 or 7 taps) is stored as it is, one masked
+# vector store, rather than copied out through the buffer
+STREAM_MIN_RUN = 16
+
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP})
 
 # elements per strip of the pass that prefetches the next row: 1 KiB of f32, 16 cache lines
@@ -88,7 +93,7 @@ def stageable(k: K.Kernel, chunk: int, per_element_reduce: bool) -> int:
     if k.dtype not in (dt.f32, dt.i32, dt.f64, dt.i64):
         return 0
     run = min(sym.upper_bound(k.shape[-1]), chunk)
-    if run <= 0 or run > ROW_CAP:
+    if run < STREAM_MIN_RUN or run > ROW_CAP:
         return 0
     total: sint = k.dtype.bits // 8
     for s in k.shape:

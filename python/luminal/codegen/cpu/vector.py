@@ -426,7 +426,7 @@ def vector_loop(
     stream, see ``_streamed``; ``tail``: the indices after the last whole vector are one
     vector of fewer lanes, their loads limited to them, stored by ``tail(vector, lanes)``,
     where the value's loads allow it, and the scalar loop gets none)."""
-    if sym.upper_bound(var) + 1 < BLOCK_LANES:
+    if sym.upper_bound(var) + 1 < BLOCK_LANES and tail is None:
         return None  # never a whole vector at the widest target: the scalar loop alone
     if not always and not any(isinstance(x, K.Alu) and x.op in _VEC_UNARY for x in K.walk(value)):
         return None
@@ -515,6 +515,15 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
         ):
             return True
     return False
+
+
+def strided_rows(value: K.Value, var: sym.Expr) -> bool:
+    """Whether ``value`` reads an f32 input at stride 2 along ``var``."""
+    return any(
+        isinstance(x, K.Load) and x.dtype is dt.f32 and isinstance(x.index, sym.Expr)
+        and var in x.index.vars() and _step(x.index, var) == 2
+        for x in K.walk(value)
+    )  # fmt: skip
 
 
 def _names(e: sint) -> frozenset[str]:

@@ -256,7 +256,10 @@ def regrouped(kern: K.Kernel, t: int, s: int) -> K.Kernel | None:
         new_shape.append(size)
         below: sint = 1
         for j in reversed(g):
-            mapping[f"_i{j}"] = sym.mod(sym.floordiv(v, below), shape[j])
+            # the group's outermost axis needs no mod (v < size): without it the simplifier
+            # folds a*(v // a) + v % a back into v, so a contiguous read stays affine
+            q = sym.floordiv(v, below)
+            mapping[f"_i{j}"] = q if j == g[0] else sym.mod(q, shape[j])
             below = sym.mul(below, shape[j])
     if len(new_shape) == len(shape) and all(m == f"_i{i}" for i, m in enumerate(mapping)):
         return None

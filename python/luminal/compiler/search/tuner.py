@@ -56,7 +56,7 @@ from ..target import CostModel, ScheduleSpace
 # to candidates of distinct structure among those the cost model (nearly) ties, ``spread``;
 # v16: reducing kernels estimated at the target's reduce_speedup, ranked above copy+gemm;
 # v17: a jam whose rows leave the L1 estimated as half of it)
-CACHE_VERSION = "tuner-v18"
+CACHE_VERSION = "tuner-v19"
 
 # Bytes of all the buffers of the program being compiled (weights, inputs, intermediates) at
 # the dims its candidates are measured at, set by the pipeline while its stages search: at
