@@ -15,7 +15,7 @@ import pytest
 import luminal as lm
 from luminal import quant
 from luminal.loaders import lowp
-from luminal.loaders.gguf import GGUFFile
+from luminal.loaders.gguf import GGUFFile, GGUFWeights
 from luminal.quant import calibrate
 
 GRID = [n for n, f in lowp.FORMATS.items() if f.grid is not None]
@@ -72,6 +72,38 @@ def test_dead_inputs_are_rounded_to_nearest() -> None:
     assert not np.array_equal(q[:, 6:], rtn[:, 6:])  # live columns took earlier errors
     with pytest.raises(ValueError, match="columns"):
         calibrate.gptq(w, u[:10, :10], f.grid(w, "amax"))
+
+
+def _rtn(fmt: str):
+    f = lowp.FORMATS[fmt]
+    return lambda v: f.dequantize(f.quantize(v, "mse"))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int8", "fp8_e4m3"])
+def test_input_scales_lower_the_output_error(fmt: str) -> None:
+    """Inputs with a few loud channels: scaling those columns up before rounding (1/s folded
+    into the input) gives a lower output error than rounding the weight as it is; alpha 0 is
+    no scaling, so the search never does worse."""
+    rng = np.random.default_rng(1)
+    w = (rng.normal(size=(48, 128)) * 0.05).astype(np.float32)
+    x = rng.normal(size=(512, 128)).astype(np.float32)
+    x[:, :6] *= 20
+    h = x.T.astype(np.float64) @ x
+    rtn = _rtn(fmt)
+    s = calibrate.input_scale(h, [(w, rtn)])
+    assert s.shape == (128,) and s.dtype == np.float32
+    q = rtn(w * s) / s
+    assert _out_err(x, w, q) < 0.9 * _out_err(x, w, rtn(w))
+    assert s[:6].min() > s[6:].max()  # the loud channels got the larger scales
+    np.testing.assert_array_equal(calibrate.input_scale(h, [(w, rtn)], alphas=(0.0,)), 1)
+    # tied columns share one scale; a column no input reaches keeps 1
+    x[:, 100] = 0
+    tie = np.arange(128) // 2
+    s = calibrate.input_scale(x.T.astype(np.float64) @ x, [(w, rtn)], tie, alphas=(0.5,))
+    np.testing.assert_array_equal(s[0::2], s[1::2])
+    x[:, 101] = 0
+    s = calibrate.input_scale(x.T.astype(np.float64) @ x, [(w, rtn)], tie, alphas=(0.5,))
+    assert s[100] == s[101] == 1
 
 
 def test_calibrated_weight_through_a_compiled_matmul() -> None:
@@ -191,10 +223,47 @@ def test_statistics_are_the_layers_inputs(kind: str, tied: bool) -> None:
     np.testing.assert_allclose(logits, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 
-def _write_llama(path: str, tied: bool = True) -> None:
-    """A tiny llama GGUF (f32) as llama.cpp's converter lays it out."""
+@pytest.mark.parametrize("kind,tied", [("llama", True), ("llama", False), ("qwen2", False)])
+def test_folded_scales_keep_the_model(kind: str, tied: bool) -> None:
+    """Input scales folded into the norms and v / up rows leave the f32 model's logits as they
+    were, and each layer's updated X^T X is that of the scaled model's inputs."""
+    _, model = _model(kind, tied)
+    arrays = model.weights.arrays
+    cal = calibrate.Calibration(model.config, _Arrays(arrays), IDS)
+    new: dict[str, np.ndarray] = {}
+    scaled: dict[str, np.ndarray] = {}
+    for hs in cal.layers():
+        new.update(cal.fold_scales(hs, lambda n: arrays[n], lambda n: _rtn("int8"), (0.5,)))
+        scaled.update(hs)
+    changed = {"attn_norm", "ffn_norm", "attn_v", "ffn_up", "attn_q", "attn_output", "ffn_down"}
+    assert changed <= {n.split(".")[2] for n in new if n.startswith("blk.1.")}
+    assert ("output.weight" in new) != tied and "token_embd.weight" not in new
+    if kind == "qwen2":
+        assert "blk.0.attn_v.bias" in new and "blk.0.attn_q.bias" not in new
+    folded = calibrate.Calibration(model.config, _Arrays({**arrays, **new}), IDS)
+
+    def logits(c: calibrate.Calibration) -> np.ndarray:
+        x = arrays["token_embd.weight"][IDS]
+        for i in range(2):
+            x = c._block(i, x, {})
+        return c.final(x) @ c._w(c.head()).T
+
+    want = logits(cal)
+    np.testing.assert_allclose(logits(folded), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    for k, v in folded.hessians():
+        np.testing.assert_allclose(scaled[k], v, rtol=1e-3, atol=1e-4 * np.abs(v).max(),
+                                   err_msg=k)  # fmt: skip
+
+
+def _write_llama(path: str, tied: bool = True, loud: bool = False) -> None:
+    """A tiny llama GGUF (f32) as llama.cpp's converter lays it out; ``loud``: a few hidden
+    channels 20x larger out of the norms (as trained LLMs have)."""
     _, model = _model("llama", tied)
     c = model.config
+    if loud:
+        for n, a in model.weights.arrays.items():
+            if n.endswith("norm.weight"):
+                a[:4] *= 20
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(c.n_layers)
     w.add_context_length(c.context_length)
@@ -260,7 +329,31 @@ def test_bad_calibration_input_is_a_clear_error(tiny_llama, tmp_path) -> None:
         quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_damp=0)
     with pytest.raises(ValueError, match="calib_tokens"):
         quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_tokens=0)
+    with pytest.raises(ValueError, match="calib_method"):
+        quant.quantize(tiny_llama, out, "int8", calibration="some text", calib_method="x")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("method", ["awq", "awq+gptq"])
+def test_quantize_with_input_scales(tmp_path, monkeypatch, method) -> None:
+    """The file holds the folded norms and the scaled matrices, records the method, and gives
+    the f32 model's logits up to int8's rounding. (Each group's output error is lower, above;
+    the whole model's need not be: two random layers fed 14 tokens are not a trained model.)"""
+    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
+    src = str(tmp_path / "loud.gguf")
+    _write_llama(src, loud=True)
+    out = tmp_path / "a.gguf"
+    res = quant.quantize(src, out, "int8", calibration="some calibration text",
+                         calib_method=method)  # fmt: skip
+    assert res.calibration is not None and res.calibration["method"] == method
+    assert res.calibration["matrices"] == 15 if method == "awq+gptq" else 14  # head: tied
+    a, b = GGUFWeights(GGUFFile(src)), GGUFWeights(GGUFFile(out))
+    for n in ("blk.0.attn_norm.weight", "blk.1.ffn_norm.weight"):
+        s = a.values(n) / b.values(n)  # the scales, > 1 on the loud channels
+        assert s[:4].min() > s[4:].max()
+    ref = lm.models.load(src, backend="interp").forward(IDS)
+    got = lm.models.load(out, backend="interp").forward(IDS)
+    assert np.linalg.norm(got - ref) < 0.1 * np.linalg.norm(ref)  # int8 rounding, exact folds
 
 
 def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:

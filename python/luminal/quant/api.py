@@ -78,7 +78,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              embed_type: str | None = None, quiet: bool = True, scales: str = "mse",
              calibration: str | os.PathLike[str] | None = None,
              calib_tokens: int = calibrate.CALIB_TOKENS,
-             calib_damp: float = calibrate.DAMP) -> QuantizeResult:  # fmt: skip
+             calib_damp: float = calibrate.DAMP,
+             calib_method: str = "gptq") -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
     as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
@@ -87,7 +88,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     matrices of a llama-family model (``calibrate``) for the types luminal quantizes with
     scales (an ``embed_type`` that is not one is rounded as without calibration);
     ``calib_damp``: added to X^T X's diagonal relative to its mean (more: closer to round to
-    nearest, less fitted to the text)."""
+    nearest, less fitted to the text); ``calib_method``: ``calibrate.METHODS``: GPTQ error
+    feedback, activation-aware input scales folded into the inputs' producers (then round to
+    nearest), or both."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -118,6 +121,10 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         text = calibrate.read_text(calibration)
         if not calib_damp > 0:
             raise ValueError(f"calib_damp must be positive, got {calib_damp}")
+        if calib_method not in calibrate.METHODS:
+            raise ValueError(
+                f"calib_method must be one of {', '.join(calibrate.METHODS)}, got {calib_method!r}"
+            )
     t0 = time.perf_counter()
     if qtype in _LLAMA_CPP:
         _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
@@ -125,7 +132,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp)
+    res = _write(
+        src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp, calib_method
+    )
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -157,7 +166,7 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
            text: str | None = None, calib_tokens: int = 0,
-           damp: float = calibrate.DAMP) -> QuantizeResult:  # fmt: skip
+           damp: float = calibrate.DAMP, method: str = "gptq") -> QuantizeResult:  # fmt: skip
     import gguf
 
     f = GGUFFile(src)
@@ -175,11 +184,14 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
             t = "f32"
         types[name] = t
     done: dict[str, dict[str, np.ndarray]] = {}
+    new: dict[str, np.ndarray] = {}  # tensors the input scales changed
     if text is not None:
         tokens = calibrate.text_tokens(f, text, calib_tokens)
-        done = _calibrate(calibrate.Calibration.from_gguf(f, source, tokens), source, types,
-                          scales, quiet, damp)  # fmt: skip
-        res.calibration = {**calibrate.describe(text, tokens, damp), "matrices": len(done)}
+        cal = calibrate.Calibration.from_gguf(f, source, tokens)
+        done, new = _calibrate(cal, source, types, scales, quiet, damp, method)
+        res.calibration = {**calibrate.describe(text, tokens, damp, method),
+                           "matrices": len(done) if "gptq" in method else
+                           sum(n in types and cal.key(n) is not None for n in new)}  # fmt: skip
     w = gguf.GGUFWriter(dst, f.architecture)
     for key, val in f.metadata.items():
         if key in ("general.architecture", "general.alignment", "general.file_type"):
@@ -200,7 +212,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
         w.add_string(calibrate.CALIB_KEY, json.dumps(res.calibration))
     err2 = norm2 = 0.0
     for k, name in enumerate(names):
-        x = np.ascontiguousarray(source.values(name), dtype=np.float32)
+        x = np.ascontiguousarray(new.get(name, source.values(name)), dtype=np.float32)
         res.stored[name], q = _put(w, name, x, types[name], scales, done.get(name))
         if q is not None:
             err2 += float(np.square(q.astype(np.float64) - x).sum())
@@ -227,23 +239,51 @@ def _block(qtype: str) -> int:
 
 
 def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
-               scales: str, quiet: bool,
-               damp: float) -> dict[str, dict[str, np.ndarray]]:  # fmt: skip
-    """The parts of every matrix ``cal`` has statistics for and whose type has a grid."""
+               scales: str, quiet: bool, damp: float, method: str = "gptq",
+               ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:  # fmt: skip
+    """With GPTQ, the parts of every matrix ``cal`` has statistics for and whose type has a
+    grid; with input scales, the f32 values of the tensors they change (to be written in
+    place of the source's)."""
     todo: dict[str, list[str]] = {}
     for name, t in types.items():
         key = cal.key(name)
         if key is not None and _grid_format(t) is not None:
             todo.setdefault(key, []).append(name)
-    out = {}
-    for key, h in cal.hessians(quiet):
-        u = calibrate.inverse_factor(h, damp) if key in todo else None
-        for name in todo.get(key, []):
-            x = np.ascontiguousarray(source.values(name), dtype=np.float32)
-            fmt = _grid_format(types[name])
-            assert fmt is not None and fmt.grid is not None and u is not None
-            out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales))
-    return out
+    out: dict[str, dict[str, np.ndarray]] = {}
+    new: dict[str, np.ndarray] = {}
+
+    def get(name: str) -> np.ndarray:
+        return new[name] if name in new else np.ascontiguousarray(source.values(name), np.float32)
+
+    def rounder(name: str) -> calibrate.Rounder:
+        return lambda x: _rounded(x, types[name], scales)
+
+    for hs in cal.layers(quiet):
+        if "awq" in method:
+            new.update(cal.fold_scales(hs, get, rounder))
+        if "gptq" not in method:
+            continue
+        for key, h in hs.items():
+            u = calibrate.inverse_factor(h, damp) if key in todo else None
+            for name in todo.get(key, []):
+                x = get(name)
+                fmt = _grid_format(types[name])
+                assert fmt is not None and fmt.grid is not None and u is not None
+                out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales))
+    return out, new
+
+
+def _rounded(x: np.ndarray, qtype: str, scales: str) -> np.ndarray:
+    """The values ``x`` (f32 matrix) decode to once stored as ``qtype`` (no file written)."""
+    import gguf
+
+    if qtype == "f32":
+        return x
+    if qtype in _GGUF_PY:
+        q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
+        return np.asarray(gguf.quants.dequantize(gguf.quants.quantize(x, q), q), np.float32)
+    f = lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype)
+    return f.dequantize(f.quantize(x, scales))
 
 
 def _put(w: Any, name: str, x: np.ndarray, qtype: str, scales: str,

@@ -22,6 +22,14 @@ ffn norm's output) and of ``ffn_down`` (silu(gate) * up), and after the last lay
 output head (the final norm's output). A tied head is ``token_embd.weight``: it is calibrated
 against the head's inputs, and the embedding lookup reads the same values. An untied
 ``token_embd.weight`` has no inputs to weigh (a lookup): it is rounded to nearest.
+
+Activation-aware input scales (``METHODS`` with ``awq``; Lin et al. 2023, arXiv:2306.00978):
+a weight's columns that meet large inputs matter more, so before rounding each group of
+matrices reading one input is multiplied column-wise by s = rms(input channel)^alpha, and 1/s
+is folded into what produces that input (the RMSNorm's weight, ``attn_v``'s rows for
+``attn_output``, ``ffn_up``'s rows for ``ffn_down``), so the graph and its exact value are
+unchanged. alpha is searched per group for the least output error tr(E H E^T) of the rounded
+weights (alpha 0, no scaling, is a candidate).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import hashlib
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,6 +50,10 @@ DAMP = 0.01  # added to H's diagonal, relative to its mean: keeps H^-1 well cond
 CALIB_TOKENS = 512
 CALIB_KEY = "luminal.calibration"  # metadata of a calibrated file: a JSON object
 TEXT = os.path.join(os.path.dirname(__file__), "calibration.txt")  # the shipped text
+# gptq: error feedback; awq: input scales, then round to nearest; awq+gptq: both
+METHODS = ("gptq", "awq", "awq+gptq")
+ALPHAS = tuple(a / 10 for a in range(11))  # exponents of the input scales tried (0: none)
+Rounder = Callable[[np.ndarray], np.ndarray]  # values -> their rounded (dequantized) values
 
 # matrix name suffix -> the input it multiplies (per layer)
 _INPUTS = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": "attn_out",
@@ -81,6 +93,34 @@ def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid) -> tuple[dict[str, np.nd
         s = np.concatenate(scales, axis=1)
     assert s is not None
     return grid.pack(w, s), q
+
+
+def input_scale(h: np.ndarray, ws: Sequence[tuple[np.ndarray, Rounder]],
+                tie: np.ndarray | None = None,
+                alphas: Sequence[float] = ALPHAS) -> np.ndarray:  # fmt: skip
+    """Column scales s (cols,) for matrices ``ws`` (each with its round-to-nearest, values ->
+    dequantized values) reading inputs with second moment ``h``: of s = rms^alpha (normalised
+    to a geometric mid-range of 1) over ``alphas``, the one whose rounded ``w * s / s`` has the
+    least summed output error tr(E h E^T). ``tie`` (cols,) gives columns that must share a
+    scale one index (their rms is pooled). Columns no input reaches keep 1."""
+    d = np.maximum(np.diag(h), 0.0)
+    tie = np.arange(len(d)) if tie is None else tie
+    m = np.sqrt(np.bincount(tie, d) / np.bincount(tie))
+    live = m > 0
+    best, least = np.ones(len(d), np.float32), np.inf
+    for a in alphas:
+        s = np.ones_like(m)
+        if a and live.any():
+            s[live] = m[live] ** a
+            s[live] /= np.sqrt(s[live].max() * s[live].min())
+        sf = s[tie].astype(np.float32)
+        err = 0.0
+        for w, rtn in ws:
+            e = (rtn(w * sf) / sf).astype(np.float64) - w
+            err += float(np.einsum("ij,ij->", e @ h, e))
+        if err < least:  # ties keep the smaller alpha (0 first: no scaling)
+            best, least = sf, err
+    return best
 
 
 def inverse_factor(h: np.ndarray, damp: float = DAMP) -> np.ndarray:
@@ -168,6 +208,11 @@ class Calibration:
 
     def hessians(self, quiet: bool = True) -> Iterator[tuple[str, np.ndarray]]:
         """(key, X^T X) per input, layer by layer, then ``"head"``."""
+        for hs in self.layers(quiet):
+            yield from hs.items()
+
+    def layers(self, quiet: bool = True) -> Iterator[dict[str, np.ndarray]]:
+        """{key: X^T X} of each layer's inputs, layer by layer, then {"head": ...}."""
         c = self.config
         xs = [self._w("token_embd.weight")[self.tokens[i : i + self.window]]
               for i in range(0, len(self.tokens), self.window)]  # fmt: skip
@@ -176,11 +221,59 @@ class Calibration:
                 print(f"\rcalibrate: layer {layer + 1}/{c.n_layers}", end="", file=sys.stderr)
             hs: dict[str, np.ndarray] = {}
             xs = [self._block(layer, x, hs) for x in xs]
-            for k, v in hs.items():
-                yield f"{layer}.{k}", v
+            yield {f"{layer}.{k}": v for k, v in hs.items()}
         if not quiet:
             print(file=sys.stderr)
-        yield "head", sum((_xtx(self.final(x)) for x in xs), np.zeros((c.hidden_size,) * 2))
+        yield {"head": sum((_xtx(self.final(x)) for x in xs), np.zeros((c.hidden_size,) * 2))}
+
+    def fold_scales(self, hs: dict[str, np.ndarray], get: Callable[[str], np.ndarray],
+                    rounder: Callable[[str], Rounder],
+                    alphas: Sequence[float] = ALPHAS) -> dict[str, np.ndarray]:  # fmt: skip
+        """Activation-aware input scales for one of ``layers``' dicts ``hs``: the tensors they
+        change (matrices' columns times s, the producers of their inputs over s: norm weights,
+        ``attn_v``'s and ``ffn_up``'s rows and biases), from values ``get(name)`` and each
+        matrix's ``rounder(name)``; ``hs`` is updated to the scaled inputs' X^T X. A tied head
+        is left alone (its matrix is also the embedding)."""
+        c = self.config
+        new: dict[str, np.ndarray] = {}
+
+        def val(name: str) -> np.ndarray:
+            return new[name] if name in new else np.asarray(get(name), np.float32)
+
+        def group(key: str, mats: list[str], norm: str | None, rows: str | None,
+                  tie: np.ndarray | None = None) -> None:  # fmt: skip
+            ws = [(val(n), rounder(n)) for n in mats]
+            s = input_scale(hs[key], ws, tie, alphas)
+            if np.all(s == 1):
+                return
+            for n, (w, _) in zip(mats, ws):
+                new[n] = (w * s).astype(np.float32)
+            if norm is not None:
+                new[norm] = (val(norm) / s).astype(np.float32)
+            if rows is not None:  # the producer's output channels, one per distinct scale
+                idx = np.unique(tie if tie is not None else np.arange(len(s)), return_index=True)[1]
+                for n in (rows + ".weight", rows + ".bias"):
+                    if self.weights.has(n):
+                        v = val(n)
+                        new[n] = (v / s[idx].reshape(-1, *([1] * (v.ndim - 1)))).astype(np.float32)
+            hs[key] = hs[key] / np.outer(s, s)
+
+        if "head" in hs:
+            if not self.tied:
+                group("head", ["output.weight"], "output_norm.weight", None)
+            return new
+        i = int(next(iter(hs)).split(".")[0])
+        p = f"blk.{i}."
+        hd, per_kv = c.head_dim, c.n_heads // c.n_kv_heads
+        col = np.arange(c.n_heads * hd)
+        kv = (col // hd // per_kv) * hd + col % hd  # o's input column -> v's output row
+        # the producers' own scales first, so the groups after them see their final rows
+        group(f"{i}.attn_out", [p + "attn_output.weight"], None, p + "attn_v", kv)
+        group(f"{i}.ffn_mid", [p + "ffn_down.weight"], None, p + "ffn_up")
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        group(f"{i}.attn", qkv, p + "attn_norm.weight", None)
+        group(f"{i}.ffn", [p + "ffn_gate.weight", p + "ffn_up.weight"], p + "ffn_norm.weight", None)
+        return new
 
     def final(self, x: np.ndarray) -> np.ndarray:
         """The head's input for the last layer's output ``x``."""
@@ -255,8 +348,9 @@ def text_tokens(f: Any, text: str, n: int) -> list[int]:
     return ids
 
 
-def describe(text: str, tokens: Sequence[int], damp: float = DAMP) -> dict[str, Any]:
+def describe(text: str, tokens: Sequence[int], damp: float = DAMP,
+             method: str = "gptq") -> dict[str, Any]:  # fmt: skip
     """What the output's ``CALIB_KEY`` metadata records."""
     sha = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return {"method": "gptq", "tokens": len(tokens), "text_sha256": sha, "damp": damp,
+    return {"method": method, "tokens": len(tokens), "text_sha256": sha, "damp": damp,
             "block": BLOCK}  # fmt: skip
