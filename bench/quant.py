@@ -25,7 +25,8 @@ threads:
 - with --calibration FILE, the formats are quantized calibrated on that text (GPTQ,
   ``luminal.quant.calibrate``; never the evaluation text): ``--calibration default`` is the
   text shipped with luminal (``python/luminal/quant/calibration.txt``); the JSON's
-  ``calibration`` names the file (null: round to nearest);
+  ``calibration`` names the file (null: round to nearest); ``--calib-method awq+gptq`` adds
+  activation-aware input scales (``awq``: the scales alone, then round to nearest);
 - llama.cpp (llama-cpp-python) decode tok/s on the same file where llama.cpp reads it, and
   ``vs_llamacpp`` = luminal decode / llama.cpp decode (> 1: luminal faster).
 
@@ -196,7 +197,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             calib = fh.read()
         if TEXT[:200] in calib:
             raise ValueError(f"{a.calibration} holds the evaluation text: calibrate on another")
-        tag = "-gptq-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
+        method = a.calib_method.replace("+", "-")
+        tag = f"-{method}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
         path = os.path.join(work, f"smollm2-{fmt}{tag if fmt != 'f32' else ''}.gguf")
@@ -207,12 +209,13 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             cal = pathlib.Path(a.calibration) if a.calibration and fmt != "f32" else None
             quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
-                           calibration=cal)  # fmt: skip
+                           calibration=cal, calib_method=a.calib_method)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
                            "decode": a.decode, "threads": a.threads, "quick": a.quick,
                            "calibration": a.calibration and os.path.basename(a.calibration),
+                           "calib_method": a.calibration and a.calib_method,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -278,7 +281,8 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
 
     head = (f"{'format':<16}{'MiB':>8}{'decode':>9}{'prefill':>9}{'top1':>7}{'KL':>8}"
             f"{'greedy':>8}{'ppl':>8}{'llama.cpp':>11}{'ratio':>7}")  # fmt: skip
-    cal = f"calibrated on {res['calibration']}" if res.get("calibration") else "round to nearest"
+    cal = (f"calibrated on {res['calibration']} ({res.get('calib_method') or 'gptq'})"
+           if res.get("calibration") else "round to nearest")  # fmt: skip
     print(f"SmolLM2-135M requantized ({cal}); tok/s on {res['threads']} threads; agreement vs "
           f"f32 over {res['tokens']} teacher-forced tokens")  # fmt: skip
     print(head)
@@ -301,10 +305,13 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
             flat[f"{fmt}_vs_llamacpp"] = None
     flat["quick"] = res["quick"]
     flat["calibration"] = res.get("calibration")
+    flat["calib_method"] = res.get("calib_method")
     return flat
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from luminal.quant.calibrate import METHODS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
                    help="comma-separated luminal quantize types; TYPE+EMBED quantizes the "
@@ -318,6 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calibration", metavar="FILE",
                    help="quantize calibrated on this text (GPTQ); 'default': luminal's shipped "
                    "calibration text. Default: round to nearest")  # fmt: skip
+    p.add_argument("--calib-method", default="gptq", choices=METHODS,
+                   help="with --calibration: gptq, awq (activation-aware input scales) or "
+                   "awq+gptq (both)")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "

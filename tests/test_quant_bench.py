@@ -38,11 +38,14 @@ def test_arguments_and_json_keys(capsys) -> None:
     assert flat["mxfp4_vs_llamacpp"] == 1.25 and flat["int8_vs_llamacpp"] is None
     assert "nvfp4_decode_tok_s" not in flat and flat["quick"] is True
     assert flat["calibration"] is None and "mxfp4_kl" not in flat
-    res["calibration"] = "calibration.txt"
+    res["calibration"], res["calib_method"] = "calibration.txt", "awq+gptq"
     res["formats"]["mxfp4"]["kl"] = 0.51234567  # type: ignore[index]
     flat = b.report(res)
     out = capsys.readouterr().out
     assert flat["mxfp4_kl"] == 0.5123 and flat["calibration"] == "calibration.txt"
-    assert "calibrated on calibration.txt" in out and "0.5123" in out
+    assert "calibrated on calibration.txt (awq+gptq)" in out and "0.5123" in out
+    assert flat["calib_method"] == "awq+gptq"
     a = b.parse_args(["--calibration", "default"])
     assert os.path.basename(a.calibration) == "calibration.txt" and os.path.isfile(a.calibration)
+    assert a.calib_method == "gptq"
+    assert b.parse_args(["--calib-method", "awq"]).calib_method == "awq"

@@ -365,8 +365,12 @@ def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
     out = str(tmp_path / "o.gguf")
     assert cli.run([tiny_llama, "-o", out, "--type", "mxfp8", "--calibration", str(text),
                     "--calib-tokens", "8", "--calib-damp", "0.1"]) == 0  # fmt: skip
-    assert "calibrated 15 matrices on 8 tokens" in capsys.readouterr().out
+    assert "calibrated 15 matrices on 8 tokens (gptq)" in capsys.readouterr().out
     assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["damp"] == 0.1
+    assert cli.run([tiny_llama, "-o", out, "--type", "nvfp4", "--calibration", str(text),
+                    "--calib-method", "awq+gptq", "--force"]) == 0  # fmt: skip
+    assert "(awq+gptq)" in capsys.readouterr().out
+    assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["method"] == "awq+gptq"
     assert cli.run([tiny_llama, "-o", out, "--type", "int8", "--force",
                     "--calibration", str(tmp_path / "no.txt")]) == 2  # fmt: skip
     assert "no.txt: no such file" in capsys.readouterr().err

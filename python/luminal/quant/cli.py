@@ -62,6 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"damping added to X^T X's diagonal, relative to its mean (default "
         f"{api.calibrate.DAMP}; more: closer to round to nearest, less fitted to the text)",
     )
+    p.add_argument(
+        "--calib-method",
+        choices=api.calibrate.METHODS,
+        default="gptq",
+        help="with --calibration: gptq (error feedback, the default), awq (activation-aware "
+        "input scales folded into the norms / v / up rows, then round to nearest) or awq+gptq",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -73,7 +80,8 @@ def main(args: argparse.Namespace) -> int:
     calibration = None if args.calibration is None else pathlib.Path(args.calibration)  # a file
     res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet,
                        scales=args.scales, calibration=calibration,
-                       calib_tokens=args.calib_tokens, calib_damp=args.calib_damp)  # fmt: skip
+                       calib_tokens=args.calib_tokens, calib_damp=args.calib_damp,
+                       calib_method=args.calib_method)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
@@ -84,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
               f"({res.seconds:.1f} s)")  # fmt: skip
         if res.calibration is not None:
             c = res.calibration
-            print(f"  calibrated {c['matrices']} matrices on {c['tokens']} tokens (GPTQ)")
+            print(f"  calibrated {c['matrices']} matrices on {c['tokens']} tokens ({c['method']})")
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
         if not api.llama_cpp_reads(res.qtype, res.embed_type):
