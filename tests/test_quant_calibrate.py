@@ -51,6 +51,30 @@ def test_gptq_beats_round_to_nearest_and_packs_the_format(fmt: str, scales: str)
     assert all(again[k].tobytes() == parts[k].tobytes() for k in parts)
 
 
+@pytest.mark.parametrize("fmt", GRID)
+def test_act_order(fmt: str) -> None:
+    """Columns loudest input first, scales fixed from the weight: the parts are the format's,
+    the scales round to nearest's, and the output error below GPTQ's in column order."""
+    w, x, u = _layer()
+    f = lowp.FORMATS[fmt]
+    assert f.grid is not None
+    h = x.T.astype(np.float64) @ x
+    order = calibrate.act_order(h)
+    np.testing.assert_array_equal(np.diag(h)[order], np.sort(np.diag(h))[::-1])
+    parts, q = calibrate.gptq(w, calibrate.inverse_factor(h[order][:, order]), f.grid(w, "mse"),
+                              order)  # fmt: skip
+    np.testing.assert_array_equal(f.dequantize(parts), q)
+    rtn = f.quantize(w, "mse")
+    for k in {p.name for p in f.parts} - {"q", "blocks"}:  # the scale parts
+        np.testing.assert_array_equal(parts[k], rtn[k])
+    if fmt in ("mxfp4", "nvfp4"):  # the block scales: an e8m0 byte per 17, four e4m3 per 36
+        cut = {"mxfp4": (17, 1), "nvfp4": (36, 4)}[fmt]
+        got, want = (p["blocks"].reshape(-1, cut[0])[:, : cut[1]] for p in (parts, rtn))
+        np.testing.assert_array_equal(got, want)
+    _, plain = calibrate.gptq(w, u, f.grid(w, "mse"))
+    assert _out_err(x, w, q) < 0.97 * _out_err(x, w, plain)
+
+
 def test_per_row_scale_comes_from_the_whole_row() -> None:
     w, _, u = _layer()
     f = lowp.FORMATS["int8"]
@@ -368,9 +392,10 @@ def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
     assert "calibrated 15 matrices on 8 tokens (gptq)" in capsys.readouterr().out
     assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["damp"] == 0.1
     assert cli.run([tiny_llama, "-o", out, "--type", "nvfp4", "--calibration", str(text),
-                    "--calib-method", "awq+gptq", "--force"]) == 0  # fmt: skip
+                    "--calib-method", "awq+gptq", "--calib-act-order", "--force"]) == 0  # fmt: skip
     assert "(awq+gptq)" in capsys.readouterr().out
-    assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["method"] == "awq+gptq"
+    info = json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))
+    assert info["method"] == "awq+gptq" and info["act_order"] is True
     assert cli.run([tiny_llama, "-o", out, "--type", "int8", "--force",
                     "--calibration", str(tmp_path / "no.txt")]) == 2  # fmt: skip
     assert "no.txt: no such file" in capsys.readouterr().err

@@ -78,8 +78,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              embed_type: str | None = None, quiet: bool = True, scales: str = "mse",
              calibration: str | os.PathLike[str] | None = None,
              calib_tokens: int = calibrate.CALIB_TOKENS,
-             calib_damp: float = calibrate.DAMP,
-             calib_method: str = "gptq") -> QuantizeResult:  # fmt: skip
+             calib_damp: float = calibrate.DAMP, calib_method: str = "gptq",
+             calib_act_order: bool = False) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
     as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
@@ -90,7 +90,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     ``calib_damp``: added to X^T X's diagonal relative to its mean (more: closer to round to
     nearest, less fitted to the text); ``calib_method``: ``calibrate.METHODS``: GPTQ error
     feedback, activation-aware input scales folded into the inputs' producers (then round to
-    nearest), or both."""
+    nearest), or both; ``calib_act_order``: GPTQ takes each matrix's columns loudest input
+    first, its group scales fixed beforehand."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -132,9 +133,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(
-        src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp, calib_method
-    )
+    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp,
+                 calib_method, calib_act_order)  # fmt: skip
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -166,7 +166,8 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
            text: str | None = None, calib_tokens: int = 0,
-           damp: float = calibrate.DAMP, method: str = "gptq") -> QuantizeResult:  # fmt: skip
+           damp: float = calibrate.DAMP, method: str = "gptq",
+           act_order: bool = False) -> QuantizeResult:  # fmt: skip
     import gguf
 
     f = GGUFFile(src)
@@ -188,8 +189,8 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
     if text is not None:
         tokens = calibrate.text_tokens(f, text, calib_tokens)
         cal = calibrate.Calibration.from_gguf(f, source, tokens)
-        done, new = _calibrate(cal, source, types, scales, quiet, damp, method)
-        res.calibration = {**calibrate.describe(text, tokens, damp, method),
+        done, new = _calibrate(cal, source, types, scales, quiet, damp, method, act_order)
+        res.calibration = {**calibrate.describe(text, tokens, damp, method, act_order),
                            "matrices": len(done) if "gptq" in method else
                            sum(n in types and cal.key(n) is not None for n in new)}  # fmt: skip
     w = gguf.GGUFWriter(dst, f.architecture)
@@ -240,6 +241,7 @@ def _block(qtype: str) -> int:
 
 def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
                scales: str, quiet: bool, damp: float, method: str = "gptq",
+               act_order: bool = False,
                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:  # fmt: skip
     """With GPTQ, the parts of every matrix ``cal`` has statistics for and whose type has a
     grid; with input scales, the f32 values of the tensors they change (to be written in
@@ -264,12 +266,15 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
         if "gptq" not in method:
             continue
         for key, h in hs.items():
-            u = calibrate.inverse_factor(h, damp) if key in todo else None
-            for name in todo.get(key, []):
+            if key not in todo:
+                continue
+            order = calibrate.act_order(h) if act_order else None
+            u = calibrate.inverse_factor(h if order is None else h[order][:, order], damp)
+            for name in todo[key]:
                 x = get(name)
                 fmt = _grid_format(types[name])
-                assert fmt is not None and fmt.grid is not None and u is not None
-                out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales))
+                assert fmt is not None and fmt.grid is not None
+                out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales), order)
     return out, new
 
 

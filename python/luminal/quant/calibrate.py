@@ -61,14 +61,18 @@ _INPUTS = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": 
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.weight$")
 
 
-def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid,
+         order: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
     """Quantize ``x`` (rows, cols) on ``grid`` minimising ||X (x - q)^T|| for inputs whose
     X^T X has the ``inverse_factor`` ``u`` (cols, cols). Returns the parts and the dequantized
-    values q."""
+    values q. ``order``: quantize the columns in this order (``act_order``), ``u`` being the
+    factor of X^T X permuted by it; the scales are then fixed first, from ``x``."""
     rows, cols = x.shape
     if u.shape != (cols, cols):
         raise ValueError(f"gptq: the factor is {u.shape}, the weight has {cols} columns")
     u = u.astype(np.float32)
+    if order is not None:
+        return _gptq_ordered(x, u, grid, order)
     w = np.array(x, np.float32)  # updated in place: the values each column is rounded from
     q = np.empty_like(w)
     group = min(grid.group, cols)
@@ -93,6 +97,36 @@ def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid) -> tuple[dict[str, np.nd
         s = np.concatenate(scales, axis=1)
     assert s is not None
     return grid.pack(w, s), q
+
+
+def _gptq_ordered(x: np.ndarray, u: np.ndarray, grid: lowp.Grid,
+                  order: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+    """``gptq`` over the columns in ``order``; a group's columns are then quantized apart, so
+    every scale is the rule's on ``x`` itself, fixed before the loop (GPTQ's static groups)."""
+    rows, cols = x.shape
+    s = grid.scale(np.asarray(x, np.float32))
+    group = min(grid.group, cols)
+    w = np.array(x[:, order], np.float32)
+    q = np.empty_like(w)
+    for i1 in range(0, cols, BLOCK):
+        i2 = min(i1 + BLOCK, cols)
+        wb, ub = w[:, i1:i2], u[i1:i2, i1:i2]
+        err = np.empty((rows, i2 - i1), np.float32)
+        for j in range(i2 - i1):
+            g = order[i1 + j] // group
+            q[:, i1 + j] = grid.fake(wb[:, j : j + 1], s[:, g : g + 1])[:, 0]
+            e = (wb[:, j] - q[:, i1 + j]) / ub[j, j]
+            wb[:, j + 1 :] -= np.outer(e, ub[j, j + 1 :])
+            err[:, j] = e
+        w[:, i2:] -= err @ u[i1:i2, i2:]
+    back = np.argsort(order)
+    return grid.pack(np.ascontiguousarray(w[:, back]), s), np.ascontiguousarray(q[:, back])
+
+
+def act_order(h: np.ndarray) -> np.ndarray:
+    """Columns by decreasing X^T X diagonal: the loudest inputs are quantized first, while
+    the most columns are left to absorb their error (GPTQ's act-order)."""
+    return np.argsort(-np.diag(h), kind="stable")
 
 
 def input_scale(h: np.ndarray, ws: Sequence[tuple[np.ndarray, Rounder]],
@@ -348,9 +382,9 @@ def text_tokens(f: Any, text: str, n: int) -> list[int]:
     return ids
 
 
-def describe(text: str, tokens: Sequence[int], damp: float = DAMP,
-             method: str = "gptq") -> dict[str, Any]:  # fmt: skip
+def describe(text: str, tokens: Sequence[int], damp: float = DAMP, method: str = "gptq",
+             act_order: bool = False) -> dict[str, Any]:  # fmt: skip
     """What the output's ``CALIB_KEY`` metadata records."""
     sha = hashlib.sha256(text.encode()).hexdigest()[:16]
     return {"method": method, "tokens": len(tokens), "text_sha256": sha, "damp": damp,
-            "block": BLOCK}  # fmt: skip
+            "block": BLOCK, "act_order": act_order}  # fmt: skip

@@ -69,6 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --calibration: gptq (error feedback, the default), awq (activation-aware "
         "input scales folded into the norms / v / up rows, then round to nearest) or awq+gptq",
     )
+    p.add_argument(
+        "--calib-act-order",
+        action="store_true",
+        help="GPTQ quantizes each matrix's columns loudest input first (group scales fixed "
+        "beforehand)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -81,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
     res = api.quantize(args.input, args.output, args.type, args.embed_type, quiet=args.quiet,
                        scales=args.scales, calibration=calibration,
                        calib_tokens=args.calib_tokens, calib_damp=args.calib_damp,
-                       calib_method=args.calib_method)  # fmt: skip
+                       calib_method=args.calib_method,
+                       calib_act_order=args.calib_act_order)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
