@@ -391,3 +391,39 @@ def test_the_cpu_cost_model_ranks_products_as_they_measured(fmt, rows, n, k, fir
     cands = select._candidates(low, buffers + choice.extra, choice, t, dims)
     assert any("gemm" in c.label for c in cands)
     assert min(cands, key=lambda c: c.cost).label == first
+
+
+@pytest.mark.parametrize("typical", [False, True])
+def test_the_smallest_sizes_weigh_by_the_time_they_add_at_the_callers_typical_dims(
+    typical, tmp_path, monkeypatch
+):
+    """Candidate "a" runs 1.25x faster at the representative sizes and 2x slower at the
+    range's smallest, where both take microseconds. Without typical dims from the caller
+    the minimax by ratio keeps "b"; at the caller's typical dims "a" loses 5 us there
+    against 250 us won where the graph runs, and is kept."""
+    from dataclasses import replace
+
+    from luminal.compiler.search.tuner import TYPICAL_DIMS, Candidate, Tuner
+
+    use_kernel_cache(monkeypatch, tmp_path)
+    low = lower(_mm_graph(False))
+    subs = {"a": replace(low), "b": replace(low)}
+    seen = []
+
+    def measure(sub, dims):
+        label = "a" if sub is subs["a"] else "b"
+        seen.append(dims["seq"])
+        if dims["seq"] == 1:
+            return {"a": 10e-6, "b": 5e-6}[label]
+        return {"a": 1000e-6, "b": 1250e-6}[label]
+
+    token = TYPICAL_DIMS.set({"seq": 24} if typical else {})
+    try:
+        tuner = Tuner(measure, f"test-{typical}")
+        cands = [Candidate("b", subs["b"], 1.0), Candidate("a", subs["a"], 1.0)]
+        dims = select.representative_dims(low)
+        got = tuner.choose("mm", "test", dims, subs["b"], cands)
+    finally:
+        TYPICAL_DIMS.reset(token)
+    assert 1 in seen, "the smallest sizes were not measured"
+    assert got.label == ("a" if typical else "b")

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ... import flags
@@ -40,7 +39,15 @@ from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
 from .cost import estimate
 from .gemm import GemmAlternative, match_any, match_qdot
-from .tuner import Candidate, Timing, Tuner, fit_product, smallest_dims, sub_fingerprint
+from .tuner import (
+    TYPICAL_DIMS,
+    Candidate,
+    Timing,
+    Tuner,
+    fit_product,
+    smallest_dims,
+    sub_fingerprint,
+)
 
 # smallest product (m*n*k) worth timing a library call for; below it the call overhead wins
 MIN_GEMM_WORK = 1 << 15
@@ -61,11 +68,6 @@ DECISIVE = 2.0
 Step = K.Kernel | K.LibCall
 # measure(lowered_subprogram, dims) -> median seconds (or a Timing with the outputs)
 Measure = Callable[[Lowered, dict[str, int]], "float | Timing"]
-
-
-# values of symbolic dims the caller knows the graph runs at (the example a torch.compile call
-# traced): candidates are measured there rather than at the shared budget below
-TYPICAL_DIMS: ContextVar[Mapping[str, int] | None] = ContextVar("typical_dims", default=None)
 
 
 def representative_dims(low: Lowered) -> dict[str, int]:
