@@ -169,6 +169,31 @@ def test_mse_scales_never_worse_than_amax(fmt: str, data: str) -> None:
         assert mse.sum() < amax.sum()  # the rest, may well keep the amax rule's)
 
 
+@pytest.mark.parametrize("fmt", list(GROUP))
+def test_importance_weighted_scales(fmt: str) -> None:
+    """With column importances (calibration's input mean squares), ``mse`` keeps per row or
+    block the candidate of least weighted error: never above the unweighted choice's weighted
+    error, below it in sum, and the same bytes with equal importances."""
+    f = lowp.FORMATS[fmt]
+    x = _weights(40, 64 * 6)
+    imp = np.exp(RNG.normal(size=x.shape[1]) * 1.5)  # a few columns far louder than others
+    g = GROUP[fmt]
+    group = x.shape[1] if g is None else x.size if g == 0 else g
+
+    def errors(parts: dict[str, np.ndarray]) -> np.ndarray:
+        r = f.dequantize(parts).astype(np.float64) - x
+        return (np.square(r) * imp).reshape(-1, group).sum(axis=1)
+
+    plain, weighted = errors(f.quantize(x)), errors(f.quantize(x, "mse", imp))
+    assert (weighted <= plain * (1 + 1e-12)).all()
+    if g != 0 and fmt != "mxfp8":  # (one tensor scale; mxfp8's e +- 1 seldom win on normal data)
+        assert weighted.sum() < plain.sum()
+    flat = f.quantize(x, "mse", np.full(x.shape[1], 3.0))
+    assert all(flat[k].tobytes() == v.tobytes() for k, v in f.quantize(x).items())
+    with pytest.raises(ValueError, match="importance"):
+        f.quantize(x, "mse", imp[:-1])
+
+
 def test_every_format_gemv_and_gemm_compiled_against_interp() -> None:
     """One plan: each format's weight (bit-exact) and x @ W.T for a 1-row (GEMV) and a
     5-row (GEMM) x at odd sizes, against the interpreter."""

@@ -159,19 +159,21 @@ class Part:
 
 
 class Quantizer(Protocol):
-    def __call__(self, x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]: ...
+    def __call__(self, x: np.ndarray, scales: str = "mse",
+                 importance: np.ndarray | None = None) -> dict[str, np.ndarray]: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Grid:
     """A format's rounding split at its scales, for one weight: ``group`` adjacent columns of
-    a row share a scale (the row length for per-row and per-tensor scales). ``scale(v)``: the
-    quantizer's scale rule for values v (rows, k * group) -> scales (rows or 1, k); ``fake(v,
+    a row share a scale (the row length for per-row and per-tensor scales). ``scale(v, imp)``:
+    the quantizer's scale rule for values v (rows, k * group) -> scales (rows or 1, k), ``imp``
+    (k * group,) or None weighing each column's squared error in ``mse``'s choice; ``fake(v,
     s)``: the dequantized values of v (rows, m <= group) rounded with one group's scales s
     (rows or 1, 1); ``pack(v, s)``: the parts of v (rows, cols) given all its scales."""
 
     group: int
-    scale: Callable[[np.ndarray], np.ndarray]
+    scale: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
     fake: Callable[[np.ndarray, np.ndarray], np.ndarray]
     pack: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
@@ -184,10 +186,13 @@ GridFor = Callable[[np.ndarray, str], Grid]
 def _whole(fmt: str, block: int, grid: GridFor) -> Quantizer:
     """The quantizer of a format: its grid's scales for the whole matrix, then its packing."""
 
-    def quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
+    def quantize(x: np.ndarray, scales: str = "mse",
+                 importance: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
         x = _rows2d(x, fmt, block, scales)
+        if importance is not None and importance.shape != (x.shape[1],):
+            raise ValueError(f"{fmt}: importance is {importance.shape}, x has {x.shape[1]} columns")
         g = grid(x, scales)
-        return g.pack(x, g.scale(x))
+        return g.pack(x, g.scale(x, importance))
 
     return quantize
 
@@ -230,10 +235,14 @@ SCALES = ("mse", "amax")  # how the quantizers choose scales (see the module's d
 
 
 def _errors(x: np.ndarray, group: int, cands: Sequence[np.ndarray],
-            fake: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:  # fmt: skip
+            fake: Callable[[np.ndarray, np.ndarray], np.ndarray],
+            imp: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """(candidates, rows, cols / group) squared errors: per candidate ``c`` (an array whose
     first dim is rows, or 1 when shared), per ``group`` adjacent values of a row, the squared
-    error of ``fake(x, c)`` (the dequantized values of x quantized with c) in f64."""
+    error of ``fake(x, c)`` (the dequantized values of x quantized with c) in f64, each
+    column's weighted by ``imp`` (cols,) when given (its input's mean square: the diagonal of
+    the output error)."""
+    wt = None if imp is None else np.sqrt(np.maximum(imp, 0)).reshape(-1, group)
     rows, cols = x.shape
     err = np.empty((len(cands), rows, cols // group))
     step = max(1, _CHUNK // cols)
@@ -242,6 +251,8 @@ def _errors(x: np.ndarray, group: int, cands: Sequence[np.ndarray],
         for k, c in enumerate(cands):
             r = fake(xs, c if c.shape[0] == 1 else c[lo : lo + step]) - xs
             r = r.reshape(len(xs), -1, group)
+            if wt is not None:
+                r = r * wt
             err[k, lo : lo + step] = np.einsum("ijk,ijk->ij", r, r, dtype=np.float64)
     return err
 
@@ -264,12 +275,13 @@ def _per_block(s: Tensor, rows: sint, cols: int, block: int) -> Tensor:
 
 
 def _search_scale(x: np.ndarray, s: np.ndarray, mults: np.ndarray,
-                  fake: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:  # fmt: skip
+                  fake: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                  imp: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """The f32 scale of least error among ``s * mults`` (mults[0] = 1: the amax rule), per row
     for ``s`` (rows, 1), for the tensor for ``s`` (1, 1). Multipliers below 1 clip the row's
     largest values to the top code, so its amax still gives the chosen scale back."""
     cands = [(s * np.float32(m)).astype(np.float32) for m in mults]
-    err = _errors(x, x.shape[1], cands, fake)
+    err = _errors(x, x.shape[1], cands, fake, imp)
     if s.shape[0] == 1:
         return cands[int(np.argmin(err.sum(axis=(1, 2))))]
     return _choose(err, cands)
@@ -285,9 +297,9 @@ def _fp8(name: str, et: SmallFloat, per_row: bool) -> LowpFormat:
         return et.round(x / s) * s
 
     def grid(x: np.ndarray, scales: str) -> Grid:
-        def scale(v: np.ndarray) -> np.ndarray:
+        def scale(v: np.ndarray, imp: np.ndarray | None = None) -> np.ndarray:
             s = _amax_scale(v, et.max_finite, per_row)
-            return _search_scale(v, s, _FP8_MULTS, fake) if scales == "mse" else s
+            return _search_scale(v, s, _FP8_MULTS, fake, imp) if scales == "mse" else s
 
         return Grid(x.shape[1], scale, fake, lambda v, s: {"q": et.encode(v / s), "scale": s})
 
@@ -318,9 +330,9 @@ def _int8_fake(v: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def _int8_grid(x: np.ndarray, scales: str) -> Grid:
-    def scale(v: np.ndarray) -> np.ndarray:
+    def scale(v: np.ndarray, imp: np.ndarray | None = None) -> np.ndarray:
         s = _amax_scale(v, 127.0, True)
-        return _search_scale(v, s, _INT8_MULTS, _int8_fake) if scales == "mse" else s
+        return _search_scale(v, s, _INT8_MULTS, _int8_fake, imp) if scales == "mse" else s
 
     def pack(v: np.ndarray, s: np.ndarray) -> dict[str, np.ndarray]:
         return {"q": _int8_codes(v, s).astype(np.int8), "scale": s}
@@ -339,7 +351,8 @@ def _int8_build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tensor
 # OCP MX -------------------------------------------------------------------------------------
 
 
-def _mx_exponent(x: np.ndarray, block: int, et: SmallFloat, scales: str) -> np.ndarray:
+def _mx_exponent(x: np.ndarray, block: int, et: SmallFloat, scales: str,
+                 imp: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Shared e8m0 byte per block: floor(log2(amax)) - emax_elem + 127, in [0, 254] (the
     amax rule); with "mse", that, one more (a block amax that the rule saturates fits) or one
     less (a finer grid for the rest, the amax clipped to the top code)."""
@@ -355,7 +368,7 @@ def _mx_exponent(x: np.ndarray, block: int, et: SmallFloat, scales: str) -> np.n
             return (et.round(vb / s) * s).reshape(v.shape)  # x / 2^k is exact in f32
 
         cands = [np.clip(e + o, 0, 254) for o in (0, 1, -1)]
-        e = _choose(_errors(x, block, cands, fake), cands)
+        e = _choose(_errors(x, block, cands, fake, imp), cands)
     return e.astype(np.uint8)
 
 
@@ -371,7 +384,10 @@ def _mx_grid(et: SmallFloat, pack: Callable[[np.ndarray, np.ndarray], dict[str, 
         s = np.ldexp(1.0, e.astype(np.int64) - 127)
         return et.round(v.astype(np.float64) / s).astype(np.float32) * s.astype(np.float32)
 
-    return Grid(32, lambda v: _mx_exponent(v, 32, et, scales), fake, pack)
+    def scale(v: np.ndarray, imp: np.ndarray | None = None) -> np.ndarray:
+        return _mx_exponent(v, 32, et, scales, imp)
+
+    return Grid(32, scale, fake, pack)
 
 
 def _mxfp8_grid(x: np.ndarray, scales: str) -> Grid:
@@ -434,7 +450,8 @@ def _nvfp4_scaled(xb: np.ndarray, dv: np.ndarray) -> np.ndarray:
     return np.divide(xb, dv, out=np.zeros_like(xb), where=dv > 0)
 
 
-def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray, tmax: float) -> np.ndarray:
+def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray, tmax: float,
+                  imp: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """The e4m3 block-scale codes of least error among ``d``'s neighbours, per block. A
     candidate must still round its block's amax to 6, so the amax rule gives it back from the
     dequantized block; a block holding the tensor's amax ``tmax`` keeps its code (and the
@@ -449,7 +466,7 @@ def _nvfp4_search(x: np.ndarray, d: np.ndarray, t: np.ndarray, tmax: float) -> n
 
     d = d.reshape(rows, -1).astype(np.int64)
     cands = [np.clip(d + o, 0, 0x7E) for o in _NVFP4_STEPS]
-    err = _errors(x, 16, cands, fake)
+    err = _errors(x, 16, cands, fake, imp)
     keep = amax == tmax
     for k, c in enumerate(cands[1:], 1):
         dv = _E4M3_F64[c] * t64
@@ -463,11 +480,11 @@ def _nvfp4_grid(x: np.ndarray, scales: str) -> Grid:
     t = _amax_scale(x, 6.0 * E4M3.max_finite, per_row=False)  # (1, 1)
     t64, tmax = np.float64(t[0, 0]), float(np.abs(x).max())
 
-    def scale(v: np.ndarray) -> np.ndarray:
+    def scale(v: np.ndarray, imp: np.ndarray | None = None) -> np.ndarray:
         xb = v.reshape(-1, 16).astype(np.float64)
         d = E4M3.encode(np.abs(xb).max(axis=1) / 6.0 / t64)  # positive codes
         if scales == "mse":
-            d = _nvfp4_search(v, d, t, tmax)
+            d = _nvfp4_search(v, d, t, tmax, imp)
         return d.reshape(v.shape[0], -1)
 
     def fake(v: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -503,7 +520,8 @@ def _nvfp4_build(g: Graph, w: dict[str, Tensor], rows: sint, cols: int) -> Tenso
 
 
 def _half(name: str, np_type: type) -> LowpFormat:
-    def quantize(x: np.ndarray, scales: str = "mse") -> dict[str, np.ndarray]:
+    def quantize(x: np.ndarray, scales: str = "mse",
+                 importance: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
         return {"data": _rows2d(x, name, 1, scales).astype(np_type)}  # no scales: nearest even
 
     def dequantize(p: dict[str, np.ndarray]) -> np.ndarray:

@@ -191,8 +191,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
         cal = calibrate.Calibration.from_gguf(f, source, tokens)
         done, new = _calibrate(cal, source, types, scales, quiet, damp, method, act_order)
         res.calibration = {**calibrate.describe(text, tokens, damp, method, act_order),
-                           "matrices": len(done) if "gptq" in method else
-                           sum(n in types and cal.key(n) is not None for n in new)}  # fmt: skip
+                           "matrices": len(done)}  # fmt: skip
     w = gguf.GGUFWriter(dst, f.architecture)
     for key, val in f.metadata.items():
         if key in ("general.architecture", "general.alignment", "general.file_type"):
@@ -243,9 +242,9 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
                scales: str, quiet: bool, damp: float, method: str = "gptq",
                act_order: bool = False,
                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:  # fmt: skip
-    """With GPTQ, the parts of every matrix ``cal`` has statistics for and whose type has a
-    grid; with input scales, the f32 values of the tensors they change (to be written in
-    place of the source's)."""
+    """The parts of every matrix ``cal`` has statistics for and whose type has a grid (GPTQ's,
+    or rounded to nearest with ``awq``), and the f32 values of the tensors the input scales
+    change (written in place of the source's)."""
     todo: dict[str, list[str]] = {}
     for name, t in types.items():
         key = cal.key(name)
@@ -258,28 +257,33 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
         return new[name] if name in new else np.ascontiguousarray(source.values(name), np.float32)
 
     def rounder(name: str) -> calibrate.Rounder:
-        return lambda x: _rounded(x, types[name], scales)
+        return lambda x, imp: _rounded(x, types[name], scales, imp)
 
     for hs in cal.layers(quiet):
         if "awq" in method:
             new.update(cal.fold_scales(hs, get, rounder))
-        if "gptq" not in method:
-            continue
         for key, h in hs.items():
             if key not in todo:
                 continue
-            order = calibrate.act_order(h) if act_order else None
-            u = calibrate.inverse_factor(h if order is None else h[order][:, order], damp)
+            imp = np.diag(h) if calibrate.WEIGHTED_SCALES else None
+            order = calibrate.act_order(h) if act_order and "gptq" in method else None
+            u = None
+            if "gptq" in method:
+                u = calibrate.inverse_factor(h if order is None else h[order][:, order], damp)
             for name in todo[key]:
                 x = get(name)
                 fmt = _grid_format(types[name])
                 assert fmt is not None and fmt.grid is not None
-                out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales), order)
+                if u is None:
+                    out[name] = fmt.quantize(x, scales, imp)
+                else:
+                    out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales), order, imp)
     return out, new
 
 
-def _rounded(x: np.ndarray, qtype: str, scales: str) -> np.ndarray:
-    """The values ``x`` (f32 matrix) decode to once stored as ``qtype`` (no file written)."""
+def _rounded(x: np.ndarray, qtype: str, scales: str, imp: np.ndarray | None = None) -> np.ndarray:
+    """The values ``x`` (f32 matrix) decode to once stored as ``qtype`` (no file written);
+    ``imp``: the columns' input mean squares, for luminal's formats' scale choice."""
     import gguf
 
     if qtype == "f32":
@@ -288,7 +292,8 @@ def _rounded(x: np.ndarray, qtype: str, scales: str) -> np.ndarray:
         q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
         return np.asarray(gguf.quants.dequantize(gguf.quants.quantize(x, q), q), np.float32)
     f = lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype)
-    return f.dequantize(f.quantize(x, scales))
+    weights = imp if calibrate.WEIGHTED_SCALES and f.grid is not None else None
+    return f.dequantize(f.quantize(x, scales, weights))
 
 
 def _put(w: Any, name: str, x: np.ndarray, qtype: str, scales: str,

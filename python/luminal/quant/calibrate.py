@@ -52,8 +52,12 @@ CALIB_KEY = "luminal.calibration"  # metadata of a calibrated file: a JSON objec
 TEXT = os.path.join(os.path.dirname(__file__), "calibration.txt")  # the shipped text
 # gptq: error feedback; awq: input scales, then round to nearest; awq+gptq: both
 METHODS = ("gptq", "awq", "awq+gptq")
+# mse scale choices weigh each column's squared error by its input's mean square (X^T X's
+# diagonal: the output error without cross terms), as llama.cpp's importance matrix does
+WEIGHTED_SCALES = True
 ALPHAS = tuple(a / 10 for a in range(11))  # exponents of the input scales tried (0: none)
-Rounder = Callable[[np.ndarray], np.ndarray]  # values -> their rounded (dequantized) values
+# (values, their columns' input mean squares) -> the rounded (dequantized) values
+Rounder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 # matrix name suffix -> the input it multiplies (per layer)
 _INPUTS = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": "attn_out",
@@ -61,31 +65,35 @@ _INPUTS = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": 
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.weight$")
 
 
-def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid,
-         order: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid, order: np.ndarray | None = None,
+         importance: np.ndarray | None = None,
+         ) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
     """Quantize ``x`` (rows, cols) on ``grid`` minimising ||X (x - q)^T|| for inputs whose
     X^T X has the ``inverse_factor`` ``u`` (cols, cols). Returns the parts and the dequantized
     values q. ``order``: quantize the columns in this order (``act_order``), ``u`` being the
-    factor of X^T X permuted by it; the scales are then fixed first, from ``x``."""
+    factor of X^T X permuted by it; the scales are then fixed first, from ``x``.
+    ``importance`` (cols,): weighs each column's error in the scale rule's choice (X^T X's
+    diagonal)."""
     rows, cols = x.shape
     if u.shape != (cols, cols):
         raise ValueError(f"gptq: the factor is {u.shape}, the weight has {cols} columns")
     u = u.astype(np.float32)
     if order is not None:
-        return _gptq_ordered(x, u, grid, order)
+        return _gptq_ordered(x, u, grid, order, importance)
     w = np.array(x, np.float32)  # updated in place: the values each column is rounded from
     q = np.empty_like(w)
     group = min(grid.group, cols)
     step = max(group, BLOCK // group * group) if group < cols else BLOCK
     scales: list[np.ndarray] = []
-    s = grid.scale(w) if group == cols else None
+    s = grid.scale(w, importance) if group == cols else None
     for i1 in range(0, cols, step):
         i2 = min(i1 + step, cols)
         wb, ub = w[:, i1:i2], u[i1:i2, i1:i2]
         err = np.empty((rows, i2 - i1), np.float32)
         for j in range(i2 - i1):
             if group < cols and j % group == 0:
-                s = grid.scale(wb[:, j : j + group])
+                imp = None if importance is None else importance[i1 + j : i1 + j + group]
+                s = grid.scale(wb[:, j : j + group], imp)
                 scales.append(s)
             assert s is not None
             q[:, i1 + j] = grid.fake(wb[:, j : j + 1], s)[:, 0]
@@ -99,12 +107,13 @@ def gptq(x: np.ndarray, u: np.ndarray, grid: lowp.Grid,
     return grid.pack(w, s), q
 
 
-def _gptq_ordered(x: np.ndarray, u: np.ndarray, grid: lowp.Grid,
-                  order: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+def _gptq_ordered(x: np.ndarray, u: np.ndarray, grid: lowp.Grid, order: np.ndarray,
+                  importance: np.ndarray | None,
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
     """``gptq`` over the columns in ``order``; a group's columns are then quantized apart, so
     every scale is the rule's on ``x`` itself, fixed before the loop (GPTQ's static groups)."""
     rows, cols = x.shape
-    s = grid.scale(np.asarray(x, np.float32))
+    s = grid.scale(np.asarray(x, np.float32), importance)
     group = min(grid.group, cols)
     w = np.array(x[:, order], np.float32)
     q = np.empty_like(w)
@@ -132,8 +141,8 @@ def act_order(h: np.ndarray) -> np.ndarray:
 def input_scale(h: np.ndarray, ws: Sequence[tuple[np.ndarray, Rounder]],
                 tie: np.ndarray | None = None,
                 alphas: Sequence[float] = ALPHAS) -> np.ndarray:  # fmt: skip
-    """Column scales s (cols,) for matrices ``ws`` (each with its round-to-nearest, values ->
-    dequantized values) reading inputs with second moment ``h``: of s = rms^alpha (normalised
+    """Column scales s (cols,) for matrices ``ws`` (each with its ``Rounder``) reading inputs
+    with second moment ``h``: of s = rms^alpha (normalised
     to a geometric mid-range of 1) over ``alphas``, the one whose rounded ``w * s / s`` has the
     least summed output error tr(E h E^T). ``tie`` (cols,) gives columns that must share a
     scale one index (their rms is pooled). Columns no input reaches keep 1."""
@@ -150,7 +159,7 @@ def input_scale(h: np.ndarray, ws: Sequence[tuple[np.ndarray, Rounder]],
         sf = s[tie].astype(np.float32)
         err = 0.0
         for w, rtn in ws:
-            e = (rtn(w * sf) / sf).astype(np.float64) - w
+            e = (rtn(w * sf, d / np.square(sf, dtype=np.float64)) / sf).astype(np.float64) - w
             err += float(np.einsum("ij,ij->", e @ h, e))
         if err < least:  # ties keep the smaller alpha (0 first: no scaling)
             best, least = sf, err
