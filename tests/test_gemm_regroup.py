@@ -19,6 +19,7 @@ from luminal.compiler.lower import lower
 from luminal.compiler.pipeline import graph_passes
 from luminal.compiler.search import select
 from luminal.compiler.search.gemm import match_any, match_gemm, regrouped
+from luminal.compiler.stage import stage_strided_reads, summed_major_operands
 from luminal.graph import symbolic as sym
 
 
@@ -122,29 +123,40 @@ def test_pooled_operand_is_copied() -> None:
                                atol=1e-4)  # fmt: skip
 
 
+@pytest.mark.parametrize("columns", [False, True])
 @pytest.mark.parametrize("k,stride,pad", [(7, 2, 3), (3, 1, 1), (3, 2, 1)])
-def test_staged_patches_of_symbolic_size_feed_the_gemm_directly(k, stride, pad) -> None:
-    """A conv of symbolic size reads its staged patch copy ((batch, oy, ox, taps), contiguous):
-    with (oy, ox) regrouped as one pixel axis, the copy is a row-major operand of the GEMM,
-    which reads it in place (no second copy of the patches). The copy's rows of ``k`` taps
-    run as vectors of fewer lanes; the compiled product matches PyTorch at several sizes."""
-    h = lm.dim("h", 4, 300)
+def test_staged_patches_of_symbolic_size_feed_the_gemm_directly(
+    k, stride, pad, columns, monkeypatch
+) -> None:
+    """A conv of symbolic batch and size reads its staged patch copy, in row order
+    ((batch, oy, ox, taps)) or summed axis first ((taps, batch, oy, ox)): with (oy, ox)
+    regrouped as one pixel axis, the copy is an operand of the GEMM, which reads it in place
+    (no second copy of the patches; summed axis first, its leading dimension spans the
+    batch). Row-order copies of rows shorter than a vector, and summed-axis-first copies at
+    stride 2, run as vectors of lanes. The compiled product matches PyTorch at several sizes."""
+    h, n = lm.dim("h", 4, 300), lm.dim("n", 1, 15)
     g = lm.Graph("conv")
-    x = g.input("x", (2, 3, h, h))
+    x = g.input("x", (n, 3, h, h))
     wv = np.random.default_rng(3).standard_normal((16, 3, k, k)).astype(np.float32)
     g.output("y", F.conv2d(x, g.weight("w", data=wv), stride=stride, padding=pad))
-    low = lower(graph_passes(g))
+    monkeypatch.setenv("LUMINAL_STAGE", "0")
+    unstaged = graph_passes(g)
+    major = summed_major_operands(unstaged) if columns else frozenset()
+    low = lower(stage_strided_reads(unstaged, major))
     copy, conv = [s for s in low.kernels if isinstance(s, K.Kernel)][:2]
     assert "cast" in copy.name and "sum_reduce" in conv.name
     alt = match_any(conv, len(low.buffers))
     assert alt is not None and not alt.copies, "the staged patches were copied again"
     src = render_kernel(copy, sorted(low.dims)).source
-    assert "lm_vload_f32_lanes(" in src and "lm_vstore_f32_lanes(" in src
+    if not columns:
+        assert "lm_vload_f32_lanes(" in src and "lm_vstore_f32_lanes(" in src
+    elif stride == 2:
+        assert "lm_vload_f32_s2_lanes(" in src
     chosen = select.choose_library_calls(low, _prefer_library, "test")
     assert any(isinstance(s, K.LibCall) for s in chosen.kernels)
     plan = lm.load(build_plan(chosen, "conv").to_bytes())
-    for n in (4, 9, 23):
-        xv = np.random.default_rng(n).standard_normal((2, 3, n, n)).astype(np.float32)
+    for b, size in ((1, 4), (2, 9), (3, 23)):
+        xv = np.random.default_rng(size).standard_normal((b, 3, size, size)).astype(np.float32)
         ref = torch.nn.functional.conv2d(torch.from_numpy(xv), torch.from_numpy(wv),
                                          stride=stride, padding=pad)  # fmt: skip
         np.testing.assert_allclose(plan.run({"x": xv})["y"], ref.numpy(), rtol=1e-4, atol=1e-4)

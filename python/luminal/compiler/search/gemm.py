@@ -137,7 +137,12 @@ def _half_of(v: K.Value) -> dt.DType | None:
 
 
 def _ge(a: sint, b: sint) -> bool:
-    return sym.prove_nonneg(sym.add(a, sym.mul(b, -1)))
+    if sym.prove_nonneg(sym.add(a, sym.mul(b, -1))):
+        return True
+    # a multiple of b (a leading dimension spanning a symbolic batch: h*h*n against h*h),
+    # which range bounds alone do not order: a = q*b >= b for b >= 0 and q >= 1
+    q = sym.floordiv(a, b)
+    return sym.mul(q, b) == a and sym.prove_nonneg(b) and sym.prove_nonneg(sym.add(q, -1))
 
 
 def match_gemm(kern: K.Kernel, new_buffer_id: int) -> GemmAlternative | None:
