@@ -75,6 +75,22 @@ def test_act_order(fmt: str) -> None:
     assert _out_err(x, w, q) < 0.97 * _out_err(x, w, plain)
 
 
+def test_gptq_importance_is_the_remaining_columns_saliency() -> None:
+    """1 / u_jj^2 is 1 / [H_F^-1]_jj over the columns F = j.. not yet quantized (OBS), per
+    column in the weight's order, with or without act-order."""
+    _, x, _ = _layer(cols=32)
+    h = x.T.astype(np.float64) @ x
+    h += 0.01 * np.mean(np.diag(h)) * np.eye(32)  # inverse_factor's damping, done here
+    for order in (None, calibrate.act_order(h)):
+        o = np.arange(32) if order is None else order
+        hp = h[o][:, o]
+        want = np.empty(32)
+        for j in range(32):
+            want[o[j]] = 1 / np.linalg.inv(hp[j:, j:])[0, 0]
+        got = calibrate.gptq_importance(calibrate.inverse_factor(hp, 1e-12), order)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_per_row_scale_comes_from_the_whole_row() -> None:
     w, _, u = _layer()
     f = lowp.FORMATS["int8"]

@@ -270,6 +270,8 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
             u = None
             if "gptq" in method:
                 u = calibrate.inverse_factor(h if order is None else h[order][:, order], damp)
+                if imp is not None:
+                    imp = calibrate.gptq_importance(u, order)
             for name in todo[key]:
                 x = get(name)
                 fmt = _grid_format(types[name])

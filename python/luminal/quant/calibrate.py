@@ -132,6 +132,19 @@ def _gptq_ordered(x: np.ndarray, u: np.ndarray, grid: lowp.Grid, order: np.ndarr
     return grid.pack(np.ascontiguousarray(w[:, back]), s), np.ascontiguousarray(q[:, back])
 
 
+def gptq_importance(u: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """Per column (in the weight's order), what an error left in it costs once GPTQ has moved
+    it onto the later columns: 1 / [H^-1]_jj of the columns from j on (OBS's saliency), i.e.
+    1 / u_jj^2 for the ``inverse_factor`` ``u`` (of X^T X permuted by ``order`` when given).
+    Round to nearest's cost is X^T X's diagonal instead."""
+    imp = 1.0 / np.square(np.diag(u).astype(np.float64))
+    if order is None:
+        return imp
+    out = np.empty_like(imp)
+    out[order] = imp
+    return out
+
+
 def act_order(h: np.ndarray) -> np.ndarray:
     """Columns by decreasing X^T X diagonal: the loudest inputs are quantized first, while
     the most columns are left to absorb their error (GPTQ's act-order)."""
