@@ -411,7 +411,13 @@ def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
                     "--calib-method", "awq+gptq", "--calib-act-order", "--force"]) == 0  # fmt: skip
     assert "(awq+gptq)" in capsys.readouterr().out
     info = json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))
-    assert info["method"] == "awq+gptq" and info["act_order"] is True
+    assert info["method"] == "awq+gptq" and info["act_order"] is True and info["importance"]
+    args = [tiny_llama, "-o", out, "--type", "nvfp4", "--calibration", str(text), "--force"]
+    assert cli.run(args) == 0
+    weighted = GGUFFile(out).raw("blk.0.ffn_up.weight.blocks").copy()
+    assert cli.run([*args, "--no-calib-importance"]) == 0
+    assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["importance"] is False
+    assert not np.array_equal(GGUFFile(out).raw("blk.0.ffn_up.weight.blocks"), weighted)
     assert cli.run([tiny_llama, "-o", out, "--type", "int8", "--force",
                     "--calibration", str(tmp_path / "no.txt")]) == 2  # fmt: skip
     assert "no.txt: no such file" in capsys.readouterr().err

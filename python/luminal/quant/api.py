@@ -79,7 +79,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              calibration: str | os.PathLike[str] | None = None,
              calib_tokens: int = calibrate.CALIB_TOKENS,
              calib_damp: float = calibrate.DAMP, calib_method: str = "gptq",
-             calib_act_order: bool = False) -> QuantizeResult:  # fmt: skip
+             calib_act_order: bool = False,
+             calib_importance: bool = True) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
     as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
@@ -91,7 +92,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     nearest, less fitted to the text); ``calib_method``: ``calibrate.METHODS``: GPTQ error
     feedback, activation-aware input scales folded into the inputs' producers (then round to
     nearest), or both; ``calib_act_order``: GPTQ takes each matrix's columns loudest input
-    first, its group scales fixed beforehand."""
+    first, its group scales fixed beforehand; ``calib_importance``: the ``mse`` scale choices
+    weigh each column's error by its inputs (``calibrate.Options``)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -133,8 +135,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         stored = {n: t.type_name for n, t in f.tensors.items()}
         size, secs = os.path.getsize(dst), time.perf_counter() - t0
         return QuantizeResult(dst, qtype, size, secs, stored=stored)
-    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, calib_damp,
-                 calib_method, calib_act_order)  # fmt: skip
+    opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance)
+    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -166,10 +168,10 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
            text: str | None = None, calib_tokens: int = 0,
-           damp: float = calibrate.DAMP, method: str = "gptq",
-           act_order: bool = False) -> QuantizeResult:  # fmt: skip
+           opts: calibrate.Options | None = None) -> QuantizeResult:  # fmt: skip
     import gguf
 
+    opts = opts or calibrate.Options()
     f = GGUFFile(src)
     source = GGUFWeights(f, dequant="load")
     res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
@@ -189,8 +191,8 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
     if text is not None:
         tokens = calibrate.text_tokens(f, text, calib_tokens)
         cal = calibrate.Calibration.from_gguf(f, source, tokens)
-        done, new = _calibrate(cal, source, types, scales, quiet, damp, method, act_order)
-        res.calibration = {**calibrate.describe(text, tokens, damp, method, act_order),
+        done, new = _calibrate(cal, source, types, scales, quiet, opts)
+        res.calibration = {**calibrate.describe(text, tokens, opts),
                            "matrices": len(done)}  # fmt: skip
     w = gguf.GGUFWriter(dst, f.architecture)
     for key, val in f.metadata.items():
@@ -239,8 +241,7 @@ def _block(qtype: str) -> int:
 
 
 def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
-               scales: str, quiet: bool, damp: float, method: str = "gptq",
-               act_order: bool = False,
+               scales: str, quiet: bool, opts: calibrate.Options,
                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:  # fmt: skip
     """The parts of every matrix ``cal`` has statistics for and whose type has a grid (GPTQ's,
     or rounded to nearest with ``awq``), and the f32 values of the tensors the input scales
@@ -257,19 +258,19 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
         return new[name] if name in new else np.ascontiguousarray(source.values(name), np.float32)
 
     def rounder(name: str) -> calibrate.Rounder:
-        return lambda x, imp: _rounded(x, types[name], scales, imp)
+        return lambda x, imp: _rounded(x, types[name], scales, imp if opts.importance else None)
 
     for hs in cal.layers(quiet):
-        if "awq" in method:
+        if "awq" in opts.method:
             new.update(cal.fold_scales(hs, get, rounder))
         for key, h in hs.items():
             if key not in todo:
                 continue
-            imp = np.diag(h) if calibrate.WEIGHTED_SCALES else None
-            order = calibrate.act_order(h) if act_order and "gptq" in method else None
+            imp = np.diag(h) if opts.importance else None
+            order = calibrate.act_order(h) if opts.act_order and "gptq" in opts.method else None
             u = None
-            if "gptq" in method:
-                u = calibrate.inverse_factor(h if order is None else h[order][:, order], damp)
+            if "gptq" in opts.method:
+                u = calibrate.inverse_factor(h if order is None else h[order][:, order], opts.damp)
                 if imp is not None:
                     imp = calibrate.gptq_importance(u, order)
             for name in todo[key]:
@@ -294,8 +295,7 @@ def _rounded(x: np.ndarray, qtype: str, scales: str, imp: np.ndarray | None = No
         q = gguf.GGMLQuantizationType[_GGUF_PY[qtype]]
         return np.asarray(gguf.quants.dequantize(gguf.quants.quantize(x, q), q), np.float32)
     f = lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype)
-    weights = imp if calibrate.WEIGHTED_SCALES and f.grid is not None else None
-    return f.dequantize(f.quantize(x, scales, weights))
+    return f.dequantize(f.quantize(x, scales, imp if f.grid is not None else None))
 
 
 def _put(w: Any, name: str, x: np.ndarray, qtype: str, scales: str,

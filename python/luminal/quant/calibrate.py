@@ -39,6 +39,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,9 +53,6 @@ CALIB_KEY = "luminal.calibration"  # metadata of a calibrated file: a JSON objec
 TEXT = os.path.join(os.path.dirname(__file__), "calibration.txt")  # the shipped text
 # gptq: error feedback; awq: input scales, then round to nearest; awq+gptq: both
 METHODS = ("gptq", "awq", "awq+gptq")
-# mse scale choices weigh each column's squared error by its input's mean square (X^T X's
-# diagonal: the output error without cross terms), as llama.cpp's importance matrix does
-WEIGHTED_SCALES = True
 ALPHAS = tuple(a / 10 for a in range(11))  # exponents of the input scales tried (0: none)
 # (values, their columns' input mean squares) -> the rounded (dequantized) values
 Rounder = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -404,9 +402,22 @@ def text_tokens(f: Any, text: str, n: int) -> list[int]:
     return ids
 
 
-def describe(text: str, tokens: Sequence[int], damp: float = DAMP, method: str = "gptq",
-             act_order: bool = False) -> dict[str, Any]:  # fmt: skip
+@dataclass(frozen=True)
+class Options:
+    """How to calibrate: ``method`` (``METHODS``); ``damp``: added to X^T X's diagonal,
+    relative to its mean; ``act_order``: GPTQ's columns loudest input first; ``importance``:
+    ``mse`` scale choices weigh each column's error (round to nearest: X^T X's diagonal, as
+    llama.cpp's importance matrix; GPTQ: ``gptq_importance``)."""
+
+    method: str = "gptq"
+    damp: float = DAMP
+    act_order: bool = False
+    importance: bool = True
+
+
+def describe(text: str, tokens: Sequence[int], opts: Options = Options()) -> dict[str, Any]:
     """What the output's ``CALIB_KEY`` metadata records."""
     sha = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return {"method": method, "tokens": len(tokens), "text_sha256": sha, "damp": damp,
-            "block": BLOCK, "act_order": act_order}  # fmt: skip
+    return {"method": opts.method, "tokens": len(tokens), "text_sha256": sha, "damp": opts.damp,
+            "block": BLOCK, "act_order": opts.act_order,
+            "importance": opts.importance}  # fmt: skip

@@ -75,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="GPTQ quantizes each matrix's columns loudest input first (group scales fixed "
         "beforehand)",
     )
+    p.add_argument(
+        "--no-calib-importance",
+        dest="calib_importance",
+        action="store_false",
+        help="with --calibration: choose mse scales by the plain squared weight error instead "
+        "of weighing each column by its inputs",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -88,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
                        scales=args.scales, calibration=calibration,
                        calib_tokens=args.calib_tokens, calib_damp=args.calib_damp,
                        calib_method=args.calib_method,
-                       calib_act_order=args.calib_act_order)  # fmt: skip
+                       calib_act_order=args.calib_act_order,
+                       calib_importance=args.calib_importance)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
