@@ -179,6 +179,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
     from luminal import quant
     from luminal.loaders.gguf import GGUFFile
     from luminal.models import smollm2_path
+    from luminal.quant import calibrate
     from luminal.tokenizer import Tokenizer
 
     src = smollm2_path()
@@ -198,7 +199,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         if TEXT[:200] in calib:
             raise ValueError(f"{a.calibration} holds the evaluation text: calibrate on another")
         method = a.calib_method.replace("+", "-")
-        tag = f"-{method}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
+        damp = "" if a.calib_damp == calibrate.DAMP else f"-d{a.calib_damp:g}"
+        tag = f"-{method}{damp}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
         path = os.path.join(work, f"smollm2-{fmt}{tag if fmt != 'f32' else ''}.gguf")
@@ -209,13 +211,15 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             cal = pathlib.Path(a.calibration) if a.calibration and fmt != "f32" else None
             quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
-                           calibration=cal, calib_method=a.calib_method)  # fmt: skip
+                           calibration=cal, calib_method=a.calib_method,
+                           calib_damp=a.calib_damp)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
                            "decode": a.decode, "threads": a.threads, "quick": a.quick,
                            "calibration": a.calibration and os.path.basename(a.calibration),
                            "calib_method": a.calibration and a.calib_method,
+                           "calib_damp": a.calibration and a.calib_damp,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -306,11 +310,12 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     flat["quick"] = res["quick"]
     flat["calibration"] = res.get("calibration")
     flat["calib_method"] = res.get("calib_method")
+    flat["calib_damp"] = res.get("calib_damp")
     return flat
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from luminal.quant.calibrate import METHODS
+    from luminal.quant.calibrate import DAMP, METHODS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
@@ -328,6 +333,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calib-method", default="gptq", choices=METHODS,
                    help="with --calibration: gptq, awq (activation-aware input scales) or "
                    "awq+gptq (both)")  # fmt: skip
+    p.add_argument("--calib-damp", type=float, default=DAMP,
+                   help=f"with --calibration: GPTQ's damping (default {DAMP})")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "

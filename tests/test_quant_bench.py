@@ -49,3 +49,4 @@ def test_arguments_and_json_keys(capsys) -> None:
     assert os.path.basename(a.calibration) == "calibration.txt" and os.path.isfile(a.calibration)
     assert a.calib_method == "gptq"
     assert b.parse_args(["--calib-method", "awq"]).calib_method == "awq"
+    assert a.calib_damp == 0.01 and b.parse_args(["--calib-damp", "0.1"]).calib_damp == 0.1

@@ -20,7 +20,8 @@ says how luminal's quantizers (``mxfp4`` and luminal's formats) choose their sca
 ``"amax"`` (the format's own rule); the gguf package's and llama.cpp's types have their own.
 
 ``calibration`` (a text, or a file of one) makes luminal's quantizers minimise each matrix's
-output error over that text's activations instead of its weight error (GPTQ, ``calibrate``).
+output error over that text's activations instead of its weight error (GPTQ, activation-aware
+input scales folded into the norms, or both: ``calibrate``).
 """
 
 from __future__ import annotations
