@@ -315,7 +315,7 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from luminal.quant.calibrate import DAMP, METHODS
+    from luminal.quant.calibrate import DAMP, METHOD, METHODS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
@@ -330,9 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calibration", metavar="FILE",
                    help="quantize calibrated on this text (GPTQ); 'default': luminal's shipped "
                    "calibration text. Default: round to nearest")  # fmt: skip
-    p.add_argument("--calib-method", default="gptq", choices=METHODS,
+    p.add_argument("--calib-method", default=METHOD, choices=METHODS,
                    help="with --calibration: gptq, awq (activation-aware input scales) or "
-                   "awq+gptq (both)")  # fmt: skip
+                   "awq+gptq (both, the default)")  # fmt: skip
     p.add_argument("--calib-damp", type=float, default=DAMP,
                    help=f"with --calibration: GPTQ's damping (default {DAMP})")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")

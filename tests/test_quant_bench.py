@@ -47,6 +47,6 @@ def test_arguments_and_json_keys(capsys) -> None:
     assert flat["calib_method"] == "awq+gptq"
     a = b.parse_args(["--calibration", "default"])
     assert os.path.basename(a.calibration) == "calibration.txt" and os.path.isfile(a.calibration)
-    assert a.calib_method == "gptq"
+    assert a.calib_method == "awq+gptq"
     assert b.parse_args(["--calib-method", "awq"]).calib_method == "awq"
-    assert a.calib_damp == 0.01 and b.parse_args(["--calib-damp", "0.1"]).calib_damp == 0.1
+    assert a.calib_damp == 0.1 and b.parse_args(["--calib-damp", "0.1"]).calib_damp == 0.1

@@ -61,8 +61,9 @@ def test_act_order(fmt: str) -> None:
     h = x.T.astype(np.float64) @ x
     order = calibrate.act_order(h)
     np.testing.assert_array_equal(np.diag(h)[order], np.sort(np.diag(h))[::-1])
-    parts, q = calibrate.gptq(w, calibrate.inverse_factor(h[order][:, order]), f.grid(w, "mse"),
-                              order)  # fmt: skip
+    u = calibrate.inverse_factor(h, 0.01)  # (with 0.1, the default, nvfp4 gains nothing)
+    parts, q = calibrate.gptq(w, calibrate.inverse_factor(h[order][:, order], 0.01),
+                              f.grid(w, "mse"), order)  # fmt: skip
     np.testing.assert_array_equal(f.dequantize(parts), q)
     rtn = f.quantize(w, "mse")
     for k in {p.name for p in f.parts} - {"q", "blocks"}:  # the scale parts
@@ -405,7 +406,7 @@ def test_cli_calibration(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
     out = str(tmp_path / "o.gguf")
     assert cli.run([tiny_llama, "-o", out, "--type", "mxfp8", "--calibration", str(text),
                     "--calib-tokens", "8", "--calib-damp", "0.1"]) == 0  # fmt: skip
-    assert "calibrated 15 matrices on 8 tokens (gptq)" in capsys.readouterr().out
+    assert "calibrated 15 matrices on 8 tokens (awq+gptq)" in capsys.readouterr().out
     assert json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))["damp"] == 0.1
     assert cli.run([tiny_llama, "-o", out, "--type", "nvfp4", "--calibration", str(text),
                     "--calib-method", "awq+gptq", "--calib-act-order", "--force"]) == 0  # fmt: skip

@@ -79,7 +79,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              embed_type: str | None = None, quiet: bool = True, scales: str = "mse",
              calibration: str | os.PathLike[str] | None = None,
              calib_tokens: int = calibrate.CALIB_TOKENS,
-             calib_damp: float = calibrate.DAMP, calib_method: str = "gptq",
+             calib_damp: float = calibrate.DAMP, calib_method: str = calibrate.METHOD,
              calib_act_order: bool = False,
              calib_importance: bool = True) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.

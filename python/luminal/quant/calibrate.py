@@ -47,12 +47,16 @@ import numpy as np
 from ..loaders import lowp
 
 BLOCK = 128  # columns per lazy batch update
-DAMP = 0.01  # added to H's diagonal, relative to its mean: keeps H^-1 well conditioned
+DAMP = 0.1  # added to H's diagonal, relative to its mean (see METHOD)
 CALIB_TOKENS = 512
 CALIB_KEY = "luminal.calibration"  # metadata of a calibrated file: a JSON object
 TEXT = os.path.join(os.path.dirname(__file__), "calibration.txt")  # the shipped text
 # gptq: error feedback; awq: input scales, then round to nearest; awq+gptq: both
 METHODS = ("gptq", "awq", "awq+gptq")
+# The defaults: with a few hundred tokens (X^T X of a 1536-wide input is not full rank at 512)
+# GPTQ fits the text unless damped well past the paper's 0.01; input scales then GPTQ had the
+# lowest KL on SmolLM2 for int8, nvfp4 and mxfp4 (docs/quantization.md)
+METHOD = "awq+gptq"
 ALPHAS = tuple(a / 10 for a in range(11))  # exponents of the input scales tried (0: none)
 # (values, their columns' input mean squares) -> the rounded (dequantized) values
 Rounder = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -409,14 +413,15 @@ class Options:
     ``mse`` scale choices weigh each column's error (round to nearest: X^T X's diagonal, as
     llama.cpp's importance matrix; GPTQ: ``gptq_importance``)."""
 
-    method: str = "gptq"
+    method: str = METHOD
     damp: float = DAMP
     act_order: bool = False
     importance: bool = True
 
 
-def describe(text: str, tokens: Sequence[int], opts: Options = Options()) -> dict[str, Any]:
+def describe(text: str, tokens: Sequence[int], opts: Options | None = None) -> dict[str, Any]:
     """What the output's ``CALIB_KEY`` metadata records."""
+    opts = opts or Options()
     sha = hashlib.sha256(text.encode()).hexdigest()[:16]
     return {"method": opts.method, "tokens": len(tokens), "text_sha256": sha, "damp": opts.damp,
             "block": BLOCK, "act_order": opts.act_order,

@@ -65,9 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--calib-method",
         choices=api.calibrate.METHODS,
-        default="gptq",
-        help="with --calibration: gptq (error feedback, the default), awq (activation-aware "
-        "input scales folded into the norms / v / up rows, then round to nearest) or awq+gptq",
+        default=api.calibrate.METHOD,
+        help="with --calibration: gptq (error feedback), awq (activation-aware input scales "
+        "folded into the norms / v / up rows, then round to nearest) or awq+gptq (both, the "
+        "default)",
     )
     p.add_argument(
         "--calib-act-order",
