@@ -170,9 +170,14 @@ class _Vec:
                 if _names(v.index) & self.guard:
                     raise _Unsupported
                 return load_expr(ptr, cexpr(v.index), v.dtype), "s"
-            if _step(v.index, self.ri) == 2 and v.dtype is dt.f32:  # a stride-2 conv's taps
+            step = _step(v.index, self.ri)
+            if step == 2 and v.dtype is dt.f32:  # a stride-2 conv's taps
                 n = self.lanes or "LM_VL"
                 return f"lm_vload_f32_s2_lanes(&{ptr}[{cexpr(v.index)}], {self.first}, {n})", "f"
+            if _gathered(step) and v.dtype is dt.f32:  # a channels-last conv's taps
+                n = self.lanes or "LM_VL"
+                at = f"&{ptr}[{cexpr(v.index)}]"
+                return f"lm_vload_f32_strided_lanes({at}, {step}, {self.first}, {n})", "f"
             if _step(v.index, self.ri) != 1:
                 raise _Unsupported
             if self.lanes is not None or self.first != "0":
@@ -245,9 +250,11 @@ class _Vec:
         if not isinstance(v.index, sym.Expr) or x not in v.index.vars():
             raise _Unsupported  # the same for every lane: the scalar form broadcasts it
         stride = _step(v.index, x)
-        if stride not in (1, 2):
+        if stride not in (1, 2) and not _gathered(stride):
             raise _Unsupported
         lo, hi = self._window(v.valid)
+        if _gathered(stride):
+            return f"lm_vload_f32_strided_lanes(&{ptr}[{cexpr(v.index)}], {stride}, {lo}, {hi})"
         load = "lm_vload_f32_lanes" if stride == 1 else "lm_vload_f32_s2_lanes"
         return f"{load}(&{ptr}[{cexpr(v.index)}], {lo}, {hi})"
 
@@ -508,13 +515,25 @@ def lane_sums(value: K.Value, var: sym.Expr) -> bool:
         varying = [x for x in loads if isinstance(x.index, sym.Expr) and r.var in x.index.vars()]
         lanes = [x for x in varying if isinstance(x.index, sym.Expr) and var in x.index.vars()]
         short = isinstance(r.extent, int) and r.extent < BLOCK_LANES
+        steps = [_step(x.index, var) for x in lanes]
         if (
             lanes
-            and all(_step(x.index, var) in (1, 2) for x in lanes)
+            and all(st in (1, 2) or (short and _gathered(st)) for st in steps)
             and (short or any(_step(x.index, r.var) != 1 for x in lanes))
         ):
             return True
     return False
+
+
+# the largest stride lanes are gathered at: its lane offsets fit 32-bit gather indices with
+# room to spare (a channels-last conv reads its taps at the channel count)
+MAX_GATHER_STRIDE = 1 << 20
+
+
+def _gathered(step: sint) -> bool:
+    """Whether lanes ``step`` elements apart are read by one gather (a constant stride
+    other than 0, 1 and 2, which have loads of their own)."""
+    return isinstance(step, int) and 2 < step <= MAX_GATHER_STRIDE
 
 
 def strided_rows(value: K.Value, var: sym.Expr) -> bool:

@@ -230,6 +230,22 @@ static inline lm_f32v lm_vload_f32_lanes(const float *p, int64_t lo, int64_t hi)
   return v;
 #endif
 }
+/* p[0], p[s], .. p[s * (LM_VL - 1)] with only lanes lo..hi-1 read (clamped to the vector),
+   zeros in the others: a channels-last conv's taps along a row, one masked gather */
+static inline lm_f32v lm_vload_f32_strided_lanes(const float *p, int64_t s, int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > LM_VL ? LM_VL : hi;
+  if (hi <= lo) return lm_vsplatf(0.0f);
+#if defined(__AVX512F__)
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32((int32_t)s));
+  const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+  return (lm_f32v)_mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, p, 4);
+#else
+  lm_f32v v = lm_vsplatf(0.0f);
+  for (int64_t l = lo; l < hi; ++l) v[l] = p[s * l];
+  return v;
+#endif
+}
 /* v with the lanes outside lo..hi-1 (clamped to the vector) zero: a padding mask's window */
 static inline lm_f32v lm_vwindow_f32(lm_f32v v, int64_t lo, int64_t hi) {
   lo = lo < 0 ? 0 : lo;
