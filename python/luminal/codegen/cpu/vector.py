@@ -171,20 +171,12 @@ class _Vec:
                     raise _Unsupported
                 return load_expr(ptr, cexpr(v.index), v.dtype), "s"
             step = _step(v.index, self.ri)
-            if step == 2 and v.dtype is dt.f32:  # a stride-2 conv's taps
-                n = self.lanes or "LM_VL"
-                return f"lm_vload_f32_s2_lanes(&{ptr}[{cexpr(v.index)}], {self.first}, {n})", "f"
-            if _gathered(step) and v.dtype is dt.f32:  # a channels-last conv's taps
-                n = self.lanes or "LM_VL"
+            windowed = self.lanes is not None or self.first != "0"
+            if v.dtype is dt.f32 and (step != 1 or windowed):
                 at = f"&{ptr}[{cexpr(v.index)}]"
-                return f"lm_vload_f32_strided_lanes({at}, {step}, {self.first}, {n})", "f"
-            if _step(v.index, self.ri) != 1:
+                return _lane_load(at, step, self.first, self.lanes or "LM_VL"), "f"
+            if step != 1 or windowed:
                 raise _Unsupported
-            if self.lanes is not None or self.first != "0":
-                if v.dtype is not dt.f32:
-                    raise _Unsupported
-                n = self.lanes or "LM_VL"
-                return f"lm_vload_f32_lanes(&{ptr}[{cexpr(v.index)}], {self.first}, {n})", "f"
             if v.dtype in _INT_LOADS:
                 return f"lm_vload_{_INT_LOADS[v.dtype]}(&{ptr}[{cexpr(v.index)}])", "i"
             if v.dtype in _FLOAT_LOADS:
@@ -242,21 +234,14 @@ class _Vec:
         return lo, hi
 
     def _padded_load(self, v: K.Load, ptr: str) -> str:
-        """An f32 load zero outside a padding mask, its lanes bounded by the mask's window.
-        Unit-stride in the lanes' variable, or stride 2 (a strided conv's taps)."""
+        """An f32 load zero outside a padding mask, its lanes bounded by the mask's window."""
         from ..cstyle import cexpr
 
         x = self.ri
         if not isinstance(v.index, sym.Expr) or x not in v.index.vars():
             raise _Unsupported  # the same for every lane: the scalar form broadcasts it
-        stride = _step(v.index, x)
-        if stride not in (1, 2) and not _gathered(stride):
-            raise _Unsupported
         lo, hi = self._window(v.valid)
-        if _gathered(stride):
-            return f"lm_vload_f32_strided_lanes(&{ptr}[{cexpr(v.index)}], {stride}, {lo}, {hi})"
-        load = "lm_vload_f32_lanes" if stride == 1 else "lm_vload_f32_s2_lanes"
-        return f"{load}(&{ptr}[{cexpr(v.index)}], {lo}, {hi})"
+        return _lane_load(f"&{ptr}[{cexpr(v.index)}]", _step(v.index, x), lo, hi)
 
     def _masked(self, v: K.Masked) -> tuple[str, str]:
         """A value zero outside a padding mask (a padded max pool's taps, its mask of
@@ -534,6 +519,19 @@ def _gathered(step: sint) -> bool:
     """Whether lanes ``step`` elements apart are read by one gather (a constant stride
     other than 0, 1 and 2, which have loads of their own)."""
     return isinstance(step, int) and 2 < step <= MAX_GATHER_STRIDE
+
+
+def _lane_load(at: str, step: sint, lo: str, hi: str) -> str:
+    """C: f32 lanes ``lo``..``hi``-1 read ``step`` elements apart from ``at``, zeros in the
+    others: unit stride (a padded window's edge, a row's last columns), stride 2 (a strided
+    conv's taps: two loads and a permute), or a gather (a channels-last conv's taps)."""
+    if step == 1:
+        return f"lm_vload_f32_lanes({at}, {lo}, {hi})"
+    if step == 2:
+        return f"lm_vload_f32_s2_lanes({at}, {lo}, {hi})"
+    if _gathered(step):
+        return f"lm_vload_f32_strided_lanes({at}, {step}, {lo}, {hi})"
+    raise _Unsupported
 
 
 def strided_rows(value: K.Value, var: sym.Expr) -> bool:
