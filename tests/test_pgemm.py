@@ -137,6 +137,56 @@ def test_pgemm_half_matches_numpy(case: tuple, isa: str, dtype: str, monkeypatch
                 dtype=dtype, runs=2)  # fmt: skip
 
 
+SWAP_CASES = [
+    # mr, mc, kc, pack, pack_a, tb, batch, c_columns (C's matrices side by side: one product)
+    (12, 0, 0, 1, 0, 1, 3, False),
+    (12, 0, 0, 1, 1, 0, 3, False),
+    (5, 7, 16, 1, 0, 1, 2, True),
+    (4, 0, 33, 0, 1, 0, 2, True),
+    (1, 0, 0, 0, 0, 1, 1, False),
+    (14, 30, 0, 1, 1, 1, 2, False),
+]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("isa", ["native", "portable"])
+@pytest.mark.parametrize("case", SWAP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_pgemm_swap_matches_numpy(case: tuple, isa: str, dtype: str, monkeypatch) -> None:
+    """``swap`` 1 (the product run as C^T = op(B)^T @ op(A)^T, C stored transposed) for a
+    weight on the left shared by a batch (a convolution: W @ patches): C's matrices apart (one
+    product per matrix) or side by side in its rows (one product of batch * n rows), with beta
+    adding to C across depth passes, at pixel counts that leave short tiles."""
+    monkeypatch.setenv("LUMINAL_PGEMM_ISA", isa)
+    mr, mc, kc, pack, pack_a, tb, batch, c_columns = case
+    m_, k_ = 37, 45
+    p = Plan()
+    p.add_dim("n", 1, 4000)
+    n = Sym.dim("n")
+    wv = rand(m_, k_, seed=3, dtype=dtype)
+    w = p.add_buffer("w", dtype, Role.weight, (m_, k_))
+    p.weights.append(InlineWeight(w, wv))
+    b = p.add_buffer("b", dtype, Role.input, (batch, n, k_) if tb else (batch, k_, n))
+    c = p.add_buffer("c", "f32", Role.input, (m_, batch, n) if c_columns else (batch, m_, n))
+    layout = ({"ldc": n * batch, "stride_c": n} if c_columns
+              else {"ldc": n, "stride_c": n * m_})  # fmt: skip
+    desc = {"m": m_, "n": n, "k": k_, "trans_b": tb, "batch": batch, "stride_a": 0,
+            "stride_b": n * k_, "alpha": 0.5, "beta": 0.25, "mr": mr, "mc": mc, "kc": kc,
+            "pack": pack, "pack_a": pack_a, "swap": 1, **layout}  # fmt: skip
+    p.steps.append(LibCall("pgemm", desc, [w, b, c]))
+    ex = runtime.load(p)
+    for cols in (1, 5, 29, 70, 5):
+        bv = rand(*((batch, cols, k_) if tb else (batch, k_, cols)), seed=cols, dtype=dtype)
+        c0 = rand(*((m_, batch, cols) if c_columns else (batch, m_, cols)), seed=cols + 9)
+        for _ in range(2):
+            cv = c0.copy()
+            ex.run({"b": bv, "c": cv}, n=cols)
+            got = cv.transpose(1, 0, 2) if c_columns else cv
+            opb = (bv.transpose(0, 2, 1) if tb else bv).astype(np.float64)
+            start = (c0.transpose(1, 0, 2) if c_columns else c0).astype(np.float64)
+            want = 0.5 * (wv.astype(np.float64) @ opb) + 0.25 * start
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 GEMM_CASES = [
     # ta, tb, batch, shared_b, n, k
     (0, 1, 1, True, 70, 45),
@@ -301,7 +351,9 @@ def test_pgemm_packed_copy_covers_a_batch_stepping_back(dtype: str) -> None:
     [({"mr": 0}, "'mr' must be 1..14"), ({"mr": 15}, "'mr' must be 1..14"),
      ({"kc": -1}, "'mc' and 'kc' must be >= 0"), ({"pack": 2}, "'pack' must be 0 or 1"),
      ({"pack_a": 3}, "'pack_a' must be 0 or 1"),
-     ({"pack_a": 0, "trans_a": 1, "lda": 3}, "'pack_a' 0 needs trans_a 0")],
+     ({"pack_a": 0, "trans_a": 1, "lda": 3}, "'pack_a' 0 needs trans_a 0"),
+     ({"swap": 2}, "'swap' must be 0 or 1"),
+     ({"swap": 1, "pack_a": 0}, "'pack_a' 0 with 'swap' 1 needs trans_b 1")],
 )  # fmt: skip
 def test_pgemm_rejects_bad_schedule_fields(fields: dict, message: str) -> None:
     p, _ = _plan(fields, ta=0, tb=0, batch=1, shared_b=True, weight=False, n=8, k=8)
@@ -404,3 +456,38 @@ def test_pgemm_weight_read_again_after_it_is_packed(
         got = ex.run({"a": av})
         for i in range(3):
             assert_sum_close(got[f"c{i}"], av, wv.T, 1.0)
+
+
+@pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
+def test_search_offers_swapped_pgemm_for_a_weight_on_the_left(tmp_path, monkeypatch) -> None:
+    """A convolution multiplies its weight by the patches (W @ P): the swapped pgemm (the
+    weight packed once as panels, C stored transposed) is offered first among the pgemm forms;
+    kept, the plan computes what the graph does at every batch and size."""
+    import luminal.functional as F
+
+    use_kernel_cache(monkeypatch, tmp_path)
+    g = lm.Graph("conv")
+    b, h = lm.dim("b", 1, 8), lm.dim("h", 3, 64)
+    x = g.input("x", (b, 5, h, h))
+    g.output("y", F.conv2d(x, g.weight("w", data=rand(11, 5, 3, 3)), None, padding=1))
+    low = lower(g)
+    offered: list[list[str]] = []
+
+    def variants(call, operands):
+        out = CpuTarget().library_variants(call, operands)
+        offered.append([label for label, _ in out])
+        return out
+
+    def measure(sub, dims):
+        calls = [s for s in sub.kernels if isinstance(s, K.LibCall)]
+        return 1.0 if any(s.fields.get("swap") == 1 for s in calls) else 2.0
+
+    tuner = Tuner(measure, "test", variants=variants)
+    chosen = select.choose_library_calls(low, tuner)
+    assert offered and offered[0][0].endswith(",swap")
+    (call,) = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
+    assert call.func == "pgemm" and call.fields["swap"] == 1 and call.fields["pack"] == 1
+    ex = lm.load(build_plan(chosen, "conv").to_bytes())
+    for bs, hs in ((1, 3), (2, 8), (3, 17)):
+        inputs = {"x": rand(bs, 5, hs, hs, seed=hs)}
+        np.testing.assert_allclose(ex.run(inputs)["y"], g.run(inputs)["y"], rtol=1e-4, atol=1e-4)

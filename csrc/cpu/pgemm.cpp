@@ -8,6 +8,11 @@
 //   pack  1: B holds the same values on every run (a plan weight): packed on the first run
 //         from each source buffer and kept; 0 or absent: packed on every run
 //   pack_a 0: A's rows read in place (needs trans_a 0); 1 or absent: A packed on every run
+//   swap  1: run the product transposed, C^T = op(B)^T @ op(A)^T: A takes B's part (panels,
+//         `pack` 1 when A is the weight) and B A's (tiles, `pack_a` 0 when B's rows are in
+//         place), C stored transposed. For a weight on the left (a convolution's W @ patches):
+//         its panels are packed once and a few columns of C (pixels) fill whole tile rows,
+//         where the plain form packs the patches per run into panels mostly of zeros.
 // B is packed into panels of 32 columns (row p of a panel: B's 32 values at depth p, zero past
 // n) and A into micro-tiles of up to mr rows (row p: the tile's values at depth p), so the
 // micro-kernel reads both sequentially whatever the operands' strides and transposes; read in
@@ -307,12 +312,13 @@ void pack_a_pairs(const uint16_t *a, int64_t lda, bool ta, int64_t m, int64_t k,
 // not read when beta is 0. f32: the tile's value at row r, depth p is ap[p * R + r] when A is
 // packed (Direct false; lda unused), ap[r * lda + p] when A is read in place. bf16 pairs: the
 // word of row r, pair q is ap[q * R + r] packed, the bf16 values at ap[r * lda + 2q] in place.
+// With tc, C is stored transposed: row r, column j at c[j * ldc + r].
 using MicroFn = void (*)(const void *ap, int64_t lda, const void *bp, int64_t kd, float *c,
-                         int64_t ldc, int cols, float alpha, float beta);
+                         int64_t ldc, int cols, float alpha, float beta, bool tc);
 
 template <int R, bool Direct>
 void micro_portable(const void *a, int64_t lda, const void *b, int64_t kd, float *c, int64_t ldc,
-                    int cols, float alpha, float beta) {
+                    int cols, float alpha, float beta, bool tc) {
   const float *ap = static_cast<const float *>(a), *bp = static_cast<const float *>(b);
   float acc[R][kNr] = {};
   for (int64_t p = 0; p < kd; ++p, bp += kNr)
@@ -323,7 +329,8 @@ void micro_portable(const void *a, int64_t lda, const void *b, int64_t kd, float
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < cols; ++j) {
       float v = alpha * acc[r][j];
-      c[r * ldc + j] = beta != 0.f ? v + beta * c[r * ldc + j] : v;
+      float &o = tc ? c[j * ldc + r] : c[r * ldc + j];
+      o = beta != 0.f ? v + beta * o : v;
     }
 }
 
@@ -332,7 +339,21 @@ void micro_portable(const void *a, int64_t lda, const void *b, int64_t kd, float
 // C's rows from a tile's sums: alpha * acc + beta * C, the first `cols` columns.
 template <int R>
 __attribute__((always_inline)) inline void store_tile(__m512 (&acc)[R][2], float *c, int64_t ldc,
-                                                      int cols, float alpha, float beta) {
+                                                      int cols, float alpha, float beta, bool tc) {
+  if (tc) { // column j of the tile: R consecutive floats of C (once per tile and depth pass)
+    alignas(64) float t[R][kNr];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      _mm512_store_ps(t[r], acc[r][0]);
+      _mm512_store_ps(t[r] + 16, acc[r][1]);
+    }
+    for (int j = 0; j < cols; ++j) {
+      float *col = c + j * ldc;
+      for (int r = 0; r < R; ++r)
+        col[r] = beta != 0.f ? alpha * t[r][j] + beta * col[r] : alpha * t[r][j];
+    }
+    return;
+  }
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32   ? __mmask16(0xffff)
                        : cols <= 16 ? __mmask16(0)
@@ -353,7 +374,7 @@ __attribute__((always_inline)) inline void store_tile(__m512 (&acc)[R][2], float
 
 template <int R, bool Direct>
 void micro_avx512(const void *a, int64_t lda, const void *b, int64_t kd, float *c, int64_t ldc,
-                  int cols, float alpha, float beta) {
+                  int cols, float alpha, float beta, bool tc) {
   const float *ap = static_cast<const float *>(a), *bp = static_cast<const float *>(b);
   __m512 acc[R][2];
 #pragma GCC unroll 16
@@ -367,7 +388,7 @@ void micro_avx512(const void *a, int64_t lda, const void *b, int64_t kd, float *
       acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
     }
   }
-  store_tile<R>(acc, c, ldc, cols, alpha, beta);
+  store_tile<R>(acc, c, ldc, cols, alpha, beta, tc);
 }
 #pragma GCC pop_options
 
@@ -375,7 +396,7 @@ void micro_avx512(const void *a, int64_t lda, const void *b, int64_t kd, float *
 #pragma GCC target("avx2,fma,avx512f,avx512bf16")
 template <int R, bool Direct>
 void micro_bf16(const void *a, int64_t lda, const void *b, int64_t kd, float *c, int64_t ldc,
-                int cols, float alpha, float beta) {
+                int cols, float alpha, float beta, bool tc) {
   const auto *bp = static_cast<const uint32_t *>(b);
   __m512 acc[R][2];
 #pragma GCC unroll 16
@@ -401,7 +422,7 @@ void micro_bf16(const void *a, int64_t lda, const void *b, int64_t kd, float *c,
     for (int64_t q = 0; q < pairs; ++q, bp += kNr)
       step(bp, q, [&](int r, int64_t qq) { return ap[qq * R + r]; });
   }
-  store_tile<R>(acc, c, ldc, cols, alpha, beta);
+  store_tile<R>(acc, c, ldc, cols, alpha, beta, tc);
 }
 #pragma GCC pop_options
 
@@ -441,7 +462,7 @@ class PGemm final : public LibCallOp {
 public:
   PGemm(const Plan &plan, size_t step, cpu::ThreadPool &pool)
       : at_("step " + std::to_string(step) + " (pgemm)"),
-        gemm_(plan.steps[step], at_, {"mr", "mc", "kc", "pack", "pack_a"}), pool_(pool) {
+        gemm_(plan.steps[step], at_, {"mr", "mc", "kc", "pack", "pack_a", "swap"}), pool_(pool) {
     const Step &s = plan.steps[step];
     const DType ta = plan.buffers[s.args[0]].dtype, tb = plan.buffers[s.args[1]].dtype,
                 tc = plan.buffers[s.args[2]].dtype;
@@ -466,6 +487,7 @@ public:
               : f.name == "kc"     ? 2
               : f.name == "pack"   ? 3
               : f.name == "pack_a" ? 4
+              : f.name == "swap"   ? 5
                                    : -1;
       if (i < 0) continue;
       if (f.is_real)
@@ -474,27 +496,35 @@ public:
       sched_set_[i] = true;
     }
     args_ = s.args;
-    b_is_weight_ = plan.buffers[args_[1]].role == Role::weight;
+    for (int i = 0; i < 2; ++i) is_weight_[i] = plan.buffers[args_[i]].role == Role::weight;
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
     const int64_t elems[3] = {buf_bytes[args_[0]] / elem_, buf_bytes[args_[1]] / elem_,
                               buf_bytes[args_[2]] / 4};
     GemmDesc::Bound b = gemm_.bind(vals, elems);
-    b.merge_shared_b();
+    int64_t s[6] = {8, 0, 0, 0, 1, 0};
+    for (int i = 0; i < 6; ++i)
+      if (sched_set_[i]) s[i] = vals[sched_expr_[i]];
+    if (s[5] != 0 && s[5] != 1) throw Error(at_ + ": 'swap' must be 0 or 1");
+    swap_ = s[5] == 1;
+    if (swap_)
+      transpose(b);
+    else
+      b.merge_shared_b();
     std::memcpy(v_, b.v, sizeof v_);
     alpha_ = float(b.alpha);
     beta_ = float(b.beta);
-    int64_t s[5] = {8, 0, 0, 0, 1};
-    for (int i = 0; i < 5; ++i)
-      if (sched_set_[i]) s[i] = vals[sched_expr_[i]];
+    b_is_weight_ = is_weight_[swap_ ? 0 : 1];
     if (s[0] < 1 || s[0] > kMaxMr)
       throw Error(at_ + ": 'mr' must be 1.." + std::to_string(kMaxMr) + ", not " +
                   std::to_string(s[0]));
     if (s[1] < 0 || s[2] < 0) throw Error(at_ + ": 'mc' and 'kc' must be >= 0");
     if (s[3] != 0 && s[3] != 1) throw Error(at_ + ": 'pack' must be 0 or 1");
     if (s[4] != 0 && s[4] != 1) throw Error(at_ + ": 'pack_a' must be 0 or 1");
-    if (s[4] == 0 && v_[kTransA]) throw Error(at_ + ": 'pack_a' 0 needs trans_a 0");
+    if (s[4] == 0 && v_[kTransA])
+      throw Error(at_ + (swap_ ? ": 'pack_a' 0 with 'swap' 1 needs trans_b 1"
+                               : ": 'pack_a' 0 needs trans_a 0"));
     mr_ = s[0];
     const int64_t m = v_[kM], k = v_[kK];
     mc_ = s[1] == 0 || s[1] >= m ? std::max<int64_t>(m, 1) : (s[1] + mr_ - 1) / mr_ * mr_;
@@ -510,14 +540,15 @@ public:
     if (m == 0 || n == 0 || batch == 0) return;
     if (k == 0) { // an empty sum: C = beta * C
       for (int64_t i = 0; i < batch; ++i)
-        for (int64_t r = 0; r < m; ++r) {
-          float *row = c_ + i * v_[kStrideC] + r * v_[kLdc];
-          for (int64_t j = 0; j < n; ++j) row[j] = beta_ != 0.f ? beta_ * row[j] : 0.f;
-        }
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            float &o = c_[i * v_[kStrideC] + (swap_ ? j * v_[kLdc] + r : r * v_[kLdc] + j)];
+            o = beta_ != 0.f ? beta_ * o : 0.f;
+          }
       return;
     }
-    a_ = static_cast<const char *>(args[0]) + v_[kOffA] * elem_;
-    b_ = static_cast<const char *>(args[1]) + v_[kOffB] * elem_;
+    a_ = static_cast<const char *>(args[swap_ ? 1 : 0]) + v_[kOffA] * elem_;
+    b_ = static_cast<const char *>(args[swap_ ? 0 : 1]) + v_[kOffB] * elem_;
     kb_ = (k + dpw_ - 1) / dpw_;
     panels_ = (n + kNr - 1) / kNr;
     tiles_ = (m + mr_ - 1) / mr_;
@@ -538,6 +569,25 @@ public:
   }
 
 private:
+  // The bound descriptor of C^T = op(B)^T @ op(A)^T (C read and written transposed by the
+  // tiles). One A (now B) shared by a batch whose C columns continue from matrix to matrix is
+  // one product of batch * n rows, as merge_shared_b does for the plain form.
+  static void transpose(GemmDesc::Bound &b) {
+    int64_t *v = b.v;
+    std::swap(v[kM], v[kN]);
+    std::swap(v[kLda], v[kLdb]);
+    std::swap(v[kStrideA], v[kStrideB]);
+    std::swap(v[kOffA], v[kOffB]);
+    const int64_t ta = v[kTransA];
+    v[kTransA] = !v[kTransB];
+    v[kTransB] = !ta;
+    if (v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] && v[kStrideA] == v[kM] * v[kLda] &&
+        v[kStrideC] == v[kM] && v[kBatch] * v[kM] <= INT32_MAX) {
+      v[kM] *= v[kBatch];
+      v[kBatch] = 1;
+    }
+  }
+
   void launch(cpu::KernelFn fn, int64_t tasks) {
     void *targs[1] = {this};
     if (parallel_ && tasks > 1)
@@ -657,7 +707,8 @@ private:
       const char *ad = g.a_ + i * v[kStrideA] * g.elem_; // A in place
       const uint32_t *ap = g.a_pack_.data<uint32_t>() + i * m * kb;
       const uint32_t *bp = g.bp_ + (i * g.panels_ + p) * kb * kNr;
-      float *c = g.c_ + i * v[kStrideC] + p * kNr;
+      const int64_t ldc = v[kLdc], rs = g.swap_ ? 1 : ldc; // C's step from row to row
+      float *c = g.c_ + i * v[kStrideC] + p * kNr * (g.swap_ ? ldc : 1);
       const int cols = int(std::min<int64_t>(kNr, n - p * kNr));
       const int64_t r0 = mb * g.mc_, r1 = std::min(m, r0 + g.mc_);
       for (int64_t k0 = 0; k0 < k; k0 += g.kc_) {
@@ -668,7 +719,7 @@ private:
           const void *at = g.direct_a_
                                ? static_cast<const void *>(ad + (r * v[kLda] + k0) * g.elem_)
                                : static_cast<const void *>(ap + r * kb + w0 * rr);
-          micro[rr](at, v[kLda], bp + w0 * kNr, kd, c + r * v[kLdc], v[kLdc], cols, g.alpha_, beta);
+          micro[rr](at, v[kLda], bp + w0 * kNr, kd, c + r * rs, ldc, cols, g.alpha_, beta, g.swap_);
         }
       }
     }
@@ -682,12 +733,14 @@ private:
   int64_t elem_ = 4;                  // bytes of an A or B element
   int64_t dpw_ = 1;                   // depths per packed word: 2 for bf16 pairs
   std::vector<uint32_t> args_;
-  uint32_t sched_expr_[5] = {};
-  bool sched_set_[5] = {};
+  uint32_t sched_expr_[6] = {};
+  bool sched_set_[6] = {};
   int64_t v_[GemmDesc::kNum] = {};
   float alpha_ = 1.f, beta_ = 0.f;
   int64_t mr_ = 8, mc_ = 1, kc_ = 1;
   bool keep_b_ = false, parallel_ = false, direct_a_ = false, b_is_weight_ = false;
+  bool swap_ = false;      // the transposed product (see transpose)
+  bool is_weight_[2] = {}; // the step's A and B are plan weights
   // the current run's operands and partition (set by run before the tasks start)
   const char *a_ = nullptr, *b_ = nullptr;
   const uint32_t *bp_ = nullptr;
