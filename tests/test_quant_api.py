@@ -104,7 +104,7 @@ def test_cli(tiny, tmp_path, capsys) -> None:
     assert "exists (--force overwrites it)" in capsys.readouterr().err
     assert cli.run([src, "-o", out, "--type", "int8", "-q", "--force"]) == 0
     assert cli.run([str(tmp_path), "-o", out + "2", "--type", "int8"]) == 2
-    assert "a folder" in capsys.readouterr().err
+    assert "no config.json" in capsys.readouterr().err  # a folder is read as transformers
     assert cli.run([str(tmp_path / "none.gguf"), "-o", out + "3", "--type", "int8"]) == 2
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):

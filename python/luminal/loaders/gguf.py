@@ -238,9 +238,10 @@ _headers = _HeaderCache()
 class GGUFFile:
     """A mapped GGUF file: ``metadata`` (key -> Python value), ``tensors`` (name -> info),
     ``array(name)`` (raw mapped data), ``architecture``. The header is parsed here (the
-    ``gguf`` package's reader takes seconds on a 49k-token vocabulary)."""
+    ``gguf`` package's reader takes seconds on a 49k-token vocabulary) and kept in the header
+    cache unless ``cache_header`` is False."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], cache_header: bool = True) -> None:
         self.path = os.fspath(path)
         self._luminal: dict[str, tuple[str, tuple[int, int]]] | None = None
         size = os.path.getsize(self.path)
@@ -265,10 +266,11 @@ class GGUFFile:
         # key -> (GGUF value type, element type of an array or None): what a writer copying
         # the metadata needs
         self.metadata_types: dict[str, tuple[int, int | None]]
-        header = _headers.load(self.path, self._mm)
+        header = _headers.load(self.path, self._mm) if cache_header else None
         if header is None:
             header = self._parse_header(c, size)
-            _headers.store(self.path, self._mm, header)
+            if cache_header:  # not for a transient file (a quantizer's intermediate)
+                _headers.store(self.path, self._mm, header)
         self.metadata, self.metadata_types, infos, header_end = header
         align = int(self.metadata.get("general.alignment", 32) or 32)
         start = (header_end + align - 1) // align * align

@@ -1,4 +1,9 @@
-"""Requantize a GGUF model to another weight format.
+"""Requantize a GGUF model, or quantize a transformers folder, to another weight format.
+
+A folder (``config.json``, ``*.safetensors``, ``tokenizer.json``; the model types of
+``hf.ARCHS``) is first written as a GGUF file in its own float type, with llama.cpp's tensor
+names and layout, metadata and tokenizer (``hf.py``), beside the output; that file is then
+quantized as any GGUF input and removed.
 
 Three kinds of target type:
 
@@ -30,6 +35,7 @@ import ctypes
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +44,7 @@ import numpy as np
 
 from ..loaders import lowp
 from ..loaders.gguf import LUMINAL_QUANT_KEY, GGUFFile, GGUFWeights
-from . import calibrate
+from . import calibrate, hf
 
 # type -> GGUF tensor type, for the types the gguf package quantizes
 _GGUF_PY = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
@@ -82,7 +88,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              calib_damp: float = calibrate.DAMP, calib_method: str = calibrate.METHOD,
              calib_act_order: bool = False,
              calib_importance: bool = True) -> QuantizeResult:  # fmt: skip
-    """Write ``src`` (a GGUF file luminal reads) requantized to ``qtype`` at ``dst``.
+    """Write ``src`` (a GGUF file luminal reads, or a transformers folder of a model type in
+    ``hf.ARCHS``, converted first as llama.cpp's converter would) requantized to ``qtype``
+    at ``dst``.
     ``embed_type``: another type for the token embedding and output head (``EMBEDDINGS``),
     as llama.cpp keeps them at higher precision in its 4-bit mixes. ``scales``: how luminal's
     quantizers choose scales (``lowp.SCALES``, see above). ``calibration``: a text (a str
@@ -106,12 +114,10 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     if embed_type is not None and embed_type not in own:
         raise ValueError(f"embed_type {embed_type!r} must be one of {', '.join(own)}")
     embed_type = embed_type or qtype
-    if os.path.isdir(src):
-        raise ValueError(
-            f"{src}: a folder; quantize reads GGUF files (convert a transformers folder to GGUF "
-            "first, e.g. with llama.cpp's convert_hf_to_gguf.py)"
-        )
-    if not os.path.exists(src):
+    folder = os.path.isdir(src)
+    if folder:
+        hf.model_type(src)  # an architecture not converted fails before any work
+    elif not os.path.exists(src):
         raise FileNotFoundError(f"{src}: no such file")
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError(f"{dst}: the output would overwrite the input")
@@ -130,16 +136,42 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
                 f"calib_method must be one of {', '.join(calibrate.METHODS)}, got {calib_method!r}"
             )
     t0 = time.perf_counter()
+    if not folder:
+        res = _quantize(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
+                        calib_method, calib_damp, calib_act_order, calib_importance)  # fmt: skip
+        res.seconds = time.perf_counter() - t0
+        return res
+    # the folder becomes a GGUF file of its own float type beside the output (the layout
+    # llama.cpp's converter writes), which is then quantized as any GGUF input
+    fd, tmp = tempfile.mkstemp(".gguf", ".luminal-", os.path.dirname(os.path.abspath(dst)))
+    os.close(fd)
+    try:
+        if not quiet:
+            print(f"quantize: converting {src}", file=sys.stderr)
+        hf.write_gguf(src, tmp)
+        res = _quantize(tmp, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
+                        calib_method, calib_damp, calib_act_order, calib_importance,
+                        transient=True)  # fmt: skip
+    finally:
+        os.unlink(tmp)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
+              text: str | None, calib_tokens: int, calib_method: str, calib_damp: float,
+              calib_act_order: bool, calib_importance: bool,
+              transient: bool = False) -> QuantizeResult:  # fmt: skip
+    """``quantize`` of the GGUF file ``src``, its arguments checked; ``transient``: ``src`` is
+    deleted after (its parsed header is not cached)."""
     if qtype in _LLAMA_CPP:
         _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
         f = GGUFFile(dst)
         stored = {n: t.type_name for n, t in f.tensors.items()}
-        size, secs = os.path.getsize(dst), time.perf_counter() - t0
-        return QuantizeResult(dst, qtype, size, secs, stored=stored)
+        return QuantizeResult(dst, qtype, os.path.getsize(dst), 0.0, stored=stored)
     opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance)
-    res = _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts)
-    res.seconds = time.perf_counter() - t0
-    return res
+    return _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts,
+                  transient)  # fmt: skip
 
 
 def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
@@ -169,11 +201,12 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
            text: str | None = None, calib_tokens: int = 0,
-           opts: calibrate.Options | None = None) -> QuantizeResult:  # fmt: skip
+           opts: calibrate.Options | None = None,
+           transient: bool = False) -> QuantizeResult:  # fmt: skip
     import gguf
 
     opts = opts or calibrate.Options()
-    f = GGUFFile(src)
+    f = GGUFFile(src, cache_header=not transient)
     source = GGUFWeights(f, dequant="load")
     res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
     owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}

@@ -1,0 +1,255 @@
+"""``luminal quantize DIR``: a transformers folder (tiny random Llama / Mistral / Qwen2 saved with
+``save_pretrained``, and a byte-level BPE tokenizer trained here on a few sentences: nothing
+from a hub) is converted to GGUF with llama.cpp's names and layout, then quantized. luminal
+runs the output with transformers' logits, llama.cpp (when importable) too."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+import luminal as lm  # noqa: E402
+from luminal import quant  # noqa: E402
+from luminal.loaders.gguf import GGUFFile  # noqa: E402
+
+TEXT = [
+    "The river runs past the old mill and under the stone bridge.",
+    "Bees carry pollen from flower to flower all summer long.",
+    "A clock with a broken spring still shows the right time twice a day.",
+    "The train left the station at seven and reached the coast by noon.",
+    "Primes such as 2, 3, 5, 7 and 11 divide only by one and themselves.",
+]
+PROMPT = "The bees left the old station by the river at 1130, don't they?"
+
+
+def _tokenizer(pre: str) -> tokenizers.Tokenizer:
+    """A byte-level BPE whose pre-tokenizer is the one GGUF calls ``pre``: GPT-2's split,
+    SmolLM's single digits, Llama 3's or Qwen2's regex."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+
+    from luminal.tokenizer import _LLAMA3, _QWEN2
+
+    tk = tokenizers.Tokenizer(models.BPE())
+    if pre in ("llama-bpe", "qwen2"):
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_QWEN2 if pre == "qwen2" else _LLAMA3), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])  # fmt: skip
+    elif pre == "smollm":
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ])  # fmt: skip
+    else:
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)  # fmt: skip
+    tk.train_from_iterator(TEXT, trainer)
+    return tk
+
+
+# name -> (model_type, config overrides, pre-tokenizer, dtype)
+KINDS = {
+    "llama": ("llama", {}, "gpt-2", torch.float32),
+    "llama-bf16-tied": ("llama", {"tie_word_embeddings": True}, "smollm", torch.bfloat16),
+    "llama3-rope": ("llama", {"head_dim": 32, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}}, "llama-bpe", torch.float32),
+    "mistral": ("mistral", {"sliding_window": None}, "gpt-2", torch.float32),
+    "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}, "qwen2", torch.float32),
+}  # fmt: skip
+
+
+def _save(folder: str, kind: str) -> None:
+    mt, extra, pre, dtype = KINDS[kind]
+    cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[mt]  # fmt: skip
+    # 320 embedding rows for a 300-token vocabulary: the GGUF vocabulary is padded
+    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               rope_theta=1000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+               bos_token_id=0, eos_token_id=1)  # fmt: skip
+    cfg.update(extra)
+    torch.manual_seed(0)
+    hf = cls[1](cls[0](**cfg)).eval()
+    with torch.no_grad():  # random norms and biases so a wrong mapping shows
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias"):
+                p.normal_(0, 0.5)
+    hf.to(dtype).save_pretrained(folder)
+    _tokenizer(pre).save(os.path.join(folder, "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("hf")
+    made: dict[str, str] = {}
+
+    def get(kind: str) -> str:
+        if kind not in made:
+            made[kind] = str(root / kind)
+            _save(made[kind], kind)
+        return made[kind]
+
+    return get
+
+
+def _hf_logits(folder: str, ids: list[int]) -> np.ndarray:
+    """transformers' logits of every position, the weights in f32."""
+    m = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(torch.tensor([ids])).logits[0].numpy()
+
+
+def _ids(folder: str) -> list[int]:
+    tk = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    return tk.encode(PROMPT).ids
+
+
+def _luminal_logits(path: str, ids: list[int]) -> np.ndarray:
+    """A prompt then two one-token steps (the KV cache and RoPE positions in play): the logits
+    of the prompt's last position and of each step."""
+    s = lm.models.load(path, backend="interp")
+    out = [s.forward(ids[:-2])] + [s.forward([t]) for t in ids[-2:]]
+    return np.stack(out)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_f32_file_gives_transformers_logits(folders, tmp_path, kind: str) -> None:
+    folder = folders(kind)
+    out = tmp_path / "f32.gguf"
+    res = quant.quantize(folder, out, "f32")
+    assert set(res.stored.values()) == {"F32"}
+    assert sorted(os.listdir(tmp_path)) == ["f32.gguf"]  # the intermediate file is gone
+    f = GGUFFile(out)
+    mt = KINDS[kind][0]
+    assert f.architecture == ("qwen2" if mt == "qwen2" else "llama")
+    assert ("output.weight" in f.tensors) == ("tied" not in kind)
+    tokens = f.get("tokenizer.ggml.tokens")
+    assert len(tokens) == 320 and tokens[310] == "[PAD310]"
+    assert f.get("tokenizer.ggml.bos_token_id") == 0 and f.get("tokenizer.ggml.eos_token_id") == 1
+    ids = _ids(folder)
+    s = lm.models.load(out, backend="interp")
+    assert f.get("tokenizer.ggml.pre") == KINDS[kind][2]
+    assert s.tokenizer.encode(PROMPT) == ids  # the GGUF tokenizer splits as tokenizer.json
+    want = _hf_logits(folder, ids)[[-3, -2, -1]]
+    assert _rel(_luminal_logits(str(out), ids), want) < 1e-5
+
+
+def test_q8_0_within_its_rounding(folders, tmp_path) -> None:
+    folder = folders("llama")
+    out = tmp_path / "q8.gguf"
+    res = quant.quantize(folder, out, "q8_0")
+    assert res.stored["blk.0.attn_q.weight"] == "Q8_0" and res.stored["output_norm.weight"] == "F32"
+    assert GGUFFile(out).get("general.file_type") == 7
+    ids = _ids(folder)
+    assert _rel(_luminal_logits(str(out), ids), _hf_logits(folder, ids)[[-3, -2, -1]]) < 0.02
+
+
+@pytest.mark.parametrize("qtype,tol", [("fp8_e4m3", 0.05), ("nvfp4", 0.2)])
+def test_container_formats_run_in_luminal(folders, tmp_path, qtype: str, tol: float) -> None:
+    folder = folders("llama")
+    out = tmp_path / f"{qtype}.gguf"
+    res = quant.quantize(folder, out, qtype, embed_type="q8_0")
+    assert res.stored["blk.1.ffn_down.weight"] == qtype and res.stored["output.weight"] == "Q8_0"
+    assert "blk.1.ffn_down.weight" not in GGUFFile(out).tensors  # parts only: llama.cpp refuses
+    ids = _ids(folder)
+    got = _luminal_logits(str(out), ids)
+    assert np.isfinite(got).all()
+    assert _rel(got, _hf_logits(folder, ids)[[-3, -2, -1]]) < tol
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2-tied"])
+def test_llama_cpp_runs_the_file(folders, tmp_path, kind: str) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    folder = folders(kind)
+    ids = _ids(folder)
+    want = _hf_logits(folder, ids)
+    for qtype, tol in (("f32", 1e-3), ("q8_0", 0.03)):  # its KV cache is f16
+        out = str(tmp_path / f"{qtype}.gguf")
+        quant.quantize(folder, out, qtype)
+        m = llama_cpp.Llama(out, n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+        assert m.tokenize(PROMPT.encode(), add_bos=False) == ids, qtype
+        m.eval(ids)
+        got = np.asarray(m.scores[: len(ids)], np.float32)
+        assert _rel(got, want) < tol, qtype
+        m.close()
+
+
+def test_calibration_from_a_folder(folders, tmp_path) -> None:
+    """The calibration text is tokenized by the tokenizer the folder's GGUF file carries."""
+    folder = folders("llama")
+    out = tmp_path / "cal.gguf"
+    res = quant.quantize(folder, out, "int8", calibration=" ".join(TEXT), calib_tokens=40)
+    assert res.calibration is not None and res.calibration["matrices"] == 15
+    assert res.calibration["tokens"] == 40
+    ids = _ids(folder)
+    assert _rel(_luminal_logits(str(out), ids), _hf_logits(folder, ids)[[-3, -2, -1]]) < 0.05
+
+
+def test_bad_folders_are_clear_errors(folders, tmp_path) -> None:
+    out = tmp_path / "out" / "o.gguf"
+    out.parent.mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        quant.quantize(bad, out, "q8_0")
+    (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="model_type 'gpt2'.*supported: llama, mistral, qwen2"):
+        quant.quantize(bad, out, "q8_0")
+    src = folders("llama")
+    (bad / "config.json").write_text(open(os.path.join(src, "config.json")).read())
+    os.link(os.path.join(src, "model.safetensors"), bad / "model.safetensors")
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        quant.quantize(bad, out, "q8_0")
+    # a SentencePiece-style BPE (byte fallback) has no byte-level GGUF form
+    from tokenizers import decoders, models
+
+    tk = tokenizers.Tokenizer(models.BPE({"a": 0, "b": 1}, [], byte_fallback=True))
+    tk.decoder = decoders.Sequence([decoders.ByteFallback()])
+    tk.save(str(bad / "tokenizer.json"))
+    with pytest.raises(ValueError, match="BPE with byte fallback tokenizer"):
+        quant.quantize(bad, out, "q8_0")
+    _tokenizer("gpt-2").save(str(bad / "tokenizer.json"))
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {
+        "rope_type": "linear", "factor": 2.0}}))  # fmt: skip
+    with pytest.raises(ValueError, match="RoPE scaling 'linear'"):
+        quant.quantize(bad, out, "q8_0")
+    (bad / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
+    with pytest.raises(ValueError, match="biases"):
+        quant.quantize(bad, out, "q8_0")
+    assert os.listdir(out.parent) == []  # nothing written, no intermediate left
+
+
+def test_cli_quantizes_a_folder(folders, tmp_path, capsys) -> None:
+    from luminal.cli import main
+
+    folder = folders("llama")
+    out = str(tmp_path / "o.gguf")
+    assert main(["quantize", folder, "-o", out, "--type", "q8_0", "--json", "-q"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["type"] == "q8_0"
+    assert info["tensors"]["Q8_0"] == 16  # 14 layer matrices, the embedding, the head
+    assert GGUFFile(out).get("tokenizer.ggml.pre") == "gpt-2"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert main(["quantize", str(bad), "-o", str(tmp_path / "b.gguf"), "--type", "q8_0"]) == 2
+    assert "model_type 'bert'" in capsys.readouterr().err
