@@ -174,3 +174,26 @@ def test_monomial_divisor_peels_an_int_part():
         rv, bv = sym.as_int(sym.substitute(r, env)), sym.as_int(sym.substitute(b, env))
         assert sym.as_int(sym.substitute(q, env)) == rv // bv
         assert sym.as_int(sym.substitute(m, env)) == rv % bv
+
+
+def test_a_size_halved_twice_indexes_within_one_halved_once():
+    """A stride-2 downsampling under a symbolic size (s // 4 pixels, then s // 8): a window
+    index 2 * i + j (i < s // 8, j < 2) is below s // 4, so flattening and unflattening it
+    leaves no division; the bounds behind it hold at every size."""
+    s = sym.dim("s", 1, 4096)
+    half, quarter = sym.floordiv(s, 4), sym.floordiv(s, 8)
+    i, j = sym.index_var(2, quarter), sym.index_var(5, 2)
+    i1, j1 = sym.index_var(1, quarter), sym.index_var(4, 2)
+    r = sym.add(sym.mul(i, 2), j)
+    assert sym.prove_lt(r, half)
+    assert sym.floordiv(r, half) == 0 and sym.mod(r, half) is r
+    row = sym.add(sym.add(sym.mul(i1, sym.mul(half, 2)), sym.mul(j1, half)), r)
+    assert sym.floordiv(row, sym.mul(half, half)) == 0
+    assert sym.mod(sym.floordiv(row, half), half) == sym.add(sym.mul(i1, 2), j1)
+    # the bounds used: 2 * (y // 8) <= y // 4, and with a nonnegative factor alongside
+    for y in range(-40, 200):
+        for k in range(0, 5):
+            assert 2 * (y // 8) * k <= (y // 4) * k
+    lhs = sym.add(sym.mul(half, half), sym.mul(sym.mul(quarter, half), -2))
+    assert sym.prove_nonneg(lhs)
+    assert not sym.prove_nonneg(sym.add(sym.mul(half, half), sym.mul(sym.mul(quarter, half), -3)))

@@ -430,8 +430,18 @@ def sym_lower(x: sint) -> sint:
         for t, c in x.args[0]:
             if c < 0 and (q := _floor_multiple(t, c)) is not None:
                 out = add(out, mul(sym_upper(q[0]), q[1]))  # -c*(y//d) >= -(c/d)*y
+            elif c < -1 and (up := _floor_fraction(t, -c)) is not None:
+                # c*(y//d) >= -(y//(d/-c)): a size halved twice against one halved once
+                out = add(out, mul(up, -1))
             else:
                 out = add(out, mul(sym_lower(t) if c > 0 else sym_upper(t), c))
+        return out
+    if x.kind == DIV and isinstance(x.args[1], int) and x.args[1] > 0:
+        return floordiv(sym_lower(x.args[0]), x.args[1])
+    if x.kind == MUL and all(f.lo >= 0 for f in x.args):
+        out = 1
+        for f in x.args:
+            out = mul(out, sym_lower(f))
         return out
     return x.lo
 
@@ -441,6 +451,27 @@ def _floor_multiple(t: Expr, c: int) -> tuple[sint, int] | None:
     if t.kind == DIV and isinstance(t.args[1], int) and t.args[1] > 0 and c % t.args[1] == 0:
         return t.args[0], c // t.args[1]
     return None
+
+
+def _floor_fraction(t: Expr, c: int) -> sint | None:
+    """An upper bound of ``c * t`` (c > 0) when ``t`` is ``y // d`` with c dividing d, or
+    such a quotient times nonnegative factors: ``c * (y // d) <= y // (d // c)`` for every
+    integer y, so ``c * t <= upper(y) // (d // c) * upper(the other factors)``."""
+    factors = list(t.args) if t.kind == MUL else [t]
+    # of several quotients, the one of the largest divisor (the size halved most often)
+    fit = [(f.args[1], k) for k, f in enumerate(factors)
+           if isinstance(f, Expr) and f.kind == DIV and isinstance(f.args[1], int)
+           and f.args[1] > 0 and f.args[1] % c == 0]  # fmt: skip
+    if not fit:
+        return None
+    k = max(fit)[1]
+    f, rest = factors[k], factors[:k] + factors[k + 1 :]
+    if any(isinstance(g, Expr) and g.lo < 0 for g in rest):
+        return None
+    out = floordiv(sym_upper(f.args[0]), f.args[1] // c)
+    for g in rest:
+        out = mul(out, sym_upper(g))
+    return out
 
 
 def lower_bound(x: sint) -> int:
