@@ -57,14 +57,46 @@ def _tokenizer(pre: str) -> tokenizers.Tokenizer:
     return tk
 
 
-# name -> (model_type, config overrides, pre-tokenizer, dtype)
+def _spm_tokenizer(layout: str) -> tokenizers.Tokenizer:
+    """A SentencePiece-style BPE as transformers writes Llama 2's: byte fallback to the
+    ``<0xNN>`` tokens after ``<unk> <s> </s>``, spaces as ``\u2581`` with one before the text,
+    by the normalizer (``legacy``) or a Metaspace pre-tokenizer (``metaspace``)."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    tk = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    # trained on words, as SentencePiece merges within words
+    tk.pre_tokenizer = pre_tokenizers.Metaspace("\u2581", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)  # fmt: skip
+    tk.train_from_iterator(TEXT, trainer)
+    j = json.loads(tk.to_str())
+    vocab = j["model"]["vocab"]
+    ids = {t: i for t, i in vocab.items() if i < 3}
+    ids.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    ids.update({t: i + 256 for t, i in vocab.items() if i >= 3})
+    j["model"]["vocab"] = ids
+    j["pre_tokenizer"] = None
+    tk = tokenizers.Tokenizer.from_str(json.dumps(j))
+    if layout == "legacy":
+        tk.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+        )
+    else:
+        tk.pre_tokenizer = pre_tokenizers.Metaspace("\u2581", prepend_scheme="first", split=False)
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])  # fmt: skip
+    return tk
+
+
+# name -> (model_type, config overrides, pre-tokenizer or SentencePiece layout, dtype)
 KINDS = {
     "llama": ("llama", {}, "gpt-2", torch.float32),
     "llama-bf16-tied": ("llama", {"tie_word_embeddings": True}, "smollm", torch.bfloat16),
     "llama3-rope": ("llama", {"head_dim": 32, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}}, "llama-bpe", torch.float32),
-    "mistral": ("mistral", {"sliding_window": None}, "gpt-2", torch.float32),
+    "mistral": ("mistral", {"sliding_window": None}, "legacy", torch.float32),
+    "llama-spm": ("llama", {}, "metaspace", torch.float32),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}, "qwen2", torch.float32),
 }  # fmt: skip
 
@@ -74,8 +106,9 @@ def _save(folder: str, kind: str) -> None:
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[mt]  # fmt: skip
-    # 320 embedding rows for a 300-token vocabulary: the GGUF vocabulary is padded
-    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    # 600 embedding rows for 300 tokens (556 with SentencePiece's bytes): the GGUF vocabulary
+    # is padded
+    cfg = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                rope_theta=1000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
                bos_token_id=0, eos_token_id=1)  # fmt: skip
@@ -89,7 +122,8 @@ def _save(folder: str, kind: str) -> None:
             elif n.endswith("bias"):
                 p.normal_(0, 0.5)
     hf.to(dtype).save_pretrained(folder)
-    _tokenizer(pre).save(os.path.join(folder, "tokenizer.json"))
+    tk = _spm_tokenizer(pre) if pre in ("legacy", "metaspace") else _tokenizer(pre)
+    tk.save(os.path.join(folder, "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +176,13 @@ def test_f32_file_gives_transformers_logits(folders, tmp_path, kind: str) -> Non
     assert f.architecture == ("qwen2" if mt == "qwen2" else "llama")
     assert ("output.weight" in f.tensors) == ("tied" not in kind)
     tokens = f.get("tokenizer.ggml.tokens")
-    assert len(tokens) == 320 and tokens[310] == "[PAD310]"
+    assert len(tokens) == 600 and tokens[590] == "[PAD590]"
     assert f.get("tokenizer.ggml.bos_token_id") == 0 and f.get("tokenizer.ggml.eos_token_id") == 1
     ids = _ids(folder)
     s = lm.models.load(out, backend="interp")
-    assert f.get("tokenizer.ggml.pre") == KINDS[kind][2]
+    spm = KINDS[kind][2] in ("legacy", "metaspace")
+    assert f.get("tokenizer.ggml.model") == ("llama" if spm else "gpt2")
+    assert f.get("tokenizer.ggml.pre") == ("default" if spm else KINDS[kind][2])
     assert s.tokenizer.encode(PROMPT) == ids  # the GGUF tokenizer splits as tokenizer.json
     want = _hf_logits(folder, ids)[[-3, -2, -1]]
     assert _rel(_luminal_logits(str(out), ids), want) < 1e-5
@@ -175,7 +211,7 @@ def test_container_formats_run_in_luminal(folders, tmp_path, qtype: str, tol: fl
     assert _rel(got, _hf_logits(folder, ids)[[-3, -2, -1]]) < tol
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2-tied"])
+@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2-tied", "mistral", "llama-spm"])
 def test_llama_cpp_runs_the_file(folders, tmp_path, kind: str) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
     folder = folders(kind)
@@ -218,13 +254,15 @@ def test_bad_folders_are_clear_errors(folders, tmp_path) -> None:
     os.link(os.path.join(src, "model.safetensors"), bad / "model.safetensors")
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         quant.quantize(bad, out, "q8_0")
-    # a SentencePiece-style BPE (byte fallback) has no byte-level GGUF form
-    from tokenizers import decoders, models
+    from tokenizers import models
 
+    tokenizers.Tokenizer(models.WordLevel({"a": 0}, "a")).save(str(bad / "tokenizer.json"))
+    with pytest.raises(ValueError, match="a WordLevel tokenizer; .* converts BPE"):
+        quant.quantize(bad, out, "q8_0")
+    # byte fallback without SentencePiece's spaces
     tk = tokenizers.Tokenizer(models.BPE({"a": 0, "b": 1}, [], byte_fallback=True))
-    tk.decoder = decoders.Sequence([decoders.ByteFallback()])
     tk.save(str(bad / "tokenizer.json"))
-    with pytest.raises(ValueError, match="BPE with byte fallback tokenizer"):
+    with pytest.raises(ValueError, match="are not SentencePiece's"):
         quant.quantize(bad, out, "q8_0")
     _tokenizer("gpt-2").save(str(bad / "tokenizer.json"))
     cfg = json.loads((bad / "config.json").read_text())

@@ -13,10 +13,12 @@ luminal's GGUF loader (``models/llama.py``) both know. What the file holds:
   tensor (the embedding is read); Llama 3's RoPE scaling is ``rope_freqs.weight`` (the per
   frequency divisors llama.cpp's converter writes);
 - the hyperparameters as ``<arch>.*`` keys;
-- the tokenizer as ``tokenizer.ggml.*``: byte-level BPE (``gpt2``: tokens, types, merges,
-  and the pre-tokenizer's GGUF name, recognized from tokenizer.json's pre-tokenizer), the
-  special token ids and ``add_bos_token`` (``gguf.SpecialVocab``); the vocabulary is padded
-  to the embedding's rows with unused ``[PAD<i>]`` tokens, as llama.cpp's converter does.
+- the tokenizer as ``tokenizer.ggml.*``: a byte-level BPE as ``gpt2`` (tokens, types,
+  merges, and the pre-tokenizer's GGUF name, recognized from tokenizer.json's pre-tokenizer),
+  a SentencePiece-style BPE (byte fallback, spaces as ``▁``: Llama 2, Mistral) as ``llama``
+  (tokens, types, scores that order the merges, the space prefix); the special token ids,
+  ``add_bos_token`` and the chat template from ``gguf.SpecialVocab``; the vocabulary padded to
+  the embedding's rows with unused ``[PAD<i>]`` tokens, as llama.cpp's converter does.
 
 A folder luminal cannot convert faithfully (another architecture, RoPE scaling other than
 Llama 3's, biases a llama GGUF has no place for, a tokenizer of another kind) is a ValueError
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -186,24 +189,19 @@ def _add_tensor(w: Any, name: str, a: np.ndarray) -> None:
 
 
 def _add_tokenizer(w: Any, folder: str, tok_path: str, n_vocab: int) -> None:
-    """``tokenizer.ggml.*`` from tokenizer.json (byte-level BPE) and gguf's SpecialVocab."""
+    """``tokenizer.ggml.*`` from tokenizer.json (a BPE: byte-level, or SentencePiece's with
+    byte fallback) and gguf's SpecialVocab (special ids, add_bos, chat template)."""
     import gguf
 
     with open(tok_path, encoding="utf-8") as fh:
         tj = json.load(fh)
     model = tj.get("model") or {}
-    dec = (tj.get("decoder") or {}).get("type")
-    if model.get("type") != "BPE" or model.get("byte_fallback") or dec != "ByteLevel":
-        fallback = " with byte fallback" if model.get("byte_fallback") else ""
-        kind = f"{model.get('type')}{fallback}"
+    if model.get("type") != "BPE":
         raise ValueError(
-            f"{tok_path}: a {kind} tokenizer (decoder {dec}); quantizing a folder converts "
-            "byte-level BPE tokenizers (Llama 3, Qwen2, SmolLM, GPT-2 style)"
+            f"{tok_path}: a {model.get('type')} tokenizer; quantizing a folder converts BPE "
+            "tokenizers (byte-level as Llama 3, Qwen2, SmolLM; SentencePiece's as Llama 2, "
+            "Mistral)"
         )
-    norm = (tj.get("normalizer") or {}).get("type")
-    if norm not in _NORMALIZERS:
-        raise ValueError(f"{tok_path}: the tokenizer's {norm} normalizer has no GGUF form")
-    pre = _pre_name(tok_path, tj.get("pre_tokenizer"))
     vocab: dict[str, int] = model.get("vocab") or {}
     names: dict[int, str] = {i: t for t, i in vocab.items()}
     kinds = {i: gguf.TokenType.NORMAL for i in names}
@@ -214,16 +212,86 @@ def _add_tokenizer(w: Any, folder: str, tok_path: str, n_vocab: int) -> None:
     top = max(names, default=-1) + 1
     if top > n_vocab:
         raise ValueError(f"{tok_path}: token ids go to {top - 1}, the embedding has {n_vocab} rows")
-    tokens = [names.get(i, f"[PAD{i}]") for i in range(n_vocab)]
-    types = [kinds.get(i, gguf.TokenType.UNUSED) for i in range(n_vocab)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
-    # said outright: llama.cpp's default for a BPE vocabulary depends on its pre-tokenizer
+    spm = bool(model.get("byte_fallback"))
+    special = gguf.SpecialVocab(folder, load_merges=not spm, n_vocab=n_vocab)
+    if spm:
+        scores, prefix = _spm_scores(tok_path, tj, names, kinds, special)
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_add_space_prefix(prefix)
+    else:
+        _check_byte_level(tok_path, tj)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(_pre_name(tok_path, tj.get("pre_tokenizer")))
+    w.add_token_list([names.get(i, f"[PAD{i}]") for i in range(n_vocab)])
+    w.add_token_types([kinds.get(i, gguf.TokenType.UNUSED) for i in range(n_vocab)])
+    if spm:
+        w.add_token_scores([scores.get(i, -1e9) for i in range(n_vocab)])
+    # said outright: llama.cpp's default depends on the vocabulary's kind
     special.add_special_token.setdefault("bos", False)
     special.add_to_gguf(w, quiet=True)
+
+
+def _check_byte_level(tok_path: str, tj: dict[str, Any]) -> None:
+    dec = (tj.get("decoder") or {}).get("type")
+    if dec != "ByteLevel":
+        raise ValueError(f"{tok_path}: a BPE without byte fallback whose decoder is {dec}, not "
+                         "ByteLevel: neither byte-level nor SentencePiece's")  # fmt: skip
+    norm = (tj.get("normalizer") or {}).get("type")
+    if norm not in _NORMALIZERS:
+        raise ValueError(f"{tok_path}: the tokenizer's {norm} normalizer has no GGUF form")
+
+
+def _spm_scores(tok_path: str, tj: dict[str, Any], names: dict[int, str], kinds: dict[int, Any],
+                special: Any) -> tuple[dict[int, float], bool]:  # fmt: skip
+    """A SentencePiece-style BPE (byte fallback, ``▁`` for spaces) as GGUF's ``llama``
+    vocabulary, whose merge order is the merged token's score: each token scores minus the
+    rank of the first merge that makes it (the order the merges were listed in, as
+    transformers' converter lists a SentencePiece model's by score). Marks the byte and unknown
+    tokens in ``kinds`` and the unknown id in ``special``; returns the scores and whether a
+    space is put before the text."""
+    import gguf
+
+    norm = tj.get("normalizer") or {}
+    steps: list[dict[str, Any]] = (
+        (norm.get("normalizers") or [])
+        if norm.get("type") == "Sequence"
+        else [norm]
+        if norm
+        else []
+    )
+    pre = tj.get("pre_tokenizer") or {}
+    space = "\u2581"
+    replaces = [n for n in steps if n.get("type") == "Replace"]
+    if pre.get("type") == "Metaspace" and not steps and pre.get("replacement") == space:
+        prefix = pre.get("prepend_scheme", "always") in ("first", "always")  # the first word's
+    elif not pre and replaces and all(n.get("type") in ("Prepend", "Replace") for n in steps):
+        if any((r.get("pattern") or {}).get("String") != " " or r.get("content") != space
+               for r in replaces):  # fmt: skip
+            raise ValueError(f"{tok_path}: the normalizer replaces more than spaces with \u2581")
+        prefix = any(n.get("type") == "Prepend" and n.get("prepend") == space for n in steps)
+    else:
+        raise ValueError(
+            f"{tok_path}: a byte-fallback BPE whose normalizer {json.dumps(norm)[:120]} and "
+            f"pre-tokenizer {json.dumps(pre)[:120]} are not SentencePiece's (spaces as \u2581)"
+        )
+    model = tj["model"]
+    rank: dict[str, int] = {}
+    for r, m in enumerate(model.get("merges") or []):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        rank.setdefault(a + b, r)
+    scores = {}
+    for i, t in names.items():
+        if kinds[i] == gguf.TokenType.NORMAL and re.fullmatch("<0x[0-9A-Fa-f]{2}>", t):
+            kinds[i] = gguf.TokenType.BYTE
+        scores[i] = -float(rank[t]) if t in rank else -float(len(rank))
+    unk = model.get("unk_token")
+    if unk is not None:
+        uid = next((i for i, t in names.items() if t == unk), None)
+        if uid is not None:
+            kinds[uid] = gguf.TokenType.UNKNOWN
+            special.special_token_ids.setdefault("unk", uid)
+    return scores, prefix
 
 
 def _pre_name(tok_path: str, pre: dict[str, Any] | None) -> str:
