@@ -211,7 +211,7 @@ def test_container_formats_run_in_luminal(folders, tmp_path, qtype: str, tol: fl
     assert _rel(got, _hf_logits(folder, ids)[[-3, -2, -1]]) < tol
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2-tied", "mistral", "llama-spm"])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_llama_cpp_runs_the_file(folders, tmp_path, kind: str) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
     folder = folders(kind)

@@ -1,4 +1,7 @@
-"""``luminal quantize IN.gguf -o OUT.gguf --type TYPE``: the command line of ``quant.api``.
+"""``luminal quantize IN.gguf|DIR -o OUT.gguf --type TYPE``: the command line of ``quant.api``.
+
+The input is a GGUF file or a transformers folder (config.json, *.safetensors, tokenizer.json;
+model types llama, mistral, qwen2), which is converted as llama.cpp's converter does first.
 
 ``add_arguments(parser)`` fills an argparse (sub)parser; ``main(args)`` runs it and returns
 the exit status. Bad input raises ValueError / FileNotFoundError / RuntimeError with a message
@@ -17,7 +20,11 @@ from . import api
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="a GGUF model file (any type luminal reads)")
+    p.add_argument(
+        "input",
+        help="a GGUF model file (any type luminal reads) or a transformers folder "
+        f"(config.json, *.safetensors, tokenizer.json; model_type {', '.join(api.hf.ARCHS)})",
+    )
     p.add_argument("-o", "--output", required=True, help="the GGUF file to write")
     p.add_argument(
         "--type",
