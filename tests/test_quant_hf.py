@@ -291,3 +291,90 @@ def test_cli_quantizes_a_folder(folders, tmp_path, capsys) -> None:
     (bad / "config.json").write_text(json.dumps({"model_type": "bert"}))
     assert main(["quantize", str(bad), "-o", str(tmp_path / "b.gguf"), "--type", "q8_0"]) == 2
     assert "model_type 'bert'" in capsys.readouterr().err
+
+
+def _smollm2_folder(src: str, folder: str) -> None:
+    """SmolLM2 (the GGUF the project's tests ship) as a transformers folder: its dequantized
+    values under transformers' names, q/k rows back in rotate-half order, tokenizer.json from
+    its GGUF vocabulary, and its special tokens in tokenizer_config.json."""
+    from safetensors.numpy import save_file
+
+    from luminal.loaders.gguf import GGUFWeights
+    from luminal.models.llama import config_from_gguf, hf_to_gguf_name
+    from luminal.tokenizer import Tokenizer
+
+    f = GGUFFile(src)
+    c = config_from_gguf(f)
+    os.makedirs(folder)
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    for i in range(c.n_layers):
+        for mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                    "input_layernorm", "post_attention_layernorm"):  # fmt: skip
+            names.append(f"model.layers.{i}.{mod}.weight")
+    ws = GGUFWeights(f, dequant="load")
+    arrays = {}
+    for n in names:
+        a = ws.values(str(hf_to_gguf_name(n)))
+        heads = {"q_proj": c.n_heads, "k_proj": c.n_kv_heads}.get(n.split(".")[-2])
+        if heads:  # GGUF's adjacent pairs back to rotate-half halves
+            a = a.reshape(heads, a.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(a.shape)
+        arrays[n] = np.ascontiguousarray(a, np.float32)
+    save_file(arrays, os.path.join(folder, "model.safetensors"))
+    config = dict(model_type="llama", architectures=["LlamaForCausalLM"],
+                  vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                  intermediate_size=c.intermediate_size, num_hidden_layers=c.n_layers,
+                  num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
+                  max_position_embeddings=c.context_length, rope_theta=c.rope_theta,
+                  rms_norm_eps=c.rms_eps, tie_word_embeddings=True, hidden_act="silu",
+                  bos_token_id=1, eos_token_id=2, pad_token_id=2)  # fmt: skip
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    Tokenizer.from_gguf(f).tk.save(os.path.join(folder, "tokenizer.json"))
+    tokens = f.get("tokenizer.ggml.tokens")
+    tc = {"bos_token": tokens[1], "eos_token": tokens[2], "pad_token": tokens[2],
+          "unk_token": tokens[0], "add_bos_token": False,
+          "chat_template": f.get("tokenizer.chat_template")}  # fmt: skip
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
+        json.dump(tc, fh)
+
+
+@pytest.mark.slow
+def test_smollm2_folder_gives_back_its_gguf(tmp_path) -> None:
+    """A real vocabulary (49k tokens, 48.9k merges, SmolLM's pre-tokenizer) and 30 layers: the
+    folder made from SmolLM2's GGUF converts back to the same tokenizer metadata and values;
+    luminal and llama.cpp run it with transformers' logits and tokens."""
+    from luminal.loaders.gguf import GGUFWeights
+    from luminal.models import smollm2_path
+
+    try:
+        src = smollm2_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    folder = str(tmp_path / "smollm2")
+    _smollm2_folder(src, folder)
+    out = str(tmp_path / "f32.gguf")
+    quant.quantize(folder, out, "f32")
+    a, b = GGUFFile(src), GGUFFile(out)
+    for key in ("tokens", "merges", "bos_token_id", "eos_token_id", "unknown_token_id",
+                "padding_token_id", "add_bos_token", "pre", "model"):  # fmt: skip
+        assert a.get(f"tokenizer.ggml.{key}") == b.get(f"tokenizer.ggml.{key}"), key
+    np.testing.assert_array_equal(a.get("tokenizer.ggml.token_type"),
+                                  b.get("tokenizer.ggml.token_type"))  # fmt: skip
+    assert a.get("tokenizer.chat_template") == b.get("tokenizer.chat_template")
+    wa, wb = GGUFWeights(a, dequant="load"), GGUFWeights(b, dequant="load")
+    for n in ("blk.3.attn_q.weight", "blk.3.attn_k.weight", "token_embd.weight"):
+        np.testing.assert_array_equal(wa.values(n), wb.values(n))
+    text = "In 1455, the printer's press turned out 180 copies. Naïve café!"
+    ids = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).encode(text).ids
+    s = lm.models.load(out, backend="interp")
+    assert s.tokenizer.encode(text) == ids
+    got = np.stack([s.forward(ids[:-1]), s.forward(ids[-1:])])
+    want = _hf_logits(folder, ids)[[-2, -1]]
+    assert _rel(got, want) < 2e-5
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = llama_cpp.Llama(out, n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+    assert m.tokenize(text.encode(), add_bos=False) == ids
+    m.eval(ids)
+    assert _rel(np.asarray(m.scores[len(ids) - 2 : len(ids)], np.float32), want) < 5e-3
+    m.close()
