@@ -95,7 +95,8 @@ KINDS = {
     "llama3-rope": ("llama", {"head_dim": 32, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}}, "llama-bpe", torch.float32),
-    "mistral": ("mistral", {"sliding_window": None}, "legacy", torch.float32),
+    # a window past the prompt: transformers' logits are those of full attention
+    "mistral": ("mistral", {"sliding_window": 48}, "legacy", torch.float32),
     "llama-spm": ("llama", {}, "metaspace", torch.float32),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}, "qwen2", torch.float32),
 }  # fmt: skip
@@ -175,6 +176,7 @@ def test_f32_file_gives_transformers_logits(folders, tmp_path, kind: str) -> Non
     mt = KINDS[kind][0]
     assert f.architecture == ("qwen2" if mt == "qwen2" else "llama")
     assert ("output.weight" in f.tensors) == ("tied" not in kind)
+    assert f.arch_key("context_length") == (48 if mt == "mistral" else 64)  # the window
     tokens = f.get("tokenizer.ggml.tokens")
     assert len(tokens) == 600 and tokens[590] == "[PAD590]"
     assert f.get("tokenizer.ggml.bos_token_id") == 0 and f.get("tokenizer.ggml.eos_token_id") == 1
