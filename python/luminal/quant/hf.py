@@ -31,9 +31,12 @@ import json
 import math
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaConfig
 
 # transformers model_type -> GGUF general.architecture (Mistral is a llama in GGUF, as in
 # llama.cpp's converter)
@@ -131,7 +134,7 @@ def write_gguf(folder: str, dst: str) -> None:
     w.close()
 
 
-def _check_config(folder: str, mt: str, config: dict[str, Any], c: Any) -> None:
+def _check_config(folder: str, mt: str, config: dict[str, Any], c: LlamaConfig) -> None:
     """Refuse what a GGUF llama / qwen2 file cannot say (luminal would run another model)."""
     rope = c.rope_scaling
     kind = None if rope is None else rope.get("rope_type", rope.get("type"))
@@ -154,7 +157,7 @@ def _permute(a: np.ndarray, n_head: int) -> np.ndarray:
     ).reshape(a.shape)
 
 
-def _llama3_rope_freqs(c: Any) -> np.ndarray | None:
+def _llama3_rope_freqs(c: LlamaConfig) -> np.ndarray | None:
     """Llama 3.1's per-frequency RoPE divisors (llama.cpp's converter's ``rope_freqs``)."""
     rope = c.rope_scaling
     if rope is None or rope.get("rope_type", rope.get("type")) != "llama3":
