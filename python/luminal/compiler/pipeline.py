@@ -28,12 +28,13 @@ from .fold import fold_scales
 from .lower import Lowered, lower
 from .schedule import schedule
 from .search.egraph import simplify
-from .search.fusion import choose_fusions, choose_layouts
+from .search.fusion import choose_fusions, choose_groups, choose_layouts
 from .search.schedules import choose_schedules
 from .search.select import TYPICAL_DIMS, choose_library_calls, representative_dims
 from .search.tuner import PROGRAM_BYTES, STATS, Tuner, program_bytes
 from .siblings import merge_sibling_products
 from .stage import stage_strided_reads, summed_major_operands
+from .store_order import permutable, permuted
 from .target import Target
 
 
@@ -135,6 +136,38 @@ def _layouts(c: Compilation) -> None:
     if chosen:
         done = alt if chosen == major else _restaged(c, frozenset(chosen), {})
         c.graph, c.low = done.graph, done.low
+
+
+def _store_order(c: Compilation) -> None:
+    tuner = _tuner(c)
+    if tuner is None:
+        return
+    order = permutable(c.graph)
+    graph = permuted(c.graph, order)
+    if graph is c.graph:
+        return
+    alt = _relowered(c, graph)
+    chosen = choose_groups(c.lowered, alt.lowered, tuner, frozenset(order), "store_order",
+                           ("as built", "permuted"), weights=True)  # fmt: skip
+    if not chosen:
+        return
+    stored = {b.name for b in alt.lowered.buffers}
+    if chosen != {n for n in order if f"t{n}" in stored}:
+        # the values no kernel stores are permuted alike: alone they change no memory access
+        keep = frozenset(chosen) | {n for n in order if f"t{n}" not in stored}
+        alt = _relowered(c, permuted(c.graph, permutable(c.graph, keep)))
+    c.graph, c.low = alt.graph, alt.low
+
+
+def _relowered(c: Compilation, graph: Graph) -> Compilation:
+    """``graph`` (a staged graph) through every enabled stage after "stage" up to
+    "library_calls"."""
+    sub = Compilation(graph, c.target, c.search, c.say, tuner=c.tuner)
+    names = [st.name for st in STAGES]
+    for st in STAGES[names.index("stage") + 1 : names.index("library_calls") + 1]:
+        if st.enabled():
+            st.run(sub)
+    return sub
 
 
 def _restaged(
@@ -249,6 +282,13 @@ STAGES: list[Stage] = [
         _layouts,
         "staged copies read along an output axis (a conv's patches) copied in row order or "
         "summed axis first, by measurement (compiler/search/fusion.py)",
+        flags.SEARCH_FUSION,
+    ),
+    Stage(
+        "store_order",
+        _store_order,
+        "values read only through one permutation computed in that order, by measurement "
+        "(compiler/store_order.py)",
         flags.SEARCH_FUSION,
     ),
     Stage(

@@ -64,11 +64,13 @@ def choose_layouts(
 
 def choose_groups(
     low: Lowered, alt: Lowered, tuner: Tuner, owners: frozenset[int], kind: str,
-    labels: tuple[str, str],
+    labels: tuple[str, str], weights: bool = False,
 ) -> set[int]:  # fmt: skip
     """Of ``owners`` (node ids whose buffers ``alt`` writes differently from ``low``), those
     whose group of differing steps measures faster as in ``alt``. Groups are joined by the
-    buffers their steps share; a model's repeated layers are measured once."""
+    buffers their steps share; a model's repeated layers are measured once. With
+    ``weights``, the cut-outs read the programs' weights as they are (``alt`` may store a
+    weight in another layout, under another name) instead of random values."""
     old_keys, new_keys = _keys(low), _keys(alt)
     old_set, new_set = set(old_keys), set(new_keys)
     gone = _with_scratch_readers(
@@ -84,7 +86,8 @@ def choose_groups(
         mine = {n for n in owners if f"t{n}" in _written(alt, new_steps)}
         if not mine or not old_steps:
             continue
-        a, b = _cut(low, old_steps, labels[0]), _cut(alt, new_steps, labels[1])
+        a = _cut(low, old_steps, labels[0], weights)
+        b = _cut(alt, new_steps, labels[1], weights)
         key = f"{sub_fingerprint(a)}|{sub_fingerprint(b)}"
         if key not in memo:
             cands = [
@@ -178,10 +181,11 @@ def _keys(low: Lowered) -> list[str]:
     return out
 
 
-def _cut(low: Lowered, steps: Sequence[Step], side: str) -> Lowered:
+def _cut(low: Lowered, steps: Sequence[Step], side: str, weights: bool = False) -> Lowered:
     """``steps`` cut out, buffers named after the graph. What they write that nothing after
     them reads is named for ``side`` only: the two programs' scratch differs (a product
-    flattened in one, not the other), and only what the rest of the program sees is compared."""
+    flattened in one, not the other), and only what the rest of the program sees is compared.
+    With ``weights``, the weights it reads come along (``random_inputs`` takes them)."""
     sub = subprogram(low, steps)
     inside = {id(s) for s in steps}
     read_after = {b for s in low.kernels if id(s) not in inside for b in K.step_buffers(s)[1]}
@@ -195,4 +199,12 @@ def _cut(low: Lowered, steps: Sequence[Step], side: str) -> Lowered:
             name += "'"
         seen.add(name)
         bufs.append(replace(b, name=name))
-    return replace(sub, buffers=bufs)
+    held = {}
+    if weights:
+        held = {
+            b.name: low.weights[full.name]
+            for b, full in zip(bufs, (low.buffers[int(x.name[1:])] for x in sub.buffers),
+                               strict=True)
+            if full.role == "weight" and full.name in low.weights
+        }  # fmt: skip
+    return replace(sub, buffers=bufs, weights=held)

@@ -290,14 +290,21 @@ def random_inputs(
 ) -> dict[str, np.ndarray]:
     """Seeded random inputs for a cut-out program. Each buffer's values depend only on its
     name (cut-outs name buffers after the whole program's), so two candidates that read the
-    same buffers in a different order see the same data. The arrays are read-only: they are
-    kept and shared with later measurements."""
+    same buffers in a different order see the same data; a buffer the cut-out holds in its
+    ``weights`` (a weight stored in another layout by one candidate) takes those values. The
+    arrays are read-only: they are kept and shared with later measurements."""
     out = {}
     for b in sub.buffers:
         if b.role != "input":
             continue
         shape = tuple(int(sym.evaluate(s, dims)) for s in b.shape)
         np_type = np.dtype(np_types[b.name])
+        held = sub.weights.get(b.name)
+        if held is not None:
+            w = np.asarray(held).astype(np_type, copy=False).reshape(shape)
+            w.flags.writeable = False  # a view: the plan's own array stays as it is
+            out[b.name] = w
+            continue
         key = (seed, b.name, shape, b.dtype.name, np_type.str)
         a = _INPUTS.get(key)
         if a is None:
