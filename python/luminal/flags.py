@@ -132,8 +132,8 @@ SEARCH_SCHEDULES = Flag(
 )  # fmt: skip
 SEARCH_FUSION = Flag(
     "LUMINAL_SEARCH_FUSION", "1",
-    "0 keeps every value a kernel reads through overlapping windows inlined (no measured "
-    "store-first alternative)",
+    "0 skips the measured storage choices: values read through overlapping windows stay "
+    "inlined, a conv's patches stay in row order, values keep their axis order",
 )  # fmt: skip
 ACT_QUANT = Flag(
     "LUMINAL_ACT_QUANT", "",
