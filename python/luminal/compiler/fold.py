@@ -436,16 +436,48 @@ def _transposed_reads(graph: Graph) -> set[tuple[int, int]]:
         last = f"_i{len(v.shape) - 1}"
         if last not in names or names - set(axes) or any(sizes[axes[x]] is None for x in names):
             continue
-        iv = idx_vars(v.shape)[len(v.shape) - 1]
-        step = sym.add(sym.substitute(v.index, {last: sym.add(iv, 1)}), sym.mul(v.index, -1))
         w = np.asarray(graph.weights[s.arg[0]])
         elems = 1
         for x in names:
             elems *= sizes[axes[x]] or 0
         # the whole weight, each element once, and not unit-stride where the reader loops
-        if step != 1 and elems == w.size and w.ndim >= 2 and w.strides[-1] == w.itemsize:
+        if last_step(v) != 1 and elems == w.size and w.ndim >= 2 and w.strides[-1] == w.itemsize:
             out.add((n.id, j))
     return out
+
+
+def last_step(v: View) -> sym.sint:
+    """How far ``v``'s index moves when its last index variable moves by one."""
+    last = len(v.shape) - 1
+    iv = idx_vars(v.shape)[last]
+    return sym.add(sym.substitute(v.index, {f"_i{last}": sym.add(iv, 1)}), sym.mul(v.index, -1))
+
+
+def repacked_values(w: np.ndarray, v: View) -> np.ndarray:
+    """The elements ``v`` reads from weight values ``w``, contiguous in ``v``'s axis order (the
+    axes its index does not use left out; those it uses of static size)."""
+    axes = _axis_vars(tuple(v.shape))
+    used = sorted(axes[x] for x in sym.var_names(v.index) if x in axes)
+    sizes = [sym.as_int(v.shape[k]) or 0 for k in used]
+    # open grids: each index variable's terms are computed along its own axis, and only the
+    # sums that need every axis take the weight's full size
+    grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in sizes], indexing="ij",
+                       sparse=True)  # fmt: skip
+    env = {f"_i{k}": a for k, a in zip(used, grid, strict=True)}
+    flat = np.asarray(sym.evaluate(v.index, env), dtype=np.int64)
+    return np.ascontiguousarray(np.broadcast_to(w.reshape(-1)[flat], sizes))
+
+
+def repacked_view(v: View) -> View:
+    """The view that reads ``repacked_values(w, v)`` back as ``v`` reads ``w``."""
+    axes = _axis_vars(tuple(v.shape))
+    used = sorted(axes[x] for x in sym.var_names(v.index) if x in axes)
+    sizes = [sym.as_int(v.shape[k]) or 0 for k in used]
+    iv = idx_vars(v.shape)
+    index: Any = 0
+    for k, st in zip(used, contiguous_strides(tuple(sizes))):
+        index = sym.add(index, sym.mul(iv[k], st))
+    return View(tuple(v.shape), index)
 
 
 def _repacked(
@@ -460,27 +492,14 @@ def _repacked(
     (shared by reads with the same index), and the view that reads it back."""
     axes = _axis_vars(tuple(v.shape))
     used = sorted(axes[x] for x in sym.var_names(v.index) if x in axes)
-    sizes = [sym.as_int(v.shape[k]) or 0 for k in used]
     key = (s.id, v.index, tuple(v.shape[k] for k in used))
     if key not in packed:
-        # open grids: each index variable's terms are computed along its own axis, and only
-        # the sums that need every axis take the weight's full size
-        grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in sizes], indexing="ij",
-                           sparse=True)  # fmt: skip
-        env = {f"_i{k}": a for k, a in zip(used, grid, strict=True)}
-        flat = np.asarray(sym.evaluate(v.index, env), dtype=np.int64)
-        src = np.asarray(graph.weights[s.arg[0]]).reshape(-1)
-        values = np.ascontiguousarray(np.broadcast_to(src[flat], sizes))
+        values = repacked_values(np.asarray(graph.weights[s.arg[0]]), v)
         name = _fresh(str(s.arg[0]).split("#")[0] + "#packed", taken)
         leaf = g.add_input(name, values.shape, s.dtype, weight=True)
         g.weights[name] = values
         packed[key] = (values, leaf)
-    leaf = packed[key][1]
-    iv = idx_vars(v.shape)
-    index: Any = 0
-    for k, st in zip(used, contiguous_strides(tuple(sizes))):
-        index = sym.add(index, sym.mul(iv[k], st))
-    return leaf, View(tuple(v.shape), index)
+    return packed[key][1], repacked_view(v)
 
 
 def _weights_read(graph: Graph, n: Node) -> list[str]:

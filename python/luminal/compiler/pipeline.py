@@ -176,15 +176,9 @@ def _restaged(
     """``c`` staged again from its unstaged graph with ``major`` copied summed axis first,
     through every enabled stage from "stage" to "library_calls"."""
     assert c.unstaged is not None
-    sub = Compilation(c.unstaged, c.target, c.search, c.say, tuner=c.tuner)
-    state = dict(c.unstaged.state)
-    sub.graph = stage_strided_reads(c.unstaged, major, copies)
-    sub.graph.state = state
-    names = [st.name for st in STAGES]
-    for st in STAGES[names.index("stage") + 1 : names.index("library_calls") + 1]:
-        if st.enabled():
-            st.run(sub)
-    return sub
+    staged = stage_strided_reads(c.unstaged, major, copies)
+    staged.state = dict(c.unstaged.state)
+    return _relowered(c, staged)
 
 
 def _fusion(c: Compilation) -> None:

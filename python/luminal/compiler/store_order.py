@@ -20,7 +20,8 @@ import numpy as np
 from ..graph import symbolic as sym
 from ..graph.graph import Graph, Node, Src
 from ..graph.ops import ELEMENTWISE, REDUCE, Leaf, Op
-from ..graph.view import View, contiguous_strides, idx_vars
+from ..graph.view import View
+from .fold import last_step, repacked_values, repacked_view
 
 # values of higher rank are left as they are: the permutations of their axes are enumerated
 # (720 at rank 6, a grouped convolution's product)
@@ -115,9 +116,9 @@ def _packed_reads(
     graph: Graph, order: dict[int, tuple[int, ...]]
 ) -> dict[int, tuple[str, np.ndarray, View]]:
     """Weight input id -> (name, values, view) for each float weight that one permuted
-    elementwise node reads, once, with a stride along that node's innermost axis: stored in
-    the node's axis order instead (as ``fold.py`` does for the graph as built), so the loads
-    along the kernel's lanes are contiguous."""
+    elementwise node reads, once and whole, with a stride along that node's innermost axis:
+    stored in the node's axis order instead (as ``fold.py`` does for the graph as built), so
+    the loads along the kernel's lanes are contiguous."""
     reads: dict[int, list[tuple[Node, View]]] = {}
     for n in graph.nodes:
         for src, v in n.srcs:
@@ -126,41 +127,28 @@ def _packed_reads(
     taken = set(graph.inputs)
     out: dict[int, tuple[str, np.ndarray, View]] = {}
     for wid, rs in reads.items():
-        if len(rs) != 1 or rs[0][0].id not in order or rs[0][0].op not in ELEMENTWISE:
-            continue
         n, v = rs[0]
+        if len(rs) != 1 or n.id not in order or n.op not in ELEMENTWISE:
+            continue
         v = _through(n, order[n.id], v)
-        sizes = [sym.as_int(x) for x in v.shape]
-        w = np.asarray(graph.weights[n.graph.nodes[wid].arg[0]])
-        last = len(v.shape) - 1
-        used = sorted(int(x[2:]) for x in sym.var_names(v.index) if x.startswith("_i"))
-        if v.valid != 1 or any(sizes[k] is None for k in used) or w.dtype.kind != "f":
+        used = [int(x[2:]) for x in sym.var_names(v.index) if x.startswith("_i")]
+        w = np.asarray(graph.weights[graph.nodes[wid].arg[0]])
+        elems = 1
+        for k in used:
+            elems *= sym.as_int(v.shape[k]) or 0  # 0: a symbolic size, not repacked
+        if v.valid != 1 or w.dtype.kind != "f" or w.ndim < 2:
             continue
-        if w.ndim < 2 or last not in used:
+        if len(v.shape) - 1 not in used or last_step(v) == 1:
             continue
-        step = sym.add(sym.substitute(v.index, {f"_i{last}": sym.add(idx_vars(v.shape)[last], 1)}),
-                       sym.mul(v.index, -1))  # fmt: skip
-        if step == 1:
-            continue
-        dims = [sizes[k] or 0 for k in used]
-        if int(np.prod(dims)) != w.size:
+        if elems != w.size:
             continue  # the whole weight, each element once: the copy replaces it
-        grid = np.meshgrid(*[np.arange(d, dtype=np.int64) for d in dims], indexing="ij",
-                           sparse=True)  # fmt: skip
-        env = {f"_i{k}": a for k, a in zip(used, grid, strict=True)}
-        flat = np.asarray(sym.evaluate(v.index, env), dtype=np.int64)
-        values = np.ascontiguousarray(np.broadcast_to(w.reshape(-1)[flat], dims))
-        index: sym.sint = 0
-        iv = idx_vars(v.shape)
-        for k, st in zip(used, contiguous_strides(tuple(dims)), strict=True):
-            index = sym.add(index, sym.mul(iv[k], st))
-        name = str(n.graph.nodes[wid].arg[0]).split("#")[0] + "#packed"
-        k = 1
+        base = str(graph.nodes[wid].arg[0]).split("#")[0] + "#packed"
+        name, k = base, 1
         while name in taken:
             k += 1
-            name = f"{name.rstrip('0123456789')}{k}"
+            name = f"{base}{k}"
         taken.add(name)
-        out[wid] = (name, values, View(tuple(v.shape), index))
+        out[wid] = (name, repacked_values(w, v), repacked_view(v))
     return out
 
 
