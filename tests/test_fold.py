@@ -232,3 +232,18 @@ def test_batch_norm_scale_folds_and_cheap_full_size_values_do_not() -> None:
     assert any(n.op is Op.MUL for n in out.nodes)
     xv = rng.standard_normal((2, 7, 5, 3)).astype(np.float32)
     np.testing.assert_allclose(out.run({"x": xv})["y"], g.run({"x": xv})["y"], rtol=1e-6)
+
+
+def test_a_scalar_weight_chain_folds_to_a_scalar() -> None:
+    """A 0-d weight-only value (an attention scale computed from a stored 0-d tensor, as
+    DeBERTa's sqrt(head_dim * factor)) folds and keeps its shape: a scalar, not a 1-vector."""
+    g = lm.Graph("s")
+    x = g.input("x", (3, 5))
+    d = g.weight("d", data=np.array(24.0, dtype=np.float32))
+    g.output("y", x / (d * 3.0).sqrt())
+    out = fold_scales(g)
+    assert out is not g and not any(n.op is Op.SQRT for n in out.nodes)
+    xv = RNG.standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_allclose(out.run({"x": xv})["y"], g.run({"x": xv})["y"], rtol=1e-6)
+    c = lm.compile(g, search=False)
+    np.testing.assert_allclose(c.run({"x": xv})["y"], xv / np.sqrt(72.0), rtol=1e-6)

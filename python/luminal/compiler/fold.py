@@ -83,7 +83,7 @@ def _evaluate(graph: Graph, targets: list[Node]) -> dict[int, np.ndarray]:
             vals[n.id] = check_input(n.arg[0], n, graph.weights[n.arg[0]], {})
             continue
         srcs = [read(v, vals[s.id], {}) for s, v in n.srcs]
-        vals[n.id] = np.ascontiguousarray(eval_node(n, srcs, {}))
+        vals[n.id] = _dense(eval_node(n, srcs, {}))
         for s, _ in n.srcs:
             uses[s.id] -= 1
             if uses[s.id] == 0 and s.id not in keep:
@@ -211,6 +211,13 @@ def _static_shape(n: Node) -> tuple[int, ...] | None:
     return None if None in out else tuple(e for e in out if e is not None)
 
 
+def _dense(a: Any) -> np.ndarray:
+    """``a`` as a contiguous array of its own shape (``np.ascontiguousarray`` makes a 0-d value
+    1-d, which a scalar node's readers then fail to broadcast)."""
+    a = np.asarray(a)
+    return np.ascontiguousarray(a).reshape(a.shape)
+
+
 def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.ndarray:
     """The value of ``n`` at index 0 of every axis it does not vary along (``dep``), those axes
     of size 1: the elementwise nodes that compute it are evaluated the same way, each on the
@@ -223,7 +230,7 @@ def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.
     def whole(s: Node) -> np.ndarray:
         a = vals[s.id]
         if s.id in reduced:
-            a = np.ascontiguousarray(np.broadcast_to(a, _static_shape(s) or ()))
+            a = _dense(np.broadcast_to(a, _static_shape(s) or ()))
         return a
 
     for m in order:
@@ -234,7 +241,7 @@ def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.
         elementwise = m.op in UNARY or m.op in BINARY or m.op is Op.CAST
         if shape is None or not elementwise:
             srcs = [read(v, whole(s), {}) for s, v in m.srcs]
-            vals[m.id] = np.ascontiguousarray(eval_node(m, srcs, {}))
+            vals[m.id] = _dense(eval_node(m, srcs, {}))
             continue
         srcs = []
         for s, v in m.srcs:
@@ -246,7 +253,7 @@ def _compact_value(graph: Graph, n: Node, dep: dict[int, frozenset[int]]) -> np.
                 srcs.append(vals[s.id])  # broadcasts against the other operands
             else:  # read at index 0 of the constant axes
                 srcs.append(read(View(shape, v.index, v.valid), whole(s), {}))
-        vals[m.id] = np.ascontiguousarray(np.broadcast_to(eval_node(m, srcs, {}), shape))
+        vals[m.id] = _dense(np.broadcast_to(eval_node(m, srcs, {}), shape))
         reduced.add(m.id)
     if n.id in reduced:
         return vals[n.id]
