@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ...compiler import kernel_ir as K
 from ...compiler.kfold import folded
@@ -135,9 +136,11 @@ class CpuEmitter(Emitter):
     def vector_sum_loop(self, v: K.Reduce, acc: str, lo: str, hi: str, ind: str) -> str | None:
         cache, rv = self.row_cache.get(v), _c_name(v.var)
         accv = self.tmp()
+        # the next row's prefetch made per step, where this loop is a row prefetch's strip
+        ahead = self.prefetch.step_prefetch(rv, lo, ind + "  ") if self.prefetch else None
 
         def step(x: str, at: str) -> list[str]:
-            out = [f"{ind}  {accv} += {x};"]
+            out = [f"{ind}  {accv} += {x};", *(ahead or [])]
             if cache is not None:  # the row cache of the sum's body values (rows.py)
                 out.insert(0, f"{ind}  memcpy(&{cache}[{rv}], &{x}, sizeof {x});")
             return out
@@ -145,6 +148,8 @@ class CpuEmitter(Emitter):
         loop = vector_loop(self, v.body, v.var, lo, hi, ind, step)
         if loop is None:
             return None
+        if ahead is not None:
+            self.prefetch.inline(self)
         self.lines += [f"{ind}lm_f32v {accv} = {{0}};", *loop[0],
                        f"{ind}{acc} += lm_vsum_f32({accv});"]  # fmt: skip
         if cache is not None:
@@ -173,6 +178,14 @@ class CKernel:
     args: list[int]  # buffer ids: output first, then the buffers it reads
     tasks: sint  # grid[0]
     min_chunk: int  # tasks per thread chunk hint
+
+
+def _row_start(shape: Sequence[sint]) -> sint:
+    """The flat index of the current task's row (every index but the innermost)."""
+    row0: sint = 0
+    for j, st in enumerate(contiguous_strides(shape)[:-1]):
+        row0 = sym.add(row0, sym.mul(sym.index_var(j, shape[j]), st))
+    return row0
 
 
 def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024) -> CKernel:
@@ -378,20 +391,44 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
                 summed = lane_sums(k.value, inner_ix)
                 dst = f"&b0[{cexpr(_flat(shape, {}))}]"
                 nt = "lm_nt" if stage else "0"
-                vloop = vector_loop(
-                    em, k.value, inner_ix, lo, hi, "    ",
-                    (lambda x, at: [f"      lm_vstore_{k.dtype.name}({dst}, {x});",
-                                    f"      {at} += LM_VL;"])
-                    if half else
-                    (lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"]),
-                    over, always=bool(stage) or summed or short, advance=True,
+                vloop_args: dict[str, Any] = dict(
+                    over=over, always=bool(stage) or summed or short,
                     # a row kernel's row is in cache already (rows.py prefetches the next)
                     prefetch=bool(stage) and not row_reduce and em.prefetch is None,
-                    # a reduction per element: a row's last columns as one shorter vector (a
-                    # conv's rows of 7 or 28 columns are mostly tail)
-                    tail=(lambda x, n: [f"      lm_vstore_f32_lanes({dst}, {x}, {n});"])
-                    if not half and (short or reduces_per_element(k)) else None,
                 )  # fmt: skip
+                # a reduction per element: a row's last columns as one shorter vector (a
+                # conv's rows of 7 or 28 columns are mostly tail)
+                tail = ((lambda x, n: [f"      lm_vstore_f32_lanes({dst}, {x}, {n});"])
+                        if not half and (short or reduces_per_element(k)) else None)  # fmt: skip
+                vloop: tuple[list[str], str] | None = None
+                if stage and not half:
+                    # streamed: up to the first 64-byte boundary, then whole aligned vectors
+                    run0 = f"&b0[{cexpr(_row_start(shape))} + {lo}]"
+                    setup = [f"    const int lm_so = lm_stream_ok({run0}, lm_nt);",
+                             f"    const int64_t lm_he = lm_stream_head({run0}, lm_so, {lo}, {hi});"]  # fmt: skip
+                    head = vector_loop(
+                        em, k.value, inner_ix, lo, "lm_he", "    ",
+                        lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, lm_so);"],
+                        advance=True, **{**vloop_args, "prefetch": False},
+                    )  # fmt: skip
+                    if head is not None:
+                        vloop = vector_loop(
+                            em, k.value, inner_ix, head[1], hi, "    ",
+                            lambda x, at: [f"      lm_vstore_s({dst}, {x}, lm_so);"],
+                            tail=tail, **vloop_args,
+                        )  # fmt: skip
+                    if vloop is not None:
+                        assert head is not None
+                        vloop = (setup + head[0] + vloop[0], vloop[1])
+                else:
+                    vloop = vector_loop(
+                        em, k.value, inner_ix, lo, hi, "    ",
+                        (lambda x, at: [f"      lm_vstore_{k.dtype.name}({dst}, {x});",
+                                        f"      {at} += LM_VL;"])
+                        if half else
+                        (lambda x, at: [f"      {at} += lm_vstore_out({dst}, {x}, {nt});"]),
+                        advance=True, tail=tail, **vloop_args,
+                    )  # fmt: skip
                 if vloop is not None:
                     lines += vloop[0]
                     start = vloop[1]
@@ -402,11 +439,8 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
         body_ind = "      "
         loop_close = ["    }", "  }"]
         if stage:
-            row0: sint = 0
-            for j, st in enumerate(contiguous_strides(shape)[:-1]):
-                row0 = sym.add(row0, sym.mul(sym.index_var(j, shape[j]), st))
             loop_close = ["    }",
-                          f"    lm_copy_out(&b0[{cexpr(row0)} + {start}], &{stage_buf}[{start} - {lo}], "
+                          f"    lm_copy_out(&b0[{cexpr(_row_start(shape))} + {start}], &{stage_buf}[{start} - {lo}], "
                           f"({hi} - {start}) * (int64_t)sizeof({stage_buf}[0]), lm_nt);", "  }",
                           "  lm_stream_fence(lm_nt);"]  # fmt: skip
     body: list[str] = []

@@ -111,6 +111,19 @@ static inline int64_t lm_vstore_out(float *p, lm_f32v v, int nt) {
   _mm512_mask_storeu_ps(p, (__mmask16)((1u << head) - 1), (__m512)v);
   return head;
 }
+/* a streamed run in two loops: a head loop of at most one lm_vstore_out up to the first
+   64-byte boundary, then whole vectors by lm_vstore_s, whose address needs no test: one loop
+   of lm_vstore_out, its step known only at run time, cost a softmax row's store pass 0.1 us
+   of 1.4 (4096 wide, 1 thread). lm_stream_ok: whether the run at p streams at all (a float
+   address off a 4-byte boundary never does); lm_stream_head: where the head loop ends */
+static inline int lm_stream_ok(const float *p, int nt) { return nt && !((uintptr_t)p & 3); }
+static inline int64_t lm_stream_head(const float *p, int s, int64_t lo, int64_t hi) {
+  return s && ((uintptr_t)p & 63) && hi - lo >= LM_VL ? lo + LM_VL : lo;
+}
+static inline void lm_vstore_s(float *p, lm_f32v v, int s) {
+  if (s) _mm512_stream_ps(p, (__m512)v);
+  else memcpy(p, &v, sizeof v);
+}
 #define LM_VEXP2 1
 /* tab[idx] per lane, tab a table of n <= 256 floats (n a multiple of 16, every idx in
    [0, n)): one permute for 16 entries, two-source permutes of 32 then blends on the index's
@@ -154,6 +167,9 @@ static inline float lm_vsum_f32(lm_f32v v) {
 static inline lm_f32v lm_vexp2f(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = lm_exp2f(v[l]); return r; }
 static inline lm_f32v lm_vsqrtf(lm_f32v v) { lm_f32v r; for (int l = 0; l < LM_VL; ++l) r[l] = sqrtf(v[l]); return r; }
 static inline int64_t lm_vstore_out(float *p, lm_f32v v, int nt) { (void)nt; memcpy(p, &v, sizeof v); return LM_VL; }
+static inline int lm_stream_ok(const float *p, int nt) { (void)p; (void)nt; return 0; }
+static inline int64_t lm_stream_head(const float *p, int s, int64_t lo, int64_t hi) { (void)p; (void)s; (void)hi; return lo; }
+static inline void lm_vstore_s(float *p, lm_f32v v, int s) { (void)s; memcpy(p, &v, sizeof v); }
 #endif
 #if !defined(LM_VLUT)
 static inline lm_f32v lm_vlut_f32(const float *tab, int n, lm_i32v idx) {
