@@ -197,3 +197,15 @@ def test_a_size_halved_twice_indexes_within_one_halved_once():
     lhs = sym.add(sym.mul(half, half), sym.mul(sym.mul(quarter, half), -2))
     assert sym.prove_nonneg(lhs)
     assert not sym.prove_nonneg(sym.add(sym.mul(half, half), sym.mul(sym.mul(quarter, half), -3)))
+
+
+def test_nested_window_sizes_compare_equal():
+    """A strided conv after a strided conv: ((s + 3) // 4 + 1) // 2 is (s + 7) // 8, the form
+    torch writes, so a reshape between the two spellings is a view; checked at every size."""
+    s = sym.dim("s", 1, 4096)
+    nested = sym.floordiv(sym.add(sym.floordiv(sym.add(s, 3), 4), 1), 2)
+    assert nested == sym.floordiv(sym.add(s, 7), 8)
+    for k in (-3, 0, 2):
+        e = sym.floordiv(sym.add(sym.floordiv(sym.add(s, 5), 3), k), 4)
+        for v in range(0, 300):
+            assert sym.evaluate(e, {"s": v}) == ((v + 5) // 3 + k) // 4

@@ -347,3 +347,47 @@ def test_float32_matmul_precision_medium_gives_bf16_products(precision, monkeypa
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
     assert (bf - f32).abs().max() > 1e-2  # the two are told apart
     assert "LUMINAL_MATMUL_PRECISION" not in os.environ
+
+
+class SymbolicBounds(nn.Module):
+    """Slices, narrows, selects and scatters at positions that are symbolic sizes, negative
+    ones counted from the end (Mamba's causal convolution keeps conv(x)[..., :s][..., -s:])."""
+
+    def forward(self, x):
+        s = x.shape[-1]
+        tail = (x * 2)[:, :, -s:] + x[:, :, -(s // 2) :].sum(-1, keepdim=True)
+        picked = x.select(2, -(s // 2)) + x.narrow(2, -(s // 3), 1).squeeze(2)
+        placed = torch.zeros_like(x).slice_scatter(x[:, :, : s // 2], 2, -(s // 2))
+        return tail, picked, placed
+
+
+def test_symbolic_negative_positions_count_from_the_end():
+    _check(SymbolicBounds(), [dict(x=torch.randn(b, 3, s)) for b, s in ((2, 16), (4, 33), (3, 7))])
+    assert lt.stats.compiles == 1 and lt.stats.eager_ops == {}
+
+
+def test_a_symbolic_position_takes_the_sign_it_was_traced_with():
+    """s - 9 is negative for s < 9: dynamo guards the sign torch saw and compiles again when it
+    flips, and each graph counts the bound from the end it was traced with."""
+
+    def f(x):
+        return x[:, x.shape[1] - 9 : x.shape[1] - 2] * 3
+
+    _check(f, [dict(x=torch.randn(2, n)) for n in (12, 20, 5, 6)])
+    assert lt.stats.compiles >= 2 and lt.stats.eager_ops == {}
+
+
+def test_an_associative_scan_compiles_whole():
+    """torch's generic associative scan (Mamba's state recurrence under torch.compile) recurses
+    on halves of the sequence: its guards pin the length to one multiple of a power of two
+    (32 within [32, 47]), so sizes such as s // 32 are the constant torch wrote."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def combine(left, right):
+        return left[0] * right[0], right[0] * left[1] + right[1]
+
+    def f(a):
+        return associative_scan(combine, (a.sigmoid(), a), dim=1, combine_mode="generic")[1]
+
+    _check(f, [dict(a=torch.randn(b, s, 4)) for b, s in ((2, 16), (4, 32), (3, 7))], dynamic=None)
+    assert lt.stats.eager_ops == {}

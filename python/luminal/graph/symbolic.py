@@ -617,6 +617,8 @@ def floordiv(a: sint, b: sint) -> sint:
         return add(q, floordiv(big, _exact_div(b, gp)))
     if isinstance(r, Expr) and isinstance(b, int) and r.kind == DIV and isinstance(r.args[1], int):
         return add(q, floordiv(r.args[0], r.args[1] * b))
+    if (nested := _nested_div(r, b)) is not None:
+        return add(q, nested)
     if isinstance(r, int):
         return add(q, r // b) if isinstance(b, int) else add(q, _div_raw(r, b))
     if (split := _by_coefficient(r, b)) is not None:
@@ -624,6 +626,22 @@ def floordiv(a: sint, b: sint) -> sint:
     if (factor := _by_poly_factor(r, b)) is not None:
         return add(q, floordiv(factor[0], factor[2]))
     return add(q, _div_raw(r, b))
+
+
+def _nested_div(r: sint, b: sint) -> sint | None:
+    """(x // c + k) // b as (x + k*c) // (c*b) (positive int divisors): strided windows'
+    output sizes nest so, ((s + 3) // 4 + 1) // 2, and torch writes the same size as
+    (s + 7) // 8, which must compare equal."""
+    if not isinstance(r, Expr) or not isinstance(b, int) or r.kind != ADD:
+        return None
+    terms, k = _lin(r)
+    if len(terms) != 1:
+        return None
+    ((t, coef),) = terms.items()
+    if coef != 1 or t.kind != DIV or not isinstance(t.args[1], int) or t.args[1] <= 0:
+        return None
+    c = t.args[1]
+    return floordiv(add(t.args[0], k * c), c * b)
 
 
 def _one_multiple(r: sint, b: sint) -> int | None:

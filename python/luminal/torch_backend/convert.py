@@ -507,29 +507,60 @@ def _t(cx: Ctx, x: Tensor) -> Tensor:
     return F.t(x)
 
 
+def position(cx: Ctx, v: Any, n: Any, what: str) -> Any:
+    """Torch's index or slice bound ``v`` along an axis of extent ``n``, a negative one counted
+    from the end. A symbolic ``v`` whose sign is not provable takes the sign it had when the
+    graph was traced (torch compared it with 0, so dynamo guards that sign); without such a
+    value it is refused: ``-s`` and ``s`` name different elements."""
+    if isinstance(v, int):
+        return sym.add(n, v) if v < 0 else v
+    if _negative(cx, v, what):
+        return sym.add(n, v)
+    return v
+
+
+def _negative(cx: Ctx, v: Any, what: str) -> bool:
+    if isinstance(v, int):
+        return v < 0
+    if sym.prove_nonneg(v):
+        return False
+    if sym.prove_lt(v, 0):
+        return True
+    h = cx.dims.hint(v)
+    if h is None:
+        raise Unsupported(f"{what} at a symbolic position {v} whose sign is not known")
+    return h < 0
+
+
 @op(aten.slice.Tensor)
 def _slice(cx: Ctx, x: Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
            ) -> Tensor:  # fmt: skip
     d = x._axis(dim)
     n = x.shape[d]
-    length = cx.shape()[d]
+    length = cx.shape()[d]  # torch's, end and clamping applied
     if start is None:
         start = 0
-    elif isinstance(start, int):
-        if start < 0:
-            start = sym.maximum(sym.add(n, start), 0)
-        elif not isinstance(n, int) or start > n:
+    else:
+        negative = _negative(cx, start, "slice")
+        start = position(cx, start, n, "slice")
+        if negative:
+            start = sym.maximum(start, 0)
+        elif not sym.prove_lt(start, sym.add(n, 1)):
             start = sym.minimum(start, n)
     return x.slice(d, start, length, step)
 
 
 @op(aten.select.int)
 def _select(cx: Ctx, x: Tensor, dim: int, index: Any) -> Tensor:
+    if isinstance(index, sym.Expr):
+        index = position(cx, index, x.shape[x._axis(dim)], "select")
     return F.select(x, dim, index)
 
 
 @op(aten.narrow.default)
 def _narrow(cx: Ctx, x: Tensor, dim: int, start: Any, length: Any) -> Tensor:
+    if isinstance(start, sym.Expr):
+        start = position(cx, start, x.shape[x._axis(dim)], "narrow")
     return F.narrow(x, dim, start, length)
 
 

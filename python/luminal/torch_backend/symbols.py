@@ -31,7 +31,7 @@ class Dims:
     def __init__(self, shape_env: Any = None, multiples: dict[str, int] | None = None) -> None:
         self.shape_env = shape_env
         self.multiples = multiples or {}
-        self.dims: dict[str, sym.Expr] = {}
+        self.dims: dict[str, sint] = {}
 
     def symbol(self, s: sympy.Symbol) -> sym.Expr:
         name = s.name
@@ -47,7 +47,9 @@ class Dims:
                 if _finite(vr.upper):
                     hi = min(int(vr.upper), sym.DEFAULT_DIM_MAX)
             m = self.multiples.get(name, 1)
-            if m > 1:
+            if -(-lo // m) == hi // m:  # the guards admit one value (a scan's depth pins it)
+                d = self.dims[name] = m * (hi // m)
+            elif m > 1:
                 q = sym.dim(quotient_name(name, m), -(-lo // m), max(hi // m, 1))
                 prod = sym.mul(m, q)
                 assert isinstance(prod, sym.Expr)  # m > 1 times a dim
@@ -102,6 +104,24 @@ class Dims:
 
     def shape(self, t: torch.Tensor) -> tuple[sint, ...]:
         return tuple(self.expr(s) for s in t.shape)
+
+    def hint(self, e: sint) -> int | None:
+        """``e`` at the sizes the graph was traced with; None when a dim has no such value.
+        Dynamo's guards hold the outcome of every comparison torch made on those sizes (a
+        slice bound's sign among them), so the graph only runs where that outcome stays."""
+        if isinstance(e, int):
+            return e
+        hints = getattr(self.shape_env, "backed_var_to_val", None)
+        if hints is None:
+            hints = getattr(self.shape_env, "var_to_val", {})
+        env: dict[str, int] = {}
+        for s, v in hints.items():
+            m = self.multiples.get(s.name, 1)
+            env[quotient_name(s.name, m) if m > 1 else s.name] = int(v) // m
+        try:
+            return int(sym.evaluate(e, env))
+        except (ValueError, TypeError):
+            return None
 
 
 def _finite(v: Any) -> bool:
