@@ -33,7 +33,7 @@ class Dims:
         self.multiples = multiples or {}
         self.dims: dict[str, sint] = {}
 
-    def symbol(self, s: sympy.Symbol) -> sym.Expr:
+    def symbol(self, s: sympy.Symbol) -> sint:
         name = s.name
         d = self.dims.get(name)
         if d is None:
