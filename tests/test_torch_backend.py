@@ -391,3 +391,24 @@ def test_an_associative_scan_compiles_whole():
 
     _check(f, [dict(a=torch.randn(b, s, 4)) for b, s in ((2, 16), (4, 32), (3, 7))], dynamic=None)
     assert lt.stats.eager_ops == {}
+
+
+class _BrokenLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.a(x).relu()
+        torch._dynamo.graph_break()  # the rest is one graph every layer resumes into
+        return self.b(y) + x
+
+
+def test_layers_sharing_a_graph_keep_a_plan_each():
+    """After a graph break, each layer calls the same graph with its own parameters: every
+    weight set keeps its plan, so steady calls build none."""
+    m = nn.Sequential(*[_BrokenLayer() for _ in range(3)]).eval()
+    _check(m, [dict(input=torch.randn(2, 8))], dynamic=False)
+    built = lt.stats.plans
+    _check(m, [dict(input=torch.randn(2, 8)) for _ in range(3)], dynamic=False)
+    assert lt.stats.plans == built and lt.stats.eager_ops == {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,11 @@ class Built:
     failed: dict[Node, str]  # tolerant builds only: node -> why it cannot convert
 
 
+# plans a partition keeps for distinct weight sets, least recently used dropped: one per layer
+# when a model's layers share one graph (dynamo resumes each layer's forward after a graph
+# break); each holds only its own layer's weights, and 64 exceeds the layer count of the
+# transformers models this backend is checked on (a deeper model recompiles per call past it)
+MAX_WEIGHT_SETS = 64
 _DOWNSTREAM = "an argument luminal cannot hold"  # not this op's fault: not reported
 # an input mutation the plan cannot write in place: the plan computes the new value and eager
 # PyTorch copies it into the input, as AOTAutograd's epilogue would (not reported either)
@@ -448,6 +454,9 @@ class LuminalPartition(torch.nn.Module):
         self.out_names: list[str] = []  # the plan's outputs in the order the native run has them
         self.copy_back: list[tuple[str, int]] = []  # (output, argument) of unaliased updates
         self.plain_out = False
+        # plans by weight set: layers whose forward dynamo resumes after a graph break share
+        # one graph and call it with their own parameters in turn
+        self.by_weights: OrderedDict[tuple, tuple] = OrderedDict()
 
     def _compile(self, args: Sequence[Any]) -> None:
         self.call = None
@@ -500,10 +509,12 @@ class LuminalPartition(torch.nn.Module):
         if self.failed:
             return self.eager(*args)
         if self.cg is None or self._weights_changed(args):
-            try:
-                self._compile(args)
-            except Exception as e:  # a plan that cannot be built must not break the model
-                return self._give_up("compiling a partition failed", e, args)
+            if not self._restore(args):
+                try:
+                    self._compile(args)
+                except Exception as e:  # a plan that cannot be built must not break the model
+                    return self._give_up("compiling a partition failed", e, args)
+                self._remember()
             if self.call is not None:
                 return self.forward(*args)
         inputs = {name: plan_array(args[k]) for k, name in self.built.inputs}
@@ -517,6 +528,25 @@ class LuminalPartition(torch.nn.Module):
         self._copy_back(res, args)
         outs = [self._out(o, res, args) for o in self.built.outputs]
         return tuple(outs) if self.built.tuple_out else outs[0]
+
+    _STATE = ("cg", "call", "weight_keys", "plan_dims", "out_names", "copy_back", "plain_out")
+
+    def _remember(self) -> None:
+        self.by_weights[tuple(self.weight_keys)] = tuple(getattr(self, a) for a in self._STATE)
+        while len(self.by_weights) > MAX_WEIGHT_SETS:
+            self.by_weights.popitem(last=False)
+
+    def _restore(self, args: Sequence[Any]) -> bool:
+        """Take up the plan built for these weight tensors (same objects, memory and version)
+        when there is one."""
+        keys = tuple(_weight_key(args[k]) for k, _ in self.built.weights)
+        state = self.by_weights.get(keys)
+        if state is None:
+            return False
+        self.by_weights.move_to_end(keys)
+        for a, v in zip(self._STATE, state, strict=True):
+            setattr(self, a, v)
+        return True
 
     def _weights_changed(self, args: Sequence[Any]) -> bool:
         return any(_weight_key(args[k]) != key
