@@ -27,6 +27,9 @@ threads:
   text shipped with luminal (``python/luminal/quant/calibration.txt``); the JSON's
   ``calibration`` names the file (null: round to nearest); ``--calib-method awq+gptq`` adds
   activation-aware input scales (``awq``: the scales alone, then round to nearest);
+- with --numpy, only the teacher-forced columns (top-1, KL, ppl), from the calibration
+  module's numpy forward of each file's dequantized weights (seconds per format; no compile,
+  no speed, no greedy run);
 - llama.cpp (llama-cpp-python) decode tok/s on the same file where llama.cpp reads it, and
   ``vs_llamacpp`` = luminal decode / llama.cpp decode (> 1: luminal faster).
 
@@ -165,6 +168,33 @@ def llamacpp_decode(path: str, prompt: list[int], n: int, threads: int) -> float
     return 1.0 / statistics.median(times)
 
 
+def numpy_logits(path: str, ids: list[int]) -> list[np.ndarray]:
+    """Logits after each of ``ids`` from the calibration module's numpy forward of the file's
+    dequantized weights (the llama-family graph in f32, one causal window): seconds per file
+    where compiled plans take minutes; the agreement columns only."""
+    from luminal.loaders.gguf import GGUFFile, GGUFWeights
+    from luminal.quant import calibrate
+
+    f = GGUFFile(path)
+    cal = calibrate.Calibration.from_gguf(f, GGUFWeights(f, dequant="load"), ids)
+    x = cal._w("token_embd.weight")[ids]
+    for i in range(cal.config.n_layers):
+        x = cal._block(i, x, {})
+    return list(cal.final(x) @ cal._w(cal.head()).T)
+
+
+def _ppl(logits: list[np.ndarray], text: list[int]) -> float:
+    """Perplexity of ``text`` from the logits after each of its tokens but the last."""
+    return math.exp(statistics.fmean(-_log_softmax(lg)[t] for lg, t in zip(logits, text[1:])))
+
+
+def _kl(ref_logp: list[np.ndarray], logits: list[np.ndarray]) -> float:
+    """Mean KL divergence of the reference's next-token distributions to ``logits``'."""
+    return statistics.fmean(
+        float(np.exp(p) @ (p - _log_softmax(lg))) for p, lg in zip(ref_logp, logits)
+    )
+
+
 def _agree(
     logits: list[np.ndarray], greedy: list[int], ref_logits: list[np.ndarray], ref_greedy: list[int]
 ) -> tuple[float, float]:
@@ -172,7 +202,7 @@ def _agree(
     equal) of a run against a reference run."""
     top = [int(np.argmax(x)) == int(np.argmax(y)) for x, y in zip(logits, ref_logits)]
     same = next((i for i, (x, y) in enumerate(zip(greedy, ref_greedy)) if x != y), None)
-    return statistics.fmean(top), (len(greedy) if same is None else same) / len(greedy)
+    return statistics.fmean(top), (len(greedy) if same is None else same) / max(len(greedy), 1)
 
 
 def bench(a: argparse.Namespace) -> dict[str, Any]:
@@ -200,7 +230,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"{a.calibration} holds the evaluation text: calibrate on another")
         method = a.calib_method.replace("+", "-")
         damp = "" if a.calib_damp == calibrate.DAMP else f"-d{a.calib_damp:g}"
-        tag = f"-{method}{damp}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
+        ntok = "" if a.calib_tokens == calibrate.CALIB_TOKENS else f"-t{a.calib_tokens}"
+        tag = f"-{method}{damp}{ntok}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
         path = os.path.join(work, f"smollm2-{fmt}{tag if fmt != 'f32' else ''}.gguf")
@@ -212,14 +243,16 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             cal = pathlib.Path(a.calibration) if a.calibration and fmt != "f32" else None
             quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
                            calibration=cal, calib_method=a.calib_method,
-                           calib_damp=a.calib_damp)  # fmt: skip
+                           calib_damp=a.calib_damp, calib_tokens=a.calib_tokens)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
                            "decode": a.decode, "threads": a.threads, "quick": a.quick,
+                           "numpy": a.numpy,
                            "calibration": a.calibration and os.path.basename(a.calibration),
                            "calib_method": a.calibration and a.calib_method,
                            "calib_damp": a.calibration and a.calib_damp,
+                           "calib_tokens": a.calibration and a.calib_tokens,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -234,6 +267,16 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         fmt = f"{fmt_file}@{act}" if act else fmt_file
         r: dict[str, Any] = {"file_mib": os.path.getsize(files[fmt_file]) / 2**20}
         res["formats"][fmt] = r
+        if a.numpy:
+            log(f"{fmt}: numpy forward, {a.tokens} tokens ...")
+            logits = numpy_logits(files[fmt_file], text[:-1])
+            r["ppl"] = _ppl(logits, text)
+            if fmt == "f32":
+                ref_logits, ref_logp = logits, [_log_softmax(lg) for lg in logits]
+            else:
+                r["top1_agree"] = _agree(logits, [], ref_logits, [])[0]
+                r["kl"] = _kl(ref_logp, logits)
+            continue
         log(f"{fmt}: compile ...")
         os.environ["LUMINAL_ACT_QUANT"] = act  # read when the plans compile
         try:
@@ -245,8 +288,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         r["compile_s"] = m.compile_s
         log(f"{fmt}: teacher-forced {a.tokens} tokens ...")
         logits, steps = m.teacher_forced(text[:-1])
-        nll = [-_log_softmax(lg)[t] for lg, t in zip(logits, text[1:])]
-        r["ppl"] = math.exp(statistics.fmean(nll))
+        r["ppl"] = _ppl(logits, text)
         r["decode_tok_s"] = 1.0 / statistics.median(steps[1:])
         greedy = m.greedy(prompt, a.decode)
         if fmt == "f32":
@@ -254,9 +296,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             ref_logp = [_log_softmax(lg) for lg in logits]
         else:
             r["top1_agree"], r["greedy_agree"] = _agree(logits, greedy, ref_logits, ref_greedy)
-            r["kl"] = statistics.fmean(
-                float(np.exp(p) @ (p - _log_softmax(lg))) for p, lg in zip(ref_logp, logits)
-            )
+            r["kl"] = _kl(ref_logp, logits)
             if act and fmt_file in same_weights:
                 r["top1_agree_same_weights"], r["greedy_agree_same_weights"] = _agree(
                     logits, greedy, *same_weights[fmt_file]
@@ -295,7 +335,7 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
         if "skipped" in r:
             print(f"{fmt:<16}skipped: {r['skipped']}")
             continue
-        print(f"{fmt:<16}{r['file_mib']:>8.1f}{r['decode_tok_s']:>9.1f}"
+        print(f"{fmt:<16}{r['file_mib']:>8.1f}{f(r.get('decode_tok_s'), '.1f'):>9}"
               f"{f(r.get('prefill_tok_s'), '.0f'):>9}{f(r.get('top1_agree'), '.3f'):>7}"
               f"{f(r.get('kl'), '.4f'):>8}{f(r.get('greedy_agree'), '.2f'):>8}{r['ppl']:>8.2f}"
               f"{f(r.get('llamacpp_decode_tok_s'), '.1f'):>11}"
@@ -308,14 +348,16 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
         if fmt != "f32" and "@" not in fmt and "vs_llamacpp" not in r:
             flat[f"{fmt}_vs_llamacpp"] = None
     flat["quick"] = res["quick"]
+    flat["numpy"] = res.get("numpy", False)
     flat["calibration"] = res.get("calibration")
     flat["calib_method"] = res.get("calib_method")
     flat["calib_damp"] = res.get("calib_damp")
+    flat["calib_tokens"] = res.get("calib_tokens")
     return flat
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from luminal.quant.calibrate import DAMP, METHOD, METHODS
+    from luminal.quant.calibrate import CALIB_TOKENS, DAMP, METHOD, METHODS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
@@ -335,6 +377,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "awq+gptq (both, the default)")  # fmt: skip
     p.add_argument("--calib-damp", type=float, default=DAMP,
                    help=f"with --calibration: GPTQ's damping (default {DAMP})")  # fmt: skip
+    p.add_argument("--calib-tokens", type=int, default=CALIB_TOKENS,
+                   help="with --calibration: calibrate on the text's first N tokens "
+                   f"(default {CALIB_TOKENS})")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "
@@ -342,10 +387,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--json-out", help="also write the per-format details and, last, the JSON line to this file"
     )
+    p.add_argument("--numpy", action="store_true",
+                   help="agreement only (top-1, KL, ppl), from the calibration module's numpy "
+                   "forward: no compile, no speed or greedy columns")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="32 tokens, 8 greedy, a short prefill, no measured search")  # fmt: skip
     a = p.parse_args(argv)
     a.formats = [s for s in a.formats.split(",") if s]
+    if a.numpy and a.act_quant != "f32":
+        p.error("--numpy runs f32 activations only")
     if a.calibration == "default":
         from luminal.quant import calibrate
 

@@ -437,3 +437,25 @@ def test_smollm2_calibrated_file(tmp_path) -> None:
     assert f.type_name("blk.0.attn_q.weight") == "MXFP4"
     s = lm.models.load(out, backend="interp", max_context=16)
     assert np.isfinite(s.forward([1, 2, 3])).all()
+
+
+def test_bench_numpy_forward_is_luminals(tiny_llama, tmp_path) -> None:
+    """bench/quant.py --numpy's logits (the calibration forward over a file's dequantized
+    weights) are luminal's, for an f32 and a quantized file, at every position."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", "quant.py")
+    spec = importlib.util.spec_from_file_location("bench_quant", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # not __main__: no re-exec
+    q = tmp_path / "q.gguf"
+    quant.quantize(tiny_llama, q, "fp8_e4m3")
+    got = []
+    for p in (tiny_llama, str(q)):
+        got.append(np.stack(bench.numpy_logits(p, IDS)))
+        s = lm.models.load(p, backend="interp", max_context=16)
+        want = np.stack([s.forward([t]) for t in IDS])
+        np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert np.abs(got[1] - got[0]).max() > 1e-3 * np.abs(got[0]).max()  # the fp8 values read
