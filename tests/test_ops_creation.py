@@ -49,6 +49,16 @@ def test_arange():
         shapes=[(seq,)],
         more=[[np.ones(1, np.float32)], [np.ones(300, np.float32)]],
     )
+    # whole-valued float bounds and step with a symbolic end (XLNet's relative positions):
+    # a float range of the same points, counted down from the size
+    check_op(
+        "arange",
+        lambda x: F.arange(x.graph, x.shape[0], -3.0, -1.0) + x.sum(),
+        lambda x: torch.arange(x.shape[0], -3.0, -1.0) + x.sum(),
+        [np.ones(7, np.float32)],
+        shapes=[(seq,)],
+        more=[[np.ones(1, np.float32)], [np.ones(300, np.float32)]],
+    )
 
 
 def test_constants_and_likes():

@@ -76,6 +76,10 @@ def ones_like(input: Tensor, *, dtype: Any = None) -> Tensor:  # noqa: A002
 empty_like = zeros_like
 
 
+def _whole(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def arange(g: Graph, start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None) -> Tensor:
     """[start, end) by step; ``arange(g, n)`` is [0, n). Integer ranges are an IOTA (end may be
     a dim); float ranges scale an integer IOTA."""
@@ -88,7 +92,10 @@ def arange(g: Graph, start: Any, end: Any = None, step: Any = 1, *, dtype: Any =
         isinstance(v, (int, sym.Expr)) and not isinstance(v, bool) for v in (start, end, step)
     )
     d = dt.to_dtype(dtype) if dtype is not None else (dt.i64 if is_int else dt.f32)
-    if is_int and isinstance(step, int):
+    # a whole-valued float bound or step (XLNet's arange(klen, -qlen, -1.0)) counts as an int:
+    # the same points, and a symbolic bound stays possible
+    start, end, step = (_whole(v) for v in (start, end, step))
+    if all(isinstance(v, (int, sym.Expr)) for v in (start, end, step)) and isinstance(step, int):
         n = sym.maximum(sym.ceildiv(sym.add(end, sym.mul(start, -1)), step), 0) if step > 0 else \
             sym.maximum(sym.ceildiv(sym.add(start, sym.mul(end, -1)), -step), 0)  # fmt: skip
         shape = (n,)
