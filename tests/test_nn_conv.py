@@ -148,6 +148,9 @@ def test_max_pool2d(kw):
             "count_include_pad": False,
         },
         {"kernel_size": (2, 3), "divisor_override": 5},
+        # a kernel larger than the input makes one window in ceil mode (EfficientNet's pool)
+        {"kernel_size": 12, "ceil_mode": True},
+        {"kernel_size": (12, 9), "stride": (3, 5), "ceil_mode": True},
     ],
 )
 def test_avg_pool2d(kw):

@@ -412,3 +412,10 @@ def test_layers_sharing_a_graph_keep_a_plan_each():
     built = lt.stats.plans
     _check(m, [dict(input=torch.randn(2, 8)) for _ in range(3)], dynamic=False)
     assert lt.stats.plans == built and lt.stats.eager_ops == {}
+
+
+def test_string_padded_convolutions_convert():
+    """padding="valid" reaches ATen as a one-element list, which ATen repeats per spatial dim."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding="valid"), nn.Conv2d(4, 4, (3, 2), padding="same"))
+    _check(m.eval(), [dict(input=torch.randn(b, 3, 9, 7)) for b in (2, 3)])
+    assert lt.stats.eager_ops == {}

@@ -296,13 +296,18 @@ def _pool(
     for k in range(nd):
         ax = lead + 2 * k  # each earlier spatial dim became two (out, kernel)
         n, lo, s, dk = x.shape[ax], pd[k], st[k], dil[k] * (ks[k] - 1)
-        out = _out_size(n, lo, lo, ks[k], s, dil[k], name, x.shape)
         extra: sint = 0
-        if ceil_mode:  # round up, but the last window must start inside the input or left padding
+        if not ceil_mode:
+            out = _out_size(n, lo, lo, ks[k], s, dil[k], name, x.shape)
+        else:  # round up, but the last window must start inside the input or left padding
             out = sym.add(sym.floordiv(sym.add(n, 2 * lo - dk - 1 + s - 1), s), 1)
             out = sym.add(
                 out, sym.mul(sym.lt(sym.add(n, lo - 1), sym.mul(sym.add(out, -1), s)), -1)
             )
+            if isinstance(out, int) and out < 1:  # a kernel past the input still makes one
+                raise ValueError(  # window here when it starts inside (EfficientNet's pool)
+                    f"{name}: input {shape_str(x.shape)} gives no window of kernel {ks}"
+                )
             # windows that overhang the padded input read zeros there
             need = sym.add(sym.mul(sym.add(out, -1), s), dk + 1 - 2 * lo)
             extra = sym.maximum(0, sym.add(need, sym.mul(n, -1)))

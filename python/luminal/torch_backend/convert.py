@@ -729,16 +729,24 @@ def _convolution(cx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, p
                  dilation: Any, transposed: bool, output_padding: Any, groups: int
                  ) -> Tensor:  # fmt: skip
     nd = w.ndim - 2
+    # ATen repeats a one-element stride / padding / dilation over the spatial dims
+    stride, padding, dilation, output_padding = (
+        _per_dim(v, nd) for v in (stride, padding, dilation, output_padding)
+    )
     if transposed:
         fns = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
         if nd not in fns:
             raise Unsupported(f"conv_transpose{nd}d")
-        return fns[nd](x, w, b, list(stride), list(padding), list(output_padding), groups,
-                       list(dilation))  # fmt: skip
+        return fns[nd](x, w, b, stride, padding, output_padding, groups, dilation)
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd)
     if fn is None:
         raise Unsupported(f"conv{nd}d")
-    return fn(x, w, b, list(stride), list(padding), list(dilation), groups)
+    return fn(x, w, b, stride, padding, dilation, groups)
+
+
+def _per_dim(v: Any, nd: int) -> list:
+    v = [v] if isinstance(v, int) else list(v)
+    return v * nd if len(v) == 1 else v
 
 
 @op(aten.max_pool2d_with_indices.default, aten.max_pool1d_with_indices.default)
