@@ -76,6 +76,29 @@ def zoo() -> dict[str, Make]:
         enc = tf.WhisperForConditionalGeneration(cfg).get_encoder().eval()
         return enc, lambda b, s: dict(input_features=torch.randn(b, 40, 200))
 
+    def deberta():  # disentangled relative-position attention
+        cfg = tf.DebertaV2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=512, vocab_size=1000)  # fmt: skip
+        return tf.DebertaV2Model(cfg).eval(), _ids
+
+    def mamba():  # a selective state-space scan (transformers' reference PyTorch path)
+        cfg = tf.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=1000, state_size=8)
+        return tf.MambaModel(cfg).eval(), _ids
+
+    def wav2vec2():  # strided 1-d convolutions over raw audio, grouped conv positions
+        cfg = tf.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=128, conv_dim=(32, 32, 32),
+                                conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+                                num_conv_pos_embeddings=16,
+                                num_conv_pos_embedding_groups=4)  # fmt: skip
+        return tf.Wav2Vec2Model(cfg).eval(), lambda b, s: dict(input_values=torch.randn(b, 1600))
+
+    def segformer():  # overlapping patch merges, reduced-key attention, depthwise conv MLP
+        cfg = tf.SegformerConfig(hidden_sizes=[16, 32, 64, 128], num_attention_heads=[1, 2, 4, 4],
+                                 depths=[1, 1, 1, 1], decoder_hidden_size=64)  # fmt: skip
+        return tf.SegformerModel(cfg).eval(), _image
+
     return {"vit": vit, "resnet": resnet, "convnext": convnext, "mobilenetv2": mobilenetv2,
             "swin": swin, "clip": clip, "t5": t5, "distilbert": distilbert,
-            "whisper": whisper}  # fmt: skip
+            "whisper": whisper, "deberta": deberta, "mamba": mamba, "wav2vec2": wav2vec2,
+            "segformer": segformer}  # fmt: skip

@@ -62,6 +62,17 @@ def _family(kind: str):
                                vocab_size=100, pad_token_id=0, bos_token_id=0, eos_token_id=0,
                                decoder_start_token_id=0, attn_implementation="sdpa")  # fmt: skip
         return tf.WhisperForConditionalGeneration(cfg).get_encoder(), "mel"
+    if kind == "deberta":  # relative-position attention, a 0-d scale folded at compile time
+        enc = {k: v for k, v in _ENC.items() if k != "attn_implementation"}  # eager only
+        cfg = tf.DebertaV2Config(vocab_size=100, max_position_embeddings=128, **enc)
+        return tf.DebertaV2Model(cfg), "ids"
+    if kind == "xlnet":  # relative positions from a float arange over symbolic bounds
+        cfg = tf.XLNetConfig(d_model=32, n_layer=1, n_head=4, d_inner=64, vocab_size=100)
+        return tf.XLNetModel(cfg), "ids"
+    if kind == "segformer":  # overlapping strided patch merges: nested window sizes
+        cfg = tf.SegformerConfig(hidden_sizes=[8, 16, 16, 32], num_attention_heads=[1, 2, 2, 4],
+                                 depths=[1, 1, 1, 1], decoder_hidden_size=16)  # fmt: skip
+        return tf.SegformerModel(cfg), "image"
     raise ValueError(kind)
 
 
@@ -81,9 +92,10 @@ def _main(out):
 
 
 # the slow tier runs these; LUMINAL_TEST_FAMILIES=all adds the decoder LMs and RoBERTa (whose
-# architectures differ from the tested Llama / BERT in norms, rotary layout and MLP only)
+# architectures differ from the tested Llama / BERT in norms, rotary layout and MLP only) and
+# families an op converter once failed on
 FAMILIES = ["distilbert", "vit", "resnet", "whisper_encoder"]
-MORE = ["gemma", "phi3", "gpt_neox", "roberta"]
+MORE = ["gemma", "phi3", "gpt_neox", "roberta", "deberta", "xlnet", "segformer"]
 
 
 @pytest.mark.parametrize("kind", FAMILIES + [
@@ -129,4 +141,19 @@ def test_static_cache_generate():
     # the prefill graph creates the cache (transformers initializes it lazily); the decode graph
     # writes 2 layers' keys and values into it in place
     assert lt.stats.in_place >= 4
+    assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
+
+
+def test_mamba_scan_matches_eager():
+    """Mamba's reference selective scan (transformers' path without its CUDA kernels): under
+    torch.compile a generic associative scan whose slices count from the end at symbolic
+    positions and whose recursion pins the length; every length compiles again (dynamo's guards
+    on the recursion depth), each graph whole in luminal and equal to eager."""
+    cfg = tf.MambaConfig(hidden_size=32, num_hidden_layers=1, vocab_size=100, state_size=8)
+    m = tf.MambaModel(cfg).eval()
+    f = torch.compile(m, backend="luminal")
+    with torch.no_grad():
+        for b, s in ((2, 16), (4, 32), (3, 7), (2, 16)):
+            x = _inputs("ids", b, s)
+            torch.testing.assert_close(_main(f(**x)), _main(m(**x)), atol=1e-4, rtol=1e-4)
     assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
