@@ -231,6 +231,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         method = a.calib_method.replace("+", "-")
         damp = "" if a.calib_damp == calibrate.DAMP else f"-d{a.calib_damp:g}"
         ntok = "" if a.calib_tokens == calibrate.CALIB_TOKENS else f"-t{a.calib_tokens}"
+        ntok += "-ao" if a.calib_act_order else ""
         tag = f"-{method}{damp}{ntok}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
@@ -243,7 +244,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             cal = pathlib.Path(a.calibration) if a.calibration and fmt != "f32" else None
             quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
                            calibration=cal, calib_method=a.calib_method,
-                           calib_damp=a.calib_damp, calib_tokens=a.calib_tokens)  # fmt: skip
+                           calib_damp=a.calib_damp, calib_tokens=a.calib_tokens,
+                           calib_act_order=a.calib_act_order)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
@@ -253,6 +255,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "calib_method": a.calibration and a.calib_method,
                            "calib_damp": a.calibration and a.calib_damp,
                            "calib_tokens": a.calibration and a.calib_tokens,
+                           "calib_act_order": bool(a.calibration) and a.calib_act_order,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -353,6 +356,7 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     flat["calib_method"] = res.get("calib_method")
     flat["calib_damp"] = res.get("calib_damp")
     flat["calib_tokens"] = res.get("calib_tokens")
+    flat["calib_act_order"] = res.get("calib_act_order")
     return flat
 
 
@@ -380,6 +384,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calib-tokens", type=int, default=CALIB_TOKENS,
                    help="with --calibration: calibrate on the text's first N tokens "
                    f"(default {CALIB_TOKENS})")  # fmt: skip
+    p.add_argument(
+        "--calib-act-order",
+        action="store_true",
+        help="with --calibration: GPTQ takes the columns loudest input first",
+    )
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "

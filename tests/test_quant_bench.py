@@ -50,4 +50,5 @@ def test_arguments_and_json_keys(capsys) -> None:
     assert a.calib_method == "awq+gptq"
     assert b.parse_args(["--calib-method", "awq"]).calib_method == "awq"
     assert b.parse_args(["--calib-tokens", "64"]).calib_tokens == 64
+    assert b.parse_args(["--calib-act-order"]).calib_act_order and not a.calib_act_order
     assert a.calib_damp == 0.1 and b.parse_args(["--calib-damp", "0.1"]).calib_damp == 0.1
