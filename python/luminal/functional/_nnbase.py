@@ -58,7 +58,11 @@ def windows(t: Tensor, axis: int, out: sint, k: int, stride: int, dilation: int)
 
 
 def tuple_arg(v: int | Sequence[int], n: int, name: str, what: str) -> tuple[int, ...]:
+    """``v`` per spatial dim: an int or one-element sequence repeats, as in PyTorch (ATen
+    passes ``padding="valid"`` as ``[0]``)."""
     out = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(out) == 1:
+        out *= n
     if len(out) != n or not all(isinstance(e, int) for e in out):
         raise ValueError(f"{name}: {what} must be an int or {n} ints, got {v!r}")
     return out

@@ -507,31 +507,6 @@ def _t(cx: Ctx, x: Tensor) -> Tensor:
     return F.t(x)
 
 
-def position(cx: Ctx, v: Any, n: Any, what: str) -> Any:
-    """Torch's index or slice bound ``v`` along an axis of extent ``n``, a negative one counted
-    from the end. A symbolic ``v`` whose sign is not provable takes the sign it had when the
-    graph was traced (torch compared it with 0, so dynamo guards that sign); without such a
-    value it is refused: ``-s`` and ``s`` name different elements."""
-    if isinstance(v, int):
-        return sym.add(n, v) if v < 0 else v
-    if _negative(cx, v, what):
-        return sym.add(n, v)
-    return v
-
-
-def _negative(cx: Ctx, v: Any, what: str) -> bool:
-    if isinstance(v, int):
-        return v < 0
-    if sym.prove_nonneg(v):
-        return False
-    if sym.prove_lt(v, 0):
-        return True
-    h = cx.dims.hint(v)
-    if h is None:
-        raise Unsupported(f"{what} at a symbolic position {v} whose sign is not known")
-    return h < 0
-
-
 @op(aten.slice.Tensor)
 def _slice(cx: Ctx, x: Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
            ) -> Tensor:  # fmt: skip
@@ -540,27 +515,24 @@ def _slice(cx: Ctx, x: Tensor, dim: int = 0, start: Any = None, end: Any = None,
     length = cx.shape()[d]  # torch's, end and clamping applied
     if start is None:
         start = 0
-    else:
-        negative = _negative(cx, start, "slice")
-        start = position(cx, start, n, "slice")
-        if negative:
-            start = sym.maximum(start, 0)
-        elif not sym.prove_lt(start, sym.add(n, 1)):
-            start = sym.minimum(start, n)
+    elif cx.dims.negative(start, "slice"):
+        start = sym.maximum(sym.add(n, start), 0)
+    elif not sym.prove_lt(start, sym.add(n, 1)):
+        start = sym.minimum(start, n)
     return x.slice(d, start, length, step)
 
 
 @op(aten.select.int)
 def _select(cx: Ctx, x: Tensor, dim: int, index: Any) -> Tensor:
     if isinstance(index, sym.Expr):
-        index = position(cx, index, x.shape[x._axis(dim)], "select")
+        index = cx.dims.position(index, x.shape[x._axis(dim)], "select")
     return F.select(x, dim, index)
 
 
 @op(aten.narrow.default)
 def _narrow(cx: Ctx, x: Tensor, dim: int, start: Any, length: Any) -> Tensor:
     if isinstance(start, sym.Expr):
-        start = position(cx, start, x.shape[x._axis(dim)], "narrow")
+        start = cx.dims.position(start, x.shape[x._axis(dim)], "narrow")
     return F.narrow(x, dim, start, length)
 
 
@@ -729,24 +701,16 @@ def _convolution(cx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, stride: Any, p
                  dilation: Any, transposed: bool, output_padding: Any, groups: int
                  ) -> Tensor:  # fmt: skip
     nd = w.ndim - 2
-    # ATen repeats a one-element stride / padding / dilation over the spatial dims
-    stride, padding, dilation, output_padding = (
-        _per_dim(v, nd) for v in (stride, padding, dilation, output_padding)
-    )
     if transposed:
         fns = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
         if nd not in fns:
             raise Unsupported(f"conv_transpose{nd}d")
-        return fns[nd](x, w, b, stride, padding, output_padding, groups, dilation)
+        return fns[nd](x, w, b, list(stride), list(padding), list(output_padding), groups,
+                       list(dilation))  # fmt: skip
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd)
     if fn is None:
         raise Unsupported(f"conv{nd}d")
-    return fn(x, w, b, stride, padding, dilation, groups)
-
-
-def _per_dim(v: Any, nd: int) -> list:
-    v = [v] if isinstance(v, int) else list(v)
-    return v * nd if len(v) == 1 else v
+    return fn(x, w, b, list(stride), list(padding), list(dilation), groups)
 
 
 @op(aten.max_pool2d_with_indices.default, aten.max_pool1d_with_indices.default)

@@ -18,7 +18,7 @@ from ..graph import symbolic as sym
 from ..graph.view import contiguous_strides, idx_vars
 from ..tensor import Tensor, broadcast_shapes
 from . import convert as _convert
-from .convert import Ctx, op, position
+from .convert import Ctx, op
 from .symbols import Unsupported
 
 aten = torch.ops.aten
@@ -302,8 +302,8 @@ def _slice_scatter_unit(cx: Ctx, x: Tensor, src: Tensor, d: int, start: Any, end
     hi = n if end is None else end
     if not all(isinstance(e, (int, sym.Expr)) for e in (lo, hi)):
         raise Unsupported("slice_scatter with non-integer bounds")
-    lo = position(cx, lo, n, "slice_scatter")
-    hi = sym.minimum(position(cx, hi, n, "slice_scatter"), n)
+    lo = cx.dims.position(lo, n, "slice_scatter")
+    hi = sym.minimum(cx.dims.position(hi, n, "slice_scatter"), n)
     placed = src.cast(x.dtype).pad_dim(d, lo, sym.add(n, sym.mul(hi, -1)))
     pos = F.arange(cx.g, n, dtype=dt.i32).reshape([n if k == d else 1 for k in range(x.ndim)])
     bounds: tuple[Any, Any] = (lo, hi)  # dims: Tensor comparisons take expressions too

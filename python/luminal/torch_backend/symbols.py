@@ -111,17 +111,42 @@ class Dims:
         slice bound's sign among them), so the graph only runs where that outcome stays."""
         if isinstance(e, int):
             return e
-        hints = getattr(self.shape_env, "backed_var_to_val", None)
-        if hints is None:
-            hints = getattr(self.shape_env, "var_to_val", {})
         env: dict[str, int] = {}
-        for s, v in hints.items():
+        for s, v in _hints(self.shape_env).items():
             m = self.multiples.get(s.name, 1)
             env[quotient_name(s.name, m) if m > 1 else s.name] = int(v) // m
         try:
             return int(sym.evaluate(e, env))
         except (ValueError, TypeError):
             return None
+
+    def negative(self, v: sint, what: str) -> bool:
+        """Whether torch's index or slice bound ``v`` counts from the end. A symbolic one of
+        unprovable sign takes the sign it had at the traced sizes (torch compared it with 0,
+        so dynamo guards that sign); without such a value it is refused: ``-s`` and ``s`` name
+        different elements."""
+        if isinstance(v, int):
+            return v < 0
+        if sym.prove_nonneg(v):
+            return False
+        if sym.prove_lt(v, 0):
+            return True
+        h = self.hint(v)
+        if h is None:
+            raise Unsupported(f"{what} at a symbolic position {v} whose sign is not known")
+        return h < 0
+
+    def position(self, v: sint, n: sint, what: str) -> sint:
+        """``v`` along an axis of extent ``n``, a negative one counted from the end."""
+        return sym.add(n, v) if self.negative(v, what) else v
+
+
+def _hints(shape_env: Any) -> dict[Any, Any]:
+    """Symbol -> its value at the traced sizes."""
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:  # PyTorch before backed_var_to_val
+        hints = getattr(shape_env, "var_to_val", {})
+    return hints
 
 
 def _finite(v: Any) -> bool:
@@ -161,9 +186,7 @@ def guard_multiples(shape_env: Any) -> dict[str, int]:
     evaluate to a definite False counts as admitted)."""
     if shape_env is None:
         return {}
-    hints = getattr(shape_env, "backed_var_to_val", None)
-    if hints is None:  # PyTorch before backed_var_to_val
-        hints = getattr(shape_env, "var_to_val", {})
+    hints = _hints(shape_env)
     ranges = getattr(shape_env, "var_to_range", {})
     per: dict[Any, list[Any]] = {}
     for g in getattr(shape_env, "guards", ()):
