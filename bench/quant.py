@@ -27,6 +27,9 @@ threads:
   text shipped with luminal (``python/luminal/quant/calibration.txt``); the JSON's
   ``calibration`` names the file (null: round to nearest); ``--calib-method awq+gptq`` adds
   activation-aware input scales (``awq``: the scales alone, then round to nearest);
+- with --keep-sensitive FRAC (and --calibration), that fraction of the matrices' weights, the
+  ones whose rounding alone costs the most KL per weight on the calibration text, is stored as
+  --keep-type (default q8_0) (``luminal.quant.sensitivity``);
 - with --numpy, only the teacher-forced columns (top-1, KL, ppl), from the calibration
   module's numpy forward of each file's dequantized weights (seconds per format; no compile,
   no speed, no greedy run);
@@ -179,7 +182,7 @@ def numpy_logits(path: str, ids: list[int]) -> list[np.ndarray]:
     cal = calibrate.Calibration.from_gguf(f, GGUFWeights(f, dequant="load"), ids)
     x = cal._w("token_embd.weight")[ids]
     for i in range(cal.config.n_layers):
-        x = cal._block(i, x, {})
+        x = cal._block(i, x, None)
     return list(cal.final(x) @ cal._w(cal.head()).T)
 
 
@@ -232,6 +235,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         damp = "" if a.calib_damp == calibrate.DAMP else f"-d{a.calib_damp:g}"
         ntok = "" if a.calib_tokens == calibrate.CALIB_TOKENS else f"-t{a.calib_tokens}"
         ntok += "-ao" if a.calib_act_order else ""
+        ntok += f"-k{a.keep_sensitive:g}{a.keep_type}" if a.keep_sensitive else ""
         tag = f"-{method}{damp}{ntok}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
@@ -245,7 +249,9 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
                            calibration=cal, calib_method=a.calib_method,
                            calib_damp=a.calib_damp, calib_tokens=a.calib_tokens,
-                           calib_act_order=a.calib_act_order)  # fmt: skip
+                           calib_act_order=a.calib_act_order,
+                           keep_sensitive=a.keep_sensitive if cal else 0.0,
+                           keep_type=a.keep_type)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
@@ -256,6 +262,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "calib_damp": a.calibration and a.calib_damp,
                            "calib_tokens": a.calibration and a.calib_tokens,
                            "calib_act_order": bool(a.calibration) and a.calib_act_order,
+                           "keep_sensitive": a.calibration and a.keep_sensitive,
+                           "keep_type": a.calibration and a.keep_sensitive and a.keep_type,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -357,6 +365,8 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     flat["calib_damp"] = res.get("calib_damp")
     flat["calib_tokens"] = res.get("calib_tokens")
     flat["calib_act_order"] = res.get("calib_act_order")
+    flat["keep_sensitive"] = res.get("keep_sensitive")
+    flat["keep_type"] = res.get("keep_type")
     return flat
 
 
@@ -389,6 +399,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="with --calibration: GPTQ takes the columns loudest input first",
     )
+    p.add_argument("--keep-sensitive", type=float, default=0.0, metavar="FRAC",
+                   help="with --calibration: keep this fraction of the matrices' weights, the "
+                   "most sensitive (measured), as --keep-type")  # fmt: skip
+    p.add_argument("--keep-type", default="q8_0",
+                   help="with --keep-sensitive: their type (default q8_0)")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "

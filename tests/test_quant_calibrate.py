@@ -459,3 +459,102 @@ def test_bench_numpy_forward_is_luminals(tiny_llama, tmp_path) -> None:
         want = np.stack([s.forward([t]) for t in IDS])
         np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     assert np.abs(got[1] - got[0]).max() > 1e-3 * np.abs(got[0]).max()  # the fp8 values read
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_sensitivity_is_the_models_kl_with_one_matrix_rounded(tied: bool) -> None:
+    """Each measure equals the KL of a whole forward with only that matrix replaced (the
+    cached layers before it are the f32 model's); unchanged values cost nothing."""
+    from luminal.quant import sensitivity
+
+    _, model = _model("llama", tied)
+    arrays = model.weights.arrays
+    cal = calibrate.Calibration(model.config, _Arrays(arrays), IDS)
+    names = ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "token_embd.weight"]
+    names += [] if tied else ["output.weight"]
+    rng = np.random.default_rng(0)
+
+    def noisy(name: str, v: np.ndarray) -> np.ndarray:
+        return v + rng.normal(size=v.shape).astype(np.float32) * 0.05 * np.abs(v).mean()
+
+    kl = sensitivity.measure(cal, names, noisy)
+    assert sorted(kl) == sorted(names) and all(v > 0 for v in kl.values())
+
+    def logp(arr: dict[str, np.ndarray]) -> np.ndarray:
+        c = calibrate.Calibration(model.config, _Arrays(arr), IDS)
+        x = arr["token_embd.weight"][IDS]
+        for i in range(2):
+            x = c._block(i, x, None)
+        return sensitivity._log_softmax(c.final(x) @ c._w(c.head()).T)
+
+    ref = logp(arrays)
+    rng = np.random.default_rng(0)  # the same noise, in the same order
+    for name in names:
+        p = logp({**arrays, name: noisy(name, arrays[name])})
+        want = float(np.mean(np.sum(np.exp(ref) * (ref - p), axis=-1)))
+        assert kl[name] == pytest.approx(want, rel=1e-3), name
+    same = sensitivity.measure(cal, names, lambda n, v: v)
+    assert all(abs(v) < 1e-9 for v in same.values())
+
+
+def test_choose_keeps_the_most_kl_per_weight_within_the_budget() -> None:
+    from luminal.quant import sensitivity
+
+    kl = {"a": 4.0, "b": 1.0, "c": 3.0, "d": 0.5}
+    sizes = {"a": 400, "b": 50, "c": 100, "d": 450}  # per weight: c .03, b .02, a .01, d .001
+    assert sensitivity.choose(kl, sizes, 0.0) == []
+    assert sensitivity.choose(kl, sizes, 0.1) == ["c"]
+    assert sensitivity.choose(kl, sizes, 0.15) == ["c", "b"]
+    assert sensitivity.choose(kl, sizes, 0.5) == ["c", "b"]  # a does not fit; d would
+    assert sensitivity.choose(kl, sizes, 0.6) == ["c", "b", "a"]
+    assert sensitivity.choose(kl, sizes, 1.0) == ["c", "b", "a", "d"]
+    with pytest.raises(ValueError, match="fraction"):
+        sensitivity.choose(kl, sizes, 1.5)
+
+
+def test_quantize_keeps_the_sensitive_matrices(tiny_llama, tmp_path, monkeypatch) -> None:
+    from luminal.quant import cli
+
+    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
+    out = tmp_path / "k.gguf"
+    res = quant.quantize(tiny_llama, out, "mxfp4", calibration="some calibration text",
+                         keep_sensitive=0.3, keep_type="q8_0")  # fmt: skip
+    assert res.calibration is not None
+    keep = res.calibration["keep"]
+    assert keep["fraction"] == 0.3 and keep["type"] == "q8_0"
+    assert len(res.sensitivity) == 15  # 14 layer matrices and the tied embedding / head
+    f = GGUFFile(out)
+    assert json.loads(f.get(calibrate.CALIB_KEY))["keep"] == keep
+    sizes = {n: int(np.prod(f.tensors[n].shape)) for n in res.sensitivity}
+    assert keep["matrices"] == quant.sensitivity.choose(res.sensitivity, sizes, 0.3)
+    assert 0 < sum(sizes[n] for n in keep["matrices"]) <= 0.3 * sum(sizes.values())
+    for n in res.sensitivity:
+        assert f.type_name(n) == ("Q8_0" if n in keep["matrices"] else "MXFP4"), n
+    assert res.calibration["matrices"] == 15 - len(keep["matrices"])
+    s = lm.models.load(out, backend="interp")
+    assert np.isfinite(s.forward(IDS[:6])).all()
+    # a luminal format keeps its container version key when kept matrices are plain GGUF
+    res = quant.quantize(tiny_llama, tmp_path / "i.gguf", "int8", embed_type="q8_0",
+                         calibration="some calibration text", keep_sensitive=0.2,
+                         keep_type="bf16")  # fmt: skip
+    assert "token_embd.weight" not in res.sensitivity and len(res.sensitivity) == 14
+    f = GGUFFile(tmp_path / "i.gguf")
+    assert {f.type_name(n) for n in res.calibration["keep"]["matrices"]} == {"BF16"}
+    assert np.isfinite(lm.models.load(f.path, backend="interp").forward(IDS[:4])).all()
+    with pytest.raises(ValueError, match="calibration"):
+        quant.quantize(tiny_llama, tmp_path / "x.gguf", "mxfp4", keep_sensitive=0.2)
+    with pytest.raises(ValueError, match="keep_sensitive must be"):
+        quant.quantize(tiny_llama, tmp_path / "x.gguf", "mxfp4", calibration="some text",
+                       keep_sensitive=2.0)  # fmt: skip
+    with pytest.raises(ValueError, match="keep_type"):
+        quant.quantize(tiny_llama, tmp_path / "x.gguf", "mxfp4", calibration="some text",
+                       keep_sensitive=0.2, keep_type="q4_k_m")  # fmt: skip
+    text = tmp_path / "t.txt"
+    text.write_text("words for calibration")
+    assert cli.run([tiny_llama, "-o", str(tmp_path / "c.gguf"), "--type", "nvfp4",
+                    "--calibration", str(text), "--keep-sensitive", "0.25"]) == 0  # fmt: skip
+    info = json.loads(GGUFFile(tmp_path / "c.gguf").get(calibrate.CALIB_KEY))["keep"]
+    assert info["type"] == "q8_0" and info["matrices"]

@@ -26,7 +26,9 @@ says how luminal's quantizers (``mxfp4`` and luminal's formats) choose their sca
 
 ``calibration`` (a text, or a file of one) makes luminal's quantizers minimise each matrix's
 output error over that text's activations instead of its weight error (GPTQ, activation-aware
-input scales folded into the norms, or both: ``calibrate``).
+input scales folded into the norms, or both: ``calibrate``). With it, ``keep_sensitive`` keeps
+the matrices whose rounding costs the most at the output, measured on that text
+(``sensitivity``), at a higher-precision ``keep_type``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 
 from ..loaders import lowp
 from ..loaders.gguf import LUMINAL_QUANT_KEY, GGUFFile, GGUFWeights
-from . import calibrate, hf
+from . import calibrate, hf, sensitivity
 
 # type -> GGUF tensor type, for the types the gguf package quantizes
 _GGUF_PY = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
@@ -79,6 +81,8 @@ class QuantizeResult:
     # relative RMS error of the matrices quantized here, sqrt(sum (q - w)^2 / sum w^2)
     error: float | None = None
     calibration: dict[str, Any] | None = None  # what the file's calibrate.CALIB_KEY records
+    # with keep_sensitive: each measured matrix's KL with only it rounded (``sensitivity``)
+    sensitivity: dict[str, float] = field(default_factory=dict)
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
@@ -86,8 +90,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              calibration: str | os.PathLike[str] | None = None,
              calib_tokens: int = calibrate.CALIB_TOKENS,
              calib_damp: float = calibrate.DAMP, calib_method: str = calibrate.METHOD,
-             calib_act_order: bool = False,
-             calib_importance: bool = True) -> QuantizeResult:  # fmt: skip
+             calib_act_order: bool = False, calib_importance: bool = True,
+             keep_sensitive: float = 0.0, keep_type: str = "q8_0") -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads, or a transformers folder of a model type in
     ``hf.ARCHS``, converted first as llama.cpp's converter would) requantized to ``qtype``
     at ``dst``.
@@ -102,7 +106,10 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     feedback, activation-aware input scales folded into the inputs' producers (then round to
     nearest), or both; ``calib_act_order``: GPTQ takes each matrix's columns loudest input
     first, its group scales fixed beforehand; ``calib_importance``: the ``mse`` scale choices
-    weigh each column's error by its inputs (``calibrate.Options``)."""
+    weigh each column's error by its inputs (``calibrate.Options``); ``keep_sensitive``: with
+    ``calibration``, this fraction of the matrices' weights is stored as ``keep_type``,
+    the matrices whose rounding alone costs the most KL per weight on the calibration text
+    (``sensitivity``; the embedding and head are candidates unless ``embed_type`` is given)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -122,6 +129,14 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError(f"{dst}: the output would overwrite the input")
     text = None
+    if keep_sensitive:
+        if calibration is None:
+            raise ValueError("keep_sensitive measures on a calibration text: give calibration")
+        if not 0 < keep_sensitive <= 1:
+            raise ValueError(f"keep_sensitive must be in (0, 1], got {keep_sensitive}")
+        if keep_type not in own:
+            raise ValueError(f"keep_type {keep_type!r} must be one of {', '.join(own)}")
+    keep = (keep_sensitive, keep_type)
     if calibration is not None:
         if _grid_format(qtype) is None:
             able = [t for t in TYPES if _grid_format(t) is not None]
@@ -138,7 +153,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     t0 = time.perf_counter()
     if not folder:
         res = _quantize(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
-                        calib_method, calib_damp, calib_act_order, calib_importance)  # fmt: skip
+                        calib_method, calib_damp, calib_act_order, calib_importance,
+                        keep)  # fmt: skip
         res.seconds = time.perf_counter() - t0
         return res
     # the folder becomes a GGUF file of its own float type beside the output (the layout
@@ -150,7 +166,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
             print(f"quantize: converting {src}", file=sys.stderr)
         hf.write_gguf(src, tmp)
         res = _quantize(tmp, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
-                        calib_method, calib_damp, calib_act_order, calib_importance,
+                        calib_method, calib_damp, calib_act_order, calib_importance, keep,
                         transient=True)  # fmt: skip
     finally:
         os.unlink(tmp)
@@ -160,7 +176,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
 
 def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
               text: str | None, calib_tokens: int, calib_method: str, calib_damp: float,
-              calib_act_order: bool, calib_importance: bool,
+              calib_act_order: bool, calib_importance: bool, keep: tuple[float, str],
               transient: bool = False) -> QuantizeResult:  # fmt: skip
     """``quantize`` of the GGUF file ``src``, its arguments checked; ``transient``: ``src`` is
     deleted after (its parsed header is not cached)."""
@@ -171,7 +187,7 @@ def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scal
         return QuantizeResult(dst, qtype, os.path.getsize(dst), 0.0, stored=stored)
     opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance)
     return _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts,
-                  transient)  # fmt: skip
+                  transient, keep)  # fmt: skip
 
 
 def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
@@ -201,8 +217,8 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
            text: str | None = None, calib_tokens: int = 0,
-           opts: calibrate.Options | None = None,
-           transient: bool = False) -> QuantizeResult:  # fmt: skip
+           opts: calibrate.Options | None = None, transient: bool = False,
+           keep: tuple[float, str] = (0.0, "q8_0")) -> QuantizeResult:  # fmt: skip
     import gguf
 
     opts = opts or calibrate.Options()
@@ -225,9 +241,15 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
     if text is not None:
         tokens = calibrate.text_tokens(f, text, calib_tokens)
         cal = calibrate.Calibration.from_gguf(f, source, tokens)
+        kept = []
+        if keep[0]:
+            kept = _keep_sensitive(cal, source, types, scales, keep, embed_type != qtype, res,
+                                   quiet)  # fmt: skip
         done, new = _calibrate(cal, source, types, scales, quiet, opts)
         res.calibration = {**calibrate.describe(text, tokens, opts),
                            "matrices": len(done)}  # fmt: skip
+        if keep[0]:
+            res.calibration["keep"] = {"fraction": keep[0], "type": keep[1], "matrices": kept}
     w = gguf.GGUFWriter(dst, f.architecture)
     for key, val in f.metadata.items():
         if key in ("general.architecture", "general.alignment", "general.file_type"):
@@ -242,7 +264,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
                         sub_type=None if et is None else gguf.GGUFValueType(et))  # fmt: skip
     if qtype in _FILE_TYPE:
         w.add_uint32("general.file_type", _FILE_TYPE[qtype])
-    if qtype in _LUMINAL or embed_type in _LUMINAL:
+    if any(t in _LUMINAL for t in (qtype, embed_type, *types.values())):
         w.add_uint32(LUMINAL_QUANT_KEY + "version", 1)
     if res.calibration is not None:
         w.add_string(calibrate.CALIB_KEY, json.dumps(res.calibration))
@@ -272,6 +294,26 @@ def _block(qtype: str) -> int:
     if qtype in _GGUF_PY:
         return int(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[_GGUF_PY[qtype]]][0])
     return lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype).block
+
+
+def _keep_sensitive(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
+                    scales: str, keep: tuple[float, str], embed_fixed: bool,
+                    res: QuantizeResult, quiet: bool) -> list[str]:  # fmt: skip
+    """Measure the model's matrices' sensitivity to their types (round to nearest) and set
+    the most sensitive per weight to ``keep``'s type, up to its fraction of their weights."""
+    fraction, ktype = keep
+    names = [n for n, t in types.items() if t not in ("f32", ktype)
+             and (cal.key(n) is not None or n in EMBEDDINGS)
+             and not (embed_fixed and n in EMBEDDINGS)
+             and (ktype == "f32" or source.shape(n)[1] % _block(ktype) == 0)]  # fmt: skip
+    res.sensitivity = sensitivity.measure(
+        cal, names, lambda n, x: _rounded(x, types[n], scales), quiet=quiet
+    )
+    sizes = {n: int(np.prod(source.shape(n))) for n in names}
+    kept = sensitivity.choose(res.sensitivity, sizes, fraction)
+    for n in kept:
+        types[n] = ktype
+    return kept
 
 
 def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],

@@ -356,13 +356,15 @@ class Calibration:
             rot = np.concatenate([-b, a], axis=-1)
         return x * self.cos[:t, None] + rot * self.sin[:t, None]
 
-    def _block(self, i: int, x: np.ndarray, hs: dict[str, np.ndarray]) -> np.ndarray:
-        """Layer ``i`` on one window ``x`` (T, hidden); adds its inputs' X^T X to ``hs``."""
+    def _block(self, i: int, x: np.ndarray, hs: dict[str, np.ndarray] | None) -> np.ndarray:
+        """Layer ``i`` on one window ``x`` (T, hidden); adds its inputs' X^T X to ``hs``
+        (None: no statistics)."""
         c, p, t = self.config, f"blk.{i}.", len(x)
         nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
 
         def add(k: str, v: np.ndarray) -> None:
-            hs[k] = hs[k] + _xtx(v) if k in hs else _xtx(v)
+            if hs is not None:
+                hs[k] = hs[k] + _xtx(v) if k in hs else _xtx(v)
 
         h = self._norm(x, p + "attn_norm.weight")
         add("attn", h)

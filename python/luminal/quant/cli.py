@@ -90,6 +90,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --calibration: choose mse scales by the plain squared weight error instead "
         "of weighing each column by its inputs",
     )
+    p.add_argument(
+        "--keep-sensitive",
+        type=float,
+        default=0.0,
+        metavar="FRAC",
+        help="with --calibration: store this fraction of the matrices' weights as --keep-type, "
+        "the matrices whose rounding alone costs the most (KL per weight, measured on the "
+        "calibration text)",
+    )
+    p.add_argument(
+        "--keep-type",
+        default="q8_0",
+        choices=[t for t in api.TYPES if t not in api._LLAMA_CPP],
+        metavar="TYPE",
+        help="the type of the matrices --keep-sensitive keeps (default q8_0)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -104,7 +120,9 @@ def main(args: argparse.Namespace) -> int:
                        calib_tokens=args.calib_tokens, calib_damp=args.calib_damp,
                        calib_method=args.calib_method,
                        calib_act_order=args.calib_act_order,
-                       calib_importance=args.calib_importance)  # fmt: skip
+                       calib_importance=args.calib_importance,
+                       keep_sensitive=args.keep_sensitive,
+                       keep_type=args.keep_type)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
@@ -116,6 +134,9 @@ def main(args: argparse.Namespace) -> int:
         if res.calibration is not None:
             c = res.calibration
             print(f"  calibrated {c['matrices']} matrices on {c['tokens']} tokens ({c['method']})")
+            if "keep" in c:
+                k = c["keep"]
+                print(f"  kept {len(k['matrices'])} sensitive matrices as {k['type']}")
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
         if not api.llama_cpp_reads(res.qtype, res.embed_type):
