@@ -558,3 +558,83 @@ def test_quantize_keeps_the_sensitive_matrices(tiny_llama, tmp_path, monkeypatch
                     "--calibration", str(text), "--keep-sensitive", "0.25"]) == 0  # fmt: skip
     info = json.loads(GGUFFile(tmp_path / "c.gguf").get(calibrate.CALIB_KEY))["keep"]
     assert info["type"] == "q8_0" and info["matrices"]
+
+
+# --------------------------------------------------------------------------- sequential
+
+
+def test_sequential_statistics_and_correction() -> None:
+    """With the quantized model equal to the f32 one, sequential statistics are the plain ones
+    and X^T X~ is X^T X (the correction is then the identity); with rounded layers, the first
+    layer's inputs are unchanged and the later ones are the rounded model's."""
+    from luminal.quant import sensitivity
+
+    _, model = _model("llama", True)
+    arrays = model.weights.arrays
+    cal = calibrate.Calibration(model.config, _Arrays(arrays), IDS)
+    plain = dict(cal.hessians())
+    same = {}
+    for hs in cal.layers(quantized=_Arrays(arrays)):
+        same.update(hs)
+    assert sorted(same) == sorted(plain) == sorted(cal.cross)
+    for k in plain:
+        np.testing.assert_allclose(same[k], plain[k], rtol=1e-6, atol=1e-9, err_msg=k)
+        np.testing.assert_allclose(cal.cross[k], plain[k], rtol=1e-6, atol=1e-9, err_msg=k)
+    w = arrays["blk.1.ffn_up.weight"]
+    np.testing.assert_allclose(calibrate.corrected(w, plain["1.ffn"], plain["1.ffn"]), w,
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    rnd = {n: _rtn("mxfp4")(v) for n, v in arrays.items() if n.startswith("blk.0.") and v.ndim == 2}
+    seq: dict[str, np.ndarray] = {}
+    for hs in cal.layers(quantized=sensitivity.Overlay(_Arrays(arrays), rnd)):
+        seq.update(hs)
+    np.testing.assert_allclose(seq["0.attn"], plain["0.attn"], rtol=1e-6)
+    assert not np.allclose(seq["1.attn"], plain["1.attn"], rtol=1e-3)
+    # X~: the f32 layer 1 on the rounded layer 0's output
+    x = calibrate.Calibration(model.config, _Arrays({**arrays, **rnd}), IDS)._block(
+        0, arrays["token_embd.weight"][IDS], None
+    )
+    got: dict[str, list[np.ndarray]] = {}
+    cal._block(1, x, None, got)
+    xq = got["attn"][0].astype(np.float64)
+    np.testing.assert_allclose(seq["1.attn"], xq.T @ xq, rtol=1e-5, atol=1e-6)
+
+
+def test_correction_lowers_the_f32_output_error() -> None:
+    """On inputs X~ = X + noise, rounding the corrected weight gives a lower error against the
+    f32 outputs X W^T than rounding W itself, both with GPTQ on X~^T X~."""
+    w, x, _ = _layer(rows=32, cols=128, n=2048)
+    rng = np.random.default_rng(3)
+    xq = x + rng.normal(size=x.shape).astype(np.float32) * 0.3 * x.std(axis=0)
+    h = xq.T.astype(np.float64) @ xq
+    c = x.T.astype(np.float64) @ xq
+    f = lowp.FORMATS["fp8_e4m3"]
+    assert f.grid is not None
+    u = calibrate.inverse_factor(h)
+    v = calibrate.corrected(w, h, c)
+    _, q0 = calibrate.gptq(w, u, f.grid(w, "mse"))
+    _, q1 = calibrate.gptq(v, u, f.grid(v, "mse"))
+
+    def err(q: np.ndarray) -> float:
+        return float(np.linalg.norm(x.astype(np.float64) @ w.T - xq.astype(np.float64) @ q.T))
+
+    assert err(q1) < 0.9 * err(q0)
+
+
+def test_quantize_sequential(tiny_llama, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
+    out = tmp_path / "s.gguf"
+    res = quant.quantize(tiny_llama, out, "nvfp4", calibration="some calibration text",
+                         calib_sequential=True, keep_sensitive=0.1)  # fmt: skip
+    assert res.calibration is not None and res.calibration["sequential"] is True
+    info = json.loads(GGUFFile(out).get(calibrate.CALIB_KEY))
+    assert info["sequential"] is True and info["keep"]["matrices"]
+    plain = tmp_path / "p.gguf"
+    quant.quantize(tiny_llama, plain, "nvfp4", calibration="some calibration text",
+                   keep_sensitive=0.1)  # fmt: skip
+    a, b = GGUFFile(out), GGUFFile(plain)
+    for n, same in (("blk.0.attn_q.weight.blocks", True), ("blk.1.attn_q.weight.blocks", False)):
+        # layer 0 reads the embedding in both models: nothing to correct
+        assert (a.raw(n).tobytes() == b.raw(n).tobytes()) == same, n
+    ref = lm.models.load(tiny_llama, backend="interp").forward(IDS)
+    got = lm.models.load(out, backend="interp").forward(IDS)
+    assert np.linalg.norm(got - ref) < 0.5 * np.linalg.norm(ref)
