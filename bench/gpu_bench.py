@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+TOP_KERNELS = 8  # the kernels listed per benchmark, by time
+
 
 def _torch_ms(fn: Any, reps: int = 20) -> float:
     import torch
@@ -36,9 +38,12 @@ def _torch_ms(fn: Any, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _luminal_ms(run: Any, kernel_names: set[str] | None, reps: int = 10) -> tuple[float, float]:
-    """(GPU kernel ms per run from the profiler, wall ms per run). ``kernel_names`` None: every
-    device kernel but copies and memsets (library calls launch kernels of their own names)."""
+def _luminal_ms(
+    run: Any, kernel_names: set[str] | None, reps: int = 10
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """(GPU kernel ms per run from the profiler, wall ms per run, the kernels that took most of
+    it). ``kernel_names`` None: every device kernel but copies and memsets (library calls
+    launch kernels of their own names)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -47,13 +52,13 @@ def _luminal_ms(run: Any, kernel_names: set[str] | None, reps: int = 10) -> tupl
     for _ in range(reps):
         run()
     wall = (time.perf_counter() - t) / reps * 1e3
-    kernel = float("nan")
+    kernel, top = float("nan"), []
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(reps):
                 run()
             torch.cuda.synchronize()
-        total_us = 0.0
+        per: dict[str, list[float]] = {}
         for ev in prof.events():
             ours = (
                 kernel_names is None
@@ -62,11 +67,15 @@ def _luminal_ms(run: Any, kernel_names: set[str] | None, reps: int = 10) -> tupl
                 and "CUDA" in str(ev.device_type)
             ) or (kernel_names and ev.name in kernel_names)
             if ours:
-                total_us += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+                us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+                per.setdefault(ev.name, []).append(us)
+        total_us = sum(sum(v) for v in per.values())
         kernel = total_us / reps / 1e3 if total_us > 0 else float("nan")
+        ranked = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
+        top = [{"kernel": n, "ms": sum(v) / reps / 1e3, "calls": len(v) / reps} for n, v in ranked]
     except Exception as e:  # profiler unavailable: report wall time only
         print(f"profiler failed: {e}", file=sys.stderr)
-    return kernel, wall
+    return kernel, wall, top
 
 
 def bandwidth_gbs() -> float:
@@ -86,8 +95,16 @@ def _compile(g: Any) -> Any:
     return lm.compile(g, backend="cuda")
 
 
-def _kernels(cg: Any) -> set[str]:
-    return {k.entry for k in cg.plan.kernels}
+def _steps(cg: Any) -> list[str]:
+    """The plan's steps as launched: kernel, grid, block and the dims it runs under."""
+    p = cg.plan
+    out = []
+    for st in p.steps:
+        k = getattr(st, "kernel", None)
+        name = p.kernels[k].entry if isinstance(k, int) else type(st).__name__
+        out.append(f"{name} grid={getattr(st, 'grid', '')} block={getattr(st, 'block', '')}"
+                   f" when={getattr(st, 'when', None)}")  # fmt: skip
+    return out
 
 
 def bench_gemm(m: int = 4096, n: int = 4096, k: int = 4096) -> dict[str, Any]:
@@ -102,18 +119,18 @@ def bench_gemm(m: int = 4096, n: int = 4096, k: int = 4096) -> dict[str, Any]:
     g = lm.Graph("gemm")
     wa = g.weight("a", data=a)
     wb = g.weight("b", data=b)
-    g.output("c", F.matmul(wa.float(), wb.float()).to(lm.f16))
+    g.output("c", F.matmul(wa.to(lm.f32), wb.to(lm.f32)).to(lm.f16))
     cg = _compile(g)
     got = cg.run({})["c"].astype(np.float32)
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     want = (ta @ tb).float().cpu().numpy()
     err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-9))
-    kernel, wall = _luminal_ms(lambda: cg.run({}), _kernels(cg), reps=3)
+    kernel, wall, top = _luminal_ms(lambda: cg.run({}), None, reps=3)
     torch_ms = _torch_ms(lambda: ta @ tb)
     flops = 2 * m * n * k
     return {"name": f"gemm f16 {m}x{n}x{k}", "kernel_ms": kernel, "wall_ms": wall,
             "torch_ms": torch_ms, "vs_torch": torch_ms / kernel, "tflops": flops / kernel / 1e9,
-            "rel_err": err}  # fmt: skip
+            "rel_err": err, "top_kernels": top}  # fmt: skip
 
 
 def bench_gemm_impls(m: int = 4096, n: int = 4096, k: int = 4096) -> list[dict[str, Any]]:
@@ -140,14 +157,14 @@ def bench_gemm_impls(m: int = 4096, n: int = 4096, k: int = 4096) -> list[dict[s
                     BufferInfo(1, "b", op, (k, n), "input"),
                     BufferInfo(2, "c", dt.f32, (m, n), "output")]  # fmt: skip
             call = K.LibCall("g_gemm", "gemm", {"m": m, "n": n, "k": k}, [0, 1, 2], 2)
-            low = Lowered(bufs, [call], {}, {})  # type: ignore[list-item]
+            low = Lowered(bufs, [call], {}, {})
             name = f"gemm-call {op.name}->f32 {m}x{n}x{k} {impl}"
             try:
                 cg = CompiledGraph(build_plan(low, "gemm", "cuda", gemm_impl=impl), "cuda")
                 ins = {"a": a, "b": b}
                 got = cg.run(ins)["c"]
                 err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-9))
-                kernel, wall = _luminal_ms(lambda cg=cg, ins=ins: cg.run(ins), None, reps=3)
+                kernel, wall, _ = _luminal_ms(lambda cg=cg, ins=ins: cg.run(ins), None, reps=3)
                 rows.append({"name": name, "kernel_ms": kernel, "wall_ms": wall,
                              "torch_ms": torch_ms, "vs_torch": torch_ms / kernel,
                              "tflops": 2 * m * n * k / kernel / 1e9, "rel_err": err})  # fmt: skip
@@ -166,7 +183,7 @@ def bench_attention(b: int = 1, h: int = 16, s: int = 1024, d: int = 64) -> dict
     rng = np.random.default_rng(0)
     qkv = {n: rng.standard_normal((b, h, s, d), np.float32).astype(np.float16) for n in "qkv"}
     g = lm.Graph("attention")
-    ts = {n: g.weight(n, data=v).float() for n, v in qkv.items()}
+    ts = {n: g.weight(n, data=v).to(lm.f32) for n, v in qkv.items()}
     o = F.scaled_dot_product_attention(ts["q"], ts["k"], ts["v"], is_causal=True)
     g.output("o", o.to(lm.f16))
     cg = _compile(g)
@@ -175,11 +192,11 @@ def bench_attention(b: int = 1, h: int = 16, s: int = 1024, d: int = 64) -> dict
     sdpa = torch.nn.functional.scaled_dot_product_attention
     want = sdpa(tq, tk, tv, is_causal=True).float().cpu().numpy()
     err = float(np.max(np.abs(got - want)))
-    kernel, wall = _luminal_ms(lambda: cg.run({}), _kernels(cg), reps=3)
+    kernel, wall, top = _luminal_ms(lambda: cg.run({}), None, reps=3)
     torch_ms = _torch_ms(lambda: sdpa(tq, tk, tv, is_causal=True))
     return {"name": f"attention f16 b{b} h{h} s{s} d{d} causal", "kernel_ms": kernel,
             "wall_ms": wall, "torch_ms": torch_ms, "vs_torch": torch_ms / kernel,
-            "max_abs_err": err}  # fmt: skip
+            "max_abs_err": err, "top_kernels": top}  # fmt: skip
 
 
 def bench_decode(bw_gbs: float, layers: int = 16, ctx: int = 256) -> dict[str, Any]:
@@ -222,11 +239,12 @@ def bench_decode(bw_gbs: float, layers: int = 16, ctx: int = 256) -> dict[str, A
     def step() -> None:
         cg.run({"tokens": np.array([42], np.int32), **cache}, pos=8)
 
-    kernel, wall = _luminal_ms(step, _kernels(cg), reps=5)
+    kernel, wall, top = _luminal_ms(step, None, reps=5)
     roofline_ms = weight_bytes / (bw_gbs * 1e9) * 1e3
     return {"name": f"decode llama-1B-shape bf16 ({layers} layers)", "kernel_ms": kernel,
             "wall_ms": wall, "roofline_ms": roofline_ms, "of_roofline": roofline_ms / kernel,
-            "weight_gb": weight_bytes / 1e9, "build_s": build_s}  # fmt: skip
+            "weight_gb": weight_bytes / 1e9, "build_s": build_s, "top_kernels": top,
+            "steps": _steps(cg)}  # fmt: skip
 
 
 def main() -> int:
@@ -244,7 +262,7 @@ def main() -> int:
     results["bandwidth_gbs"] = bw = bandwidth_gbs()
     rows = []
     for name in args.only.split(","):
-        fn = {"gemm": bench_gemm, "gemm_impls": bench_gemm_impls, "attention": bench_attention,
+        fn: Any = {"gemm": bench_gemm, "gemm_impls": bench_gemm_impls, "attention": bench_attention,
               "decode": lambda: bench_decode(bw)}[name]  # fmt: skip
         t = time.perf_counter()
         try:
@@ -267,6 +285,9 @@ def main() -> int:
         ref = r.get("torch_ms", r.get("roofline_ms", float("nan")))
         ratio = r.get("vs_torch", r.get("of_roofline", float("nan")))
         print(f"{r['name']:44} {r['kernel_ms']:10.3f} {r['wall_ms']:9.2f} {ref:8.3f} {ratio:7.1%}")
+    for r in rows:
+        for t in r.get("top_kernels", []):
+            print(f"  {r['name'][:30]:30} {t['kernel'][:60]:60} {t['ms']:8.3f} ms x{t['calls']:g}")
     print(json.dumps({"gpu_bench": rows, "bandwidth_gbs": bw}))
     return 0
 

