@@ -1,8 +1,9 @@
-"""Short rows taken a group at a time (codegen/cpu/kernel.py, _grouped_rows): a copy of rows
-shorter than a vector (a conv's im2col rows of 3, 5 or 7 taps) whose next axis out has a few
-indices copies a whole group per step, that index a constant of an unrolled loop. A thread's
-range of tasks may start and end inside a group: those rows are copied one by one. Checked
-over arbitrary task ranges against the ungrouped kernel, and end to end against PyTorch."""
+"""Padded rows of a conv's patch copy (codegen/cpu/kernel.py). Rows shorter than a vector (a
+conv's im2col rows of 3, 5 or 7 taps) whose next axis out has a few indices are copied a whole
+group per step, that index a constant of an unrolled loop (_grouped_rows); a thread's range of
+tasks may start and end inside a group: those rows are copied one by one. Padded rows of any
+length run as vectors of lanes. Checked over arbitrary task ranges against the ungrouped
+kernel, and end to end against PyTorch."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import luminal as lm
 import luminal.functional as F
 from luminal.codegen.cpu import kernel as ck
 from luminal.codegen.cpu import render_kernel
+from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
 from luminal.compiler.pipeline import graph_passes
-from luminal.compiler.stage import stage_strided_reads
+from luminal.compiler.search import select
+from luminal.compiler.stage import stage_strided_reads, summed_major_operands
 from luminal.graph import symbolic as sym
 
 
@@ -98,3 +101,28 @@ def test_grouped_patches_match_torch(k, stride, pad, monkeypatch):
         ref = torch.nn.functional.conv2d(torch.from_numpy(xv), torch.from_numpy(wv),
                                          stride=stride, padding=pad)  # fmt: skip
         np.testing.assert_allclose(cg.run({"x": xv})["y"], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,stride,pad", [(3, 1, 1), (5, 1, 2), (3, 2, 1)])
+def test_padded_rows_of_any_length_as_lanes(k, stride, pad, monkeypatch):
+    """Staged patches summed axis first ((taps, batch, oy, ox)): a padded row of any length
+    runs as vectors of lanes (no window loop with scalar ends), through a GEMM, as PyTorch."""
+    h, n = lm.dim("h", 4, 300), lm.dim("n", 1, 15)
+    g = lm.Graph("conv")
+    x = g.input("x", (n, 3, h, h))
+    wv = np.random.default_rng(4).standard_normal((16, 3, k, k)).astype(np.float32)
+    g.output("y", F.conv2d(x, g.weight("w", data=wv), stride=stride, padding=pad))
+    monkeypatch.setenv("LUMINAL_STAGE", "0")
+    unstaged = graph_passes(g)
+    low = lower(stage_strided_reads(unstaged, summed_major_operands(unstaged)))
+    copy = next(s for s in low.kernels if isinstance(s, K.Kernel))
+    src = render_kernel(copy, sorted(low.dims)).source
+    assert "lm_vload_f32" in src and "lm_wlo" not in src
+    chosen = select.choose_library_calls(low, lambda sub, dims: 1.0 if any(
+        isinstance(s, K.LibCall) for s in sub.kernels) else 2.0, "test")  # fmt: skip
+    plan = lm.load(build_plan(chosen, "conv").to_bytes())
+    for b, size in ((1, 5), (2, 30), (1, 61)):
+        xv = np.random.default_rng(size).standard_normal((b, 3, size, size)).astype(np.float32)
+        ref = torch.nn.functional.conv2d(torch.from_numpy(xv), torch.from_numpy(wv),
+                                         stride=stride, padding=pad)  # fmt: skip
+        np.testing.assert_allclose(plan.run({"x": xv})["y"], ref.numpy(), rtol=1e-4, atol=1e-4)

@@ -45,12 +45,10 @@ from .rows import (
     stream_flag,
 )
 from .vector import (
-    BLOCK_LANES,
     _flat,
     blocked_sum,
     lane_sums,
     mask_window,
-    strided_rows,
     vector_loop,
 )
 from .vector_prelude import VECTOR_HELPERS
@@ -359,17 +357,13 @@ def render_kernel(k: K.Kernel, dim_names: Sequence[str], inner_chunk: int = 1024
             and k.scatter_row is None
         ):
             window = mask_window(masked[0], inner_ix)
-        # a row shorter than a vector (a conv's im2col rows of 3 or 7 taps) is one vector of
-        # fewer lanes, its padding a window of them, where the scalar form pays a loop per
-        # row; a row read at stride 2 (a strided conv's patches, copied summed axis first)
-        # takes two loads and a permute per vector, where GCC's form of the scalar loop
-        # gathers
-        short = (
-            window is not None
-            and k.dtype is dt.f32
-            and isinstance(inner_ix, sym.Expr)
-            and (sym.upper_bound(shape[-1]) < BLOCK_LANES or strided_rows(k.value, inner_ix))
-        )
+        # a padded row runs as vectors of lanes, its padding a window of them: a row shorter
+        # than a vector (a conv's im2col rows of 3 or 7 taps) is one vector where the scalar
+        # form pays a loop per row, and a row of 14-100 copies 1.2-3x faster than as GCC's
+        # vectorized window loop with its scalar ends and zero loops (staged conv patches, 1
+        # thread; rows of 112-224, bound by memory, alike); a row read at stride 2 takes two
+        # loads and a permute per vector, where GCC's form of the scalar loop gathers
+        short = window is not None and k.dtype is dt.f32 and isinstance(inner_ix, sym.Expr)
         if short:
             window = None
         start = lo  # where the scalar element loop starts (after a vector loop's part)

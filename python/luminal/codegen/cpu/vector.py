@@ -534,15 +534,6 @@ def _lane_load(at: str, step: sint, lo: str, hi: str) -> str:
     raise _Unsupported
 
 
-def strided_rows(value: K.Value, var: sym.Expr) -> bool:
-    """Whether ``value`` reads an f32 input at stride 2 along ``var``."""
-    return any(
-        isinstance(x, K.Load) and x.dtype is dt.f32 and isinstance(x.index, sym.Expr)
-        and var in x.index.vars() and _step(x.index, var) == 2
-        for x in K.walk(value)
-    )  # fmt: skip
-
-
 def _names(e: sint) -> frozenset[str]:
     return frozenset(x.name for x in e.vars()) if isinstance(e, sym.Expr) else frozenset()
 
