@@ -6,7 +6,8 @@
 
 Kernels: softmax, layer norm, RMS norm, a GELU chain (gelu(x*a+b)*c), GEMV 4096x4096 (the
 memory-bound group), GEMM 512..4096, linear layers (y = x @ W^T with W a weight: 17, 128 and
-2048 rows by SmolLM2's 576 -> 1536 and MiniLM's 1536 -> 384) and attention (seq 1024..4096,
+2048 rows by SmolLM2's 576 -> 1536 and MiniLM's 1536 -> 384), convolutions (batch 1: a 7x7
+stride-2 stem, 3x3 at 56x56, 3x3 stride 2 at 28x28; W a weight) and attention (seq 1024..4096,
 head dim 64, 4 heads; plus a causal variant). luminal gets each as a graph built with the
 functional API (attention written naively: q@k^T * scale, softmax, @v), compiled once; its result is
 checked against numpy before it is timed. The same run measures the machine's limits:
@@ -43,7 +44,8 @@ row counts 0), membound_frac_bw_min (worst memory-bound kernel's fraction of the
 measured bandwidth; a failed kernel counts 0), membound_frac_copy_min (the same against a
 torch copy of the kernel's bytes timed in the kernel's turns: median copy / median luminal,
 robust to load that drifts between the limits and the row), attention_vs_torch_sdpa (SDPA
-time / luminal time, worst non-causal size; a failure counts 0), block_compile_cold_s /
+time / luminal time, worst non-causal size; a failure counts 0), conv_vs_torch_min (torch
+eager time / luminal time, worst conv row; a failure counts 0), block_compile_cold_s /
 block_compile_warm_s (one Llama block, d 576, 9 heads: a fresh cache dir in a fresh process,
 then the same dir in another fresh process), and a "kernels" entry per row. Ratios > 1 mean
 luminal is faster.
@@ -112,7 +114,10 @@ if importlib.util.find_spec("luminal") is None:
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 MEMBOUND = ("softmax", "layer_norm", "rms_norm", "gelu_chain", "gemv")
-KERNELS = (*MEMBOUND, "gemm", "linear", "attention", "attention_causal", "block_compile")
+KERNELS = (*MEMBOUND, "gemm", "linear", "conv", "attention", "attention_causal", "block_compile")
+# conv rows, batch 1 (cin, cout, size, kernel, stride, padding): a ResNet's 7x7 stride-2 stem
+# (patch rows of 7 taps), a 3x3 conv at 56x56 and a stride-2 3x3 at 28x28
+CONVS = ((3, 64, 224, 7, 2, 3), (64, 64, 56, 3, 1, 1), (128, 256, 28, 3, 2, 1))
 # linear rows: y = x @ W^T with W a weight (packed once, as in a model), rows x k x n: rows of
 # a short (17), a prefill-sized (128) and a long (2048) batch of tokens by the products of
 # SmolLM2 (576 -> 1536) and MiniLM (1536 -> 384)
@@ -225,6 +230,14 @@ def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> 
         n = s.shape[-1]
         s = np.where(np.tril(np.ones((n, n), bool)), s, np.float32(-np.inf))
     return _np_softmax(s) @ v
+
+
+def _np_conv2d(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    k = w.shape[-1]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))
+    win = win[:, :, ::stride, ::stride]
+    return np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2)
 
 
 def _torch_attention_naive(q: Any, k: Any, v: Any, causal: bool) -> Any:
@@ -374,6 +387,26 @@ def make_cases(quick: bool) -> list[Case]:
                 build_linear, lambda x, w: x @ w.T, lambda x, w: TF.linear(x, w),
                 dims={"m": rows_}, weights=("w",), note="y = x @ W^T, W a weight",
             ))  # fmt: skip
+    for cin, cout, hw, k, st, pad in CONVS[:1] if quick else CONVS:
+        row = f"conv_{k}x{k}s{st}_{cin}x{hw}"
+        shp = {"x": (1, cin, hw, hw), "w": (cout, cin, k, k)}
+        out_hw = (hw + 2 * pad - k) // st + 1
+
+        def build_conv(row: str = row, shp: dict = shp, st: int = st, pad: int = pad) -> Any:
+            import luminal as lm
+
+            g = lm.Graph(row)
+            w = g.weight("w", data=seeded(row, shp)["w"])
+            g.output("y", F().conv2d(g.input("x", shp["x"]), w, stride=st, padding=pad))
+            return g
+
+        cases.append(Case(
+            row, "conv", f"{cin}>{cout}@{hw} k{k}s{st}", "flop",
+            2.0 * cout * out_hw * out_hw * cin * k * k, shp, build_conv,
+            lambda x, w, st=st, pad=pad: _np_conv2d(x, w, st, pad),
+            lambda x, w, st=st, pad=pad: TF.conv2d(x, w, stride=st, padding=pad),
+            weights=("w",), note="batch 1, W a weight; numpy = sliding windows + tensordot",
+        ))  # fmt: skip
     for causal in (False, True):
         name = "attention_causal" if causal else "attention"
         for s in seqs:
@@ -734,6 +767,11 @@ def summarize(rows: dict[str, dict[str, Any]], limits: dict[str, Any],
         for r in rows.values()
         if r["kernel"] == "attention" and r.get("torch_eager_s")
     ]
+    conv = [
+        (r["torch_eager_s"] / r["luminal_s"]) if r.get("luminal_s") else 0.0
+        for r in rows.values()
+        if r["kernel"] == "conv" and r.get("torch_eager_s")
+    ]
     best_gemm = max(gemm) if gemm else (None, None)
     return {
         "gemm_vs_best_blas": best_gemm[0],
@@ -743,6 +781,7 @@ def summarize(rows: dict[str, dict[str, Any]], limits: dict[str, Any],
         "membound_frac_bw_min": min(mem) if mem else None,
         "membound_frac_copy_min": min(mem_copy) if mem_copy else None,
         "attention_vs_torch_sdpa": min(attn) if attn else None,
+        "conv_vs_torch_min": min(conv) if conv else None,
         "block_compile_cold_s": block.get("cold_s"),
         "block_compile_warm_s": block.get("warm_s"),
         "block_compile_warm_same_process_s": block.get("warm_same_process_s"),
