@@ -275,3 +275,21 @@ def test_dtypes_store_and_reduce(d: dt.DType) -> None:
         lo, hi = (0, 8) if d is dt.u4 else (-4, 4) if d is dt.i4 else (0, 50)
         a = rand(3, 51, dtype=np.int64, low=lo, high=hi).astype(npd)
     check(g, {"x": a}, atol=1e-3, rtol=1e-3)
+
+
+def test_decode_projections_take_a_group_per_output() -> None:
+    """A decode step's products by weight rows with what the graph fuses around them (the
+    residual add, the gated MLP's silu(gate) * up): each output's reduction streams a weight
+    row, so a group shares it; a thread per output would run the whole row alone."""
+    g = lm.Graph("decode_proj")
+    s = lm.dim("seq", 1, 256)
+    x, h = g.input("x", (s, 96)), g.input("h", (s, 300))
+    w_down, w_gate, w_up = (g.input(n, (96 if n == "down" else 300, 300)) for n in
+                            ("down", "gate", "up"))  # fmt: skip
+    g.output("y", x + F.linear(h, w_down))
+    g.output("m", F.silu(F.linear(h, w_gate)) * F.linear(h, w_up))
+    kinds = [cuda.choose_schedule(k) for k in lower(g).kernels]
+    assert kinds and set(kinds) == {"element"}, kinds
+    ins = {"x": rand(1, 96), "h": rand(1, 300), "down": rand(96, 300), "gate": rand(300, 300),
+           "up": rand(300, 300)}  # fmt: skip
+    check(g, ins, atol=1e-3, rtol=1e-3, seq=1)

@@ -188,8 +188,10 @@ def choose_schedule(k: K.Kernel) -> str:
     if sym.upper_bound(numel(k.shape)) <= 65536:
         return "element"  # too few outputs to fill the GPU with one thread each
     # many outputs: a group per output when its reduction reads memory contiguously and
-    # neighbouring outputs do not (a matrix-vector product); else a thread per output
-    loads = [x for x in K.walk(k.value) if isinstance(x, K.Load)]
+    # neighbouring outputs do not (a matrix-vector product); else a thread per output. Only
+    # the reductions' loads decide: a value read once per output (a residual added to the
+    # product) is contiguous along the outputs but is not what the loop streams
+    loads = [x for r in reduces for x in K.walk(r.body) if isinstance(x, K.Load)]
     along_r = any(_unit_stride(ld.index, r.var) for ld in loads for r in reduces)
     last = sym.index_var(n - 1, k.shape[-1]) if n else 0
     along_out = isinstance(last, sym.Expr) and any(_unit_stride(ld.index, last) for ld in loads)
