@@ -235,7 +235,6 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         damp = "" if a.calib_damp == calibrate.DAMP else f"-d{a.calib_damp:g}"
         ntok = "" if a.calib_tokens == calibrate.CALIB_TOKENS else f"-t{a.calib_tokens}"
         ntok += "-ao" if a.calib_act_order else ""
-        ntok += "-seq" if a.calib_sequential else ""
         ntok += f"-k{a.keep_sensitive:g}{a.keep_type}" if a.keep_sensitive else ""
         tag = f"-{method}{damp}{ntok}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     files: dict[str, str] = {}
@@ -251,7 +250,6 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            calibration=cal, calib_method=a.calib_method,
                            calib_damp=a.calib_damp, calib_tokens=a.calib_tokens,
                            calib_act_order=a.calib_act_order,
-                           calib_sequential=a.calib_sequential,
                            keep_sensitive=a.keep_sensitive if cal else 0.0,
                            keep_type=a.keep_type)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
@@ -264,7 +262,6 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "calib_damp": a.calibration and a.calib_damp,
                            "calib_tokens": a.calibration and a.calib_tokens,
                            "calib_act_order": bool(a.calibration) and a.calib_act_order,
-                           "calib_sequential": bool(a.calibration) and a.calib_sequential,
                            "keep_sensitive": a.calibration and a.keep_sensitive,
                            "keep_type": a.calibration and a.keep_sensitive and a.keep_type,
                            "formats": {}}  # fmt: skip
@@ -368,7 +365,6 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     flat["calib_damp"] = res.get("calib_damp")
     flat["calib_tokens"] = res.get("calib_tokens")
     flat["calib_act_order"] = res.get("calib_act_order")
-    flat["calib_sequential"] = res.get("calib_sequential")
     flat["keep_sensitive"] = res.get("keep_sensitive")
     flat["keep_type"] = res.get("keep_type")
     return flat
@@ -403,9 +399,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="with --calibration: GPTQ takes the columns loudest input first",
     )
-    p.add_argument("--calib-sequential", action="store_true",
-                   help="with --calibration: each layer on the quantized earlier layers' "
-                   "outputs, toward the f32 model's (GPTAQ)")  # fmt: skip
     p.add_argument("--keep-sensitive", type=float, default=0.0, metavar="FRAC",
                    help="with --calibration: keep this fraction of the matrices' weights, the "
                    "most sensitive (measured), as --keep-type")  # fmt: skip

@@ -91,8 +91,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              calib_tokens: int = calibrate.CALIB_TOKENS,
              calib_damp: float = calibrate.DAMP, calib_method: str = calibrate.METHOD,
              calib_act_order: bool = False, calib_importance: bool = True,
-             calib_sequential: bool = False, keep_sensitive: float = 0.0,
-             keep_type: str = "q8_0") -> QuantizeResult:  # fmt: skip
+             keep_sensitive: float = 0.0, keep_type: str = "q8_0") -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads, or a transformers folder of a model type in
     ``hf.ARCHS``, converted first as llama.cpp's converter would) requantized to ``qtype``
     at ``dst``.
@@ -107,9 +106,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     feedback, activation-aware input scales folded into the inputs' producers (then round to
     nearest), or both; ``calib_act_order``: GPTQ takes each matrix's columns loudest input
     first, its group scales fixed beforehand; ``calib_importance``: the ``mse`` scale choices
-    weigh each column's error by its inputs; ``calib_sequential``: each layer is calibrated on
-    the inputs the quantized layers before it give, toward the f32 model's outputs
-    (``calibrate.Options``); ``keep_sensitive``: with
+    weigh each column's error by its inputs (``calibrate.Options``); ``keep_sensitive``: with
     ``calibration``, this fraction of the matrices' weights is stored as ``keep_type``,
     the matrices whose rounding alone costs the most KL per weight on the calibration text
     (``sensitivity``; the embedding and head are candidates unless ``embed_type`` is given)."""
@@ -157,7 +154,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     if not folder:
         res = _quantize(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
                         calib_method, calib_damp, calib_act_order, calib_importance,
-                        calib_sequential, keep)  # fmt: skip
+                        keep)  # fmt: skip
         res.seconds = time.perf_counter() - t0
         return res
     # the folder becomes a GGUF file of its own float type beside the output (the layout
@@ -169,8 +166,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
             print(f"quantize: converting {src}", file=sys.stderr)
         hf.write_gguf(src, tmp)
         res = _quantize(tmp, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
-                        calib_method, calib_damp, calib_act_order, calib_importance,
-                        calib_sequential, keep, transient=True)  # fmt: skip
+                        calib_method, calib_damp, calib_act_order, calib_importance, keep,
+                        transient=True)  # fmt: skip
     finally:
         os.unlink(tmp)
     res.seconds = time.perf_counter() - t0
@@ -179,8 +176,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
 
 def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
               text: str | None, calib_tokens: int, calib_method: str, calib_damp: float,
-              calib_act_order: bool, calib_importance: bool, calib_sequential: bool,
-              keep: tuple[float, str],
+              calib_act_order: bool, calib_importance: bool, keep: tuple[float, str],
               transient: bool = False) -> QuantizeResult:  # fmt: skip
     """``quantize`` of the GGUF file ``src``, its arguments checked; ``transient``: ``src`` is
     deleted after (its parsed header is not cached)."""
@@ -189,8 +185,7 @@ def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scal
         f = GGUFFile(dst)
         stored = {n: t.type_name for n, t in f.tensors.items()}
         return QuantizeResult(dst, qtype, os.path.getsize(dst), 0.0, stored=stored)
-    opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance,
-                             calib_sequential)  # fmt: skip
+    opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance)
     return _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts,
                   transient, keep)  # fmt: skip
 
@@ -330,12 +325,10 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
     todo: dict[str, list[str]] = {}
     for name, t in types.items():
         key = cal.key(name)
-        if key is not None and t != "f32":
+        if key is not None and _grid_format(t) is not None:
             todo.setdefault(key, []).append(name)
     out: dict[str, dict[str, np.ndarray]] = {}
     new: dict[str, np.ndarray] = {}
-    rounded: dict[str, np.ndarray] = {}  # sequential: the values the quantized layers read
-    quantized = sensitivity.Overlay(sensitivity.Overlay(source, new), rounded)
 
     def get(name: str) -> np.ndarray:
         return new[name] if name in new else np.ascontiguousarray(source.values(name), np.float32)
@@ -343,7 +336,7 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
     def rounder(name: str) -> calibrate.Rounder:
         return lambda x, imp: _rounded(x, types[name], scales, imp if opts.importance else None)
 
-    for hs in cal.layers(quiet, quantized if opts.sequential else None):
+    for hs in cal.layers(quiet):
         if "awq" in opts.method:
             new.update(cal.fold_scales(hs, get, rounder))
         for key, h in hs.items():
@@ -356,25 +349,14 @@ def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str,
                 u = calibrate.inverse_factor(h if order is None else h[order][:, order], opts.damp)
                 if imp is not None:
                     imp = calibrate.gptq_importance(u, order)
-            # a tied head's correction would move the embedding's lookups too
-            cross = cal.cross.get(key) if not (key == "head" and cal.tied) else None
             for name in todo[key]:
                 x = get(name)
                 fmt = _grid_format(types[name])
-                if fmt is None or fmt.grid is None:  # a type without scales: rounded as is
-                    if opts.sequential:
-                        rounded[name] = _rounded(x, types[name], scales)
-                    continue
-                if cross is not None:
-                    x = calibrate.corrected(x, h, cross, opts.damp)
+                assert fmt is not None and fmt.grid is not None
                 if u is None:
                     out[name] = fmt.quantize(x, scales, imp)
-                    if opts.sequential:
-                        rounded[name] = fmt.dequantize(out[name])
                 else:
-                    out[name], q = calibrate.gptq(x, u, fmt.grid(x, scales), order, imp)
-                    if opts.sequential:
-                        rounded[name] = q
+                    out[name], _ = calibrate.gptq(x, u, fmt.grid(x, scales), order, imp)
     return out, new
 
 

@@ -237,7 +237,6 @@ class Calibration:
         ang = np.arange(self.window, dtype=np.float64)[:, None] * inv[None]  # (T, hd / 2)
         ang = np.repeat(ang, 2, axis=1) if c.rope_interleaved else np.concatenate([ang, ang], 1)
         self.cos, self.sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-        self.cross: dict[str, np.ndarray] = {}  # X^T X~ per input key (``layers``)
 
     @staticmethod
     def from_gguf(f: Any, weights: Any, tokens: Sequence[int]) -> Calibration:
@@ -270,48 +269,20 @@ class Calibration:
         for hs in self.layers(quiet):
             yield from hs.items()
 
-    def layers(self, quiet: bool = True, quantized: Any = None) -> Iterator[dict[str, np.ndarray]]:
-        """{key: X^T X} of each layer's inputs, layer by layer, then {"head": ...}.
-
-        ``quantized`` (weights as ``weights``; sequential calibration): the inputs X~ are those
-        the f32 layer gets from the quantized layers before it, whose values ``quantized``
-        must give once the consumer has been handed their layer's dict; X^T X is then X~^T X~,
-        and ``cross`` holds X^T X~ per key (X: the f32 model's inputs)."""
+    def layers(self, quiet: bool = True) -> Iterator[dict[str, np.ndarray]]:
+        """{key: X^T X} of each layer's inputs, layer by layer, then {"head": ...}."""
         c = self.config
         xs = [self._w("token_embd.weight")[self.tokens[i : i + self.window]]
               for i in range(0, len(self.tokens), self.window)]  # fmt: skip
-        xq = list(xs)  # the quantized model's stream (a tied embedding is rounded last)
-        q = None if quantized is None else Calibration(c, quantized, self.tokens)
-        self.cross = {}
         for layer in range(c.n_layers):
             if not quiet:
                 print(f"\rcalibrate: layer {layer + 1}/{c.n_layers}", end="", file=sys.stderr)
             hs: dict[str, np.ndarray] = {}
-            if q is None:
-                xs = [self._block(layer, x, hs) for x in xs]
-            else:
-                f32: dict[str, list[np.ndarray]] = {}
-                got: dict[str, list[np.ndarray]] = {}
-                xs = [self._block(layer, x, None, f32) for x in xs]
-                for x in xq:
-                    self._block(layer, x, None, got)
-                for k in got:
-                    hs[k] = sum((_xtx(v) for v in got[k]), np.zeros((got[k][0].shape[-1],) * 2))
-                    self.cross[f"{layer}.{k}"] = sum(
-                        (_xty(a, b) for a, b in zip(f32[k], got[k])), np.zeros_like(hs[k])
-                    )
+            xs = [self._block(layer, x, hs) for x in xs]
             yield {f"{layer}.{k}": v for k, v in hs.items()}
-            if q is not None:
-                xq = [q._block(layer, x, None) for x in xq]
         if not quiet:
             print(file=sys.stderr)
-        n = (c.hidden_size,) * 2
-        if q is None:
-            yield {"head": sum((_xtx(self.final(x)) for x in xs), np.zeros(n))}
-            return
-        fq = [q.final(x) for x in xq]
-        self.cross["head"] = sum((_xty(self.final(a), b) for a, b in zip(xs, fq)), np.zeros(n))
-        yield {"head": sum((_xtx(x) for x in fq), np.zeros(n))}
+        yield {"head": sum((_xtx(self.final(x)) for x in xs), np.zeros((c.hidden_size,) * 2))}
 
     def fold_scales(self, hs: dict[str, np.ndarray], get: Callable[[str], np.ndarray],
                     rounder: Callable[[str], Rounder],
@@ -344,8 +315,6 @@ class Calibration:
                         v = val(n)
                         new[n] = (v / s[idx].reshape(-1, *([1] * (v.ndim - 1)))).astype(np.float32)
             hs[key] = hs[key] / np.outer(s, s)
-            if key in self.cross:
-                self.cross[key] = self.cross[key] / np.outer(s, s)
 
         if "head" in hs:
             if not self.tied:
@@ -387,18 +356,15 @@ class Calibration:
             rot = np.concatenate([-b, a], axis=-1)
         return x * self.cos[:t, None] + rot * self.sin[:t, None]
 
-    def _block(self, i: int, x: np.ndarray, hs: dict[str, np.ndarray] | None,
-               acts: dict[str, list[np.ndarray]] | None = None) -> np.ndarray:  # fmt: skip
+    def _block(self, i: int, x: np.ndarray, hs: dict[str, np.ndarray] | None) -> np.ndarray:
         """Layer ``i`` on one window ``x`` (T, hidden); adds its inputs' X^T X to ``hs``
-        (None: no statistics) and the inputs themselves to ``acts``."""
+        (None: no statistics)."""
         c, p, t = self.config, f"blk.{i}.", len(x)
         nh, nkv, hd = c.n_heads, c.n_kv_heads, c.head_dim
 
         def add(k: str, v: np.ndarray) -> None:
             if hs is not None:
                 hs[k] = hs[k] + _xtx(v) if k in hs else _xtx(v)
-            if acts is not None:
-                acts.setdefault(k, []).append(v)
 
         h = self._norm(x, p + "attn_norm.weight")
         add("attn", h)
@@ -426,23 +392,6 @@ def _xtx(x: np.ndarray) -> np.ndarray:
     return x.T @ x
 
 
-def _xty(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return x.reshape(-1, x.shape[-1]).astype(np.float64).T @ y.reshape(-1, y.shape[-1])
-
-
-def corrected(w: np.ndarray, h: np.ndarray, cross: np.ndarray, damp: float = DAMP) -> np.ndarray:
-    """The weights whose outputs on the quantized model's inputs X~ (X~^T X~ = ``h``) are
-    closest to ``w``'s on the f32 model's X (X^T X~ = ``cross``), kept near ``w`` by the
-    damping: argmin_V ||X w^T - X~ V^T||^2 + lam ||V - w||^2 = w (C + lam) (H~ + lam)^-1,
-    lam = damp * mean(diag H~). Then ||X w^T - X~ Q^T||^2 is ||X~ (V - Q)^T||^2 plus a
-    constant, so rounding V against H~ (GPTQ) minimises the f32 model's output error too
-    (GPTAQ's asymmetric calibration, arXiv:2504.02692)."""
-    lam = damp * float(np.mean(np.diag(h)))
-    eye = lam * np.eye(len(h))
-    m = np.linalg.solve(h + eye, (cross + eye).T).T
-    return (w.astype(np.float64) @ m).astype(np.float32)
-
-
 def text_tokens(f: Any, text: str, n: int) -> list[int]:
     """The first ``n`` tokens of ``text`` with the model's tokenizer."""
     from ..tokenizer import Tokenizer
@@ -464,15 +413,12 @@ class Options:
     """How to calibrate: ``method`` (``METHODS``); ``damp``: added to X^T X's diagonal,
     relative to its mean; ``act_order``: GPTQ's columns loudest input first; ``importance``:
     ``mse`` scale choices weigh each column's error (round to nearest: X^T X's diagonal, as
-    llama.cpp's importance matrix; GPTQ: ``gptq_importance``); ``sequential``: each layer on
-    the inputs the quantized layers before it give, toward the f32 model's outputs
-    (``corrected``)."""
+    llama.cpp's importance matrix; GPTQ: ``gptq_importance``)."""
 
     method: str = METHOD
     damp: float = DAMP
     act_order: bool = False
     importance: bool = True
-    sequential: bool = False
 
 
 def describe(text: str, tokens: Sequence[int], opts: Options | None = None) -> dict[str, Any]:
@@ -481,4 +427,4 @@ def describe(text: str, tokens: Sequence[int], opts: Options | None = None) -> d
     sha = hashlib.sha256(text.encode()).hexdigest()[:16]
     return {"method": opts.method, "tokens": len(tokens), "text_sha256": sha, "damp": opts.damp,
             "block": BLOCK, "act_order": opts.act_order,
-            "importance": opts.importance, "sequential": opts.sequential}  # fmt: skip
+            "importance": opts.importance}  # fmt: skip

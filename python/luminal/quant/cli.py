@@ -84,12 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "beforehand)",
     )
     p.add_argument(
-        "--calib-sequential",
-        action="store_true",
-        help="calibrate each layer on the inputs the quantized layers before it give, toward "
-        "the f32 model's outputs (GPTAQ's asymmetric calibration)",
-    )
-    p.add_argument(
         "--no-calib-importance",
         dest="calib_importance",
         action="store_false",
@@ -127,7 +121,6 @@ def main(args: argparse.Namespace) -> int:
                        calib_method=args.calib_method,
                        calib_act_order=args.calib_act_order,
                        calib_importance=args.calib_importance,
-                       calib_sequential=args.calib_sequential,
                        keep_sensitive=args.keep_sensitive,
                        keep_type=args.keep_type)  # fmt: skip
     info = api.describe(res)

@@ -27,7 +27,7 @@ from .calibrate import Calibration
 TOKENS = 256  # calibration tokens a measurement runs (one window)
 
 
-class Overlay:
+class _Overlay:
     """``weights`` with some tensors' values replaced."""
 
     def __init__(self, base: Any, new: dict[str, np.ndarray]) -> None:
@@ -66,7 +66,7 @@ def measure(cal: Calibration, names: Iterable[str],
         if not quiet:
             print(f"\rsensitivity: {k + 1}/{len(todo)} matrices", end="", file=sys.stderr)
         q = np.asarray(rounded(name, np.asarray(base.values(name), np.float32)), np.float32)
-        m = Calibration(c, Overlay(base, {name: q}), ids)
+        m = Calibration(c, _Overlay(base, {name: q}), ids)
         lay = cal.key(name)
         if name == "token_embd.weight":  # the lookup, and the head when tied
             x, first = q[ids], 0
