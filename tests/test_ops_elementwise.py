@@ -13,6 +13,7 @@ import torch.nn.functional as TF
 
 import luminal as lm
 import luminal.functional as F
+from luminal.graph import dtypes as dt
 from optest import check_op, rand
 
 POS = {"low": 0.1, "high": 4.0}
@@ -382,3 +383,15 @@ def test_clamp_with_tensor_bounds_and_symbolic_seq():
         shapes=[(seq, 5), None, (seq, 1)],
         more=[[rand(1, 5), rand(5), rand(1, 1)], [rand(300, 5), rand(5), rand(300, 1)]],
     )
+
+
+def test_float_widens_to_f32_like_torch() -> None:
+    """``Tensor.float()`` is torch's: f32 from any dtype (a product of f16 operands widened
+    with it sums in f32); float-only ops keep a float input's own width."""
+    g = lm.Graph("float")
+    for d in (dt.f16, dt.bf16, dt.f64, dt.i32, dt.f32):
+        x = g.input(f"x_{d.name}", (3,), d)
+        assert x.float().dtype is dt.f32, d
+    h = g.input("h", (3,), dt.f16)
+    assert h.exp2().dtype is dt.f16 and h.sqrt().dtype is dt.f16
+    assert g.input("i", (3,), dt.i32).exp2().dtype is dt.f32

@@ -255,19 +255,19 @@ class Tensor:
         raise TypeError(f"cannot combine a Tensor with {type(x).__name__}")
 
     def exp2(self) -> Tensor:
-        return self.float()._op(Op.EXP2)
+        return self._floating()._op(Op.EXP2)
 
     def log2(self) -> Tensor:
-        return self.float()._op(Op.LOG2)
+        return self._floating()._op(Op.LOG2)
 
     def sin(self) -> Tensor:
-        return self.float()._op(Op.SIN)
+        return self._floating()._op(Op.SIN)
 
     def sqrt(self) -> Tensor:
-        return self.float()._op(Op.SQRT)
+        return self._floating()._op(Op.SQRT)
 
     def reciprocal(self) -> Tensor:
-        return self.float()._op(Op.RECIP)
+        return self._floating()._op(Op.RECIP)
 
     def cast(self, dtype: Any) -> Tensor:
         d = dt.to_dtype(dtype)
@@ -277,6 +277,11 @@ class Tensor:
         return self.cast(dtype)
 
     def float(self) -> Tensor:
+        """As f32, like ``torch.Tensor.float()``: f16, bf16 and f64 are converted too."""
+        return self if self.dtype is dt.f32 else self.cast(dt.f32)
+
+    def _floating(self) -> Tensor:
+        """Itself when of a float type (any width), else as f32: what float-only ops read."""
         return self if self.dtype.is_float else self.cast(dt.f32)
 
     def _reduce(self, op: Op, dims: int | Sequence[int] | None, keepdim: bool) -> Tensor:

@@ -266,7 +266,7 @@ def _pow_scalar(x: Tensor, p: Any) -> Tensor:
     if not isinstance(p, (int, float)):
         raise TypeError(f"pow: exponent must be a Tensor or a number, got {type(p).__name__}")
     if isinstance(p, float) and not x.dtype.is_float:
-        x = x.float()
+        x = x._floating()
     if x.dtype is dt.bool_:
         x = x.cast(dt.i64)
     if float(p).is_integer() and builtins_abs(p) < 2**31:

@@ -400,7 +400,7 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, 
     if dtype is not None:
         x = x.cast(dtype)
     if not x.dtype.is_float:
-        x = x.float()
+        x = x._floating()
     axes = _dims("norm", x, dim)
     if p in ("fro", 2, 2.0):
         return sqrt(x.mul(x).sum_reduce(axes, keepdim))

@@ -62,7 +62,7 @@ class DictWeights:
     def get(self, g: Graph, name: str) -> Tensor:
         key = self.prefix + name
         t = Tensor(g.inputs[key]) if key in g.inputs else g.weight(key, data=self.arrays[name])
-        # f16/bf16 (and integer) arrays compute in f32: Tensor.float() keeps f16/bf16 as they are
+        # f16/bf16 (and integer) arrays compute in f32; f64 stays f64
         return t if t.dtype.name in ("f32", "f64") else t.cast("f32")
 
     def rows(self, g: Graph, name: str, idx: Tensor) -> Tensor:

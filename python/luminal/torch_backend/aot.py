@@ -107,7 +107,7 @@ def _layer_norm_with_stats(cx: Ctx, x: Tensor, shape: Sequence[Any], w: Any, b: 
     saves for the backward graph."""
     out = _layer_norm_out(cx, x, shape, w, b, eps)[0]
     dims = list(range(x.ndim - len(shape), x.ndim))
-    xf = x.float()
+    xf = x._floating()
     mean = xf.mean(dims, keepdim=True)
     rstd = ((xf - mean) * (xf - mean)).mean(dims, keepdim=True).add(eps).rsqrt()
     return out, mean, rstd
