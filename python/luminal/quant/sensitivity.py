@@ -24,7 +24,7 @@ import numpy as np
 
 from .calibrate import Calibration
 
-TOKENS = 256  # calibration tokens a measurement runs (one window)
+TOKENS = 128  # calibration tokens a measurement runs (one window: its cost is per token)
 
 
 class _Overlay:
