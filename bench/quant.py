@@ -262,8 +262,9 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "calib_damp": a.calibration and a.calib_damp,
                            "calib_tokens": a.calibration and a.calib_tokens,
                            "calib_act_order": bool(a.calibration) and a.calib_act_order,
-                           "keep_sensitive": a.calibration and a.keep_sensitive,
-                           "keep_type": a.calibration and a.keep_sensitive and a.keep_type,
+                           "keep_sensitive": a.keep_sensitive if a.calibration else None,
+                           "keep_type": a.keep_type if a.calibration and a.keep_sensitive
+                           else None,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -420,6 +421,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.formats = [s for s in a.formats.split(",") if s]
     if a.numpy and a.act_quant != "f32":
         p.error("--numpy runs f32 activations only")
+    if a.keep_sensitive and not a.calibration:
+        p.error("--keep-sensitive measures on a calibration text: give --calibration")
     if a.calibration == "default":
         from luminal.quant import calibrate
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import pytest
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
 
@@ -52,3 +54,10 @@ def test_arguments_and_json_keys(capsys) -> None:
     assert b.parse_args(["--calib-tokens", "64"]).calib_tokens == 64
     assert b.parse_args(["--calib-act-order"]).calib_act_order and not a.calib_act_order
     assert a.calib_damp == 0.1 and b.parse_args(["--calib-damp", "0.1"]).calib_damp == 0.1
+    with pytest.raises(SystemExit):
+        b.parse_args(["--keep-sensitive", "0.2"])  # no calibration text to measure on
+    k = b.parse_args(["--calibration", "default", "--keep-sensitive", "0.2", "--keep-type", "bf16"])
+    assert (k.keep_sensitive, k.keep_type) == (0.2, "bf16") and a.keep_sensitive == 0.0
+    res["keep_sensitive"], res["keep_type"] = 0.2, "q8_0"
+    flat = b.report(res)
+    assert (flat["keep_sensitive"], flat["keep_type"]) == (0.2, "q8_0")
