@@ -405,6 +405,8 @@ def make_cases(quick: bool) -> list[Case]:
             2.0 * cout * out_hw * out_hw * cin * k * k, shp, build_conv,
             lambda x, w, st=st, pad=pad: _np_conv2d(x, w, st, pad),
             lambda x, w, st=st, pad=pad: TF.conv2d(x, w, stride=st, padding=pad),
+            # torch eager maps its im2col temporary afresh per call until glibc's mmap threshold
+            # grows past it (after a larger free, e.g. numpy's here): the stem 6-10 vs 2.3-2.9 ms
             weights=("w",), note="batch 1, W a weight; numpy = sliding windows + tensordot",
         ))  # fmt: skip
     for causal in (False, True):
