@@ -136,3 +136,22 @@ def test_gated_attention_keeps_its_kernel():
     att = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"])
     ref = (att * torch.sigmoid(t["gate"])).permute(1, 0, 2).reshape(seq, -1) @ t["w"].T
     np.testing.assert_allclose(out, ref.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_mask_added_with_heads_split_off_the_batch_axis():
+    """Scores (batch*heads, L, S) reshaped to (batch, heads, L, S) to add a mask and back
+    (XGLM's and other bmm-based attentions): the one-pass form reads the scores through that
+    reshape, each element where the reshape puts it."""
+    b, h, lq, s, d = 2, 3, 9, 13, 8
+    g = lm.Graph("attention_split_heads")
+    q, k, v = g.input("q", (b * h, lq, d)), g.input("k", (b * h, s, d)), g.input("v", (b * h, s, d))
+    m = g.input("m", (b, 1, lq, s))
+    scores = q.matmul(k.transpose(1, 2)).reshape(b, h, lq, s).add(m).reshape(b * h, lq, s)
+    g.output("o", F.softmax(scores, -1).matmul(v))
+    assert any(isinstance(x, K.SoftmaxSum) for kk in lower(g).kernels for x in K.walk(kk.value))
+    xs, out = _run(g, {"q": (b * h, lq, d), "k": (b * h, s, d), "v": (b * h, s, d),
+                       "m": (b, 1, lq, s)})  # fmt: skip
+    t = {n: torch.from_numpy(a).double() for n, a in xs.items()}
+    sc = (t["q"] @ t["k"].transpose(1, 2)).reshape(b, h, lq, s) + t["m"]
+    ref = (torch.softmax(sc.reshape(b * h, lq, s), -1) @ t["v"]).numpy()
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)

@@ -433,8 +433,9 @@ class _Lowerer:
         rv = sym.var(f"_r{o.id}", 0, max(sym.upper_bound(ext) - 1, 0), ext)
         to_out: dict[str, sint] = {f"_i{k}": sym.index_var(k, o.shape[k]) for k in range(n)}
         to_out[f"_i{n}"] = rv
-        # the score in the product's index space: P and S share one index space
-        score = self.subst(self.values[m.score.id], unflatten(m.p_view.index, m.p.shape))
+        # the score in the product's index space: P and S hold their elements in one order,
+        # though S may have another shape (heads split off the batch axis to add a mask)
+        score = self.subst(self.values[m.score.id], unflatten(m.p_view.index, m.score.shape))
         score = self.subst(score, to_out)
         score = K.Alu(Op.MUL, (score, K.Const(m.scale, o.dtype)), o.dtype)
         weight = self.subst(self.read(m.value, m.value_view), to_out)
