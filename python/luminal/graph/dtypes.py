@@ -27,6 +27,11 @@ class DType:
     def __repr__(self) -> str:
         return f"luminal.{self.name}"
 
+    def __reduce__(self) -> tuple:
+        # one object per dtype (graphs compare them by identity): unpickled, a dtype is the
+        # module's own
+        return (_by_name, (self.name,))
+
     @property
     def is_float(self) -> bool:
         return self.kind == "float"
@@ -83,6 +88,12 @@ ALL: tuple[DType, ...] = (
 )
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
 BY_CODE: dict[int, DType] = {d.code: d for d in ALL}
+
+
+def _by_name(name: str) -> DType:
+    return BY_NAME[name]
+
+
 _ALIASES = {
     "float32": f32, "float": f32, "float16": f16, "half": f16, "bfloat16": bf16,
     "float64": f64, "double": f64, "int32": i32, "int64": i64, "long": i64, "int": i32,
