@@ -377,6 +377,22 @@ def test_a_symbolic_position_takes_the_sign_it_was_traced_with():
     assert lt.stats.compiles >= 2 and lt.stats.eager_ops == {}
 
 
+def test_a_size_equal_only_by_a_guard_broadcasts():
+    """MPT's ALiBi: a table of 64 positions sliced from max(0, 64 - s) and added to scores of
+    length s. Dynamo guards 64 - max(0, 64 - s) == s, that is s <= 64, without narrowing the
+    symbol's range; the guard narrows the dim, so the sizes are equal and the add converts."""
+    bias = torch.randn(3, 1, 64)
+
+    class Alibi(nn.Module):
+        def forward(self, x):
+            s = x.shape[-1]
+            pb = bias[:, max(0, bias.size(1) - s) :, max(0, bias.size(2) - s) :]
+            return torch.softmax(x + pb, -1)
+
+    _check(Alibi(), [dict(x=torch.randn(2, 3, s, s)) for s in (7, 9, 40)], dynamic=None)
+    assert lt.stats.eager_ops == {}
+
+
 def test_an_associative_scan_compiles_whole():
     """torch's generic associative scan (Mamba's state recurrence under torch.compile) recurses
     on halves of the sequence: its guards pin the length to one multiple of a power of two

@@ -7,6 +7,7 @@ guards allow; at run time the dims are read off the top-level inputs' shapes.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -32,6 +33,7 @@ class Dims:
         self.shape_env = shape_env
         self.multiples = multiples or {}
         self.dims: dict[str, sint] = {}
+        self.guard_bounds: dict[str, tuple[int, int]] | None = None  # read on first use
 
     def symbol(self, s: sympy.Symbol) -> sint:
         name = s.name
@@ -46,6 +48,10 @@ class Dims:
                     lo = max(int(vr.lower), 0)
                 if _finite(vr.upper):
                     hi = min(int(vr.upper), sym.DEFAULT_DIM_MAX)
+            if self.guard_bounds is None:
+                self.guard_bounds = guard_ranges(self.shape_env)
+            glo, ghi = self.guard_bounds.get(name, (lo, hi))
+            lo, hi = max(lo, glo), min(hi, ghi)
             m = self.multiples.get(name, 1)
             if -(-lo // m) == hi // m:  # the guards admit one value (a scan's depth pins it)
                 d = self.dims[name] = m * (hi // m)
@@ -147,6 +153,72 @@ def _hints(shape_env: Any) -> dict[Any, Any]:
     if hints is None:  # PyTorch before backed_var_to_val
         hints = getattr(shape_env, "var_to_val", {})
     return hints
+
+
+_PIECEWISE = (tf.Max, tf.Min, sympy.Max, sympy.Min)
+_RELATIONS = (sympy.Eq, sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)
+# a guard with more operations than this is not solved (solveset's time grows fast with size)
+GUARD_SOLVE_MAX_OPS = 40
+
+
+def guard_ranges(shape_env: Any) -> dict[str, tuple[int, int]]:
+    """Symbol name -> (lo, hi) that a guard over that one symbol implies beyond its ShapeEnv
+    range: a relation through max / min, which dynamo keeps as a guard without narrowing the
+    range (MPT's ALiBi slice ``[max(0, 2048 - s):]`` added to scores of length ``s`` guards
+    ``2048 - max(0, 2048 - s) == s``, that is ``s <= 2048``). A guard whose solutions form one
+    interval holding the traced value narrows the range to it: compiled code only ever sees
+    values the guards admit."""
+    if shape_env is None:
+        return {}
+    hints = _hints(shape_env)
+    ranges = getattr(shape_env, "var_to_range", {})
+    out: dict[str, tuple[int, int]] = {}
+    for g in getattr(shape_env, "guards", ()):
+        e = getattr(g, "expr", None)
+        if (
+            not isinstance(e, _RELATIONS)
+            or len(e.free_symbols) != 1
+            or not e.has(*_PIECEWISE)
+            or sympy.count_ops(e) > GUARD_SOLVE_MAX_OPS
+        ):
+            continue
+        (s,) = e.free_symbols
+        hint, vr = hints.get(s), ranges.get(s)
+        if hint is None:
+            continue
+        lo = int(vr.lower) if vr is not None and _finite(vr.lower) else 0
+        hi = int(vr.upper) if vr is not None and _finite(vr.upper) else sympy.oo
+        parts = _solve(e.subs(s, _X), lo, hi)
+        # one interval holding the traced value; where the guard admits values apart from it,
+        # the dim keeps its range (a plan must not refuse a value dynamo lets through)
+        if len(parts) != 1 or parts[0].contains(int(hint)) is not sympy.true:
+            continue
+        part = parts[0]
+        a, b = out.get(s.name, (0, sym.DEFAULT_DIM_MAX))
+        if _finite(part.inf):
+            a = max(a, int(sympy.ceiling(part.inf)))
+        if _finite(part.sup):
+            b = min(b, int(sympy.floor(part.sup)))
+        out[s.name] = (a, b)
+    return out
+
+
+_X = sympy.Symbol("x", integer=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _solve(rel: Any, lo: int, hi: Any) -> list[Any]:
+    """The intervals of x in [lo, hi] where ``rel`` holds (layers repeat one guard)."""
+    plain = rel.replace(tf.Max, sympy.Max).replace(tf.Min, sympy.Min)
+    try:
+        sol = sympy.solveset(plain, _X, sympy.Interval(lo, hi))
+    except Exception:  # sympy cannot solve it: the guard narrows nothing here
+        return []
+    if isinstance(sol, sympy.Interval):
+        return [sol]
+    if isinstance(sol, sympy.Union) and all(isinstance(a, sympy.Interval) for a in sol.args):
+        return list(sol.args)
+    return []
 
 
 def _finite(v: Any) -> bool:
