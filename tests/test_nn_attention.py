@@ -222,3 +222,32 @@ def test_bad_attention():
         A.scaled_dot_product_attention(q, q, q, attn_mask=g.input("m", (3, 5)))
     with pytest.raises(ValueError, match="apply_rotary_emb"):
         A.apply_rotary_emb(q, g.input("c", (5, 4)), g.input("s", (5, 4)))
+
+
+def test_sdpa_rows_masked_whole_are_zero():
+    """A query row whose mask allows no key (a left-padded batch's pad rows) is 0, as
+    PyTorch's safe softmax gives for a bool mask; a -inf or finfo.min bias on every key too,
+    in the graph and in compiled plans (a finfo.min bias times softmax's log2 scale overflows
+    f32 in the one-pass kernel). Rows with a key left are PyTorch's."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 3, 5, 8)).astype(np.float32) for _ in range(3))
+    allow = np.tril(np.ones((5, 5), bool))[None, None].repeat(2, 0)
+    allow[0, :, 1] = False  # batch 0, query row 1: no key
+    lowest = float(np.finfo(np.float32).min)
+    for mask in (allow, np.where(allow, 0.0, -np.inf), np.where(allow, 0.0, lowest)):
+        mask = mask.astype(allow.dtype if mask.dtype == bool else np.float32)
+        g = lm.Graph("sdpa_empty_rows")
+        ts = [g.input(n, (2, 3, 5, 8)) for n in "qkv"]
+        m = g.input("m", mask.shape, "bool" if mask.dtype == bool else "f32")
+        g.output("o", A.scaled_dot_product_attention(*ts, attn_mask=m))
+        ins = {"q": q, "k": k, "v": v, "m": mask}
+        for backend in BACKENDS:
+            got = BACKENDS[backend](g, ins, {})["o"]
+            assert np.isfinite(got).all(), backend
+            np.testing.assert_array_equal(got[0, :, 1], 0.0)
+            t = {n: torch.from_numpy(a) for n, a in ins.items()}
+            ref = TF.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=t["m"])
+            live = allow[:, 0, :, :].any(-1)  # (2, 5)
+            np.testing.assert_allclose(got[live[:, None, :].repeat(3, 1)],
+                                       ref.numpy()[live[:, None, :].repeat(3, 1)],
+                                       atol=1e-5, rtol=1e-5)  # fmt: skip

@@ -393,6 +393,22 @@ def test_a_size_equal_only_by_a_guard_broadcasts():
     assert lt.stats.eager_ops == {}
 
 
+def test_attention_rows_masked_whole_stay_finite():
+    """A left-padded batch: pad queries see no key. PyTorch's CPU kernel gives those rows 0;
+    a NaN there would reach the next layer's keys and, times a zero weight, every row."""
+
+    def f(q, k, v, mask):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        o = sdpa(q, k, v, attn_mask=mask)
+        return sdpa(o, o, o, attn_mask=mask)  # o as the next layer's keys
+
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    mask[0, :, :, :2] = False  # batch 0: two pad positions on the left
+    args = {n: torch.randn(2, 3, 6, 8) for n in "qkv"}
+    _check(f, [dict(args, mask=mask)], dynamic=False)
+    assert lt.stats.eager_ops == {}
+
+
 def test_an_associative_scan_compiles_whole():
     """torch's generic associative scan (Mamba's state recurrence under torch.compile) recurses
     on halves of the sequence: its guards pin the length to one multiple of a power of two

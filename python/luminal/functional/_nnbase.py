@@ -32,8 +32,10 @@ def acc(x: Tensor) -> Tensor:
 
 
 def bool_to_bias(mask: Tensor, d: DType) -> Tensor:
-    """True (attend) -> 0, False -> the most negative finite value of ``d``."""
-    return mask.cast(d).add(-1.0).mul(fmax(d))
+    """True (attend) -> 0, False -> half the most negative finite value of ``d``: softmax
+    scales scores by log2(e) ~ 1.44 before it exponentiates, and the whole most negative value
+    would overflow to -inf there (a fully masked row's max then -inf, its weights NaN)."""
+    return mask.cast(d).add(-1.0).mul(fmax(d) * 0.5)
 
 
 def remap_axis(

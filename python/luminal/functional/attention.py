@@ -17,11 +17,12 @@ import numpy as np
 
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
+from ..graph.ops import Leaf
 from ..graph.symbolic import sint
 from ..tensor import Graph, Tensor
 from ._base import iota, same, shape_str
-from ._nnbase import acc, bool_to_bias
-from .elementwise import neg
+from ._nnbase import acc, bool_to_bias, fmax
+from .elementwise import neg, where
 from .linalg import matmul
 from .reduce import softmax
 
@@ -141,6 +142,22 @@ def scaled_dot_product_attention(
         raise ValueError(
             f"{name}: key {shape_str(key.shape)} and value {shape_str(value.shape)} heads differ"
         )
+    out = attend_every_row(query, key, value, attn_mask, is_causal, scale, enable_gqa, name)
+    return _masked_rows(out, attn_mask)
+
+
+def attend_every_row(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    name: str = "scaled_dot_product_attention",
+) -> Tensor:
+    """``scaled_dot_product_attention`` for a mask that leaves every query row a key (a
+    key-padding mask over texts of at least one token): no test for rows it masks whole."""
     p, group = attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa, name)
     d = dt.promote(dt.promote(query.dtype, key.dtype), value.dtype)
     p, v = p.cast(d), value.cast(d)
@@ -148,6 +165,37 @@ def scaled_dot_product_attention(
         return matmul(p, v)
     out = matmul(p, v.unsqueeze(-3))  # (.., Hk, G, L, Ev) -> (.., Hq, L, Ev)
     return out.reshape([*out.shape[:-4], out.shape[-4] * group, *out.shape[-2:]])
+
+
+def _masked_rows(out: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """A query row whose mask allows no key is 0, as PyTorch's safe softmax and its CPU
+    kernel give for a bool mask or a -inf bias (a left-padded batch's pad rows). A float bias
+    of about -3.4e38 (``finfo.min``) on every key counts as masked too: PyTorch averages the
+    values there, but softmax's log2 scale takes such a bias past f32's range in the one-pass
+    kernel, and a NaN row would reach the next layer's keys."""
+    if attn_mask is None or not _reads_inputs(attn_mask):
+        return out  # a mask of positions alone (causal, a window) is not data to pad with
+    if attn_mask.dtype is dt.bool_:
+        allowed = attn_mask
+    else:
+        allowed = attn_mask.cast(dt.f32).gt(-0.5 * fmax(dt.f32))
+    live = allowed.cast(dt.i32).max_reduce(-1).cast(dt.bool_).unsqueeze(-1)  # (.., L, 1)
+    return where(live, out, 0.0)
+
+
+def _reads_inputs(t: Tensor) -> bool:
+    """Whether ``t`` depends on a graph input or weight (not on positions and constants only)."""
+    seen: set[int] = set()
+    stack = [t.node]
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.op is Leaf.INPUT:
+            return True
+        stack += [src for src, _ in n.srcs]
+    return False
 
 
 # ----------------------------------------------------------------------------- rotary embeddings

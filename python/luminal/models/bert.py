@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..functional import embedding, gelu, index_select, layer_norm, linear, normalize
-from ..functional import scaled_dot_product_attention as sdpa
+from ..functional.attention import attend_every_row
 from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..tensor import Graph, Tensor
@@ -137,7 +137,8 @@ class Bert:
             q, k, v = (
                 heads(self._lin(g, x, p + f"attention.self.{n}")) for n in ("query", "key", "value")
             )
-            o = sdpa(q, k, v, attn_mask=mask).permute(0, 2, 1, 3)
+            # a key-padding mask: every text has a token, so no query row is masked whole
+            o = attend_every_row(q, k, v, attn_mask=mask).permute(0, 2, 1, 3)
             if packed:
                 o = index_select(o.reshape(sym.mul(batch, seq), c.hidden_size), 0, pack)
             else:
