@@ -129,7 +129,8 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention``: q (.., Hq, L, E), k (.., Hk, S, E), v (.., Hk, S, Ev)
-    -> (.., Hq, L, Ev). A bool mask is True where attention is allowed; a float mask is added."""
+    -> (.., Hq, L, Ev). A bool mask is True where attention is allowed; a float mask is added.
+    A query row whose mask allows no key is 0 (see ``_masked_rows``)."""
     name = "scaled_dot_product_attention"
     if dropout_p:
         raise ValueError(f"{name}: dropout_p must be 0 (luminal compiles inference graphs)")
