@@ -387,3 +387,17 @@ def test_kernel_cache_evicts_the_longest_unused(monkeypatch: pytest.MonkeyPatch,
     os.utime(tmp_path / "kernels-checked", (now - 7200, now - 7200))
     store.evict()  # as each store does
     assert not (tmp_path / "cpu-d.so").exists()
+
+
+def test_search_decisions_are_keyed_by_the_renderer(tmp_path: Path) -> None:
+    # the tuner's decisions compare kernel IR; the same IR rendered by edited code is another
+    # program, so each target's cache id names the renderer's files
+    (tmp_path / "codegen").mkdir()
+    src = tmp_path / "codegen" / "kernel.py"
+    src.write_text("A = 1\n")
+    before = pc._digest([str(tmp_path / "codegen")])
+    assert pc._digest([str(tmp_path / "codegen")]) == before
+    src.write_text("A = 12\n")
+    assert pc._digest([str(tmp_path / "codegen")]) != before
+    for name in ("cpu", "cuda", "metal"):
+        assert luminal.targets.get(name).cache_id().endswith(pc.render_id()), name

@@ -87,34 +87,53 @@ def cache_root() -> Path:
 
 # ---------------------------------------------------------------------------- key parts
 _CODE_ID: str | None = None
+_RENDER_ID: str | None = None
+
+
+def _digest(roots: list[str]) -> str:
+    """Version, then size and mtime of every source and built file under ``roots`` and of the
+    native module. Stats only: ~1 ms, no reading."""
+    import importlib.util
+
+    h = hashlib.sha1(__version__.encode())
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for fn in sorted(filenames):
+                if fn.endswith((".py", ".so", ".pyd", ".dylib", ".egg", ".json")):
+                    st = os.stat(os.path.join(dirpath, fn))
+                    rel = os.path.relpath(os.path.join(dirpath, fn), root)
+                    h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns};".encode())
+    spec = importlib.util.find_spec("luminal._rt")
+    if spec is not None and spec.origin:
+        st = os.stat(spec.origin)
+        h.update(f"native:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:20]
+
+
+def _package_roots() -> list[str]:
+    # an editable install has two: sources and built files
+    return list(sys.modules[__package__ or "luminal"].__path__)
 
 
 def code_id() -> str:
-    """A digest of luminal's installed code: its version and the size and mtime of every
-    file of the package (the Python sources and the native module). A changed compiler is
-    another compiler, so its plans are other plans. Stats only: ~1 ms, no reading."""
+    """A digest of luminal's installed code: the package's files and the native module. A
+    changed compiler is another compiler, so its plans are other plans."""
     global _CODE_ID
     if _CODE_ID is None:
-        import importlib.util
-
-        h = hashlib.sha1(__version__.encode())
-        # the package's folders (an editable install has two: sources and built files)
-        roots = list(sys.modules[__package__ or "luminal"].__path__)
-        spec = importlib.util.find_spec("luminal._rt")
-        native = [spec.origin] if spec is not None and spec.origin else []
-        for root in roots:
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-                for fn in sorted(filenames):
-                    if fn.endswith((".py", ".so", ".pyd", ".dylib", ".egg", ".json")):
-                        st = os.stat(os.path.join(dirpath, fn))
-                        rel = os.path.relpath(os.path.join(dirpath, fn), root)
-                        h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns};".encode())
-        for path in native:
-            st = os.stat(path)
-            h.update(f"native:{st.st_size}:{st.st_mtime_ns};".encode())
-        _CODE_ID = h.hexdigest()[:20]
+        _CODE_ID = _digest(_package_roots())
     return _CODE_ID
+
+
+def render_id() -> str:
+    """A digest of the code that turns kernel IR into machine code: ``codegen/`` and the
+    native module (library calls, the executor). The search's decisions are keyed by the
+    kernel IR they compared, so a change there needs no more; a changed renderer makes the
+    same IR another program, and decisions measured with the old one must not be reused."""
+    global _RENDER_ID
+    if _RENDER_ID is None:
+        _RENDER_ID = _digest([os.path.join(r, "codegen") for r in _package_roots()])
+    return _RENDER_ID
 
 
 _CPU_ID: str | None = None

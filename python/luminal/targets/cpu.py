@@ -388,7 +388,9 @@ class CpuTarget:
     races: bool = True  # measure takes a cutoff (Tuner.races)
 
     def cache_id(self) -> str:
-        return cpu_id()
+        from ..plan_cache import render_id
+
+        return f"{cpu_id()}-{render_id()}"
 
     def build_plan(self, low: Lowered, name: str) -> Plan:
         plan = self._assemble(low, name)

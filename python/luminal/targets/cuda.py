@@ -53,10 +53,12 @@ class CudaTarget:
             raise ValueError(f"gemm_impl must be 'kernel' or 'cublaslt', not {self.gemm_impl!r}")
 
     def cache_id(self) -> str:
+        from ..plan_cache import render_id
+
         if device.available():
             d = device.device()
-            return f"cuda-{d.name}-{d.arch}"
-        return "cuda-estimate-v2"
+            return f"cuda-{d.name}-{d.arch}-{render_id()}"
+        return f"cuda-estimate-v2-{render_id()}"
 
     def library_variants(
         self, call: K.LibCall, operands: Sequence[BufferInfo]

@@ -48,7 +48,9 @@ class MetalTarget:
             raise ValueError(f"gemm_impl must be 'kernel' or 'mps', not {self.gemm_impl!r}")
 
     def cache_id(self) -> str:
-        return "metal-estimate-v1"
+        from ..plan_cache import render_id
+
+        return f"metal-estimate-v1-{render_id()}"
 
     def library_variants(
         self, call: K.LibCall, operands: Sequence[BufferInfo]
