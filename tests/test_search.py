@@ -427,3 +427,51 @@ def test_the_smallest_sizes_weigh_by_the_time_they_add_at_the_callers_typical_di
         TYPICAL_DIMS.reset(token)
     assert 1 in seen, "the smallest sizes were not measured"
     assert got.label == ("a" if typical else "b")
+
+
+def _gather_depth(v: K.Value) -> int:
+    """The deepest nest of gathers in a value tree."""
+    memo: dict[int, int] = {}
+
+    def depth(x: K.Value) -> int:
+        if id(x) not in memo:
+            below = max(map(depth, _children(x)), default=0)
+            memo[id(x)] = int(isinstance(x, K.Gather)) + below
+        return memo[id(x)]
+
+    return depth(v)
+
+
+def _children(x: K.Value) -> list[K.Value]:
+    if isinstance(x, K.Alu):
+        return list(x.srcs)
+    if isinstance(x, K.Cast):
+        return [x.src]
+    if isinstance(x, K.Masked):
+        return [x.value]
+    if isinstance(x, K.Reduce):
+        return [x.body]
+    if isinstance(x, K.Gather):
+        return [x.body, x.row]
+    if isinstance(x, K.SoftmaxSum):
+        return [x.score, x.weight]
+    return []
+
+
+def test_a_chain_of_gathers_is_stored_every_few_steps():
+    # each step reads the previous one's rows through an index (a recurrence writing one
+    # tensor step by step): inlined whole, every gather renamed the tree below it and the
+    # compile grew with the square of the steps
+    from luminal.compiler.lower import GATHER_NEST_MAX
+
+    g = lm.Graph("chain")
+    x = g.input("x", (5, 3))
+    idx = g.tensor(np.array([4, 0, 3, 1, 2], dtype=np.int64))
+    y = x
+    for t in range(13):
+        y = F.index_select(y * 0.5 + float(t), 0, idx).exp().log()
+    g.output("y", y)
+    low = lower(g)
+    assert max(_gather_depth(k.value) for k in low.kernels) == GATHER_NEST_MAX
+    a = rand(5, 3)
+    np.testing.assert_allclose(lm.compile(g).run({"x": a})["y"], g.run({"x": a})["y"], rtol=1e-5)

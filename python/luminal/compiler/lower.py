@@ -135,6 +135,8 @@ class _Lowerer:
         # (_VARIES: its value sits under a mask that does); empty: codegen can hoist n out of
         # every such loop, as a softmax's row max out of the row sum
         looped: dict[int, frozenset[int]] = {}
+        # gathers from each node up to its kernel's root, itself included (see GATHER_NEST_MAX)
+        nest: dict[int, int] = {}
         for n in reversed(self.order):
             cons = self.consumers[n.id]
             r = frozenset().union(*(roots[c.id] for c in cons)) if cons else frozenset()
@@ -172,6 +174,7 @@ class _Lowerer:
                     len(r) == 1
                     and all(c.op in ELEMENTWISE for c in cons)
                     and len({read_at(v, n.shape) for v in views}) == 1
+                    and max((nest[c.id] for c in cons), default=0) < GATHER_NEST_MAX
                 )
             elif n.op in ELEMENTWISE or _small_reduce(n):
                 # (a reduction over 2-4 values, relu's max against 0, is elementwise work)
@@ -198,6 +201,8 @@ class _Lowerer:
                 ok = all(self._cheap_read(n, c, len(cons)) for c in cons) and not looped[n.id]
                 if ok and any(c.id in inline for c in cons):
                     ok = not self._recomputed(n, r)
+            up = max((nest[c.id] for c in cons), default=0) if ok else 0
+            nest[n.id] = up + int(n.op is Op.GATHER)
             if ok:
                 inline.add(n.id)
                 roots[n.id] = r
@@ -564,6 +569,13 @@ INDEX_CHAIN_OPS = 8
 # A reduction-free value of at most this many IR nodes is recomputed in each of its (up to
 # three) consumer kernels rather than stored and reloaded.
 SHARED_TREE_MAX = 12
+# At most this many gathers nest in one kernel's value; a deeper one is stored. Each inlined
+# gather renames its source's whole value tree, so a chain of writes into one tensor (a
+# recurrence's ``out[:, t] = ...`` in a loop: a gather of the previous result per step) grew
+# the lowering and the kernel's code with the square of its length: 24 steps 6.8 s to compile,
+# a 2-layer RWKV at 32 tokens not in 10 minutes. Models' own nests (an embedding row, a
+# concatenation, a KV cache's two sides, a packed batch read as a padded one) are 1-3 deep.
+GATHER_NEST_MAX = 4
 
 # _overlapping's probe: index values per axis, and the value of every symbolic dim
 WINDOW_PROBE = 6
