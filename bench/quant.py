@@ -26,10 +26,15 @@ threads:
   ``luminal.quant.calibrate``; never the evaluation text): ``--calibration default`` is the
   text shipped with luminal (``python/luminal/quant/calibration.txt``); the JSON's
   ``calibration`` names the file (null: round to nearest); ``--calib-method awq+gptq`` adds
-  activation-aware input scales (``awq``: the scales alone, then round to nearest);
+  activation-aware input scales (``awq``: the scales alone, then round to nearest); types
+  without scales to calibrate (``q8_0`` and the other gguf-package types) are rounded by their
+  own rule;
 - with --keep-sensitive FRAC (and --calibration), that fraction of the matrices' weights, the
   ones whose rounding alone costs the most KL per weight on the calibration text, is stored as
   --keep-type (default q8_0) (``luminal.quant.sensitivity``);
+- with --rotate [KIND], the residual stream of each format's model is first rotated by an
+  orthogonal matrix (``luminal.quant.rotate``: the same function in f32), then calibrated and
+  quantized; the f32 reference stays unrotated;
 - with --numpy, only the teacher-forced columns (top-1, KL, ppl), from the calibration
   module's numpy forward of each file's dequantized weights (seconds per format; no compile,
   no speed, no greedy run);
@@ -237,6 +242,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         ntok += "-ao" if a.calib_act_order else ""
         ntok += f"-k{a.keep_sensitive:g}{a.keep_type}" if a.keep_sensitive else ""
         tag = f"-{method}{damp}{ntok}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
+    if a.rotate:
+        tag += f"-rot-{a.rotate}"
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
         path = os.path.join(work, f"smollm2-{fmt}{tag if fmt != 'f32' else ''}.gguf")
@@ -245,13 +252,16 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
             log(f"quantize {fmt} ...")
             qtype, _, embed = fmt.partition("+")
             t = time.perf_counter()
-            cal = pathlib.Path(a.calibration) if a.calibration and fmt != "f32" else None
+            # types without scales to calibrate (q8_0, ...) are rounded by their own rule
+            able = quant.api._grid_format(qtype) is not None
+            cal = pathlib.Path(a.calibration) if a.calibration and able else None
             quant.quantize(base, path, qtype, embed or None, quiet=cal is None,
                            calibration=cal, calib_method=a.calib_method,
                            calib_damp=a.calib_damp, calib_tokens=a.calib_tokens,
                            calib_act_order=a.calib_act_order,
                            keep_sensitive=a.keep_sensitive if cal else 0.0,
-                           keep_type=a.keep_type)  # fmt: skip
+                           keep_type=a.keep_type,
+                           rotate=fmt != "f32" and (a.rotate or False))  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
@@ -265,6 +275,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "keep_sensitive": a.keep_sensitive if a.calibration else None,
                            "keep_type": a.keep_type if a.calibration and a.keep_sensitive
                            else None,
+                           "rotate": a.rotate,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -339,6 +350,8 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
             f"{'greedy':>8}{'ppl':>8}{'llama.cpp':>11}{'ratio':>7}")  # fmt: skip
     cal = (f"calibrated on {res['calibration']} ({res.get('calib_method') or 'gptq'})"
            if res.get("calibration") else "round to nearest")  # fmt: skip
+    if res.get("rotate"):
+        cal += f", residual stream rotated ({res['rotate']})"
     print(f"SmolLM2-135M requantized ({cal}); tok/s on {res['threads']} threads; agreement vs "
           f"f32 over {res['tokens']} teacher-forced tokens")  # fmt: skip
     print(head)
@@ -368,11 +381,14 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     flat["calib_act_order"] = res.get("calib_act_order")
     flat["keep_sensitive"] = res.get("keep_sensitive")
     flat["keep_type"] = res.get("keep_type")
+    flat["rotate"] = res.get("rotate")
     return flat
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from luminal.quant.calibrate import CALIB_TOKENS, DAMP, METHOD, METHODS
+    from luminal.quant.rotate import KIND as ROTATE_KIND
+    from luminal.quant.rotate import KINDS as ROTATE_KINDS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
@@ -405,6 +421,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "most sensitive (measured), as --keep-type")  # fmt: skip
     p.add_argument("--keep-type", default="q8_0",
                    help="with --keep-sensitive: their type (default q8_0)")  # fmt: skip
+    p.add_argument("--rotate", nargs="?", const=ROTATE_KIND, choices=ROTATE_KINDS,
+                   metavar="KIND",
+                   help="rotate each format's residual stream first (luminal quantize "
+                   f"--rotate): {', '.join(ROTATE_KINDS)} (default {ROTATE_KIND})")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "

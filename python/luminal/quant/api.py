@@ -29,6 +29,11 @@ output error over that text's activations instead of its weight error (GPTQ, act
 input scales folded into the norms, or both: ``calibrate``). With it, ``keep_sensitive`` keeps
 the matrices whose rounding costs the most at the output, measured on that text
 (``sensitivity``), at a higher-precision ``keep_type``.
+
+``rotate`` first rotates the residual stream of a llama-family model by an orthogonal matrix
+(the norm weights folded into the linears, ``rotate``): the same function in f32, with the
+outlier channels spread over all channels, so block formats lose less. Calibration and the
+sensitivity mix then see the rotated model as an ordinary one.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import numpy as np
 
 from ..loaders import lowp
 from ..loaders.gguf import LUMINAL_QUANT_KEY, GGUFFile, GGUFWeights
-from . import calibrate, hf, sensitivity
+from . import calibrate, hf, rotate, sensitivity
 
 # type -> GGUF tensor type, for the types the gguf package quantizes
 _GGUF_PY = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
@@ -83,6 +88,7 @@ class QuantizeResult:
     calibration: dict[str, Any] | None = None  # what the file's calibrate.CALIB_KEY records
     # with keep_sensitive: each measured matrix's KL with only it rounded (``sensitivity``)
     sensitivity: dict[str, float] = field(default_factory=dict)
+    rotation: dict[str, Any] | None = None  # what the file's rotate.ROTATION_KEY records
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str,
@@ -91,7 +97,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              calib_tokens: int = calibrate.CALIB_TOKENS,
              calib_damp: float = calibrate.DAMP, calib_method: str = calibrate.METHOD,
              calib_act_order: bool = False, calib_importance: bool = True,
-             keep_sensitive: float = 0.0, keep_type: str = "q8_0") -> QuantizeResult:  # fmt: skip
+             keep_sensitive: float = 0.0, keep_type: str = "q8_0",
+             rotate: bool | str = False) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads, or a transformers folder of a model type in
     ``hf.ARCHS``, converted first as llama.cpp's converter would) requantized to ``qtype``
     at ``dst``.
@@ -109,7 +116,10 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     weigh each column's error by its inputs (``calibrate.Options``); ``keep_sensitive``: with
     ``calibration``, this fraction of the matrices' weights is stored as ``keep_type``,
     the matrices whose rounding alone costs the most KL per weight on the calibration text
-    (``sensitivity``; the embedding and head are candidates unless ``embed_type`` is given)."""
+    (``sensitivity``; the embedding and head are candidates unless ``embed_type`` is given);
+    ``rotate``: True or a kind of ``rotate.KINDS`` (True: ``rotate.KIND``): rotate the residual
+    stream of a llama-family model first (``rotate``), the norm weights folded into the linears
+    (a tied head whose final norm weight is not a constant is untied)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -137,6 +147,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         if keep_type not in own:
             raise ValueError(f"keep_type {keep_type!r} must be one of {', '.join(own)}")
     keep = (keep_sensitive, keep_type)
+    rot = _rotation_kind(rotate)
     if calibration is not None:
         if _grid_format(qtype) is None:
             able = [t for t in TYPES if _grid_format(t) is not None]
@@ -154,7 +165,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     if not folder:
         res = _quantize(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
                         calib_method, calib_damp, calib_act_order, calib_importance,
-                        keep)  # fmt: skip
+                        keep, rot)  # fmt: skip
         res.seconds = time.perf_counter() - t0
         return res
     # the folder becomes a GGUF file of its own float type beside the output (the layout
@@ -167,7 +178,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         hf.write_gguf(src, tmp)
         res = _quantize(tmp, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
                         calib_method, calib_damp, calib_act_order, calib_importance, keep,
-                        transient=True)  # fmt: skip
+                        rot, transient=True)  # fmt: skip
     finally:
         os.unlink(tmp)
     res.seconds = time.perf_counter() - t0
@@ -177,17 +188,42 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
 def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
               text: str | None, calib_tokens: int, calib_method: str, calib_damp: float,
               calib_act_order: bool, calib_importance: bool, keep: tuple[float, str],
-              transient: bool = False) -> QuantizeResult:  # fmt: skip
+              rot: str | None = None, transient: bool = False) -> QuantizeResult:  # fmt: skip
     """``quantize`` of the GGUF file ``src``, its arguments checked; ``transient``: ``src`` is
     deleted after (its parsed header is not cached)."""
     if qtype in _LLAMA_CPP:
-        _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
+        record = None
+        if rot is None:
+            _llama_cpp_quantize(src, dst, _LLAMA_CPP[qtype])
+        else:  # llama.cpp quantizes the rotated f32 model (its metadata carries the record)
+            fd, tmp = tempfile.mkstemp(".gguf", ".luminal-", os.path.dirname(os.path.abspath(dst)))
+            os.close(fd)
+            try:
+                record = _write(src, tmp, "f32", "f32", quiet, scales, rot=rot,
+                                transient=transient).rotation  # fmt: skip
+                _llama_cpp_quantize(tmp, dst, _LLAMA_CPP[qtype])
+            finally:
+                os.unlink(tmp)
         f = GGUFFile(dst)
         stored = {n: t.type_name for n, t in f.tensors.items()}
-        return QuantizeResult(dst, qtype, os.path.getsize(dst), 0.0, stored=stored)
+        return QuantizeResult(dst, qtype, os.path.getsize(dst), 0.0, stored=stored,
+                              rotation=record)  # fmt: skip
     opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance)
     return _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts,
-                  transient, keep)  # fmt: skip
+                  transient, keep, rot)  # fmt: skip
+
+
+def _rotation_kind(rotate_: bool | str) -> str | None:
+    """The kind of rotation ``quantize``'s ``rotate`` asks for (None: none)."""
+    if rotate_ is False or rotate_ is None:
+        return None
+    if rotate_ is True:
+        return rotate.KIND
+    if rotate_ not in rotate.KINDS:
+        raise ValueError(
+            f"rotate must be True, False or one of {', '.join(rotate.KINDS)}, got {rotate_!r}"
+        )
+    return str(rotate_)
 
 
 def _llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
@@ -218,15 +254,20 @@ def _grid_format(qtype: str) -> lowp.LowpFormat | None:
 def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
            text: str | None = None, calib_tokens: int = 0,
            opts: calibrate.Options | None = None, transient: bool = False,
-           keep: tuple[float, str] = (0.0, "q8_0")) -> QuantizeResult:  # fmt: skip
+           keep: tuple[float, str] = (0.0, "q8_0"),
+           rot: str | None = None) -> QuantizeResult:  # fmt: skip
     import gguf
 
     opts = opts or calibrate.Options()
     f = GGUFFile(src, cache_header=not transient)
-    source = GGUFWeights(f, dequant="load")
+    gw = GGUFWeights(f, dequant="load")
     res = QuantizeResult(dst, qtype, 0, 0.0, embed_type)
-    owned = {f"{n}.{p.name}" for n, (fmt, _) in source.lowp.items() for p in lowp.get(fmt).parts}
-    names = [*source.lowp, *(n for n in f.tensors if n not in owned)]
+    owned = {f"{n}.{p.name}" for n, (fmt, _) in gw.lowp.items() for p in lowp.get(fmt).parts}
+    names = [*gw.lowp, *(n for n in f.tensors if n not in owned)]
+    source: GGUFWeights | rotate.Overlay = gw
+    if rot is not None:  # first: calibration and the sensitivity mix see an ordinary model
+        source, res.rotation = _rotate(f, gw, names, rot)
+        names += [n for n in source.new if n not in names]
     types = {}
     for name in names:
         t = embed_type if name in EMBEDDINGS else qtype
@@ -256,6 +297,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
             continue
         if key == calibrate.CALIB_KEY:  # describes the source's quantization, not this one
             continue
+        # (a rotation's record stays: the weights stay rotated whatever their type)
         if key.startswith(LUMINAL_QUANT_KEY) or val is None:
             continue
         vt, et = f.metadata_types[key]
@@ -268,6 +310,8 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
         w.add_uint32(LUMINAL_QUANT_KEY + "version", 1)
     if res.calibration is not None:
         w.add_string(calibrate.CALIB_KEY, json.dumps(res.calibration))
+    if res.rotation is not None:
+        w.add_string(rotate.ROTATION_KEY, json.dumps(res.rotation))
     err2 = norm2 = 0.0
     for k, name in enumerate(names):
         x = np.ascontiguousarray(new.get(name, source.values(name)), dtype=np.float32)
@@ -288,6 +332,21 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
     return res
 
 
+def _rotate(f: GGUFFile, source: GGUFWeights, names: list[str],
+            kind: str) -> tuple[rotate.Overlay, dict[str, Any]]:  # fmt: skip
+    """``source`` with its residual stream rotated (``rotate.rotate``), and the record."""
+    from ..models.llama import config_from_gguf
+
+    if rotate.ROTATION_KEY in f.metadata:
+        raise ValueError(f"{f.path} is already rotated ({f.get(rotate.ROTATION_KEY)})")
+    try:
+        config = config_from_gguf(f)
+    except NotImplementedError as e:
+        raise ValueError(f"rotate applies to llama-family models: {e}") from None
+    new, record = rotate.rotate(config, source, names, kind)
+    return rotate.Overlay(source, new), record
+
+
 def _block(qtype: str) -> int:
     import gguf
 
@@ -296,7 +355,8 @@ def _block(qtype: str) -> int:
     return lowp.get(_GGUF_LOWP[qtype][1] if qtype in _GGUF_LOWP else qtype).block
 
 
-def _keep_sensitive(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
+def _keep_sensitive(cal: calibrate.Calibration, source: GGUFWeights | rotate.Overlay,
+                    types: dict[str, str],
                     scales: str, keep: tuple[float, str], embed_fixed: bool,
                     res: QuantizeResult, quiet: bool) -> list[str]:  # fmt: skip
     """Measure the model's matrices' sensitivity to their types (round to nearest) and set
@@ -316,7 +376,8 @@ def _keep_sensitive(cal: calibrate.Calibration, source: GGUFWeights, types: dict
     return kept
 
 
-def _calibrate(cal: calibrate.Calibration, source: GGUFWeights, types: dict[str, str],
+def _calibrate(cal: calibrate.Calibration, source: GGUFWeights | rotate.Overlay,
+               types: dict[str, str],
                scales: str, quiet: bool, opts: calibrate.Options,
                ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:  # fmt: skip
     """The parts of every matrix ``cal`` has statistics for and whose type has a grid (GPTQ's,
@@ -413,4 +474,4 @@ def describe(res: QuantizeResult) -> dict[str, Any]:
             "bytes": res.size, "tensors": counts,
             "seconds": round(res.seconds, 2), "kept_f32": res.kept_f32,
             "rel_error": None if res.error is None else round(res.error, 6),
-            "calibration": res.calibration}  # fmt: skip
+            "calibration": res.calibration, "rotation": res.rotation}  # fmt: skip

@@ -106,6 +106,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TYPE",
         help="the type of the matrices --keep-sensitive keeps (default q8_0)",
     )
+    p.add_argument(
+        "--rotate",
+        nargs="?",
+        const=api.rotate.KIND,
+        choices=api.rotate.KINDS,
+        metavar="KIND",
+        help="first rotate the residual stream by an orthogonal matrix (llama-family models; "
+        "the norm weights folded into the linears; the same model in f32, fewer outlier "
+        f"channels for the formats): {' or '.join(api.rotate.KINDS)} "
+        f"(default {api.rotate.KIND})",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -122,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
                        calib_act_order=args.calib_act_order,
                        calib_importance=args.calib_importance,
                        keep_sensitive=args.keep_sensitive,
-                       keep_type=args.keep_type)  # fmt: skip
+                       keep_type=args.keep_type,
+                       rotate=args.rotate or False)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
@@ -137,6 +149,16 @@ def main(args: argparse.Namespace) -> int:
             if "keep" in c:
                 k = c["keep"]
                 print(f"  kept {len(k['matrices'])} sensitive matrices as {k['type']}")
+        if res.rotation is not None:
+            r = res.rotation
+            heads = ", value heads too" if r["heads"] else ""
+            print(f"  rotated the residual stream ({r['kind']}, seed {r['seed']}{heads})")
+            if r["untied_head"]:
+                out = api.GGUFFile(res.path)
+                extra = sum(t.n_bytes for n, t in out.tensors.items()
+                            if n == "output.weight" or n.startswith("output.weight."))  # fmt: skip
+                print(f"  output head untied from the embedding (the final norm's weight folded "
+                      f"into it): +{extra / 2**20:.1f} MiB")  # fmt: skip
         if res.kept_f32:
             print(f"  kept f32 (row length not a multiple of the block): {res.kept_f32}")
         if not api.llama_cpp_reads(res.qtype, res.embed_type):
