@@ -153,3 +153,38 @@ def test_half_precision_model_runs_in_luminal(dtype):
             assert err <= 2 * eager_err + 1e-3, (err, eager_err)
     assert lt.stats.compiles == 1 and lt.stats.plans == 1
     assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
+
+
+def test_mixture_of_experts_routes_in_luminal():
+    """A mixture of experts' routing (an unstable sort of expert ids full of ties, histc over
+    the token-expert pairs, transformers' grouped product by offsets) converts: one partition,
+    static and then dynamic sizes, logits as eager's (the order of ties does not reach them)."""
+    cfg = tf.MixtralConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           num_local_experts=4, num_experts_per_tok=2)  # fmt: skip
+    m = tf.MixtralForCausalLM(cfg).eval()
+    f = torch.compile(m, backend="luminal")
+    with torch.no_grad():
+        for b, s in ((2, 16), (3, 9), (2, 21)):  # static first, then dynamic
+            ids = torch.randint(0, 100, (b, s))
+            torch.testing.assert_close(
+                f(input_ids=ids, use_cache=False).logits,
+                m(input_ids=ids, use_cache=False).logits,
+                atol=1e-4, rtol=1e-4,
+            )  # fmt: skip
+    assert lt.stats.eager_ops == {} and lt.stats.fallbacks == [] and lt.stats.failed_plans == 0
+
+
+def test_grouped_product_rows_past_the_last_group_are_zero():
+    from luminal.torch_backend.convert import NAMED
+
+    pytest.importorskip("transformers.integrations.moe")  # registers the op
+    assert "transformers.grouped_mm_fallback.default" in NAMED
+    fallback = torch.ops.transformers.grouped_mm_fallback
+    x, w = torch.randn(7, 5), torch.randn(3, 5, 4)
+    offs = torch.tensor([2, 2, 5], dtype=torch.int32)  # group 1 empty; rows 5, 6 in none
+    with torch.no_grad():
+        got = torch.compile(lambda a, b, o: fallback(a, b, o), backend="luminal")(x, w, offs)
+    torch.testing.assert_close(got, fallback(x, w, offs))
+    assert got[5:].abs().max() == 0
+    assert lt.stats.eager_ops == {}

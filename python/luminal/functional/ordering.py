@@ -6,8 +6,11 @@ element i along the axis is the number of elements that come before it (smaller,
 at a smaller index: a stable order, which is also what PyTorch's CPU sort gives), computed by
 comparing every pair (n x n per row), then the inverse permutation is a SCATTER of the
 positions to their ranks, and the values a GATHER. NaN sorts as larger than every number, as in
-PyTorch. The pair comparison costs n^2 per row, so the sorted axis must have a static size of
-at most ``MAX_SORT`` elements; a longer or symbolic axis raises ``ValueError``.
+PyTorch. The pair comparison costs n^2 per row, so a static sorted axis may have at most
+``MAX_SORT`` elements (a longer one raises ``ValueError``). ``sort`` and ``argsort`` also take a
+symbolic axis (a mixture of experts' token-expert pairs: the plan's cost grows with the
+square of the length it is called with); ``topk``, ``kthvalue`` and the medians need a static
+one.
 """
 
 from __future__ import annotations
@@ -31,16 +34,17 @@ __all__ = ["MAX_SORT", "argsort", "kthvalue", "logcumsumexp", "median", "msort",
 MAX_SORT = 8192  # n^2 comparisons per row: 64M at this size
 
 
-def _sort_axis(name: str, x: Tensor, dim: int) -> tuple[Tensor, int, int]:
-    """x with the sorted axis last (a view), that axis, and its static length."""
+def _sort_axis(name: str, x: Tensor, dim: int, symbolic: bool = False) -> tuple[Tensor, int, Any]:
+    """x with the sorted axis last (a view), that axis, and its length (static unless
+    ``symbolic``)."""
     d = x._axis(dim)
     n = x.shape[d]
-    if not isinstance(n, int):
+    if not isinstance(n, int) and not symbolic:
         raise ValueError(f"{name}: the sorted axis must have a static size, got {n}")
-    if n > MAX_SORT:
+    if isinstance(n, int) and n > MAX_SORT:
         raise ValueError(f"{name}: the sorted axis has {n} elements; at most {MAX_SORT} "
                          "are supported (a sort compares every pair)")  # fmt: skip
-    if x.numel() == 0:
+    if isinstance(x.numel(), int) and x.numel() == 0:
         raise ValueError(f"{name}: an empty input {x.shape} has nothing to sort")
     order = [k for k in range(x.ndim) if k != d] + [d]
     return x.permute(order), d, n
@@ -64,7 +68,7 @@ def _same(a: Tensor, b: Tensor) -> Tensor:
     return lor(e, land(isnan(a), isnan(b))) if a.dtype.is_float else e
 
 
-def _ranked(xl: Tensor, n: int, descending: bool) -> tuple[Tensor, Tensor]:
+def _ranked(xl: Tensor, n: Any, descending: bool) -> tuple[Tensor, Tensor]:
     """(sorted values, source indices) along the last axis of ``xl``."""
     g = xl.graph
     shape = (*xl.shape, n)
@@ -92,7 +96,7 @@ def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = 
     x = need_tensor("sort", input)
     if x.ndim == 0:
         return ValuesIndices(x, const(x.graph, 0, dt.i64))
-    xl, d, n = _sort_axis("sort", x, dim)
+    xl, d, n = _sort_axis("sort", x, dim, symbolic=True)
     v, i = _ranked(xl, n, descending)
     return ValuesIndices(_restore(v, d), _restore(i, d))
 

@@ -28,6 +28,9 @@ Converter = Callable[..., Any]
 # max pooling's indices (convert_extra.py sets it: it registers the rarer converters)
 MAX_POOL_INDICES: Callable[..., Any] | None = None
 TABLE: dict[Any, Converter] = {}
+# converters of other libraries' custom ops, by the op's name ("namespace.op.overload"): the
+# library registers its op when it is imported, which may be after luminal
+NAMED: dict[str, Converter] = {}
 # converters of nodes that read or make complex values (held as real pairs: convert_complex.py)
 COMPLEX: dict[Any, Converter] = {}
 # the real dtype of each complex dtype's parts
@@ -46,6 +49,10 @@ def _registrar(table: dict[Any, Converter], targets: tuple[Any, ...]
 
 def op(*targets: Any) -> Callable[[Converter], Converter]:
     return _registrar(TABLE, targets)
+
+
+def named_op(*names: str) -> Callable[[Converter], Converter]:
+    return _registrar(NAMED, names)
 
 
 def complex_op(*targets: Any) -> Callable[[Converter], Converter]:
@@ -753,6 +760,8 @@ def convert_call(cx: Ctx, target: Any, args: Sequence[Any], kwargs: dict[str, An
     """Convert one call; the result matches the fake value's dtype and rank."""
     is_complex = touches_complex(cx.node)
     fn = (COMPLEX if is_complex else TABLE).get(target)
+    if fn is None and not is_complex:
+        fn = NAMED.get(str(target))
     if fn is None:
         raise Unsupported("complex values" if is_complex and target in TABLE else "no converter")
     v = cx.val

@@ -18,66 +18,56 @@ from ..graph import symbolic as sym
 from ..graph.view import contiguous_strides, idx_vars
 from ..tensor import Tensor, broadcast_shapes
 from . import convert as _convert
-from .convert import Ctx, op
+from .convert import Ctx, named_op, op
 from .symbols import Unsupported
 
 aten = torch.ops.aten
 
 
-def _static_axis(x: Tensor, dim: int, what: str) -> None:
-    if x.numel() == 0:
+def _static_axis(x: Tensor, dim: int, what: str, symbolic: bool = False) -> None:
+    if isinstance(x.numel(), int) and x.numel() == 0:
         raise Unsupported(f"{what} of an empty tensor")  # nothing to compute: eager is free
     n = x.shape[x._axis(dim)] if x.ndim else 1
-    if not isinstance(n, int) or n > F.MAX_SORT:
+    if not isinstance(n, int) and not symbolic or isinstance(n, int) and n > F.MAX_SORT:
         raise Unsupported(f"{what} along an axis of {n} (static and at most {F.MAX_SORT})")
 
 
-# ----------------------------------------------------------------------------- ordering
 def _output_used(cx: Ctx, k: int) -> bool:
     users = cx.node.users if cx.node is not None else {}
     return any(not (u.target is operator.getitem and u.args[1] != k) for u in users)
 
 
-def _unstable_ok(cx: Ctx, x: Tensor, dim: int) -> None:
-    """luminal's sort is stable. PyTorch's unstable CPU sort keeps ties in order up to 16
-    elements, not beyond: there the indices of equal values would differ from eager's."""
-    n = x.shape[x._axis(dim)] if x.ndim else 1
-    if isinstance(n, int) and n > 16 and _output_used(cx, 1):
-        raise Unsupported(f"indices of an unstable sort of {n} elements (PyTorch's own order "
-                          "of ties); stable=True converts")  # fmt: skip
+# ----------------------------------------------------------------------------- ordering
+# luminal's sort is stable. An unstable sort (PyTorch's default) leaves the order of equal
+# elements unspecified, so the stable order is one it may give; PyTorch's CPU kernel keeps
+# ties in order up to 16 elements and not beyond, so indices of ties can differ from eager's
+# there (a mixture of experts' routing sorts expert ids full of ties: its output does not
+# depend on their order).
 
 
 @op(aten.sort.default)
 def _sort(cx: Ctx, x: Tensor, dim: int = -1, descending: bool = False) -> tuple:
-    _static_axis(x, dim, "sort")
-    _unstable_ok(cx, x, dim)
+    _static_axis(x, dim, "sort", symbolic=True)
     return tuple(F.sort(x, dim, descending))
 
 
 @op(aten.sort.stable)
 def _sort_stable(cx: Ctx, x: Tensor, *, stable: Any = None, dim: int = -1,
                  descending: bool = False) -> tuple:  # fmt: skip
-    _static_axis(x, dim, "sort")
-    if not stable:
-        _unstable_ok(cx, x, dim)
+    _static_axis(x, dim, "sort", symbolic=True)
     return tuple(F.sort(x, dim, descending))
 
 
 @op(aten.argsort.default)
 def _argsort(cx: Ctx, x: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
-    _static_axis(x, dim, "argsort")
-    n = x.shape[x._axis(dim)] if x.ndim else 1
-    if isinstance(n, int) and n > 16:
-        raise Unsupported(f"an unstable argsort of {n} elements (PyTorch's own order of ties)")
+    _static_axis(x, dim, "argsort", symbolic=True)
     return F.argsort(x, dim, descending)
 
 
 @op(aten.argsort.stable)
 def _argsort_stable(cx: Ctx, x: Tensor, *, stable: bool, dim: int = -1, descending: bool = False
                     ) -> Tensor:  # fmt: skip
-    _static_axis(x, dim, "argsort")
-    if not stable:
-        return _argsort(cx, x, dim, descending)
+    _static_axis(x, dim, "argsort", symbolic=True)
     return F.argsort(x, dim, descending)
 
 
@@ -377,6 +367,42 @@ def _index_reduce(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, redu
     if reduce == "mean" and not x.dtype.is_float:
         raise Unsupported("an integer index_reduce mean (PyTorch floors it)")
     return F.index_reduce(x, dim, index, src, reduce, include_self=include_self)
+
+
+# ----------------------------------------------------------------------------- grouped products
+def _grouped_rows(cx: Ctx, a: Any, b: Any, offs: Any, what: str) -> Tensor:
+    """Rows of ``a`` (S, K) grouped by ``offs`` (the groups' cumulative ends), each times its
+    group's matrix of ``b`` (E, K, N): row s belongs to the first group whose end is past s.
+    Rows past the last end are 0 (transformers' fallback leaves them so; PyTorch's kernel
+    leaves them unwritten). Each row reads its group's matrix: the work of the grouped
+    product, not of a product by every group."""
+    if not all(isinstance(t, Tensor) for t in (a, b, offs)):
+        raise Unsupported(f"{what} without offsets")
+    if a.ndim != 2 or b.ndim != 3 or offs.ndim != 1:
+        raise Unsupported(f"{what} of {a.ndim}-d by {b.ndim}-d operands (rows grouped by "
+                          "offsets, (S, K) x (E, K, N), converts)")  # fmt: skip
+    e = b.shape[0]
+    if not isinstance(e, int):
+        raise Unsupported(f"{what} over a symbolic number of groups")
+    rows = F.arange(cx.g, a.shape[0], dtype=dt.i64)
+    ended = F.le(offs.cast(dt.i64).unsqueeze(0), rows.unsqueeze(1))  # (S, E)
+    group = ended.cast(dt.i64).sum_reduce(-1)
+    w = F.index_select(b.cast(a.dtype), 0, F.clamp(group, 0, e - 1))  # (S, K, N)
+    out = F.mul(a.unsqueeze(-1), w).sum_reduce(1)
+    return F.where(F.lt(group, e).unsqueeze(-1), out, 0.0)
+
+
+@op(aten._grouped_mm.default)
+def _grouped_mm(cx: Ctx, a: Any, b: Any, offs: Any = None, bias: Any = None,
+                out_dtype: Any = None) -> Tensor:  # fmt: skip
+    if bias is not None:
+        raise Unsupported("_grouped_mm with a bias")
+    return _grouped_rows(cx, a, b, offs, "_grouped_mm")
+
+
+@named_op("transformers.grouped_mm_fallback.default")
+def _grouped_mm_fallback(cx: Ctx, a: Any, b: Any, offs: Any = None) -> Tensor:
+    return _grouped_rows(cx, a, b, offs, "grouped_mm_fallback")
 
 
 # ----------------------------------------------------------------------------- pooling, windows

@@ -134,9 +134,8 @@ def _range(x: Tensor, lo: float, hi: float, widen: float) -> tuple[Tensor, Tenso
 def _histc(cx: Ctx, x: Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> Tensor:  # noqa: A002
     if not x.dtype.is_float or isinstance(bins, Tensor):
         raise Unsupported("histc of a non-float tensor")
-    _static_shape(x, "histc")
-    flat = x.reshape(-1)
-    if flat.shape[0] == 0:
+    flat = x.reshape(-1)  # a symbolic length too: the counts are sums over it
+    if isinstance(flat.shape[0], int) and flat.shape[0] == 0:
         return F.full(cx.g, (bins,), 0, dtype=x.dtype)
     lo, hi = _range(x, float(min), float(max), 1.0)
     pos = F.floor(F.div(F.mul(F.sub(flat, lo), bins), F.sub(hi, lo))).cast(dt.i64)
