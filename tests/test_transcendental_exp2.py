@@ -21,8 +21,10 @@ _EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1.1754942e-38, 1e-3
 
 def _sweep(lo: float, hi: float, count: int) -> np.ndarray:
     """About ``count`` floats of [lo, hi] evenly spaced in bit pattern (so every binade, the
-    tiny arguments near 0 included, gets its share), plus the edges."""
-    bits = np.arange(0, 1 << 32, (1 << 32) // count, dtype=np.uint64).astype(np.uint32)
+    tiny arguments near 0 included, gets its share; an odd step, so the low mantissa bits
+    vary too), plus the edges."""
+    step = (1 << 32) // count - 1
+    bits = np.arange(0, 1 << 32, step, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     x = x[np.isfinite(x) & (x >= lo) & (x <= hi)]
     return np.concatenate([x, np.array(_EDGES, np.float32)])
