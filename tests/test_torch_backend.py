@@ -451,3 +451,23 @@ def test_string_padded_convolutions_convert():
     m = nn.Sequential(nn.Conv2d(3, 4, 3, padding="valid"), nn.Conv2d(4, 4, (3, 2), padding="same"))
     _check(m.eval(), [dict(input=torch.randn(b, 3, 9, 7)) for b in (2, 3)])
     assert lt.stats.eager_ops == {}
+
+
+def test_a_view_splitting_a_batch_off_rows_converts_and_checks_its_sizes():
+    """Rows of batch x heads viewed as (batch, rows // batch, d), the batch from another
+    argument: the sizes agree only where batch divides rows. Eager's view refuses the other
+    sizes; each call checks them (Env.bind) and leaves those to eager."""
+    from luminal.graph import symbolic as sym
+    from luminal.torch_backend.partition import Env
+
+    def f(x, y):
+        return (x.view(y.shape[0], -1, x.shape[-1]) * 2).sum(1) + y
+
+    _check(f, [dict(x=torch.randn(b * h, 5), y=torch.randn(b, 5)) for b, h in ((2, 3), (3, 4))])
+    assert lt.stats.eager_ops == {}
+    env = Env({"r": (0, 0), "b": (1, 0)})
+    env.require([(sym.dim("r"), sym.dim("b"), "view")])
+    env.bind([torch.zeros(6, 5), torch.zeros(2, 5)])
+    assert env.dims == {"r": 6, "b": 2}
+    with pytest.raises(ValueError, match="view: size r = 7 is not a multiple of b = 2"):
+        env.bind([torch.zeros(7, 5), torch.zeros(2, 5)])

@@ -113,6 +113,11 @@ def _need(x: Any, what: str) -> Tensor:
 # ----------------------------------------------------------------------------- elementwise
 def _binary(fn: Callable[..., Tensor]) -> Converter:
     def conv(cx: Ctx, a: Any, b: Any, **kw: Any) -> Tensor:
+        if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+            # two sizes (a SymInt divided by a window, kept as an ATen call): a 0-d size first
+            if not isinstance(a, (int, sym.Expr)) or isinstance(a, bool):
+                raise Unsupported(f"an operand must be a tensor, got {type(a).__name__}")
+            a = F.full(cx.g, (), a, dtype=dt.i64)
         if not isinstance(a, Tensor):  # aten.pow.Scalar, rsub: a scalar first argument
             a = _need(b, "an operand")._lift(a)  # a 0-d constant, PyTorch's scalar promotion
         return fn(a, b, **kw)
@@ -491,7 +496,31 @@ def _cdist(cx: Ctx, x1: Tensor, x2: Tensor, p: float, compute_mode: Any = None) 
     aten.unflatten.int, aten.view_as.default)  # fmt: skip
 def _reshape(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
     # the fake value holds the resolved shape (no -1, symbolic sizes simplified by torch)
-    return x.reshape(cx.shape())
+    shape = cx.shape()
+    try:
+        return x.reshape(shape)
+    except ValueError:
+        quotients = [e for e in shape if isinstance(e, sym.Expr) and e.kind == sym.DIV]
+        if not quotients:
+            raise
+    # a view to (b, a // b, ...) of a tensor of a elements per row (a batch split off rows
+    # that hold batch x heads): as many elements only where b divides a, which eager's view
+    # requires and each call checks (Dims.divides); the elements are then the same, in order
+    n: sym.sint = 1
+    for e in shape:
+        n = sym.mul(n, e)
+    # the same count wherever each dividend is a multiple of its divisor: write it so
+    exact: dict[str, sym.sint] = {}
+    for k, q in enumerate(quotients):
+        a, b = q.args[0], q.args[1]
+        if not (a.kind == sym.VAR and a.name not in exact):
+            raise ValueError(f"reshape: cannot view {tuple(x.shape)} as {tuple(shape)}")
+        exact[a.name] = sym.mul(b, sym.dim(f"_exact{k}", 1, max(sym.upper_bound(a), 1)))
+    if sym.add(sym.substitute(n, exact), sym.mul(sym.substitute(x.numel(), exact), -1)) != 0:
+        raise ValueError(f"reshape: cannot view {tuple(x.shape)} as {tuple(shape)}")
+    what = f"view to {tuple(shape)}"
+    cx.dims.divides += [(q.args[0], q.args[1], what) for q in quotients]
+    return x.reshape(-1).slice(0, 0, n).reshape(shape)
 
 
 @op(aten.expand.default, aten.expand_as.default)

@@ -91,6 +91,10 @@ class Env:
         self._ints = [(n, i) for n, (i, a) in binders.items() if a is None]
         self._quotients = [(n, m, quotient_name(n, m)) for n, m in self.multiples.items()
                            if n in binders]  # fmt: skip
+        self.divides: list[tuple[sym.sint, sym.sint, str]] = []  # see Dims.divides
+
+    def require(self, divides: Sequence[tuple[sym.sint, sym.sint, str]]) -> None:
+        self.divides += [d for d in divides if d not in self.divides]
 
     def bind(self, args: Sequence[Any]) -> None:
         dims = {name: args[i].shape[axis] for name, i, axis in self._sizes}  # torch.Size: ints
@@ -101,6 +105,10 @@ class Env:
                 raise ValueError(f"size {name} = {dims[name]} is not a multiple of {m}, which "
                                  "the graph's guards promised")  # fmt: skip
             dims[q] = dims[name] // m
+        for a, b, what in self.divides:
+            va, vb = sym.evaluate(a, dims), sym.evaluate(b, dims)
+            if vb == 0 or va % vb:
+                raise ValueError(f"{what}: size {a} = {va} is not a multiple of {b} = {vb}")
         self.dims = dims
 
 
@@ -651,6 +659,7 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
             continue
         if all(o[0] in ("alias", "s", "v") for o in built.outputs) and not built.updated:
             continue  # views of inputs and sizes only: nothing for a plan to compute
+        env.require(built.dims.divides)
         stats.partitions += 1
         stats.in_place += len(built.updated)
         stats.partition_sizes.append(sum(n.op == "call_function" for n in sub.graph.nodes))

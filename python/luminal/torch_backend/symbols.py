@@ -34,6 +34,9 @@ class Dims:
         self.multiples = multiples or {}
         self.dims: dict[str, sint] = {}
         self.guard_bounds: dict[str, tuple[int, int]] | None = None  # read on first use
+        # (a, b, what): the graph is exact only where b divides a (a view to a size a // b);
+        # each call checks it (Env.bind), as eager's view would refuse the sizes otherwise
+        self.divides: list[tuple[sint, sint, str]] = []
 
     def symbol(self, s: sympy.Symbol) -> sint:
         name = s.name
