@@ -471,3 +471,12 @@ def test_a_view_splitting_a_batch_off_rows_converts_and_checks_its_sizes():
     assert env.dims == {"r": 6, "b": 2}
     with pytest.raises(ValueError, match="view: size r = 7 is not a multiple of b = 2"):
         env.bind([torch.zeros(7, 5), torch.zeros(2, 5)])
+
+
+def test_a_floor_division_of_sizes_converts():
+    # torch.div of a SymInt by an int stays an ATen call on two sizes
+    def f(x):
+        return x * torch.div(x.shape[0], 2, rounding_mode="floor")
+
+    _check(f, [dict(x=torch.randn(s, 3)) for s in (4, 7)])
+    assert lt.stats.eager_ops == {}
