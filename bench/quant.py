@@ -34,7 +34,7 @@ threads:
   --keep-type (default q8_0) (``luminal.quant.sensitivity``);
 - with --rotate [KIND], the residual stream of each format's model is first rotated by an
   orthogonal matrix (``luminal.quant.rotate``: the same function in f32), then calibrated and
-  quantized; the f32 reference stays unrotated;
+  quantized; the f32 reference stays unrotated; --rotate-loud R: the channels left alone;
 - with --numpy, only the teacher-forced columns (top-1, KL, ppl), from the calibration
   module's numpy forward of each file's dequantized weights (seconds per format; no compile,
   no speed, no greedy run);
@@ -243,7 +243,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
         ntok += f"-k{a.keep_sensitive:g}{a.keep_type}" if a.keep_sensitive else ""
         tag = f"-{method}{damp}{ntok}-" + hashlib.sha256(calib.encode()).hexdigest()[:8]
     if a.rotate:
-        tag += f"-rot-{a.rotate}"
+        tag += f"-rot-{a.rotate}-l{a.rotate_loud:g}"
     files: dict[str, str] = {}
     for fmt in ("f32", *a.formats):
         path = os.path.join(work, f"smollm2-{fmt}{tag if fmt != 'f32' else ''}.gguf")
@@ -261,7 +261,8 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            calib_act_order=a.calib_act_order,
                            keep_sensitive=a.keep_sensitive if cal else 0.0,
                            keep_type=a.keep_type,
-                           rotate=fmt != "f32" and (a.rotate or False))  # fmt: skip
+                           rotate=fmt != "f32" and (a.rotate or False),
+                           rotate_loud=a.rotate_loud)  # fmt: skip
             log(f"  {time.perf_counter() - t:.1f} s")
         files[fmt] = path
     res: dict[str, Any] = {"model": os.path.basename(src), "tokens": a.tokens,
@@ -276,6 +277,7 @@ def bench(a: argparse.Namespace) -> dict[str, Any]:
                            "keep_type": a.keep_type if a.calibration and a.keep_sensitive
                            else None,
                            "rotate": a.rotate,
+                           "rotate_loud": a.rotate and a.rotate_loud,
                            "formats": {}}  # fmt: skip
     ref_logits: list[np.ndarray] = []
     ref_logp: list[np.ndarray] = []
@@ -351,7 +353,7 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     cal = (f"calibrated on {res['calibration']} ({res.get('calib_method') or 'gptq'})"
            if res.get("calibration") else "round to nearest")  # fmt: skip
     if res.get("rotate"):
-        cal += f", residual stream rotated ({res['rotate']})"
+        cal += f", residual stream rotated ({res['rotate']}, loud {res['rotate_loud']:g})"
     print(f"SmolLM2-135M requantized ({cal}); tok/s on {res['threads']} threads; agreement vs "
           f"f32 over {res['tokens']} teacher-forced tokens")  # fmt: skip
     print(head)
@@ -382,6 +384,7 @@ def report(res: dict[str, Any]) -> dict[str, Any]:
     flat["keep_sensitive"] = res.get("keep_sensitive")
     flat["keep_type"] = res.get("keep_type")
     flat["rotate"] = res.get("rotate")
+    flat["rotate_loud"] = res.get("rotate_loud")
     return flat
 
 
@@ -389,6 +392,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from luminal.quant.calibrate import CALIB_TOKENS, DAMP, METHOD, METHODS
     from luminal.quant.rotate import KIND as ROTATE_KIND
     from luminal.quant.rotate import KINDS as ROTATE_KINDS
+    from luminal.quant.rotate import LOUD as ROTATE_LOUD
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
@@ -425,6 +429,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    metavar="KIND",
                    help="rotate each format's residual stream first (luminal quantize "
                    f"--rotate): {', '.join(ROTATE_KINDS)} (default {ROTATE_KIND})")  # fmt: skip
+    p.add_argument("--rotate-loud", type=float, default=ROTATE_LOUD, metavar="R",
+                   help="with --rotate: channels whose mean square is above R times the median "
+                   f"are not rotated (default {ROTATE_LOUD:g}; 0: all are)")  # fmt: skip
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--act-quant", choices=["f32", "q8"], default="f32",
                    help="q8: also run each format with int8 activations (LUMINAL_ACT_QUANT=q8) "

@@ -41,9 +41,9 @@ def test_orthogonal(kind: str, n: int) -> None:
     assert not np.array_equal(q, rotate.orthogonal(n, kind, seed=4))
     if kind == "hadamard" and rotate.hadamard(n) is not None:  # every entry +-1/sqrt(n)
         np.testing.assert_allclose(np.abs(q), 1 / np.sqrt(n))
-    if kind == "hadamard" and n == 10:  # no order-10 Hadamard built: 2 x 2 blocks
+    if kind == "hadamard" and n == 10:  # no order-10 Hadamard built: blocks of 8 and 2
         assert rotate.hadamard(10) is None
-        assert np.count_nonzero(q) == 20
+        assert np.count_nonzero(q) == 64 + 4
     with pytest.raises(ValueError, match="rotation kind"):
         rotate.orthogonal(n, "givens")
 
@@ -66,7 +66,7 @@ def test_rotation_keeps_the_function(kind: str, tied: bool, heads: bool) -> None
     names = list(arrays)
     new, record = rotate.rotate(model.config, _Arrays(arrays), names, "hadamard", heads=heads)
     assert record == {"kind": "hadamard", "seed": rotate.SEED, "dim": 64, "heads": heads,
-                      "untied_head": tied}  # fmt: skip
+                      "untied_head": tied, "kept": []}  # fmt: skip
     kept = ("q.bias", "k.bias") if heads else ("q.bias", "k.bias", "v.bias")  # reader biases
     same = {"rope_freqs.weight"} | {n for n in names if n.endswith(kept)}
     assert set(new) == {n for n in names if n not in same} | {"output.weight"}
@@ -75,6 +75,27 @@ def test_rotation_keeps_the_function(kind: str, tied: bool, heads: bool) -> None
             np.testing.assert_array_equal(a, 1)
         elif a.ndim == 2 and n in arrays:
             assert np.abs(a - arrays[n]).max() > 0.1 * np.abs(arrays[n]).max(), n
+    want = _logits(arrays, model.config)
+    got = _logits({**arrays, **new}, model.config)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_loud_channels_are_left_alone() -> None:
+    """A residual channel far louder than the rest is found, Q is the identity there, and the
+    model is still the same function."""
+    _, model = _model("llama", False)
+    arrays = dict(model.weights.arrays)
+    arrays["token_embd.weight"] = arrays["token_embd.weight"].copy()
+    arrays["token_embd.weight"][:, 5] *= 100
+    weights = _Arrays(arrays)
+    assert rotate.loud_channels(model.config, weights, IDS) == [5]
+    assert rotate.loud_channels(model.config, weights, IDS, ratio=1e6) == []
+    q = rotate.orthogonal(64, "hadamard", keep=[5, 9])
+    np.testing.assert_allclose(q @ q.T, np.eye(64), atol=1e-12)
+    assert q[5, 5] == q[9, 9] == 1 and np.count_nonzero(q[5]) == np.count_nonzero(q[:, 9]) == 1
+    new, record = rotate.rotate(model.config, weights, list(arrays), keep=[5])
+    assert record["kept"] == [5]
+    np.testing.assert_allclose(new["token_embd.weight"][:, 5], arrays["token_embd.weight"][:, 5])
     want = _logits(arrays, model.config)
     got = _logits({**arrays, **new}, model.config)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
@@ -109,8 +130,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
+@pytest.fixture
+def no_tokenizer(monkeypatch) -> None:
+    """The tiny files have no tokenizer: a text's tokens are given."""
+    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
+
+
 @pytest.mark.parametrize("kind", rotate.KINDS)
-def test_rotated_f32_file_is_the_same_model(tiny, tmp_path, kind: str) -> None:
+def test_rotated_f32_file_is_the_same_model(tiny, tmp_path, no_tokenizer, kind: str) -> None:
     """Through luminal's graph (prompt, then decode steps with the cache) and through
     bench/quant.py --numpy's forward."""
     out = tmp_path / "rot.gguf"
@@ -137,10 +164,9 @@ def test_rotated_f32_file_is_the_same_model(tiny, tmp_path, kind: str) -> None:
         quant.quantize(out, tmp_path / "r.gguf", "int8", rotate=True)
 
 
-def test_rotation_then_calibration(tiny, tmp_path, monkeypatch) -> None:
+def test_rotation_then_calibration(tiny, tmp_path, no_tokenizer) -> None:
     """Calibration and the sensitivity mix run on the rotated model: both records are in the
     file, and the int8 file is close to the original model."""
-    monkeypatch.setattr(calibrate, "text_tokens", lambda f, text, n: IDS[:n])
     out = tmp_path / "c.gguf"
     res = quant.quantize(tiny, out, "int8", calibration="some calibration text", rotate=True,
                          keep_sensitive=0.2)  # fmt: skip
@@ -156,16 +182,19 @@ def test_rotation_then_calibration(tiny, tmp_path, monkeypatch) -> None:
     assert np.linalg.norm(got - ref) < 0.1 * np.linalg.norm(ref)
 
 
-def test_cli_rotate(tiny, tmp_path, capsys) -> None:
+def test_cli_rotate(tiny, tmp_path, capsys, no_tokenizer) -> None:
     from luminal.quant import cli
 
     out = str(tmp_path / "o.gguf")
     assert cli.run([tiny, "-o", out, "--type", "q8_0", "--rotate"]) == 0
     text = capsys.readouterr().out
     assert f"rotated the residual stream ({rotate.KIND}, seed 0, value heads too)" in text
+    assert "0 loud channels left alone: []" in text
     assert "output head untied from the embedding" in text and "+0.0 MiB" in text
-    assert cli.run([tiny, "-o", out, "--type", "q8_0", "--rotate", "random", "--force"]) == 0
-    assert json.loads(GGUFFile(out).get(rotate.ROTATION_KEY))["kind"] == "random"
+    assert cli.run([tiny, "-o", out, "--type", "q8_0", "--rotate", "random", "--force",
+                    "--rotate-loud", "0"]) == 0  # fmt: skip
+    info = json.loads(GGUFFile(out).get(rotate.ROTATION_KEY))
+    assert info["kind"] == "random" and info["loud"] == 0
     with pytest.raises(SystemExit):
         cli.run([tiny, "-o", out, "--type", "q8_0", "--rotate", "givens", "--force"])
     assert "invalid choice: 'givens'" in capsys.readouterr().err
@@ -175,6 +204,10 @@ def test_bad_rotation_input_is_a_clear_error(tiny, tmp_path) -> None:
     out = tmp_path / "o.gguf"
     with pytest.raises(ValueError, match="rotate must be.*hadamard"):
         quant.quantize(tiny, out, "int8", rotate="givens")
+    with pytest.raises(ValueError, match="rotate_loud"):
+        quant.quantize(tiny, out, "int8", rotate=True, rotate_loud=-1)
+    with pytest.raises(ValueError, match="tokenizer"):  # the loud channels need a text's tokens
+        quant.quantize(tiny, out, "int8", rotate=True)
     other = str(tmp_path / "gpt2.gguf")
     w = gguf.GGUFWriter(other, "gpt2")
     w.add_tensor("token_embd.weight", np.ones((8, 4), np.float32))

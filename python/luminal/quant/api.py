@@ -98,7 +98,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
              calib_damp: float = calibrate.DAMP, calib_method: str = calibrate.METHOD,
              calib_act_order: bool = False, calib_importance: bool = True,
              keep_sensitive: float = 0.0, keep_type: str = "q8_0",
-             rotate: bool | str = False) -> QuantizeResult:  # fmt: skip
+             rotate: bool | str = False,
+             rotate_loud: float = rotate.LOUD) -> QuantizeResult:  # fmt: skip
     """Write ``src`` (a GGUF file luminal reads, or a transformers folder of a model type in
     ``hf.ARCHS``, converted first as llama.cpp's converter would) requantized to ``qtype``
     at ``dst``.
@@ -119,7 +120,10 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
     (``sensitivity``; the embedding and head are candidates unless ``embed_type`` is given);
     ``rotate``: True or a kind of ``rotate.KINDS`` (True: ``rotate.KIND``): rotate the residual
     stream of a llama-family model first (``rotate``), the norm weights folded into the linears
-    (a tied head whose final norm weight is not a constant is untied)."""
+    (a tied head whose final norm weight is not a constant is untied); ``rotate_loud``: residual
+    channels whose mean square over the calibration text (the shipped one without
+    ``calibration``) is above this times the median channel's are left out of the rotation
+    (``rotate.loud_channels``; 0: every channel is rotated)."""
     src, dst = os.fspath(src), os.fspath(dst)
     if qtype not in TYPES:
         raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(TYPES)})")
@@ -147,7 +151,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
         if keep_type not in own:
             raise ValueError(f"keep_type {keep_type!r} must be one of {', '.join(own)}")
     keep = (keep_sensitive, keep_type)
-    rot = _rotation_kind(rotate)
+    kind = _rotation_kind(rotate)
+    if not rotate_loud >= 0:
+        raise ValueError(f"rotate_loud must be 0 (rotate every channel) or more, got {rotate_loud}")
     if calibration is not None:
         if _grid_format(qtype) is None:
             able = [t for t in TYPES if _grid_format(t) is not None]
@@ -161,6 +167,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
             raise ValueError(
                 f"calib_method must be one of {', '.join(calibrate.METHODS)}, got {calib_method!r}"
             )
+    rot = None
+    if kind is not None:  # the loud channels are measured on the calibration text
+        rot = _Rotation(kind, rotate_loud, text or calibrate.read_text(calibrate.TEXT))
     t0 = time.perf_counter()
     if not folder:
         res = _quantize(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens,
@@ -188,7 +197,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: st
 def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales: str,
               text: str | None, calib_tokens: int, calib_method: str, calib_damp: float,
               calib_act_order: bool, calib_importance: bool, keep: tuple[float, str],
-              rot: str | None = None, transient: bool = False) -> QuantizeResult:  # fmt: skip
+              rot: _Rotation | None = None, transient: bool = False) -> QuantizeResult:  # fmt: skip
     """``quantize`` of the GGUF file ``src``, its arguments checked; ``transient``: ``src`` is
     deleted after (its parsed header is not cached)."""
     if qtype in _LLAMA_CPP:
@@ -211,6 +220,13 @@ def _quantize(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scal
     opts = calibrate.Options(calib_method, calib_damp, calib_act_order, calib_importance)
     return _write(src, dst, qtype, embed_type, quiet, scales, text, calib_tokens, opts,
                   transient, keep, rot)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Rotation:
+    kind: str
+    loud: float  # rotate.loud_channels' ratio (0: every channel rotated)
+    text: str  # what the loud channels are measured on
 
 
 def _rotation_kind(rotate_: bool | str) -> str | None:
@@ -255,7 +271,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
            text: str | None = None, calib_tokens: int = 0,
            opts: calibrate.Options | None = None, transient: bool = False,
            keep: tuple[float, str] = (0.0, "q8_0"),
-           rot: str | None = None) -> QuantizeResult:  # fmt: skip
+           rot: _Rotation | None = None) -> QuantizeResult:  # fmt: skip
     import gguf
 
     opts = opts or calibrate.Options()
@@ -333,7 +349,7 @@ def _write(src: str, dst: str, qtype: str, embed_type: str, quiet: bool, scales:
 
 
 def _rotate(f: GGUFFile, source: GGUFWeights, names: list[str],
-            kind: str) -> tuple[rotate.Overlay, dict[str, Any]]:  # fmt: skip
+            rot: _Rotation) -> tuple[rotate.Overlay, dict[str, Any]]:  # fmt: skip
     """``source`` with its residual stream rotated (``rotate.rotate``), and the record."""
     from ..models.llama import config_from_gguf
 
@@ -343,7 +359,12 @@ def _rotate(f: GGUFFile, source: GGUFWeights, names: list[str],
         config = config_from_gguf(f)
     except NotImplementedError as e:
         raise ValueError(f"rotate applies to llama-family models: {e}") from None
-    new, record = rotate.rotate(config, source, names, kind)
+    keep: list[int] = []
+    if rot.loud:
+        tokens = calibrate.text_tokens(f, rot.text, rotate.LOUD_TOKENS)
+        keep = rotate.loud_channels(config, source, tokens, rot.loud)
+    new, record = rotate.rotate(config, source, names, rot.kind, keep=keep)
+    record["loud"] = rot.loud
     return rotate.Overlay(source, new), record
 
 

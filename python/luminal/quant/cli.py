@@ -117,6 +117,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"channels for the formats): {' or '.join(api.rotate.KINDS)} "
         f"(default {api.rotate.KIND})",
     )
+    p.add_argument(
+        "--rotate-loud",
+        type=float,
+        default=api.rotate.LOUD,
+        metavar="R",
+        help="with --rotate: leave out of the rotation the residual channels whose mean square "
+        "(over the calibration text, or luminal's shipped one) is above R times the median "
+        f"channel's (default {api.rotate.LOUD:g}; 0: rotate every channel)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -134,7 +143,8 @@ def main(args: argparse.Namespace) -> int:
                        calib_importance=args.calib_importance,
                        keep_sensitive=args.keep_sensitive,
                        keep_type=args.keep_type,
-                       rotate=args.rotate or False)  # fmt: skip
+                       rotate=args.rotate or False,
+                       rotate_loud=args.rotate_loud)  # fmt: skip
     info = api.describe(res)
     if args.json:
         print(json.dumps(info))
@@ -152,7 +162,10 @@ def main(args: argparse.Namespace) -> int:
         if res.rotation is not None:
             r = res.rotation
             heads = ", value heads too" if r["heads"] else ""
-            print(f"  rotated the residual stream ({r['kind']}, seed {r['seed']}{heads})")
+            print(
+                f"  rotated the residual stream ({r['kind']}, seed {r['seed']}{heads}); "
+                f"{len(r['kept'])} loud channels left alone: {r['kept']}"
+            )
             if r["untied_head"]:
                 out = api.GGUFFile(res.path)
                 extra = sum(t.n_bytes for n, t in out.tensors.items()
