@@ -480,3 +480,27 @@ def test_a_floor_division_of_sizes_converts():
 
     _check(f, [dict(x=torch.randn(s, 3)) for s in (4, 7)])
     assert lt.stats.eager_ops == {}
+
+
+def test_as_strided_of_a_view_addresses_the_storage():
+    """Longformer's overlapping chunks: as_strided called on a transposed, reshaped view
+    addresses the storage of the tensor before the transpose."""
+
+    def chunks(q):  # q: (seq, batch x heads, d), seq a multiple of 2w
+        x = q.transpose(0, 1)  # a view, not contiguous
+        x = x.view(x.shape[0], x.shape[1] // 8, 8, x.shape[2])
+        size, stride = list(x.size()), list(x.stride())
+        size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+        return x.as_strided(size=size, stride=stride) * 2
+
+    _check(chunks, [dict(q=torch.randn(16, 4, 4))], dynamic=False)
+    assert lt.stats.eager_ops == {}
+
+
+def test_as_strided_past_its_tensor_stays_in_eager():
+    # a prefix of a larger storage: as_strided reads elements the prefix does not hold
+    def f(x):
+        return x[:4].as_strided((3, 3), (3, 1)) + 1
+
+    _check(f, [dict(x=torch.randn(16))], dynamic=False)
+    assert "aten.as_strided.default" in lt.stats.eager_ops

@@ -81,6 +81,7 @@ class Ctx:
         self.dims = dims
         self.val: Any = None  # node.meta["val"] of the node being converted
         self.node: Any = None  # that FX node (a converter may look at its users)
+        self.values: dict[Any, Any] = {}  # FX node -> its converted value, so far
         # id of the tensor a written graph input is read as -> that 1-D input (see partition)
         self.flat_inputs: dict[int, Tensor] = {}
         # id of a SCATTER node into such an input -> (that input's node, the layout read back)

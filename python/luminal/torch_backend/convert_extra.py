@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import functional as F
 from ..graph import dtypes as dt
@@ -453,12 +454,41 @@ def _unfold(cx: Ctx, x: Tensor, dim: int, size: int, step: int) -> Tensor:
     return out.permute(order)
 
 
+def _owns_storage(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.storage_offset() == 0 and v.is_contiguous()
+
+
+def _storage_base(cx: Ctx, x: Tensor) -> Tensor:
+    """The value whose contiguous layout is the storage ``x`` views: ``x`` itself, or the
+    source of the views (a transpose, then a reshape: Longformer's chunks) that led to it."""
+    node = cx.node.args[0] if cx.node is not None else None
+    if node is None or not isinstance(node.meta.get("val"), torch.Tensor):
+        raise Unsupported("as_strided of a value without a known layout")
+    storage = StorageWeakRef(node.meta["val"].untyped_storage())
+    while not _owns_storage(node.meta.get("val")):
+        up = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
+              and StorageWeakRef(a.meta["val"].untyped_storage()) == storage]  # fmt: skip
+        if len(up) != 1:
+            raise Unsupported("as_strided of a tensor that is not its own contiguous storage, "
+                              "nor a view of one")  # fmt: skip
+        node = up[0]
+    base = cx.values.get(node) if node is not cx.node.args[0] else x
+    if not isinstance(base, Tensor):
+        raise Unsupported("as_strided of a view whose source luminal does not hold")
+    return base
+
+
 @op(aten.as_strided.default, aten.as_strided_copy.default)
 def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any = None) -> Tensor:
-    src = cx.node.args[0].meta.get("val") if cx.node is not None else None
-    if not isinstance(src, torch.Tensor) or src.storage_offset() != 0 or not src.is_contiguous():
-        raise Unsupported("as_strided of a tensor that is not its own contiguous storage")
+    x = _storage_base(cx, x)  # as_strided addresses the storage, not the view it is called on
     off = storage_offset or 0
+    last: Any = off  # the furthest element read: within the storage, or PyTorch reads others'
+    for n, st in zip(size, stride, strict=True):
+        last = sym.add(last, sym.mul(sym.add(n, -1), st))
+    if any(isinstance(n, int) and n == 0 for n in size):
+        last = -1
+    if not sym.prove_lt(last, x.numel()):
+        raise Unsupported(f"as_strided reading up to element {last} of {x.numel()}")
     if (
         tuple(size) == tuple(x.shape)
         and off == 0

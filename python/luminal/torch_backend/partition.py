@@ -163,6 +163,7 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
     dims = Dims(shape_env, multiples)
     cx = Ctx(g, dims)
     env: dict[Node, Any] = {}
+    cx.values = env
     inputs: list[tuple[int, str]] = []
     weights: list[tuple[int, Tensor]] = []
     scalars: list[tuple[int, str]] = []
