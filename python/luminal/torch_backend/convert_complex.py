@@ -26,6 +26,8 @@ import torch
 
 from .. import functional as F
 from ..graph import dtypes as dt
+from ..graph import symbolic as sym
+from ..graph.view import idx_vars
 from ..tensor import Tensor, broadcast_shapes
 from .convert import COMPLEX, PARTS, TABLE, Ctx, complex_op
 from .symbols import Unsupported
@@ -91,19 +93,37 @@ def _trig(rows: int, cols: int, n: int, weights: np.ndarray | None = None
     return c, s
 
 
-def _along(x: Tensor, axis: int, m: np.ndarray, cx: Ctx) -> Tensor:
-    """``x`` (float64) times the constant matrix ``m`` along ``axis``."""
+def _trig_of(cx: Ctx, n: Any, cols: Any) -> tuple[Tensor, Tensor]:
+    """``_trig`` for a symbolic length: cos and sin of 2*pi*((j*k) mod n)/n computed in the
+    graph (n^2 of each per call, for the length called with)."""
+    shape = (n, cols)
+    j, k = idx_vars(shape)
+    turns = F._base.iota(cx.g, shape, sym.mod(sym.mul(j, k), n), dt.i64).cast(dt.f64)
+    theta = turns * (2.0 * np.pi) / _size(cx, n)
+    return F.cos(theta), F.sin(theta)
+
+
+def _size(cx: Ctx, n: Any) -> Tensor:
+    """A size as a 0-d float64 value."""
+    return F._base.iota(cx.g, (), n, dt.i64).cast(dt.f64)
+
+
+def _along(x: Tensor, axis: int, m: np.ndarray | Tensor, cx: Ctx) -> Tensor:
+    """``x`` (float64) times the matrix ``m`` (a constant, or computed) along ``axis``."""
     moved = F.movedim(x, axis, -1)
-    out = moved @ cx.g.tensor(np.ascontiguousarray(m))
+    out = moved @ (m if isinstance(m, Tensor) else cx.g.tensor(np.ascontiguousarray(m)))
     return F.movedim(out, -1, axis)
 
 
-def _dft(cx: Ctx, re: Tensor, im: Tensor | None, axis: int, n_out: int, inverse: bool
+def _dft(cx: Ctx, re: Tensor, im: Tensor | None, axis: int, n_out: Any, inverse: bool
          ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The unnormalized DFT along ``axis`` (length n) of re + i*im, first ``n_out`` bins.
     Forward: sum x[j] e^{-2 pi i jk/n}; inverse: e^{+2 pi i jk/n}."""
-    n = _length(re.shape[axis])
-    c, s = _trig(n, n_out, n)
+    n = re.shape[axis]
+    if isinstance(n, int):
+        c, s = _trig(_length(n), n_out, n)
+    else:
+        c, s = _trig_of(cx, n, n_out)  # type: ignore[assignment]
     sign = 1.0 if inverse else -1.0
     rc, rs = _along(re, axis, c, cx), _along(re, axis, s, cx)
     if im is None:
@@ -113,10 +133,16 @@ def _dft(cx: Ctx, re: Tensor, im: Tensor | None, axis: int, n_out: int, inverse:
     return rc - is_ * sign, ic + rs * sign
 
 
-def _scale(re: Tensor, im: Tensor | None, normalization: int, n: int
+def _scale(re: Tensor, im: Tensor | None, normalization: int, n: Any, cx: Ctx | None = None
            ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     if normalization == _NORM_NONE:
         return re, im
+    if not isinstance(n, int) and cx is not None:
+        if normalization not in (_NORM_ROOT_N, _NORM_N):
+            raise Unsupported(f"FFT normalization {normalization}")
+        size = _size(cx, n)
+        f_t = F.rsqrt(size) if normalization == _NORM_ROOT_N else F.reciprocal(size)
+        return re * f_t, None if im is None else im * f_t
     if normalization == _NORM_ROOT_N:
         f = 1.0 / float(np.sqrt(n))
     elif normalization == _NORM_N:
@@ -140,14 +166,15 @@ def _fft_r2c(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int, oneside
         raise Unsupported("an FFT over no dims")
     re = x.cast(dt.f64)
     last = dims[-1]
-    n_last = _static(re.shape[last], "an FFT")
-    total = n_last
-    re, im = _dft(cx, re, None, last, n_last // 2 + 1 if onesided else n_last, False)
+    n_last = re.shape[last]  # a symbolic length too (a DFT matrix computed per call)
+    total: Any = n_last
+    half = sym.add(sym.floordiv(n_last, 2), 1)
+    re, im = _dft(cx, re, None, last, half if onesided else n_last, False)
     for d in dims[:-1]:
-        n = _static(re.shape[d], "an FFT")
-        total *= n
+        n = re.shape[d]
+        total = sym.mul(total, n)
         re, im = _dft(cx, re, im, d, n, False)
-    re, im_s = _scale(re, im, normalization, total)
+    re, im_s = _scale(re, im, normalization, total, cx)
     assert im_s is not None
     return _out(cx, re, im_s)
 
@@ -157,12 +184,12 @@ def _fft_c2c(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int, forward
     ndim = x.ndim - 1
     dims = [_axis(d, ndim) for d in dim]
     re, im = _parts(x.cast(dt.f64))
-    total = 1
+    total: Any = 1
     for d in dims:
-        n = _static(re.shape[d], "an FFT")
-        total *= n
+        n = re.shape[d]  # a symbolic length too
+        total = sym.mul(total, n)
         re, im = _dft(cx, re, im, d, n, not forward)
-    re, im_s = _scale(re, im, normalization, total)
+    re, im_s = _scale(re, im, normalization, total, cx)
     assert im_s is not None
     return _out(cx, re, im_s)
 
