@@ -253,3 +253,22 @@ def test_llama_cpp_runs_the_rotated_file(tmp_path, kind: str) -> None:
             assert _rel(s.forward(ids), got[-1]) < 0.02
     assert err["f32", True] < 1e-3
     assert err["q8_0", True] < 1.5 * err["q8_0", False]  # (0.010-0.012 both, when written)
+
+
+@pytest.mark.slow
+def test_smollm2_rotated_f32_is_the_same_model(tmp_path) -> None:
+    """SmolLM2: the massive-activation channels are found and left alone, the head is untied
+    (its final norm weight is not a constant), and the rotated f32 file gives the same logits
+    through the bench's numpy forward."""
+    from luminal.models import smollm2_path
+
+    src = smollm2_path()
+    out = tmp_path / "rot.gguf"
+    res = quant.quantize(src, out, "f32", rotate=True)
+    assert res.rotation is not None and res.rotation["untied_head"]
+    assert res.rotation["kept"] == [17, 247, 507]
+    ids = list(range(100, 132))
+    bench = _bench()
+    want, got = (np.stack(bench.numpy_logits(p, ids)) for p in (src, str(out)))
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5 * np.abs(want).max())
+    assert (got.argmax(-1) == want.argmax(-1)).all()
