@@ -5,8 +5,9 @@ Cost constants are round numbers for one core class (they only rank which candid
 measured; measurement decides). The schedule space: reduction splits of 8, 16 and 32 lanes (8
 floats are one AVX2 register, 16 one AVX-512 register, 32 two registers of independent
 partial sums), 8 or 32 output elements per task, both task orders, jams of 2, 4 or 8 rows
-(register blocks), and 2-D blocks of rows x columns of plain products and of products by
-block-quantized weights (``codegen/cpu/jam.py``: those that fit the registers).
+(register blocks), 2-D blocks of rows x columns of plain products and of products by
+block-quantized weights, and blocks of one row by a few columns of products by a weight
+gathered per row (``codegen/cpu/jam.py``: those that fit the registers).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ import numpy as np
 
 from .. import flags
 from ..codegen.cpu import CKernel, render_kernel
-from ..codegen.cpu.jam import BLOCKS, QBLOCKS, block_fits, qblock_fits, vector_registers
+from ..codegen.cpu.jam import (
+    BLOCKS,
+    COLUMNS,
+    QBLOCKS,
+    block_fits,
+    columns_fit,
+    qblock_fits,
+    vector_registers,
+)
 from ..compiler import kernel_ir as K
 from ..compiler.lower import BufferInfo, Lowered
 from ..compiler.schedule import apply
@@ -48,10 +57,22 @@ if TYPE_CHECKING:
 # 3-9x slower than the generated kernel (and timed fully, before the racing cutoff was set)
 COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, reduce_speedup=8.0,
                  launch=5e-6, cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CpuScheduleSpace(ScheduleSpace):
+    """The CPU's schedule space: the shared fields, and ``columns``: blocks of one row by that
+    many columns of products whose weight is gathered by the row (a mixture of experts'),
+    which no row jam or 2-D block applies to (``search/schedules.py::column_blocks``)."""
+
+    columns: tuple[int, ...] = ()
+
+
 _REGS = vector_registers()  # 2-D blocks: those within the registers (codegen/cpu/jam.py)
-SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
-                      blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)),
-                      qblocks=tuple(b for b in QBLOCKS if qblock_fits(*b, _REGS)))  # fmt: skip
+SPACE = CpuScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
+                         blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)),
+                         qblocks=tuple(b for b in QBLOCKS if qblock_fits(*b, _REGS)),
+                         columns=tuple(c for c in COLUMNS if columns_fit(c, _REGS)))  # fmt: skip
 
 
 # rendered kernels kept by content: the search renders a candidate to tell schedules apart,

@@ -90,7 +90,10 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     r0 = rs[0]
     if r0.op is not Op.SUM_REDUCE or r0.dtype is not dt.f32:
         return None
-    if any(isinstance(x, (K.Reduce, K.Gather, K.Masked, K.SoftmaxSum)) for x in K.walk(r0.body)):
+    if any(isinstance(x, (K.Reduce, K.Masked, K.SoftmaxSum)) for x in K.walk(r0.body)):
+        return None
+    if any(isinstance(x, K.Gather) and not _row_gather(x, r0.var.name, em.fv_memo)
+           for x in K.walk(r0.body)):  # fmt: skip
         return None
     restore = em.checkpoint()
     for r in rs:
@@ -104,7 +107,7 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
 
     def step() -> None:
         nonlocal ok
-        vec = _Vec(em, r0.var, ind + "  ")
+        vec = _GatherVec(em, r0.var, ind + "  ")
         try:
             xs = [vec.val(r.body) for r in rs]
         except _Unsupported:
@@ -134,6 +137,48 @@ def _vector_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
     em.block(tail)
     em.lines.append(f"{ind}}}")
     return sums
+
+
+def _row_gather(g: K.Gather, var: str, memo: dict[int, frozenset[str]]) -> bool:
+    """Whether gather ``g`` in the body of a sum over ``var`` picks one row for the whole sum
+    (a mixture of experts' weight, by the row's expert): its row does not use ``var``, and it
+    has a row 0 to read when the row is out of range (``_GatherVec``)."""
+    return (
+        g.dtype is dt.f32
+        and var not in K.free_vars(g.row, memo)
+        and sym.lower_bound(g.rows) >= 1
+        and g.row.dtype.is_int
+    )
+
+
+class _GatherVec(_Vec):
+    """The vector form of a block's sums whose bodies read a gathered operand whose row is
+    the same at every step (``_row_gather``): the row is clamped into range once per step as
+    the scalar emitter's ``_gather_clamped`` does (the same values), the body is read as
+    vectors at that row and zeroed where the row is out of range. So a gathered expert's
+    weight, affine in the columns and the sum given its row, is a unit-stride load."""
+
+    def _val(self, v: K.Value) -> tuple[str, str]:
+        from ..cstyle import cexpr
+
+        if not isinstance(v, K.Gather):
+            return super()._val(v)
+        if not _row_gather(v, self.ri.name, self.em.fv_memo):
+            raise _Unsupported
+        row, kind = self.val(v.row)
+        if kind != "s":
+            raise _Unsupported
+        em, it, at = self.em, self.em.index_type, self.em.tmp()
+        self.lines += [
+            f"{self.ind}const {it} {at}r = ({it})({row});",
+            f"{self.ind}const uint32_t {at}m = 0u - (uint32_t)({at}r >= 0 && {at}r < {cexpr(v.rows)});",
+            f"{self.ind}const {it} g{at} = {at}m ? {at}r : 0;",
+        ]
+        ub = max(sym.upper_bound(v.rows) - 1, 0)
+        body = K.substitute(v.body, {v.var.name: sym.var(f"_g{at}", 0, ub, v.rows)})
+        em.made.append(body)
+        x = self._vector(self.val(body), "f")
+        return f"(lm_f32v)((lm_u32v)({x}) & {at}m)", "f"
 
 
 def _split_sums(em: Emitter, rs: list[K.Reduce], ind: str) -> list[str] | None:
@@ -224,6 +269,23 @@ def block_fits(rows: int, cols: int, registers: int) -> bool:
     operand no other element shares. Set by GCC 12's AVX2 code (16 registers): 4 x 2, 2 x 4
     and 3 x 3 (16) ran without spills, 4 x 3 (20) spilled three accumulators every step."""
     return rows * cols + rows + cols + 1 <= registers
+
+
+# Blocks of one row by C columns the search measures for products whose weight is gathered
+# by the row (a mixture of experts' weights, by each token's expert: no two rows share a
+# weight load, so no row jam or 2-D block applies; ``search/schedules.py::column_blocks``),
+# where they fit (``columns_fit``). Set by the expert products of Mixtral's tiny config
+# (x (rows, 128) by experts (4, 512, 128), x (rows, 256) by (4, 128, 256); 64 and 256 rows;
+# 1 thread, CPU time, AVX-512, interleaved rounds; ``docs/cpu-kernels.md``): 1 x 2 and 1 x 4
+# ran 1.23-1.41x faster than one dot per column, 1 x 8 1.22-1.28x; in task order 1 1.25-1.54,
+# 1.36-1.65 and 1.26-1.56x (1 x 4 fastest at all four; 2 and 8 within 0.15x of it).
+COLUMNS = (2, 4, 8)
+
+
+def columns_fit(cols: int, registers: int) -> bool:
+    """A block of one row by ``cols`` columns holds an accumulator and a loaded weight
+    vector per column, the row's vector and the gathered row's mask."""
+    return 2 * cols + 2 <= registers
 
 
 # 2-D blocks (rows, columns) the search measures for products by block-quantized weights

@@ -15,9 +15,13 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 
 from ... import flags
+from ...graph import dtypes as dt
+from ...graph import symbolic as sym
+from ...graph.ops import Op
 from .. import kernel_ir as K
 from ..lower import Lowered
-from ..schedule import alternatives, apply
+from ..schedule import alternatives, apply, jam2_applies, top_reduces
+from ..target import ScheduleSpace
 from .cost import applied, estimate
 from .select import Step, representative_dims, subprogram
 from .tuner import Candidate, Tuner, spread, sub_fingerprint
@@ -110,6 +114,7 @@ def _candidates(
     scheds = alternatives(kern, tuner.space)
     if not scheds:
         return None
+    scheds += column_blocks(kern, tuner.space)
     unsplit = replace(kern, schedule=K.Schedule(split=0, jam=0))
     if kern.when is not None:  # runs for a part of the range: measured within it
         dims = representative_dims(reference)
@@ -155,6 +160,49 @@ def _candidates(
     # not reached: never measured, listed for the record
     kept += sorted((cands[j] for j in pool), key=lambda c: c.cost)
     return Decision(dims, reference, kept)
+
+
+def column_blocks(k: K.Kernel, space: ScheduleSpace) -> list[K.Schedule]:
+    """Blocks of one row by C columns (``jam2=C``, C in the target's ``columns``, both task
+    orders) for a product whose weight is gathered by the row: each element's sums are plain
+    f32 sums along the innermost output dim whose bodies read a ``K.Gather`` whose row uses
+    neither the summed variable nor the column (a mixture of experts' weight, by each row's
+    expert), every load that moves with the sum unit-stride in it. No two rows share a
+    weight load there, so the row jams and 2-D blocks of ``schedule.alternatives`` do not
+    apply, but C columns of a row share its row's load and sum in C accumulators (as the
+    target's renderer does it). ``columns`` is a field of the target's space where it has
+    such blocks (none: no candidates). [] for any other kernel."""
+    cols = getattr(space, "columns", ())
+    n = len(k.shape)
+    if not cols or n == 0 or k.scatter_row is not None or not jam2_applies(k):
+        return []
+    col = f"_i{n - 1}"
+    memo: dict[int, frozenset[str]] = {}
+    tops = [r for r in top_reduces(k.value) if col in K.free_vars(r, memo)]
+    if not tops:
+        return []
+    for r in tops:
+        if r.op is not Op.SUM_REDUCE or r.dtype is not dt.f32:
+            return []
+        inner = list(K.walk(r.body))
+        if any(isinstance(x, (K.Reduce, K.Masked, K.SoftmaxSum)) for x in inner):
+            return []
+        gathers = [x for x in inner if isinstance(x, K.Gather)]
+        if not gathers or any(
+            x.dtype is not dt.f32
+            or not x.row.dtype.is_int
+            or sym.lower_bound(x.rows) < 1
+            or {r.var.name, col} & K.free_vars(x.row, memo)
+            for x in gathers
+        ):
+            return []
+        for x in inner:
+            if isinstance(x, K.Load) and isinstance(x.index, sym.Expr) and r.var in x.index.vars():
+                step = sym.add(sym.substitute(x.index, {r.var.name: sym.add(r.var, 1)}),
+                               sym.mul(x.index, -1))  # fmt: skip
+                if step != 1:
+                    return []
+    return [K.Schedule(-1, 0, o, 0, 0, c) for c in cols for o in space.orders]
 
 
 def _group(k: K.Kernel) -> tuple[Hashable, ...]:
