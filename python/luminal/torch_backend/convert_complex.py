@@ -12,8 +12,11 @@ ops torch's FFTs and complex casts lower to: ``_fft_r2c`` / ``_fft_c2c`` / ``_ff
 ``complex``, ``polar`` and ``view_as_real``. Anything else on a complex value stays in eager.
 
 A transform along an axis of static length ``n`` is a product with cos / sin matrices of
-``2*pi*(j*k mod n)/n`` computed in float64 by numpy, run in float64 (pocketfft's float32
-result and this one agree to about 1e-6 of the largest magnitude).
+``2*pi*(j*k mod n)/n``, the angles in float64, the matrices and products in the precision of
+the complex value: float32 for complex64 (and complex32), so the products are the target's
+f32 GEMMs; float64 for complex128. An f32 product is within 3e-7 (n 128) to 5e-7 (n 4096)
+of the largest magnitude of the float64 transform, where pocketfft's float32 FFT is within
+1-2e-7 (numpy, random normal rows).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ aten = torch.ops.aten
 
 # PyTorch's fft_norm_mode: 0 none, 1 by 1/sqrt(n), 2 by 1/n
 _NORM_NONE, _NORM_ROOT_N, _NORM_N = 0, 1, 2
-# The longest transform done as a matrix product: its cos and sin matrices are n x n float64
-# constants (128 MiB each at 4096); longer ones stay in eager PyTorch's FFT.
+# The longest transform done as a matrix product: its cos and sin matrices are n x n
+# constants (64 MiB each in f32 at 4096); longer ones stay in eager PyTorch's FFT.
 MAX_DFT = 4096
 
 
@@ -80,6 +83,12 @@ def _axis(d: int, ndim: int) -> int:
 
 
 # ----------------------------------------------------------------------------- DFT
+def _work(val: Any) -> dt.DType:
+    """The dtype a transform's products run in: float64 for a complex128 (or float64) value,
+    float32 otherwise."""
+    return dt.f64 if val.dtype in (torch.complex128, torch.float64) else dt.f32
+
+
 def _trig(rows: int, cols: int, n: int, weights: np.ndarray | None = None
           ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """cos and sin of 2*pi*j*k/n for j < rows, k < cols (the product reduced mod n first,
@@ -93,14 +102,14 @@ def _trig(rows: int, cols: int, n: int, weights: np.ndarray | None = None
     return c, s
 
 
-def _trig_of(cx: Ctx, n: Any, cols: Any) -> tuple[Tensor, Tensor]:
+def _trig_of(cx: Ctx, n: Any, cols: Any, work: dt.DType) -> tuple[Tensor, Tensor]:
     """``_trig`` for a symbolic length: cos and sin of 2*pi*((j*k) mod n)/n computed in the
-    graph (n^2 of each per call, for the length called with)."""
+    graph (n^2 of each per call, for the length called with), angles in float64."""
     shape = (n, cols)
     j, k = idx_vars(shape)
     turns = F._base.iota(cx.g, shape, sym.mod(sym.mul(j, k), n), dt.i64).cast(dt.f64)
     theta = turns * (2.0 * np.pi) / _size(cx, n)
-    return F.cos(theta), F.sin(theta)
+    return F.cos(theta).cast(work), F.sin(theta).cast(work)
 
 
 def _size(cx: Ctx, n: Any) -> Tensor:
@@ -109,9 +118,11 @@ def _size(cx: Ctx, n: Any) -> Tensor:
 
 
 def _along(x: Tensor, axis: int, m: np.ndarray | Tensor, cx: Ctx) -> Tensor:
-    """``x`` (float64) times the matrix ``m`` (a constant, or computed) along ``axis``."""
+    """``x`` times the matrix ``m`` (a constant, or computed) along ``axis``, in x's dtype."""
     moved = F.movedim(x, axis, -1)
-    out = moved @ (m if isinstance(m, Tensor) else cx.g.tensor(np.ascontiguousarray(m)))
+    if not isinstance(m, Tensor):
+        m = cx.g.tensor(np.ascontiguousarray(m, dtype=x.dtype.np_type))
+    out = moved @ m
     return F.movedim(out, -1, axis)
 
 
@@ -123,7 +134,7 @@ def _dft(cx: Ctx, re: Tensor, im: Tensor | None, axis: int, n_out: Any, inverse:
     if isinstance(n, int):
         c, s = _trig(_length(n), n_out, n)
     else:
-        c, s = _trig_of(cx, n, n_out)  # type: ignore[assignment]
+        c, s = _trig_of(cx, n, n_out, re.dtype)  # type: ignore[assignment]
     sign = 1.0 if inverse else -1.0
     rc, rs = _along(re, axis, c, cx), _along(re, axis, s, cx)
     if im is None:
@@ -164,7 +175,7 @@ def _fft_r2c(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int, oneside
     dims = [_axis(d, x.ndim) for d in dim]
     if not dims:
         raise Unsupported("an FFT over no dims")
-    re = x.cast(dt.f64)
+    re = x.cast(_work(cx.val))
     last = dims[-1]
     n_last = re.shape[last]  # a symbolic length too (a DFT matrix computed per call)
     total: Any = n_last
@@ -183,7 +194,7 @@ def _fft_r2c(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int, oneside
 def _fft_c2c(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int, forward: bool) -> Tensor:
     ndim = x.ndim - 1
     dims = [_axis(d, ndim) for d in dim]
-    re, im = _parts(x.cast(dt.f64))
+    re, im = _parts(x.cast(_work(cx.val)))
     total: Any = 1
     for d in dims:
         n = re.shape[d]  # a symbolic length too
@@ -205,7 +216,7 @@ def _fft_c2r(cx: Ctx, x: Tensor, dim: Sequence[int], normalization: int,
     if not dims:
         raise Unsupported("an FFT over no dims")
     n = _length(last_dim_size)
-    re, im = _parts(x.cast(dt.f64))
+    re, im = _parts(x.cast(_work(cx.val)))
     total = n
     for d in dims[:-1]:
         m = _static(re.shape[d], "an FFT")
