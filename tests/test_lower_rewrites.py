@@ -274,3 +274,29 @@ def test_row_statistics_are_not_recomputed_inside_a_convolution_copy():
     ty = torch.nn.functional.layer_norm(tx, (64,), t["w"], t["b"], 1e-6).permute(0, 3, 1, 2)
     want = torch.nn.functional.conv2d(ty, t["cw"], stride=2)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_an_activation_summed_along_a_non_last_axis_is_stored_not_recomputed():
+    """Rows gathered by an index (a mixture of experts' tokens, each by its expert's matrix)
+    times an activation broadcast along the output columns, summed along the middle axis:
+    the sum's loop is innermost, so an inlined SiLU would be computed again for each of the
+    40 columns. It is stored by a kernel of its own and the product reads it."""
+    g = lm.Graph("gathered_rows")
+    rows = lm.dim("rows", 1, 64)
+    h, w = g.input("h", (rows, 24)), g.input("w", (3, 24, 40))
+    e = g.input("e", (rows,), lm.i64)
+    act = F.silu(h)  # (rows, 24)
+    ws = F.index_select(w, 0, e)  # (rows, 24, 40)
+    g.output("y", (act.unsqueeze(-1) * ws).sum_reduce(1))
+    low = lower(g)
+    sums = [k for k in low.kernels if isinstance(k, K.Kernel)
+            and any(isinstance(v, K.Reduce) for v in K.walk(k.value))]  # fmt: skip
+    assert sums
+    for k in sums:
+        assert not any(isinstance(v, K.Alu) and v.op is lm.Op.EXP2 for v in K.walk(k.value))
+    hv, wv = rand(13, 24), rand(3, 24, 40)
+    ev = np.random.default_rng(1).integers(0, 3, 13)
+    got = lm.compile(g).run({"h": hv, "w": wv, "e": ev})["y"]
+    act_v = hv / (1 + np.exp(-hv))
+    want = np.einsum("rk,rkn->rn", act_v, wv[ev])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

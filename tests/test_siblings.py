@@ -87,18 +87,52 @@ def test_what_is_not_merged() -> None:
     assert merge_sibling_products(g) is g
 
 
-def _swiglu_down() -> tuple[lm.Graph, np.ndarray, np.ndarray]:
-    """silu(gate) * up read from two slices of one product, then projected."""
+def test_merged_products_chained_and_of_two_weights() -> None:
+    """A pair's merged result is the next pair's shared operand (a 2-d DFT: cos and sin
+    products along one axis, then along the other), and a pair whose shared operand is a
+    weight too (a constant transformed): each operand is read from the new graph."""
+    seq = lm.dim("seq", 1, 8)
+    g = lm.Graph("chained")
+    x = g.input("x", (seq, D))
+    c, s, c2, s2 = (g.weight(n, data=_w(D, D)) for n in ("c", "s", "c2", "s2"))
+    a, b = F.linear(x, c), F.linear(x, s)
+    g.output("y", F.linear(a, c2) - F.linear(b, s2) + F.linear(a, s2))
+    k = g.weight("k", data=_w(3, D))
+    g.output("z", F.linear(k, c2) * F.linear(k, s2))
+    merged = merge_sibling_products(g)
+    assert _sums(g) - _sums(merged) == 3
+    xv = RNG.standard_normal((5, D)).astype(np.float32)
+    ws = {n: g.weights[n] for n in ("c", "s", "c2", "s2", "k")}
+    av, bv = xv @ ws["c"].T, xv @ ws["s"].T
+    ref = {"y": av @ ws["c2"].T - bv @ ws["s2"].T + av @ ws["s2"].T,
+           "z": (ws["k"] @ ws["c2"].T) * (ws["k"] @ ws["s2"].T)}  # fmt: skip
+    for name, got in merged.run({"x": xv}).items():
+        np.testing.assert_allclose(got, ref[name], rtol=1e-5, atol=1e-5)
+
+
+def _glu_down(silu: bool) -> tuple[lm.Graph, np.ndarray, np.ndarray]:
+    """act(gate) * up read from two slices of one product, then projected (act: SiLU, or
+    none for a cheap operand)."""
     seq = lm.dim("seq", 1, 32)
     g = lm.Graph("swiglu")
     h = g.input("h", (seq, 2 * FF))
     wd = _w(D, FF)
-    g.output("y", F.linear(F.silu(h[:, :FF]) * h[:, FF:], g.input("wd", (D, FF))))
+    gate = F.silu(h[:, :FF]) if silu else h[:, :FF]
+    g.output("y", F.linear(gate * h[:, FF:], g.input("wd", (D, FF))))
     return g, wd, RNG.standard_normal((11, 2 * FF)).astype(np.float32)
 
 
+def _glu_reference(h: np.ndarray, wd: np.ndarray, silu: bool) -> np.ndarray:
+    gate, up = h[:, :FF], h[:, FF:]
+    if silu:
+        gate = gate / (1 + np.exp(-gate))
+    return (gate * up) @ wd.T
+
+
 def test_elementwise_operand_is_computed_into_scratch_then_gemm(tmp_path, monkeypatch) -> None:
-    g, wd, h = _swiglu_down()
+    """A cheap operand (gate * up, read once per output column: 24 times) stays inlined in
+    the product; the gemm search's copy alternative computes it into scratch."""
+    g, wd, h = _glu_down(silu=False)
     low = lower(g)
     (kern,) = [k for k in low.kernels if isinstance(k, K.Kernel)]
     assert match_gemm(kern, len(low.buffers)) is None  # the operand is not a load
@@ -114,9 +148,23 @@ def test_elementwise_operand_is_computed_into_scratch_then_gemm(tmp_path, monkey
     from luminal.compile import build_plan
 
     ex = lm.load(build_plan(forced, g.name).to_bytes())
-    gate, up = h[:, :FF], h[:, FF:]
-    ref = (gate / (1 + np.exp(-gate)) * up) @ wd.T
+    ref = _glu_reference(h, wd, silu=False)
     np.testing.assert_allclose(ex.run({"h": h, "wd": wd})["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_transcendental_operand_is_stored_and_the_product_is_a_gemm() -> None:
+    """silu(gate) * up would be computed again for every output column inside the product's
+    loop: it is stored by a kernel of its own, and the product reads it as a plain GEMM."""
+    g, wd, h = _glu_down(silu=True)
+    low = lower(g)
+    kernels = [k for k in low.kernels if isinstance(k, K.Kernel)]
+    assert len(kernels) == 2
+    act, prod = kernels
+    assert any(isinstance(x, K.Alu) and x.op is Op.EXP2 for x in K.walk(act.value))
+    assert match_gemm(prod, len(low.buffers)) is not None
+    ref = _glu_reference(h, wd, silu=True)
+    got = lm.compile(g).run({"h": h, "wd": wd})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_padded_operand_is_computed_with_its_zeros(tmp_path, monkeypatch) -> None:

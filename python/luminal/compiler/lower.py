@@ -106,6 +106,9 @@ class _Lowerer:
             self.forced |= self._score_chain(m)
         # narrow floats stored in their own type, widened where read (_narrow_source)
         self.narrow: set[int] = set()
+        # values a consumer would read many times per element (_recomputes): stored even when
+        # small enough to recompute in each consumer kernel (materialized)
+        self.reread: set[int] = set()
         self.inline = self._plan_fusion()
         self._reads: dict[tuple[int, View], K.Value] = {}
         self._subst_memo: dict[tuple, dict[int, object]] = {}
@@ -182,8 +185,9 @@ class _Lowerer:
                 # through different views would each recompute it, exponentially in a chain)
                 views = {v for c in cons for s, v in c.srcs if s is n}
                 ok = len(r) == 1 and len({read_at(v, n.shape) for v in views}) == 1
-                if ok and any(self._recomputes(n, c, costly) for c in cons):
+                if ok and any(self._recomputes(n, c, costly, looped, inline) for c in cons):
                     ok = False
+                    self.reread.add(n.id)
                 if ok and len(cons) > 1:
                     # keep index math simple: div/mod views compose into large expressions
                     vw = next(iter(views))
@@ -280,22 +284,40 @@ class _Lowerer:
                 )
         return out
 
-    def _recomputes(self, n: Node, c: Node, costly: dict[int, tuple[bool, int]]) -> bool:
+    def _recomputes(
+        self,
+        n: Node,
+        c: Node,
+        costly: dict[int, tuple[bool, int]],
+        looped: dict[int, frozenset[int]],
+        inline: set[int],
+    ) -> bool:
         """Whether inlining ``n`` into consumer ``c`` recomputes it many times: ``c`` reads
         each element of ``n`` for several values of an index that codegen cannot hoist ``n``
-        out of (the innermost loop it can). Transcendental chains are stored when read twice;
-        other chains when read 64 times (the normalized activation feeding a GEMV row loop)."""
+        out of (the innermost loop it can: a reduction's own axis; for an elementwise ``c``
+        inside a reduction's loop, the axis that loop runs along, else ``c``'s last axis).
+        Transcendental chains are stored when read twice; other chains when read 64 times
+        (the normalized activation feeding a GEMV row loop)."""
         trans, ops = costly.get(n.id, (False, 0))
         if not trans and ops == 0:
             return False
+        inner = looped.get(c.id, frozenset()) if c.id in inline else frozenset()
         for s, v in c.srcs:
             if s is not n:
                 continue
             used = {x.name for x in v.index.vars()} if isinstance(v.index, sym.Expr) else set()
-            hoisted = c.arg if c.op in REDUCE else len(v.shape) - 1
+            if c.op in REDUCE:
+                hoisted = {c.arg}
+            elif inner and _VARIES not in inner:
+                # a product's operand broadcast along its output columns ([K, N] weights:
+                # x @ W), summed along K: the sum's loop is innermost and every column
+                # computes the operand again
+                hoisted = set(inner)
+            else:
+                hoisted = {len(v.shape) - 1}
             factor = 1
             for k, ext in enumerate(v.shape):
-                if k != hoisted and f"_i{k}" not in used:
+                if k not in hoisted and f"_i{k}" not in used:
                     factor *= max(sym.lower_bound(ext), 1)
             if factor >= (2 if trans else RECOMPUTE_READS):
                 return True
@@ -304,7 +326,7 @@ class _Lowerer:
     def materialized(self, n: Node) -> bool:
         if n.id in self.inline:
             return False
-        if n.id in self.store or n.id in self.narrow:
+        if n.id in self.store or n.id in self.narrow or n.id in self.reread:
             return True
         if _is_copy(n):
             return True

@@ -11,7 +11,8 @@ does not vary along the weight's row axis; each weight is an f32 weight with dat
 row-major as ``W[n, k]`` (n the product's row axis, k the summed one) whatever its shape.
 
 A node that reads two slices of the merged product (silu(gate) * up) cannot be a library
-call's epilogue; lowering fuses it into the next product as its operand, and the gemm
+call's epilogue. Lowering stores it when the next product would compute it again per output
+column (a SiLU's exp); a cheap one is fused into that product as its operand, and the gemm
 search's copy alternative (``search/gemm.py::match_gemm_copy``) computes it into a scratch
 buffer before that product's GEMM. ``LUMINAL_SIBLINGS=0`` skips the pass.
 """
@@ -86,8 +87,12 @@ def merge_sibling_products(graph: G) -> G:
     stacked_of: dict[int, tuple[Node, int]] = {}  # sum id -> (merged sum, row offset)
     pending = {r.id: key for key, rs in groups.items() for r in rs}
     merged_muls = {r.srcs[0][0].id for r in (x for rs in groups.values() for x in rs)}
+    # the operands of merged products: stacked weights, and the shared ones (kept as they are)
+    stacked = {r.srcs[0][0].srcs[k[-1]][0].id for k, rs in groups.items() for r in rs}
+    shared = {r.srcs[0][0].srcs[1 - k[-1]][0].id for k, rs in groups.items() for r in rs}
     for name, n in graph.inputs.items():
-        if n.arg[1] and users[n.id] and all(u.id in merged_muls for u in users[n.id]):
+        if n.id in stacked and n.id not in shared and all(u.id in merged_muls
+                                                          for u in users[n.id]):  # fmt: skip
             continue  # a weight read only by merged products: its rows are in the stack
         new[n.id] = g.add_input(name, n.shape, n.dtype, weight=n.arg[1])
         if name in graph.weights:
@@ -138,7 +143,9 @@ def _merge(
     iv = idx_vars(shape)
     wv = View(tuple(shape), sym.add(sym.mul(iv[p], int(data.shape[1])), iv[a]))
     xs = View(tuple(shape), vx.index, vx.valid)  # does not name the row axis (checked)
-    srcs = [(new[x.id], xs), (leaf, wv)]
+    # the shared operand may itself be a merged sum (a DFT's cos and sin products feeding the
+    # next axis's pair): read through its slice of the stack
+    srcs = [_read(x, xs, new, stacked_of), (leaf, wv)]
     if w_pos == 0:
         srcs.reverse()
     mul = g.add_op(Op.MUL, srcs)
