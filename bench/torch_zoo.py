@@ -98,7 +98,19 @@ def zoo() -> dict[str, Make]:
                                  depths=[1, 1, 1, 1], decoder_hidden_size=64)  # fmt: skip
         return tf.SegformerModel(cfg).eval(), _image
 
+    def mixtral():  # a mixture of experts: top-2 routing by a sort of expert ids
+        cfg = tf.MixtralConfig(vocab_size=1000, hidden_size=128, intermediate_size=256,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               num_local_experts=4, num_experts_per_tok=2, **sdpa)  # fmt: skip
+        model = tf.MixtralForCausalLM(cfg).eval()
+        return model, lambda b, s: dict(_ids(b, s), use_cache=False)
+
+    def fnet():  # token mixing by a 2-d FFT over the sequence and hidden axes
+        cfg = tf.FNetConfig(hidden_size=128, num_hidden_layers=2, intermediate_size=512,
+                            vocab_size=1000, max_position_embeddings=128)  # fmt: skip
+        return tf.FNetModel(cfg).eval(), _ids
+
     return {"vit": vit, "resnet": resnet, "convnext": convnext, "mobilenetv2": mobilenetv2,
             "swin": swin, "clip": clip, "t5": t5, "distilbert": distilbert,
             "whisper": whisper, "deberta": deberta, "mamba": mamba, "wav2vec2": wav2vec2,
-            "segformer": segformer}  # fmt: skip
+            "segformer": segformer, "mixtral": mixtral, "fnet": fnet}  # fmt: skip
