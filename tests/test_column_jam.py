@@ -72,8 +72,9 @@ def _run(
 
 def test_a_gathered_product_is_offered_column_blocks() -> None:
     _, kern = _kernel(_gathered())
-    # no row jam or 2-D block applies: the weight differs per row
-    assert not [s for s in S.alternatives(kern, SPACE) if s.jam2 > 1]
+    # no row jam or 2-D block applies: the weight differs per row, so rows share no work
+    assert S.shared_work(kern, 0) == 0
+    assert not [s for s in S.alternatives(kern, SPACE) if s.jam > 1 or s.jam2 > 1]
     assert SPACE.columns
     got = {(s.jam, s.jam2, s.order) for s in column_blocks(kern, SPACE)}
     assert got == {(0, c, o) for c in SPACE.columns for o in SPACE.orders}

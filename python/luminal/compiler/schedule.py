@@ -363,11 +363,18 @@ def shared_work(k: K.Kernel, dim: int) -> int:
     n = 0
     for r in _jam_reduces(k, dim):
         loop = {x.var.name for x in K.walk(r) if isinstance(x, K.Reduce)}
+        # a gather's variable stands for its row: where the row depends on the dim, so does
+        # what the body reads through it (a weight gathered by each row's expert is no load
+        # the rows of a block share)
+        per_dim = {name}
+        for x in K.walk(r.body):
+            if isinstance(x, K.Gather) and K.free_vars(x.row, memo) & per_dim:
+                per_dim.add(x.var.name)
         for x in K.walk(r.body):
             if isinstance(x, (K.Const, K.IndexVal, K.Reduce)):
                 continue
             fv = K.free_vars(x, memo)
-            if fv & loop and name not in fv:
+            if fv & loop and not fv & per_dim:
                 n += 1
     return n
 

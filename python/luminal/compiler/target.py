@@ -45,7 +45,10 @@ class ScheduleSpace:
     blocks: (rows, columns) of elements one loop of plain sums computes together, jammed over
     an outer dim and the innermost one (``K.Schedule.jam`` x ``jam2``), each within what the
     target's registers hold; qblocks: the same for split sums (products by block-quantized
-    weights), whose dequantization temporaries take registers of their own."""
+    weights), whose dequantization temporaries take registers of their own; columns: blocks
+    of one row by that many columns of products whose weight is gathered by the row (a
+    mixture of experts'), which no row jam or 2-D block applies to
+    (``search/schedules.py::column_blocks``)."""
 
     splits: tuple[int, ...] = (8, 16, 32)
     chunks: tuple[int, ...] = (8, 32)
@@ -53,6 +56,7 @@ class ScheduleSpace:
     jams: tuple[int, ...] = ()
     blocks: tuple[tuple[int, int], ...] = ()
     qblocks: tuple[tuple[int, int], ...] = ()
+    columns: tuple[int, ...] = ()
 
 
 class Target(Protocol):

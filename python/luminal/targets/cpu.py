@@ -59,20 +59,11 @@ COST = CostModel(bandwidth=10e9, ops=10e9, library_speedup=8.0, reduce_speedup=8
                  launch=5e-6, cache_bytes=1 << 20, cache_bandwidth=40e9)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class CpuScheduleSpace(ScheduleSpace):
-    """The CPU's schedule space: the shared fields, and ``columns``: blocks of one row by that
-    many columns of products whose weight is gathered by the row (a mixture of experts'),
-    which no row jam or 2-D block applies to (``search/schedules.py::column_blocks``)."""
-
-    columns: tuple[int, ...] = ()
-
-
 _REGS = vector_registers()  # 2-D blocks: those within the registers (codegen/cpu/jam.py)
-SPACE = CpuScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
-                         blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)),
-                         qblocks=tuple(b for b in QBLOCKS if qblock_fits(*b, _REGS)),
-                         columns=tuple(c for c in COLUMNS if columns_fit(c, _REGS)))  # fmt: skip
+SPACE = ScheduleSpace(splits=(8, 16, 32), chunks=(8, 32), orders=(0, 1), jams=(2, 4, 8),
+                      blocks=tuple(b for b in BLOCKS if block_fits(*b, _REGS)),
+                      qblocks=tuple(b for b in QBLOCKS if qblock_fits(*b, _REGS)),
+                      columns=tuple(c for c in COLUMNS if columns_fit(c, _REGS)))  # fmt: skip
 
 
 # rendered kernels kept by content: the search renders a candidate to tell schedules apart,

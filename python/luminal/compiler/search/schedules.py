@@ -170,9 +170,9 @@ def column_blocks(k: K.Kernel, space: ScheduleSpace) -> list[K.Schedule]:
     expert), every load that moves with the sum unit-stride in it. No two rows share a
     weight load there, so the row jams and 2-D blocks of ``schedule.alternatives`` do not
     apply, but C columns of a row share its row's load and sum in C accumulators (as the
-    target's renderer does it). ``columns`` is a field of the target's space where it has
-    such blocks (none: no candidates). [] for any other kernel."""
-    cols = getattr(space, "columns", ())
+    target's renderer does it); none where the target's space lists no ``columns``. [] for
+    any other kernel."""
+    cols = space.columns
     n = len(k.shape)
     if not cols or n == 0 or k.scatter_row is not None or not jam2_applies(k):
         return []
