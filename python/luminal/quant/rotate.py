@@ -27,10 +27,10 @@ Loud channels stay out of the rotation. A few residual channels carry "massive a
 meet them with small columns, which round-to-nearest then rounds finely where the inputs are
 loudest. Rotating such a channel spreads it over every column, and the error of the rounded
 rotated weights meets it in full (SmolLM2 in mxfp4, round to nearest: KL 0.99 unrotated, 1.24
-with every channel rotated, 0.73 with the 3 loudest left alone). So Q is the identity on the channels whose mean
-square (over ``LOUD_TOKENS`` tokens of a text, summed over the layers' inputs) is above
-``LOUD`` times the median channel's (``loud_channels``), and ``orthogonal`` on the rest: still
-orthogonal, still exact.
+with every channel rotated, 0.73 with the 3 loudest left alone). So Q is the identity on the
+channels whose mean square (over ``LOUD_TOKENS`` tokens of a text, summed over the layers'
+inputs) is above ``LOUD`` times the median channel's (``loud_channels``), and ``orthogonal`` on
+the rest: still orthogonal, still exact.
 
 No online rotation (that would need an op at run time): the output is an ordinary GGUF Llama
 whose norm weights are ones, which llama.cpp runs. Q: ``orthogonal`` (``KINDS``).
@@ -47,8 +47,8 @@ import numpy as np
 
 ROTATION_KEY = "luminal.rotation"  # metadata of a rotated file: a JSON object
 # hadamard: a Hadamard matrix (Sylvester / Paley products) times random signs; random: a
-# seeded Haar-random orthogonal matrix. Hadamard had the lower KL on SmolLM2 for the block
-# formats (docs/quantization.md)
+# seeded Haar-random orthogonal matrix. Hadamard had the lower KL on SmolLM2 for fp8_e4m3,
+# nvfp4 and mxfp4 rounded to nearest (docs/quantization.md, "Rotation")
 KINDS = ("hadamard", "random")
 KIND = "hadamard"
 SEED = 0
