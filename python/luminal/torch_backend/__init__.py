@@ -30,6 +30,7 @@ from .aten import _compile_aten, _decompositions
 from .convert import supported_targets
 from .explain import Explanation, explain_with
 from .partition import Stats, stats, warn_once
+from .resize import keep_nearest_whole
 
 # what AOTAutograd raises for graphs eager PyTorch can still run; anything else (dynamo's own
 # restart signals among them) must propagate
@@ -89,6 +90,7 @@ def luminal_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **o
     if len(phs) != len(example_inputs):
         weights = set()
     fw = functools.partial(_compile_aten, weight_positions=weights, n_inputs=len(phs))
+    keep_nearest_whole(gm)
     try:
         return aot_autograd(
             fw_compiler=fw,
