@@ -167,7 +167,14 @@ def _refused_graphs() -> list[lm.Graph]:
     o = heads.input("o", (3, SEQ, 64))
     wh = heads.input("w", (3, 64, 40))
     heads.output("y", o.matmul(wh).sum_reduce([0]))
-    return [ints, heads]  # a padded operand is computed into scratch (test_siblings.py)
+    # one sum per row read by every output column (a group norm's mean of x times 1/n, read
+    # by each element of its group, lowered so): copied, the operand would be a matrix of
+    # repeats and the GEMM n times the kernel's work
+    scaled = lm.Graph("scaled_sum")
+    xs, v = scaled.input("x", (5, 24)), scaled.input("v", (24,))
+    scaled.output("y", (xs.unsqueeze(1) * v.unsqueeze(0).unsqueeze(0)).expand((5, 7, 24)).sum(-1))
+    return [ints, heads, scaled]  # a padded operand is computed into scratch
+    # (test_siblings.py)
 
 
 @pytest.mark.parametrize("g", _refused_graphs(), ids=lambda g: g.name)

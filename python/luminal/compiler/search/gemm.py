@@ -364,6 +364,17 @@ def _match_copied(
         order = (1, 0)
     else:
         return None
+    # each operand moves with its own output axis and with k: else the product repeats one
+    # sum along an output axis (a group norm's mean of x times 1/n, read by every element of
+    # its group) or scales one sum, and the copy would write a matrix of repeats (4096 x 4096
+    # of 1/n) for a GEMM that does that many times the kernel's work
+    a_used, b_used = used[order[0]], used[order[1]]
+    if (
+        (n_size != 1 and n_name not in b_used)
+        or (m_name is not None and m_size != 1 and m_name not in a_used)
+        or (r.extent != 1 and not (kv.name in a_used and kv.name in b_used))
+    ):
+        return None
     if any(not _plain_load(loads[order[role]]) for role in (0, 1) if role not in roles):
         return None  # an operand computed on the fly must be one of the copies
     srcs = list(loads)
