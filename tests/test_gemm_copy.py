@@ -185,6 +185,25 @@ def test_refusals_stay_refused(g):
         assert match_gemm_copy(kern, len(low.buffers)) is None
 
 
+def test_a_product_under_a_mask_of_the_output_is_no_gemm():
+    """A product computed only where ``_i1 < 16`` in a kernel of 24 columns (its part of a
+    concatenation, fused): a GEMM over the whole output would read 8 rows past its weight."""
+    from dataclasses import replace
+
+    from luminal.graph import symbolic as S
+
+    g = lm.Graph("part")
+    x, w = g.input("x", (SEQ, 24)), g.input("w", (16, 24))
+    g.output("y", F.linear(x, w))
+    low = lower(g)
+    (k,) = low.kernels
+    assert match_gemm(k, len(low.buffers)) is not None  # the product alone is a GEMM
+    part = S.lt(S.index_var(1, 24), 16)
+    masked = replace(k, shape=(k.shape[0], 24), value=K.Masked(part, k.value, k.dtype))
+    assert match_gemm(masked, len(low.buffers)) is None
+    assert match_gemm_copy(masked, len(low.buffers)) is None
+
+
 def test_split_axis_follows_the_divisors_of_an_index():
     from luminal.graph import symbolic as S
     from luminal.graph.view import split_axis

@@ -19,6 +19,7 @@ from luminal.compiler.pipeline import graph_passes
 from luminal.compiler.search import schedules, select, tuner
 from luminal.compiler.search.tuner import Timing, Tuner, mismatch
 from luminal.graph.ops import Op
+from luminal.plan.model import PlanError
 from luminal.targets.cpu import CpuTarget
 from optest import rand
 
@@ -143,6 +144,33 @@ def test_a_wrong_candidate_is_dropped_by_the_check(capfd, monkeypatch, tmp_path)
     rec = json.loads((tmp_path / "search" / path).read_text())
     verdicts = {c["label"]: c["verdict"] for c in rec["candidates"]}
     assert verdicts["test:doubled"] is False
+
+
+def test_a_candidate_that_fails_to_run_is_dropped(capfd, monkeypatch):
+    """A candidate whose plan the runtime refuses (an operand read past its buffer) is no
+    choice: it is dropped and the search goes on, instead of failing the compile."""
+    monkeypatch.setenv("LUMINAL_DEBUG", "1")
+    monkeypatch.setenv("LUMINAL_SEARCH_CANDIDATES", "64")
+
+    def doubled(k):
+        return K.Kernel(k.name, k.shape, k.out, K.Alu(Op.MUL, (k.value, K.Const(2.0, k.dtype)),
+                        k.dtype), k.dtype, schedule=K.Schedule(split=0))  # fmt: skip
+
+    monkeypatch.setattr(schedules, "EXTRA_CANDIDATES", [doubled])
+    low = lower(_gemv())
+
+    def measure(sub, dims):
+        if any(isinstance(x, K.Const) and x.value == 2.0 for x in K.walk(sub.kernels[0].value)):
+            raise PlanError("step 0: operand A reaches outside its buffer")
+        return 1.0
+
+    t = Tuner(measure, "test", _evaluate_cpu)
+    (k,) = schedules.choose_schedules(low, t, _signature).kernels
+    assert t.stats.rejected == 1
+    assert not any(isinstance(x, K.Const) and x.value == 2.0 for x in K.walk(k.value))
+    assert "test:doubled failed to run and is dropped (PlanError" in capfd.readouterr().err
+    (rec,) = tuner._MEMORY.values()
+    assert {c["label"]: c["verdict"] for c in rec["candidates"]}["test:doubled"] is False
 
 
 def test_candidate_cap_and_budget_are_honoured(monkeypatch):

@@ -77,11 +77,19 @@ def _affine(e: sint, names: list[str]) -> tuple[sint, dict[str, sint]] | None:
 
 def _find_reduces(v: K.Value) -> list[K.Reduce]:
     """SUM reductions of a product anywhere in the tree (the caller checks they are evaluated
-    at the output point: their loads must be affine in the output and reduce variables)."""
+    at the output point: their loads must be affine in the output and reduce variables),
+    except under a mask on the output indices: a product only where such a mask holds (the
+    first 64 of 96 channels, a concatenation's part) is no GEMM over the whole output, whose
+    rows past the mask read past the operand."""
+    masked = {
+        id(x) for m in K.walk(v)
+        if isinstance(m, K.Masked) and any(n.startswith("_i") for n in K._expr_vars(m.valid))
+        for x in K.walk(m.value)
+    }  # fmt: skip
     return [
         x for x in K.walk(v)
         if isinstance(x, K.Reduce) and x.op is Op.SUM_REDUCE and isinstance(x.body, K.Alu)
-        and x.body.op is Op.MUL
+        and x.body.op is Op.MUL and id(x) not in masked
     ]  # fmt: skip
 
 

@@ -594,6 +594,7 @@ class Tuner:
         t0 = time.perf_counter()
         small = smallest_dims(reference, dims)
         small_times: dict[int, float] = {}
+        failed: set[int] = set()
         if self.prepare is not None and (len(chosen) > 1 or candidates[0].sub is not reference):
             subs = _to_prepare(reference, [candidates[i] for i in chosen])
             if not all(self._ready.get(id(s)) is s for s in subs):
@@ -604,10 +605,20 @@ class Tuner:
                 break
             if i != default and start + time.perf_counter() - t0 >= self.budget_s:
                 continue
-            t = self._measure(candidates[i].sub, dims, [x.seconds for x in timings.values()])
+            try:
+                t = self._measure(candidates[i].sub, dims, [x.seconds for x in timings.values()])
+                ts = self._measure(candidates[i].sub, small, list(small_times.values())) \
+                    if small != dims else None  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot run is no choice
+                if candidates[i].sub is reference:
+                    raise
+                failed.add(i)
+                self._count("rejected")
+                self._say(f"{name}: candidate {candidates[i].label} failed to run and is "
+                          f"dropped ({type(e).__name__}: {e})", level=1)  # fmt: skip
+                continue
             timings[i] = t
-            if small != dims:
-                ts = self._measure(candidates[i].sub, small, list(small_times.values()))
+            if ts is not None:
                 small_times[i] = ts.seconds
         typical = TYPICAL_DIMS.get() or {}
         score = _scores({i: t.seconds for i, t in timings.items()}, small_times,
@@ -647,7 +658,8 @@ class Tuner:
                 {"label": c.label, "rank": rank[i], "cost": c.cost,
                  "seconds": timings[i].seconds if timings.get(i, Timing(0.0, 0)).runs else None,
                  "small_seconds": small_times.get(i),
-                 "runs": timings[i].runs if i in timings else 0, "verdict": verdicts.get(i)}
+                 "runs": timings[i].runs if i in timings else 0,
+                 "verdict": False if i in failed else verdicts.get(i)}
                 for i, c in enumerate(candidates)
             ],
         }  # fmt: skip
