@@ -313,7 +313,7 @@ def _ratios(rows: list[dict[str, Any]], shapes: list[tuple[int, int]]) -> dict[s
 
 # ``--models zoo``: the families of bench/torch_zoo.py
 ZOO = ("vit", "resnet", "convnext", "mobilenetv2", "swin", "clip", "t5", "distilbert", "whisper",
-       "deberta", "mamba", "wav2vec2", "segformer", "mixtral", "fnet")  # fmt: skip
+       "deberta", "mamba", "wav2vec2", "segformer", "mixtral", "fnet", "vae", "unet")  # fmt: skip
 
 
 def main() -> None:

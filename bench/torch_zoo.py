@@ -2,7 +2,9 @@
 configs of families no luminal pass was written for (vision transformers, CNNs with depthwise
 and grouped convolutions, encoder-decoder encoders, windowed attention), to judge the
 compiler on graphs it was not tuned on. Image models take 64x64 pictures (the shape's batch
-is used, its sequence length ignored); text models take the shape's batch and length."""
+is used, its sequence length ignored); text models take the shape's batch and length. The
+diffusers models (``vae``, ``unet``: group norms, 2x nearest upsampling, cross-attention;
+32x32 inputs) need ``diffusers`` (``pip install ".[bench]"``)."""
 
 from __future__ import annotations
 
@@ -110,7 +112,30 @@ def zoo() -> dict[str, Make]:
                             vocab_size=1000, max_position_embeddings=128)  # fmt: skip
         return tf.FNetModel(cfg).eval(), _ids
 
+    def vae():  # a VAE's encoder and decoder: group norms, 2x nearest upsampling
+        from diffusers import AutoencoderKL
+
+        m = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(32, 64),
+                          down_block_types=("DownEncoderBlock2D",) * 2,
+                          up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4,
+                          norm_num_groups=8, sample_size=32)  # fmt: skip
+        return m.eval(), lambda b, s: dict(sample=torch.randn(b, 3, 32, 32))
+
+    def unet():  # a denoising U-Net: time embedding, cross-attention to s text states
+        from diffusers import UNet2DConditionModel
+
+        m = UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4,
+                                 layers_per_block=1, block_out_channels=(32, 64),
+                                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+                                 cross_attention_dim=32, attention_head_dim=8,
+                                 norm_num_groups=8)  # fmt: skip
+        return m.eval(), lambda b, s: dict(sample=torch.randn(b, 4, 16, 16),
+                                           timestep=torch.tensor([10] * b),
+                                           encoder_hidden_states=torch.randn(b, s, 32))  # fmt: skip
+
     return {"vit": vit, "resnet": resnet, "convnext": convnext, "mobilenetv2": mobilenetv2,
             "swin": swin, "clip": clip, "t5": t5, "distilbert": distilbert,
             "whisper": whisper, "deberta": deberta, "mamba": mamba, "wav2vec2": wav2vec2,
-            "segformer": segformer, "mixtral": mixtral, "fnet": fnet}  # fmt: skip
+            "segformer": segformer, "mixtral": mixtral, "fnet": fnet, "vae": vae,
+            "unet": unet}  # fmt: skip
