@@ -18,26 +18,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 
 from .calibrate import Calibration
+from .rotate import Overlay
 
 TOKENS = 128  # calibration tokens a measurement runs (one window: its cost is per token)
-
-
-class _Overlay:
-    """``weights`` with some tensors' values replaced."""
-
-    def __init__(self, base: Any, new: dict[str, np.ndarray]) -> None:
-        self.base, self.new = base, new
-
-    def has(self, name: str) -> bool:
-        return name in self.new or self.base.has(name)
-
-    def values(self, name: str) -> np.ndarray:
-        return self.new[name] if name in self.new else self.base.values(name)
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
@@ -66,7 +53,7 @@ def measure(cal: Calibration, names: Iterable[str],
         if not quiet:
             print(f"\rsensitivity: {k + 1}/{len(todo)} matrices", end="", file=sys.stderr)
         q = np.asarray(rounded(name, np.asarray(base.values(name), np.float32)), np.float32)
-        m = Calibration(c, _Overlay(base, {name: q}), ids)
+        m = Calibration(c, Overlay(base, {name: q}), ids)
         lay = cal.key(name)
         if name == "token_embd.weight":  # the lookup, and the head when tied
             x, first = q[ids], 0

@@ -81,11 +81,11 @@ def _find_reduces(v: K.Value) -> list[K.Reduce]:
     except under a mask on the output indices: a product only where such a mask holds (the
     first 64 of 96 channels, a concatenation's part) is no GEMM over the whole output, whose
     rows past the mask read past the operand."""
-    masked = {
-        id(x) for m in K.walk(v)
-        if isinstance(m, K.Masked) and any(n.startswith("_i") for n in K._expr_vars(m.valid))
-        for x in K.walk(m.value)
-    }  # fmt: skip
+    masked: set[int] = set()
+    for m in K.walk(v):  # parents first: a mask inside a masked subtree is walked no more
+        if isinstance(m, K.Masked) and id(m) not in masked \
+                and any(n.startswith("_i") for n in K._expr_vars(m.valid)):  # fmt: skip
+            masked.update(id(x) for x in K.walk(m.value))
     return [
         x for x in K.walk(v)
         if isinstance(x, K.Reduce) and x.op is Op.SUM_REDUCE and isinstance(x.body, K.Alu)
