@@ -81,3 +81,34 @@ def test_flag_turns_the_pass_off(monkeypatch) -> None:
     a = RNG.standard_normal((3, 2, 16)).astype(np.float32)
     ref = a.transpose(1, 0, 2).reshape(2, 48) @ w
     np.testing.assert_allclose(cg.run({"a": a})["y"], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_patches_of_an_upsampled_image_copy_whole_rows(symbolic) -> None:
+    """A 3x3 conv after a 2x nearest upsample reads its image at (tap + column) // 2: no split
+    of the column makes that read affine, so the copy's innermost loop runs over whole rows
+    (or whole patches) rather than a 2-long part of each, in either layout, and the result is
+    exact."""
+    import torch
+
+    from luminal.compiler.stage import summed_major_operands
+
+    s = lm.dim("s", 2, 64)
+    g = lm.Graph("up_conv")
+    h = s // 2 if symbolic else 5
+    x = g.input("x", (2, 5, h, h))
+    up = x.reshape(2, 5, h, 1, h, 1).expand(2, 5, h, 2, h, 2).reshape(2, 5, 2 * h, 2 * h)
+    w = g.input("w", (32, 5, 3, 3))
+    g.output("y", lm.functional.conv2d(up, w, padding=1))
+    xv = RNG.standard_normal((2, 5, 5, 5)).astype(np.float32)
+    wv = RNG.standard_normal((32, 5, 3, 3)).astype(np.float32)
+    up_t = torch.nn.functional.interpolate(torch.tensor(xv), scale_factor=2.0, mode="nearest")
+    want = torch.nn.functional.conv2d(up_t, torch.tensor(wv), padding=1).numpy()
+    dims = {"s": 10} if symbolic else {}
+    for major in (frozenset(), summed_major_operands(g)):
+        staged = stage_strided_reads(g, major)
+        copies = [n for n in staged.nodes if n.op is Op.CAST]
+        assert len(copies) == 1
+        assert copies[0].shape[-1] in (45, 2 * h), copies[0].shape
+        got = lm.compile(staged).run({"x": xv, "w": wv}, **dims)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

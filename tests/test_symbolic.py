@@ -209,3 +209,31 @@ def test_nested_window_sizes_compare_equal():
         e = sym.floordiv(sym.add(sym.floordiv(sym.add(s, 5), 3), k), 4)
         for v in range(0, 300):
             assert sym.evaluate(e, {"s": v}) == ((v + 5) // 3 + k) // 4
+
+
+def test_a_group_of_channels_over_a_symbolic_image_reads_contiguously():
+    """A group norm's sum over (channels of a group, h, w) with h = w = s // 2: the group's
+    channel c*8 + i // (4*h*h) is below 64 (its modulo goes), and the split of i into
+    (row, column) by the symbolic width merges back, so the read is i plus a row offset.
+    Checked by evaluation at every size."""
+    s = sym.dim("s", 1, 4096)
+    h = sym.floordiv(s, 2)
+    i = sym.index_var(0, sym.mul(32, sym.mul(h, h)))
+    g = sym.index_var(1, 8)
+    hh = sym.mul(h, h)
+    chan = sym.add(sym.mul(g, 8), sym.floordiv(i, sym.mul(4, hh)))
+    assert sym.sym_upper(sym.floordiv(i, sym.mul(4, hh))) == 7
+    assert sym.mod(chan, 64) is chan
+    row = sym.mod(sym.floordiv(i, sym.mul(2, h)), sym.mul(2, h))
+    index = sym.add(
+        sym.add(sym.mul(sym.mul(4, hh), sym.mod(chan, 64)), sym.mul(sym.mul(2, h), row)),
+        sym.mod(i, sym.mul(2, h)),
+    )
+    assert index == sym.add(i, sym.mul(32, sym.mul(g, hh)))
+    split = sym.add(sym.mul(sym.mul(2, h), row), sym.mod(i, sym.mul(2, h)))
+    for sv in (2, 3, 6, 9):
+        hv = sv // 2
+        for iv in range(0, 32 * hv * hv, 7):
+            env = {"s": sv, "_i0": iv, "_i1": 5}
+            assert sym.evaluate(split, env) == iv % (4 * hv * hv)
+            assert sym.evaluate(index, env) == iv + 32 * 5 * hv * hv

@@ -119,6 +119,26 @@ def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
     chain of divisors (k as (head, d)) is a loop per part in the copy, so the copy's
     reads are affine; its memory layout is that of the unsplit axes."""
     parts = [split_axis(v.index, f"_i{a}", v.shape[a]) for a in axes]
+    while True:
+        read = _read(v, axes, parts)
+        last = parts[-1]
+        inner = f"_i{sum(map(len, parts)) - 1}"
+        if len(last) == 1 or not (sym.has_divmod(read.index, inner)
+                                  or sym.has_divmod(read.valid, inner)):  # fmt: skip
+            break
+        # the innermost part is read through a division all the same (a conv's taps after a
+        # 2x upsample: (tap + w) // 2): split off, it would only be a shorter loop
+        last[-2:] = [(sym.mul(last[-2][0], last[-1][0]), last[-1][1])]
+    copy = g.add_op(Op.CAST, [(s, read)], arg=s.dtype)
+    outer = idx_vars(v.shape)
+    index: Any = 0
+    for a, st in zip(axes, contiguous_strides(tuple(v.shape[a] for a in axes))):
+        index = sym.add(index, sym.mul(outer[a], st))
+    return copy, View(tuple(v.shape), index)
+
+
+def _read(v: View, axes: list[int], parts: list[list[tuple[sym.sint, sym.sint]]]) -> View:
+    """``v`` over the copy's loops: ``axes`` walked by one loop per part of ``parts``."""
     shape = tuple(ext for ps in parts for ext, _ in ps)
     inner = idx_vars(shape)
     rename: dict[str, Any] = {}
@@ -129,13 +149,7 @@ def _staged(g: Graph, s: Node, v: View, axes: list[int]) -> tuple[Node, View]:
             e = sym.add(e, sym.mul(inner[j], mult))
             j += 1
         rename[f"_i{a}"] = e
-    read = View(shape, sym.substitute(v.index, rename), sym.substitute(v.valid, rename))
-    copy = g.add_op(Op.CAST, [(s, read)], arg=s.dtype)
-    outer = idx_vars(v.shape)
-    index: Any = 0
-    for a, st in zip(axes, contiguous_strides(tuple(v.shape[a] for a in axes))):
-        index = sym.add(index, sym.mul(outer[a], st))
-    return copy, View(tuple(v.shape), index)
+    return View(shape, sym.substitute(v.index, rename), sym.substitute(v.valid, rename))
 
 
 def _rows_along_output(v: View, axes: list[int], k: int) -> bool:

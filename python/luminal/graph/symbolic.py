@@ -244,6 +244,7 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
                     changed = True
                     break
             d: sint | None = _INTERN.get((DIV, (x, c)))
+            quot = d
             if isinstance(c, Expr):
                 # c*(x // c) as a term and its coefficient (64*s*(x//(64*s)): 64 on s*(x//..))
                 cd = _lin(mul(c, d)) if d is not None else ({}, 1)
@@ -259,12 +260,16 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
             if terms.get(d) != want:
                 # k*(x % c) + k*c*((x // c) % m) == k*(x % (c*m)): one axis of a split dim
                 # merged back (a reshape round trip through more axes)
-                u = next((u for u in terms if u.kind == MOD and u.args[0] is d
-                          and terms[u] == want and isinstance(c, int)), None)  # fmt: skip
+                if isinstance(c, int):
+                    u = next((u for u in terms if u.kind == MOD and u.args[0] is d
+                              and terms[u] == want), None)  # fmt: skip
+                    m: sint = u.args[1] if u is not None else 0
+                else:
+                    u, m = _scaled_mod_of(terms, c, quot, k)
                 if u is None:
                     continue
                 del terms[t], terms[u]
-                merged = mod(x, mul(c, u.args[1]))
+                merged = mod(x, mul(c, m))
                 for v, cv in _lin(merged)[0].items():
                     terms[v] = terms.get(v, 0) + cv * k
                     if terms[v] == 0:
@@ -282,6 +287,21 @@ def _fold_divmod(terms: dict[Expr, int]) -> int:
             changed = True
             break
     return extra
+
+
+def _scaled_mod_of(
+    terms: dict[Expr, int], c: Expr, quot: sint | None, k: int
+) -> tuple[Expr | None, sint]:
+    """(u, m) for a term u of ``terms`` that is k*c*(quot % m) (a symbolic c), else None."""
+    if not isinstance(quot, Expr):
+        return None, 0
+    for u, cu in terms.items():
+        if u.kind != MUL or not cu:
+            continue
+        f = next((f for f in _factors(u) if f.kind == MOD and f.args[0] is quot), None)
+        if f is not None and _lin(mul(c, f)) == ({u: cu // k}, 0) and cu % k == 0:
+            return u, f.args[1]
+    return None, 0
 
 
 def _from_lin(terms: Mapping[Expr, int], const: int) -> sint:
@@ -416,6 +436,14 @@ def sym_upper(x: sint) -> sint:
         return add(x.args[1], -1)
     if x.kind == DIV and isinstance(x.args[1], int) and x.args[1] > 0:
         return floordiv(sym_upper(x.args[0]), x.args[1])
+    if x.kind == DIV:
+        # y // d <= upper(y) // d for a divisor d >= 1 (a quotient is evaluated only where its
+        # divisor is nonzero): a group's channel, i // (4*s*s) with i < 32*s*s, is below 8
+        whole, rest = _split_multiples(sym_upper(x.args[0]), x.args[1])
+        if isinstance(rest, int) and rest < 0:
+            return add(whole, -1)
+        if isinstance(rest, int) and rest == 0:
+            return whole
     return x.hi
 
 
@@ -776,6 +804,8 @@ def _div_raw(a: sint, b: sint) -> sint:
     if bl > 0:
         c = [al // bl, al // bh, ah // bl, ah // bh]
         lo, hi = min(c), max(c)
+    elif bl == 0 and al >= 0:
+        lo, hi = 0, ah  # the quotient exists only for a divisor of at least 1
     else:
         m = max(abs(al), abs(ah))
         lo, hi = -m, m
