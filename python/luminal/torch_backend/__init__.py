@@ -23,9 +23,17 @@ from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from . import convert_complex as _complex  # noqa: F401 - complex values and the FFTs
-from . import convert_extra as _extra  # noqa: F401 - registers the rarer converters in TABLE
-from . import convert_more as _more  # noqa: F401 - and the rarest (after: it wraps index_put)
+# each converter module registers its converters in convert's tables when imported
+from . import (  # noqa: F401
+    convert_complex,
+    convert_conv,
+    convert_elementwise,
+    convert_index,
+    convert_linalg,
+    convert_nn,
+    convert_reduce,
+    convert_views,
+)
 from .aten import _compile_aten, _decompositions
 from .convert import supported_targets
 from .explain import Explanation, explain_with

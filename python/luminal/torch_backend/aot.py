@@ -25,7 +25,8 @@ from .. import functional as F
 from ..compiler import autograd
 from ..tensor import Tensor
 from .aten import _compile_aten, _decompositions
-from .convert import TABLE, Ctx, _convolution, op
+from .convert import TABLE, Ctx, op
+from .convert_conv import _convolution
 from .partition import stats, warn_once
 from .symbols import Unsupported
 
