@@ -56,12 +56,16 @@ public:
     }
   };
 
-  // Checks the step's shape: three buffers, known field names, integer fields given as integer
-  // expressions, and m, n, k present. `at` names the step in errors; fields named in `extra`
-  // are a backend's own (its schedule), parsed by the caller.
-  GemmDesc(const Step &s, const std::string &at, const std::vector<std::string> &extra = {})
+  // Checks the step's shape: three buffers (A, B, C, then `extra_args` more of a backend's own),
+  // known field names, integer fields given as integer expressions, and m, n, k present. `at`
+  // names the step in errors; fields named in `extra` are a backend's own (its schedule),
+  // parsed by the caller.
+  GemmDesc(const Step &s, const std::string &at, const std::vector<std::string> &extra = {},
+           size_t extra_args = 0)
       : at_(at) {
-    if (s.args.size() != 3) throw PlanError(at + ": needs 3 buffers (A, B, C)");
+    if (s.args.size() != 3 + extra_args)
+      throw PlanError(at + ": needs " + std::to_string(3 + extra_args) + " buffers (A, B, C" +
+                      (extra_args ? ", ...)" : ")"));
     for (const Field &f : s.fields) {
       if (std::find(extra.begin(), extra.end(), f.name) != extra.end()) continue;
       auto it = index().find(f.name);

@@ -113,7 +113,8 @@ def _tuner(c: Compilation) -> Tuner | None:
         c.tuner = Tuner(t.measure, t.cache_id(), t.evaluate, t.cost, t.space, t.library_variants,
                         getattr(t, "prepare", None), races=getattr(t, "races", False),
                         schedules=schedules,
-                        context=getattr(t, "measure_context", None))  # fmt: skip
+                        context=getattr(t, "measure_context", None),
+                        epilogues=getattr(t, "library_epilogues", None))  # fmt: skip
     return c.tuner
 
 

@@ -105,5 +105,7 @@ class Target(Protocol):
         its own with tile sizes in its fields), each with a label; the search measures them
         against the call and the generated kernel. ``operands``: the buffer of each of the
         call's arguments (dtype, and role: a weight holds the same values on every run).
-        [] when it has none."""
+        [] when it has none. A target may also define ``library_epilogues(call, epilogue,
+        operands)``: calls that compute the elementwise kernel reading the call's output too
+        (writing its output), measured against the call followed by that kernel."""
         ...

@@ -44,6 +44,7 @@ from ..compiler.search.tuner import PROGRAM_BYTES, Timing, random_inputs, sub_fi
 from ..compiler.target import CostModel, ScheduleSpace
 from ..graph import dtypes as dt
 from ..plan import KernelFormat, Plan
+from . import pgemm_epilogue
 from .base import Launchable, assemble_plan
 
 if TYPE_CHECKING:
@@ -426,6 +427,19 @@ class CpuTarget:
         # row the two came within the search's noise (SmolLM2 q8: 2 chosen for 2 of 5 layer
         # products, each 1.35x slower in decode than with 1)
         return []
+
+    def library_epilogues(
+        self, call: K.LibCall, epilogue: K.Kernel, operands: Sequence[BufferInfo]
+    ) -> list[tuple[str, K.LibCall]]:
+        """pgemm storing the epilogue's value of each tile (targets/pgemm_epilogue.py)."""
+        if call.func != "gemm":
+            return []
+        out = []
+        for label, variant in _pgemm_variants(call, operands):
+            fused = pgemm_epilogue.fused_call(variant, epilogue)
+            if fused is not None:
+                out.append((f"{label},fused", fused))
+        return out
 
     def _measuring_plan(self, low: Lowered) -> Plan:
         return self._assemble(low, "measure")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ... import flags
 from ...graph import dtypes as dt
@@ -64,6 +64,10 @@ SPLIT_LOSS = 1.1
 # copies + GEMMs of Q4_1 weights, generated f32 GEMMs), and every winner was estimated within
 # 1.4x of the cheapest
 DECISIVE = 2.0
+# a call that runs its epilogue itself (Target.library_epilogues) is estimated as the call and
+# the epilogue kernel apart (the cost model prices no work inside a call) times this: ranked
+# just ahead of them, and measured against them
+FUSED_RANK = 0.99
 
 Step = K.Kernel | K.LibCall
 # measure(lowered_subprogram, dims) -> median seconds (or a Timing with the outputs)
@@ -264,6 +268,9 @@ class _Choice:
     # steps cut out with every option (not replaced): the kernel writing a qdot call's
     # activation, so each option is timed and checked on the activation the plan computes
     context: list[Step]
+    # label -> the steps a fused option is estimated as (FUSED_RANK), and their cut-out
+    proxies: dict[str, list[Step]] = field(default_factory=dict)
+    proxy_subs: dict[str, Lowered] = field(default_factory=dict)
 
 
 def _options(
@@ -280,6 +287,7 @@ def _options(
     if qalt is not None and not context:
         qalt = None  # an activation not computed here (a plan input) is not known to be q8
     options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
+    proxies: dict[str, list[Step]] = {}
     for a in (alt, qalt):
         if a is None:
             continue
@@ -299,6 +307,11 @@ def _options(
         for label, call in [(a.call.func, a.call), *variants]:
             lib_steps: list[Step] = [*a.copies, call, *([a.epilogue] if a.epilogue else [])]
             options.append((prefix + label + suffix, lib_steps))
+        if a.epilogue is not None and tuner.epilogues is not None:
+            # calls that compute the epilogue themselves, timed against call + epilogue
+            for label, call in tuner.epilogues(a.call, a.epilogue, operands):
+                options.append((prefix + label, [*a.copies, call]))
+                proxies[prefix + label] = [*a.copies, a.call, a.epilogue]
     if len(options) == 1:
         return None
     if qalt is None or not any(label.endswith("qdot") or "qdot+" in label
@@ -312,7 +325,7 @@ def _options(
     # without cutting out and estimating their candidates again)
     sub_gen = subprogram(low, [*context, kern])
     key = f"{sub_fingerprint(sub_gen)}|{[o[0] for o in options]}"
-    return _Choice(options, extra, sub_gen, key, context)
+    return _Choice(options, extra, sub_gen, key, context, proxies)
 
 
 def _extra(kern: K.Kernel, alt: GemmAlternative) -> list[BufferInfo]:
@@ -377,7 +390,12 @@ def _candidates(
             sub = subprogram(low, [*ctx, payload])
         else:
             sub = subprogram(low, [*ctx, *payload], buffers[len(low.buffers) :])
-        cands.append(Candidate(label, sub, estimate(sub, dims, tuner.cost), payload))
+        cost = estimate(sub, dims, tuner.cost)
+        if label in choice.proxies:
+            proxy = subprogram(low, [*ctx, *choice.proxies[label]], buffers[len(low.buffers) :])
+            choice.proxy_subs[label] = proxy
+            cost = FUSED_RANK * estimate(proxy, dims, tuner.cost)
+        cands.append(Candidate(label, sub, cost, payload))
     return cands
 
 
@@ -391,7 +409,11 @@ def _decision(
     small = smallest_dims(cands[0].sub, dims)
     near = {i for i, c in enumerate(cands) if c.cost <= DECISIVE * min(x.cost for x in cands)}
     if small != dims:
-        at_small = [estimate(c.sub, small, tuner.cost) for c in cands]
+        at_small = [
+            FUSED_RANK * estimate(choice.proxy_subs[c.label], small, tuner.cost)
+            if c.label in choice.proxy_subs else estimate(c.sub, small, tuner.cost)
+            for c in cands
+        ]  # fmt: skip
         near |= {i for i, t in enumerate(at_small) if t <= DECISIVE * min(at_small)}
     kept = [c for i, c in enumerate(cands) if i in near]
     if all(isinstance(c.payload, K.Kernel) for c in kept) and (len(kept) == 1 or tuner.schedules):

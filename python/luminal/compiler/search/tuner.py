@@ -414,6 +414,10 @@ class Tuner:
     # what the target's measurements depend on beyond a cut-out and its dims
     # (Target.measure_context): part of each decision's cache key
     context: Callable[[], str] | None = None
+    # the target's implementations of a library call that also run its epilogue kernel
+    # (Target.library_epilogues): each writes the epilogue's output itself
+    epilogues: Callable[[K.LibCall, K.Kernel, Sequence[BufferInfo]],
+                        list[tuple[str, K.LibCall]]] | None = None  # fmt: skip
     budget_s: float = field(default_factory=flags.SEARCH_BUDGET.as_float)
     max_candidates: int = field(default_factory=flags.SEARCH_CANDIDATES.as_int)
     stats: Stats = field(default_factory=Stats)

@@ -1,0 +1,156 @@
+"""pgemm running its GEMM's epilogue on each stored tile (targets/pgemm_epilogue.py,
+csrc/cpu/pgemm.cpp): a bias along the output's rows or columns and an activation, fused and
+unfused (the search forced to each), against PyTorch at odd sizes; the program it encodes;
+the plan's checks of the fields."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import luminal as lm
+import luminal.functional as F
+from kernel_cache import use_kernel_cache
+from luminal.codegen.cpu.jam import vector_registers
+from luminal.compile import build_plan
+from luminal.compiler import kernel_ir as K
+from luminal.compiler.lower import lower
+from luminal.compiler.search import select
+from luminal.compiler.search.tuner import Tuner, clear_memory_cache
+from luminal.targets import pgemm_epilogue as PE
+from luminal.targets.cpu import CpuTarget
+
+pytestmark = pytest.mark.skipif(vector_registers() < 32, reason="pgemm is offered on AVX-512")
+
+ACTS = {
+    "none": (lambda x: x, lambda x: x),
+    "relu": (F.relu, torch.relu),
+    "silu": (F.silu, torch.nn.functional.silu),
+    "gelu": (F.gelu, torch.nn.functional.gelu),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"),
+                  lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+    "sigmoid": (F.sigmoid, torch.sigmoid),
+}  # fmt: skip
+
+
+def rand(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _fused(step: K.Kernel | K.LibCall) -> bool:
+    return isinstance(step, K.LibCall) and "epi" in step.fields
+
+
+def _compile(g: lm.Graph, fused: bool, monkeypatch) -> list[K.Kernel | K.LibCall]:
+    """The graph's steps with the search made to keep the fused pgemm (or pgemm and the
+    epilogue kernel apart) wherever it is offered."""
+    monkeypatch.setattr(select, "MIN_GEMM_WORK", 0)
+    clear_memory_cache()
+
+    def measure(sub, dims):
+        calls = [s for s in sub.kernels if isinstance(s, K.LibCall)]
+        if any(_fused(c) for c in calls):
+            return 1.0 if fused else 3.0
+        return 2.0 if any(c.func == "pgemm" for c in calls) else 4.0
+
+    target = CpuTarget()
+    tuner = Tuner(measure, f"test-epilogue-{fused}", variants=target.library_variants,
+                  epilogues=target.library_epilogues, max_candidates=20)  # fmt: skip
+    low = select.choose_library_calls(lower(g), tuner)
+    return low.kernels, build_plan(low, g.name)
+
+
+def _run(g, inputs, fused, monkeypatch):
+    steps, plan = _compile(g, fused, monkeypatch)
+    assert any(_fused(s) for s in steps) == fused
+    assert any(isinstance(s, K.LibCall) and s.func == "pgemm" for s in steps)
+    return lm.load(plan.to_bytes()).run(inputs)["y"]
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("m,n", [(3, 13), (17, 77)])
+def test_bias_along_columns(act: str, m: int, n: int, tmp_path, monkeypatch) -> None:
+    """act(x @ W^T + b), b along the output's columns (a Linear), W a weight."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    k = 19
+    w, b = rand(n, k, seed=1), rand(n, seed=2)
+    g = lm.Graph("lin")
+    x = g.input("x", (m, k))
+    y = x @ g.weight("w", data=w).transpose(0, 1) + g.weight("b", data=b)
+    g.output("y", ACTS[act][0](y))
+    xv = rand(m, k, seed=3) * 2
+    want = ACTS[act][1](torch.from_numpy(xv) @ torch.from_numpy(w).T + torch.from_numpy(b))
+    outs = [_run(g, {"x": xv}, fused, monkeypatch) for fused in (True, False)]
+    for out in outs:
+        np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("m,n", [(3, 13), (17, 77)])
+def test_bias_along_rows(act: str, m: int, n: int, tmp_path, monkeypatch) -> None:
+    """act(W @ x + c[:, None]) for a batch of 2 x: c along the output's rows (a convolution's
+    per-channel bias), W a weight on the left (the swapped pgemm)."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    k = 19
+    w, c = rand(m, k, seed=4), rand(m, seed=5)
+    g = lm.Graph("rows")
+    x = g.input("x", (2, k, n))
+    y = g.weight("w", data=w) @ x + g.weight("c", data=c).reshape(m, 1)
+    g.output("y", ACTS[act][0](y))
+    xv = rand(2, k, n, seed=6) * 2
+    want = ACTS[act][1](torch.from_numpy(w) @ torch.from_numpy(xv) + torch.from_numpy(c)[:, None])
+    outs = [_run(g, {"x": xv}, fused, monkeypatch) for fused in (True, False)]
+    for out in outs:
+        np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["gelu_tanh", "relu"])
+def test_batched_rows_and_symbolic_dim(act: str, tmp_path, monkeypatch) -> None:
+    """A batch x seq product by a shared weight (its rows merged into one product) with a
+    symbolic seq: one plan at several sizes, fused, against PyTorch."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    k, n = 19, 77
+    w, b = rand(n, k, seed=7), rand(n, seed=8)
+    g = lm.Graph("seq")
+    seq = lm.dim("seq", 1, 64)
+    x = g.input("x", (2, seq, k))
+    y = x @ g.weight("w", data=w).transpose(0, 1) + g.weight("b", data=b)
+    g.output("y", ACTS[act][0](y))
+    steps, plan = _compile(g, True, monkeypatch)
+    assert any(_fused(s) for s in steps)
+    ex = lm.load(plan.to_bytes())
+    for s in (1, 3, 17, 40):
+        xv = rand(2, s, k, seed=s)
+        want = ACTS[act][1](torch.from_numpy(xv) @ torch.from_numpy(w).T + torch.from_numpy(b))
+        np.testing.assert_allclose(ex.run({"x": xv})["y"], want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_program_of_gelu_and_refusals() -> None:
+    """The encoded program: registers within the interpreter's, constants folded into the
+    ops; an epilogue reading another operand than one vector, or writing another type, has
+    no program."""
+    g = lm.Graph("p")
+    x = g.input("x", (5, 7))
+    g.output("y", F.gelu(x @ g.input("w", (7, 9)) + g.input("b", (9,))))
+    (kern,) = [k for k in lower(g).kernels if isinstance(k, K.Kernel)]
+    alt = select.match_any(kern, 100)
+    assert alt is not None and alt.epilogue is not None
+    prog = PE.program(alt.epilogue, alt.call.out)
+    assert prog is not None and prog.vec_axis == 2
+    codes = PE.allocate(prog)
+    assert codes is not None and len(codes) < len(prog.ops)
+    assert all((c >> 8 & 255) < PE.REGISTERS for c in codes)
+    # an output of another type, or a second vector operand: not fused
+    bad = PE.program(K.Kernel("e", (5, 9), 3, alt.epilogue.value, lm.f16), alt.call.out)
+    assert bad is None
+    two = K.Alu(K.Op.ADD, (alt.epilogue.value, K.Load(7, sym_i(0), 1, lm.f32)), lm.f32)
+    assert PE.program(K.Kernel("e", (5, 9), 3, two, lm.f32), alt.call.out) is None
+
+
+def sym_i(j: int):
+    from luminal.graph import symbolic as sym
+
+    return sym.index_var(j, 5)
