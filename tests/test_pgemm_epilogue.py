@@ -128,6 +128,64 @@ def test_batched_rows_and_symbolic_dim(act: str, tmp_path, monkeypatch) -> None:
         np.testing.assert_allclose(ex.run({"x": xv})["y"], want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_other_programs_run_interpreted(isa: str, tmp_path, monkeypatch) -> None:
+    """An epilogue that is none of the compiled-in programs (|y|, a square root, a max of two
+    values, a constant product) runs through the interpreter, in the AVX-512 and the portable
+    kernels' stores alike."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    if isa:
+        monkeypatch.setenv("LUMINAL_PGEMM_ISA", isa)
+    m, k, n = 17, 19, 77
+    w, b = rand(n, k, seed=9), rand(n, seed=10)
+    g = lm.Graph("other")
+    x = g.input("x", (m, k))
+    y = x @ g.weight("w", data=w).transpose(0, 1) + g.weight("b", data=b)
+    g.output("y", y.abs().sqrt() * 0.5 + F.relu(y) - F.sigmoid(y * 3.0))
+    xv = rand(m, k, seed=11)
+    t = torch.from_numpy(xv) @ torch.from_numpy(w).T + torch.from_numpy(b)
+    want = t.abs().sqrt() * 0.5 + torch.relu(t) - torch.sigmoid(t * 3.0)
+    outs = [_run(g, {"x": xv}, fused, monkeypatch) for fused in (True, False)]
+    for out in outs:
+        np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# activations whose programs pgemm.cpp compiles in (kKnown), with a bias or without
+KNOWN = [("none", True), ("relu", True), ("silu", True), ("gelu", True), ("gelu_tanh", True),
+         ("sigmoid", True), ("sigmoid", False)]  # fmt: skip
+
+
+def _codes(act: str, bias: bool) -> list[int]:
+    g = lm.Graph("p")
+    x = g.input("x", (5, 7))
+    y = x @ g.input("w", (7, 9))
+    g.output("y", ACTS[act][0](y + g.input("b", (9,)) if bias else y))
+    for kern in lower(g).kernels:
+        alt = select.match_any(kern, 100) if isinstance(kern, K.Kernel) else None
+        if alt is not None and alt.epilogue is not None:
+            prog = PE.program(alt.epilogue, alt.call.out)
+            assert prog is not None
+            codes = PE.allocate(prog)
+            assert codes is not None
+            return codes
+    raise AssertionError(f"{act}: no epilogue")
+
+
+def test_compiled_in_programs_are_what_the_target_writes() -> None:
+    """pgemm.cpp's table of compiled-in programs holds the program written for each common
+    activation (a change to how one lowers leaves it interpreted: slower, still right)."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "csrc" / "cpu" / "pgemm.cpp").read_text()
+    table = src[src.index("const KnownProgram kKnown[]") :]
+    table = table[: table.index("};")]
+    known = [[int(c, 16) for c in re.findall(r"0x[0-9a-f]+", m)]
+             for m in re.findall(r"LM_KNOWN\(([^)]*)\)", table)]  # fmt: skip
+    for act, bias in KNOWN:
+        assert _codes(act, bias) in known, (act, bias)
+
+
 def test_program_of_gelu_and_refusals() -> None:
     """The encoded program: registers within the interpreter's, constants folded into the
     ops; an epilogue reading another operand than one vector, or writing another type, has

@@ -367,11 +367,43 @@ struct EpiTile {
 // x[v] = the program's value at x[v] (the product) and vec[v] (the vector operand) for
 // kEpiGroup vectors; the ops as the renderer writes them (cstyle.py, kernel.py's lm_max2f and
 // lm_maxcf, fabsf for max(x, -x)). An op + kConstB takes constant b instead of register b.
+// One op on a vector: a and b its operands (b a constant broadcast for op + kConstB); the ops as
+// the renderer writes them (cstyle.py, kernel.py's lm_max2f and lm_maxcf, fabsf for max(x, -x)).
+// Called with a constant op, the switch folds away.
+template <bool DQ>
+__attribute__((always_inline)) inline __m512 epi_apply(int op, __m512 a, __m512 b) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  switch (op) {
+  case kAdd:
+  case kAdd + kConstB: return _mm512_add_ps(a, b);
+  case kMul:
+  case kMul + kConstB: return _mm512_mul_ps(a, b);
+  case kRecip: return _mm512_div_ps(one, a);
+  case kExp2: return epi_exp2<DQ>(a);
+  case kSqrt: return _mm512_maskz_sqrt_ps(kAll, a);
+  case kLt:
+  case kLt + kConstB: return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), one);
+  case kMax2: // b where b > a, b is NaN, or they tie with a negative (-0 < +0)
+    return _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) |
+            (_mm512_cmp_ps_mask(b, a, _CMP_EQ_OQ) &
+             _mm512_cmplt_epi32_mask(_mm512_castps_si512(a), _mm512_setzero_si512())),
+        a, b);
+  case kMaxC:
+  case kMaxC + kConstB: return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(b, a, _CMP_GE_OQ), a, b);
+  case kAbs:
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+  default: return a;
+  }
+}
+
+// x[v] = the program's value at x[v] (the product) and vec[v] (the vector operand) for nv
+// vectors, one instruction at a time over all of them.
 template <bool DQ>
 __attribute__((always_inline)) inline void epi_program(const EpiProgram &e, __m512 *x,
                                                        const __m512 *vec, int nv) {
   __m512 r[kEpiRegs][kEpiGroup];
-  const __m512 one = _mm512_set1_ps(1.0f);
   for (int i = 0; i < e.n; ++i) {
     const EpiInst in = e.ins[i];
     __m512 *d = r[in.dst];
@@ -379,46 +411,90 @@ __attribute__((always_inline)) inline void epi_program(const EpiProgram &e, __m5
 #define LM_EPI_EACH(expr)                                                                          \
   _Pragma("GCC unroll 4") for (int v = 0; v < nv; ++v) d[v] = (expr);                              \
   break;
-#define LM_EPI_CONST(expr)                                                                         \
-  {                                                                                                \
+#define LM_EPI_OP(op)                                                                              \
+  case op: LM_EPI_EACH(epi_apply<DQ>(op, a[v], b[v]))
+#define LM_EPI_OPC(op)                                                                             \
+  case op + kConstB: {                                                                             \
     const __m512 k = _mm512_set1_ps(e.consts[in.b]);                                               \
-    LM_EPI_EACH(expr)                                                                              \
+    LM_EPI_EACH(epi_apply<DQ>(op + kConstB, a[v], k))                                              \
   }
     switch (in.op) {
     case kX: LM_EPI_EACH(x[v])
     case kVec: LM_EPI_EACH(vec[v])
-    case kConst: LM_EPI_EACH(_mm512_set1_ps(e.consts[in.a]))
-    case kAdd: LM_EPI_EACH(_mm512_add_ps(a[v], b[v]))
-    case kAdd + kConstB: LM_EPI_CONST(_mm512_add_ps(a[v], k))
-    case kMul: LM_EPI_EACH(_mm512_mul_ps(a[v], b[v]))
-    case kMul + kConstB: LM_EPI_CONST(_mm512_mul_ps(a[v], k))
-    case kRecip: LM_EPI_EACH(_mm512_div_ps(one, a[v]))
-    case kExp2: LM_EPI_EACH(epi_exp2<DQ>(a[v]))
-    case kSqrt: LM_EPI_EACH(_mm512_maskz_sqrt_ps(kAll, a[v]))
-    case kLt: LM_EPI_EACH(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a[v], b[v], _CMP_LT_OQ), one))
-    case kLt + kConstB:
-      LM_EPI_CONST(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a[v], k, _CMP_LT_OQ), one))
-    case kMax2: // b where b > a, b is NaN, or they tie with a negative (-0 < +0)
-      LM_EPI_EACH(_mm512_mask_blend_ps(
-          _mm512_cmp_ps_mask(b[v], a[v], _CMP_GT_OQ) |
-              _mm512_cmp_ps_mask(b[v], b[v], _CMP_UNORD_Q) |
-              (_mm512_cmp_ps_mask(b[v], a[v], _CMP_EQ_OQ) &
-               _mm512_cmplt_epi32_mask(_mm512_castps_si512(a[v]), _mm512_setzero_si512())),
-          a[v], b[v]))
-    case kMaxC:
-      LM_EPI_EACH(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(b[v], a[v], _CMP_GE_OQ), a[v], b[v]))
-    case kMaxC + kConstB:
-      LM_EPI_CONST(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(k, a[v], _CMP_GE_OQ), a[v], k))
-    case kAbs:
-      LM_EPI_EACH(_mm512_castsi512_ps(
-          _mm512_and_si512(_mm512_castps_si512(a[v]), _mm512_set1_epi32(0x7fffffff))))
+    case kConst:
+      LM_EPI_EACH(_mm512_set1_ps(e.consts[in.a]))
+      LM_EPI_OP(kAdd)
+      LM_EPI_OP(kMul)
+      LM_EPI_OP(kRecip)
+      LM_EPI_OP(kExp2)
+      LM_EPI_OP(kSqrt)
+      LM_EPI_OP(kLt)
+      LM_EPI_OP(kMax2)
+      LM_EPI_OP(kMaxC)
+      LM_EPI_OP(kAbs)
+      LM_EPI_OPC(kAdd)
+      LM_EPI_OPC(kMul)
+      LM_EPI_OPC(kLt)
+      LM_EPI_OPC(kMaxC)
     default: break;
     }
 #undef LM_EPI_EACH
-#undef LM_EPI_CONST
+#undef LM_EPI_OP
+#undef LM_EPI_OPC
   }
   const __m512 *out = r[e.ins[e.n - 1].dst];
   for (int v = 0; v < nv; ++v) x[v] = out[v];
+}
+
+// A program known when pgemm is built (KNOWN in tests/test_pgemm_epilogue.py: what
+// targets/pgemm_epilogue.py writes for a bias and the common activations), run vector by vector
+// as straight-line code in registers: the interpreter above keeps its registers in memory, one
+// load and store per op and vector.
+template <uint32_t... C> struct Fixed {
+  static constexpr uint32_t codes[] = {C...};
+  static constexpr int n = sizeof...(C);
+};
+
+template <bool DQ, uint32_t C>
+__attribute__((always_inline)) inline void fixed_step(__m512 (&r)[kEpiRegs], __m512 x, __m512 vec,
+                                                      const float *consts) {
+  constexpr int op = C & 255, d = C >> 8 & 255, a = C >> 16 & 255, b = C >> 24 & 255;
+  if constexpr (op == kX)
+    r[d] = x;
+  else if constexpr (op == kVec)
+    r[d] = vec;
+  else if constexpr (op == kConst)
+    r[d] = _mm512_set1_ps(consts[a]);
+  else if constexpr (op > kConstB)
+    r[d] = epi_apply<DQ>(op, r[a], _mm512_set1_ps(consts[b]));
+  else
+    r[d] = epi_apply<DQ>(op, r[a], r[b]);
+}
+
+template <bool DQ, uint32_t... C> void epi_tile_fixed(const EpiTile &t, __m512 *v, int rows) {
+  constexpr uint32_t codes[] = {C...};
+  constexpr int out = codes[sizeof...(C) - 1] >> 8 & 255;
+  const float *k = t.prog->consts;
+  auto vec = [&](int j) {
+    return t.rows   ? _mm512_set1_ps(t.rows[j / 2])
+           : t.cols ? _mm512_loadu_ps(t.cols + 16 * (j % 2))
+                    : _mm512_setzero_ps();
+  };
+  // four vectors at a time: four independent chains of the program's ops in flight
+  int j = 0;
+  for (; j + 4 <= 2 * rows; j += 4) {
+    __m512 r0[kEpiRegs], r1[kEpiRegs], r2[kEpiRegs], r3[kEpiRegs];
+    const __m512 e0 = vec(j), e1 = vec(j + 1), e2 = vec(j + 2), e3 = vec(j + 3);
+    ((fixed_step<DQ, C>(r0, v[j], e0, k), fixed_step<DQ, C>(r1, v[j + 1], e1, k),
+      fixed_step<DQ, C>(r2, v[j + 2], e2, k), fixed_step<DQ, C>(r3, v[j + 3], e3, k)),
+     ...);
+    v[j] = r0[out], v[j + 1] = r1[out], v[j + 2] = r2[out], v[j + 3] = r3[out];
+  }
+  for (; j < 2 * rows; ++j) {
+    __m512 r[kEpiRegs];
+    (fixed_step<DQ, C>(r, v[j], vec(j), k), ...);
+    v[j] = r[out];
+  }
 }
 
 // The epilogue over a rectangle of C (rows x cols at c, rows ldc apart) whose first element is
@@ -476,6 +552,40 @@ template <bool DQ> void epi_tile(const EpiTile &t, __m512 *v, int rows) {
     }
   epi_program<DQ>(*t.prog, v, vec, n);
 }
+// The programs compiled in (the bias is a row's or a column's: the same program), each for
+// CPUs without and with AVX-512 DQ.
+struct KnownProgram {
+  const uint32_t *codes;
+  int n;
+  void (*run[2])(const EpiTile &, __m512 *, int);
+};
+#define LM_KNOWN(...)                                                                              \
+  {                                                                                                \
+    Fixed<__VA_ARGS__>::codes, Fixed<__VA_ARGS__>::n, {                                            \
+      epi_tile_fixed<false, __VA_ARGS__>, epi_tile_fixed<true, __VA_ARGS__>                        \
+    }                                                                                              \
+  }
+const KnownProgram kKnown[] = {
+    LM_KNOWN(0x1, 0x102, 0x1000104),                                                   // x + bias
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x1011b),                                          // relu
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10015, 0x1000015, 0x7, 0x2000014, 0x6, 0x10005), // silu
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10015, 0x1010115, 0x1020c, 0x20315, 0x2030314, 0x30306,
+             0x3030415, 0x4040414, 0x3040405, 0x5040414, 0x3040405, 0x6040414, 0x3040405, 0x7040414,
+             0x3040405, 0x8040414, 0x3040405, 0x9040414, 0x3040405, 0xa040414, 0x3040405, 0xb040414,
+             0x3040405, 0xc040414, 0x2020205, 0xd020215, 0x2040204, 0xe020215, 0x20207, 0x2030205,
+             0xf010119, 0x10010315, 0x2030314, 0x3020305, 0x11010115, 0x1030104,
+             0x1000105), // gelu (erf)
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x1010005, 0x1000005, 0x15, 0x10004, 0x1000015, 0x2000015,
+             0x3000015, 0x7, 0x4000014, 0x6, 0x10005),                                // gelu (tanh)
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10115, 0x1010115, 0x10107, 0x2010114, 0x10106), // sigmoid
+    LM_KNOWN(0x1, 0x15, 0x1000015, 0x7, 0x2000014, 0x6), // sigmoid without a bias
+    // as torch.compile's graphs lower (their constants folded into one)
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10015, 0x7, 0x1000014, 0x6, 0x10005), // silu
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x1010005, 0x1000005, 0x15, 0x10004, 0x1000015, 0x7, 0x2000014,
+             0x6, 0x10005),                                                // gelu (tanh)
+    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10115, 0x10107, 0x1010114, 0x10106), // sigmoid
+};
+#undef LM_KNOWN
 #pragma GCC pop_options
 
 using EpiFn = void (*)(const EpiProgram &, float *, int64_t, int64_t, int64_t, int64_t, int64_t);
@@ -701,9 +811,8 @@ public:
       throw PlanError(at_ + ": epilogue fields without 'epi'");
     if (epi_expr_ >= 0 && !has_avx512())
       throw PlanError(at_ + ": a fused epilogue needs AVX-512 (not on this CPU)");
-    const bool dq = __builtin_cpu_supports("avx512dq");
-    epi_fn_ = dq ? epi_rect<true> : epi_rect<false>;
-    epi_tile_fn_ = dq ? epi_tile<true> : epi_tile<false>;
+    dq_ = __builtin_cpu_supports("avx512dq");
+    epi_fn_ = dq_ ? epi_rect<true> : epi_rect<false>;
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
@@ -991,6 +1100,7 @@ private:
   void bind_epilogue(const int64_t *vals, const int64_t *buf_bytes, const GemmDesc::Bound &b) {
     epi_.clear();
     vec_axis_ = 0;
+    std::vector<uint32_t> codes;
     if (epi_expr_ < 0) return;
     const int64_t n = vals[epi_expr_];
     if (n < 1 || n > kEpiMaxOps || size_t(n) > e_expr_.size())
@@ -1011,7 +1121,12 @@ private:
                       (const_b ? in.b < consts_.size() : in.b < kEpiRegs);
       if (!ok) throw Error(at_ + ": bad epilogue instruction e" + std::to_string(i));
       epi_.push_back(in);
+      codes.push_back(uint32_t(code));
     }
+    epi_tile_fn_ = dq_ ? epi_tile<true> : epi_tile<false>;
+    for (const KnownProgram &kp : kKnown)
+      if (size_t(kp.n) == codes.size() && std::equal(codes.begin(), codes.end(), kp.codes))
+        epi_tile_fn_ = kp.run[dq_];
     if (b.beta != 0.0) throw Error(at_ + ": a fused epilogue needs beta 0");
     vec_axis_ = vec_expr_[0] >= 0 ? vals[vec_expr_[0]] : 0;
     if (vec_axis_ < 0 || vec_axis_ > 2 || (vec_axis_ != 0) != (args_.size() == 4))
@@ -1093,6 +1208,7 @@ private:
   EpiFn epi_fn_ = nullptr; // over C in memory: the portable kernel and an empty sum
   void (*epi_tile_fn_)(const EpiTile &, __m512 *, int) = nullptr;
   bool portable_ = false; // the plain-loop micro-kernels (no epilogue in their store)
+  bool dq_ = false;       // AVX-512 DQ (the exp2 form)
   int64_t vec_axis_ = 0, vec_len_ = 1, vec_off_ = 0;
   const float *vec_ = nullptr;
   // the current run's operands and partition (set by run before the tasks start)
