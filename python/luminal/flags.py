@@ -121,6 +121,11 @@ SEARCH_LIBRARY = Flag(
     "LUMINAL_SEARCH_LIBRARY", "1",
     "0 keeps every generated kernel (no measured library-call alternatives such as GEMM)",
 )  # fmt: skip
+SEARCH_EPILOGUES = Flag(
+    "LUMINAL_SEARCH_EPILOGUES", "1",
+    "0 offers no library call that computes its product's epilogue itself (pgemm storing a "
+    "bias and an activation), only the call followed by the epilogue kernel",
+)  # fmt: skip
 SEARCH_MIN_US = Flag(
     "LUMINAL_SEARCH_MIN_US", "20",
     "kernels the cost model puts below this many microseconds keep their default schedule "
@@ -154,7 +159,8 @@ PROGRESS = Flag(
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB, KERNEL_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE, COLLAPSE,
        CUBLASLT, SEARCH_BUDGET,
-       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_MIN_US,
+       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_EPILOGUES,
+       SEARCH_MIN_US,
        SEARCH_SCHEDULES, SEARCH_FUSION, ACT_QUANT, MATMUL_PRECISION, PROGRESS)  # fmt: skip
 
 

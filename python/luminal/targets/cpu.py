@@ -432,7 +432,7 @@ class CpuTarget:
         self, call: K.LibCall, epilogue: K.Kernel, operands: Sequence[BufferInfo]
     ) -> list[tuple[str, K.LibCall]]:
         """pgemm storing the epilogue's value of each tile (targets/pgemm_epilogue.py)."""
-        if call.func != "gemm":
+        if call.func != "gemm" or flags.SEARCH_EPILOGUES.get() == "0":
             return []
         out = []
         for label, variant in _pgemm_variants(call, operands):
