@@ -1,5 +1,5 @@
 """pgemm running its GEMM's epilogue on each stored tile (targets/pgemm_epilogue.py,
-csrc/cpu/pgemm.cpp): a bias along the output's rows or columns and an activation, fused and
+csrc/cpu/pgemm_epilogue.inc): a bias along the output's rows or columns and an activation, fused and
 unfused (the search forced to each), against PyTorch at odd sizes; the program it encodes;
 the plan's checks of the fields."""
 
@@ -150,7 +150,7 @@ def test_other_programs_run_interpreted(isa: str, tmp_path, monkeypatch) -> None
         np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-# activations whose programs pgemm.cpp compiles in (kKnown), with a bias or without
+# activations whose programs pgemm_epilogue.inc compiles in (kKnown), with a bias or without
 KNOWN = [("none", True), ("relu", True), ("silu", True), ("gelu", True), ("gelu_tanh", True),
          ("sigmoid", True), ("sigmoid", False)]  # fmt: skip
 
@@ -172,12 +172,13 @@ def _codes(act: str, bias: bool) -> list[int]:
 
 
 def test_compiled_in_programs_are_what_the_target_writes() -> None:
-    """pgemm.cpp's table of compiled-in programs holds the program written for each common
-    activation (a change to how one lowers leaves it interpreted: slower, still right)."""
+    """The table of compiled-in programs (pgemm_epilogue.inc) holds the program written for
+    each common activation (a change to how one lowers leaves it interpreted: slower, still
+    right)."""
     import re
     from pathlib import Path
 
-    src = (Path(__file__).resolve().parents[1] / "csrc" / "cpu" / "pgemm.cpp").read_text()
+    src = (Path(__file__).resolve().parents[1] / "csrc" / "cpu" / "pgemm_epilogue.inc").read_text()
     table = src[src.index("const KnownProgram kKnown[]") :]
     table = table[: table.index("};")]
     known = [[int(c, 16) for c in re.findall(r"0x[0-9a-f]+", m)]

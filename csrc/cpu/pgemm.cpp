@@ -310,285 +310,7 @@ void pack_a_pairs(const uint16_t *a, int64_t lda, bool ta, int64_t m, int64_t k,
   }
 }
 
-// ---- fused epilogue (targets/pgemm_epilogue.py): a register program over vectors of C
-
-enum EpiOp { kX = 1, kVec, kConst, kAdd, kMul, kRecip, kExp2, kSqrt, kLt, kMax2, kMaxC, kAbs };
-constexpr int kEpiRegs = 16;          // registers per vector (pgemm_epilogue.REGISTERS)
-constexpr int kEpiGroup = 2 * kMaxMr; // vectors run through one instruction at a time (a tile)
-constexpr int kConstB = 16;           // an op reading constant b (pgemm_epilogue.CONST_B)
-constexpr int kEpiMaxOps = 96;        // pgemm_epilogue.MAX_INSTRUCTIONS
-
-struct EpiInst {
-  uint8_t op, dst, a, b;
-};
-
-// lm_exp2f's polynomial (codegen/cpu/kernel.py), as the generated kernels' lm_vexp2f
-constexpr float kExp2C[6] = {6.9314718246459961e-01f, 2.4022647738456726e-01f,
-                             5.5503323674201965e-02f, 9.6184369176626200e-03f,
-                             1.3398875016719103e-03f, 1.5353361959569156e-04f};
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512dq")
-// (the maskz forms with every lane: GCC 12 warns on the plain ones' _mm512_undefined)
-constexpr __mmask16 kAll = 0xffff;
-template <bool DQ> __attribute__((always_inline)) inline __m512 epi_exp2(__m512 x) {
-  __m512 f, n;
-  if constexpr (DQ) { // vreduceps: the same bits as the clamped form (vector_prelude.py)
-    f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    n = _mm512_sub_ps(x, f);
-  } else {
-    x = _mm512_maskz_min_ps(kAll, _mm512_set1_ps(130.0f),
-                            _mm512_maskz_max_ps(kAll, _mm512_set1_ps(-160.0f), x));
-    n = _mm512_maskz_roundscale_ps(kAll, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    f = _mm512_sub_ps(x, n);
-  }
-  __m512 p = _mm512_set1_ps(kExp2C[5]);
-  for (int i = 4; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C[i]));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(kAll, p, n);
-}
-
-// The bound epilogue: instructions, constants, the vector operand and its axis and period.
-struct EpiProgram {
-  const EpiInst *ins = nullptr;
-  int n = 0;
-  const float *consts = nullptr, *vec = nullptr;
-  int64_t axis = 0, len = 1;
-};
-
-// One micro-tile's epilogue: the program, the vector's values at the tile's rows (`rows`,
-// one per row) or at its 32 columns (`cols`), and the runner for this CPU (epi_tile<DQ>).
-struct EpiTile {
-  const EpiProgram *prog = nullptr;
-  const float *rows = nullptr, *cols = nullptr;
-  void (*run)(const EpiTile &, __m512 *, int) = nullptr;
-};
-
-// x[v] = the program's value at x[v] (the product) and vec[v] (the vector operand) for
-// kEpiGroup vectors; the ops as the renderer writes them (cstyle.py, kernel.py's lm_max2f and
-// lm_maxcf, fabsf for max(x, -x)). An op + kConstB takes constant b instead of register b.
-// One op on a vector: a and b its operands (b a constant broadcast for op + kConstB); the ops as
-// the renderer writes them (cstyle.py, kernel.py's lm_max2f and lm_maxcf, fabsf for max(x, -x)).
-// Called with a constant op, the switch folds away.
-template <bool DQ>
-__attribute__((always_inline)) inline __m512 epi_apply(int op, __m512 a, __m512 b) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  switch (op) {
-  case kAdd:
-  case kAdd + kConstB: return _mm512_add_ps(a, b);
-  case kMul:
-  case kMul + kConstB: return _mm512_mul_ps(a, b);
-  case kRecip: return _mm512_div_ps(one, a);
-  case kExp2: return epi_exp2<DQ>(a);
-  case kSqrt: return _mm512_maskz_sqrt_ps(kAll, a);
-  case kLt:
-  case kLt + kConstB: return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), one);
-  case kMax2: // b where b > a, b is NaN, or they tie with a negative (-0 < +0)
-    return _mm512_mask_blend_ps(
-        _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) |
-            (_mm512_cmp_ps_mask(b, a, _CMP_EQ_OQ) &
-             _mm512_cmplt_epi32_mask(_mm512_castps_si512(a), _mm512_setzero_si512())),
-        a, b);
-  case kMaxC:
-  case kMaxC + kConstB: return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(b, a, _CMP_GE_OQ), a, b);
-  case kAbs:
-    return _mm512_castsi512_ps(
-        _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
-  default: return a;
-  }
-}
-
-// x[v] = the program's value at x[v] (the product) and vec[v] (the vector operand) for nv
-// vectors, one instruction at a time over all of them.
-template <bool DQ>
-__attribute__((always_inline)) inline void epi_program(const EpiProgram &e, __m512 *x,
-                                                       const __m512 *vec, int nv) {
-  __m512 r[kEpiRegs][kEpiGroup];
-  for (int i = 0; i < e.n; ++i) {
-    const EpiInst in = e.ins[i];
-    __m512 *d = r[in.dst];
-    const __m512 *a = r[in.a], *b = r[in.b];
-#define LM_EPI_EACH(expr)                                                                          \
-  _Pragma("GCC unroll 4") for (int v = 0; v < nv; ++v) d[v] = (expr);                              \
-  break;
-#define LM_EPI_OP(op)                                                                              \
-  case op: LM_EPI_EACH(epi_apply<DQ>(op, a[v], b[v]))
-#define LM_EPI_OPC(op)                                                                             \
-  case op + kConstB: {                                                                             \
-    const __m512 k = _mm512_set1_ps(e.consts[in.b]);                                               \
-    LM_EPI_EACH(epi_apply<DQ>(op + kConstB, a[v], k))                                              \
-  }
-    switch (in.op) {
-    case kX: LM_EPI_EACH(x[v])
-    case kVec: LM_EPI_EACH(vec[v])
-    case kConst:
-      LM_EPI_EACH(_mm512_set1_ps(e.consts[in.a]))
-      LM_EPI_OP(kAdd)
-      LM_EPI_OP(kMul)
-      LM_EPI_OP(kRecip)
-      LM_EPI_OP(kExp2)
-      LM_EPI_OP(kSqrt)
-      LM_EPI_OP(kLt)
-      LM_EPI_OP(kMax2)
-      LM_EPI_OP(kMaxC)
-      LM_EPI_OP(kAbs)
-      LM_EPI_OPC(kAdd)
-      LM_EPI_OPC(kMul)
-      LM_EPI_OPC(kLt)
-      LM_EPI_OPC(kMaxC)
-    default: break;
-    }
-#undef LM_EPI_EACH
-#undef LM_EPI_OP
-#undef LM_EPI_OPC
-  }
-  const __m512 *out = r[e.ins[e.n - 1].dst];
-  for (int v = 0; v < nv; ++v) x[v] = out[v];
-}
-
-// A program known when pgemm is built (KNOWN in tests/test_pgemm_epilogue.py: what
-// targets/pgemm_epilogue.py writes for a bias and the common activations), run vector by vector
-// as straight-line code in registers: the interpreter above keeps its registers in memory, one
-// load and store per op and vector.
-template <uint32_t... C> struct Fixed {
-  static constexpr uint32_t codes[] = {C...};
-  static constexpr int n = sizeof...(C);
-};
-
-template <bool DQ, uint32_t C>
-__attribute__((always_inline)) inline void fixed_step(__m512 (&r)[kEpiRegs], __m512 x, __m512 vec,
-                                                      const float *consts) {
-  constexpr int op = C & 255, d = C >> 8 & 255, a = C >> 16 & 255, b = C >> 24 & 255;
-  if constexpr (op == kX)
-    r[d] = x;
-  else if constexpr (op == kVec)
-    r[d] = vec;
-  else if constexpr (op == kConst)
-    r[d] = _mm512_set1_ps(consts[a]);
-  else if constexpr (op > kConstB)
-    r[d] = epi_apply<DQ>(op, r[a], _mm512_set1_ps(consts[b]));
-  else
-    r[d] = epi_apply<DQ>(op, r[a], r[b]);
-}
-
-template <bool DQ, uint32_t... C> void epi_tile_fixed(const EpiTile &t, __m512 *v, int rows) {
-  constexpr uint32_t codes[] = {C...};
-  constexpr int out = codes[sizeof...(C) - 1] >> 8 & 255;
-  const float *k = t.prog->consts;
-  auto vec = [&](int j) {
-    return t.rows   ? _mm512_set1_ps(t.rows[j / 2])
-           : t.cols ? _mm512_loadu_ps(t.cols + 16 * (j % 2))
-                    : _mm512_setzero_ps();
-  };
-  // four vectors at a time: four independent chains of the program's ops in flight
-  int j = 0;
-  for (; j + 4 <= 2 * rows; j += 4) {
-    __m512 r0[kEpiRegs], r1[kEpiRegs], r2[kEpiRegs], r3[kEpiRegs];
-    const __m512 e0 = vec(j), e1 = vec(j + 1), e2 = vec(j + 2), e3 = vec(j + 3);
-    ((fixed_step<DQ, C>(r0, v[j], e0, k), fixed_step<DQ, C>(r1, v[j + 1], e1, k),
-      fixed_step<DQ, C>(r2, v[j + 2], e2, k), fixed_step<DQ, C>(r3, v[j + 3], e3, k)),
-     ...);
-    v[j] = r0[out], v[j + 1] = r1[out], v[j + 2] = r2[out], v[j + 3] = r3[out];
-  }
-  for (; j < 2 * rows; ++j) {
-    __m512 r[kEpiRegs];
-    (fixed_step<DQ, C>(r, v[j], vec(j), k), ...);
-    v[j] = r[out];
-  }
-}
-
-// The epilogue over a rectangle of C (rows x cols at c, rows ldc apart) whose first element is
-// C's row r0, column c0 (for the vector's index), in groups of kEpiGroup vectors of a row.
-template <bool DQ>
-void epi_rect(const EpiProgram &e, float *c, int64_t ldc, int64_t rows, int64_t cols, int64_t r0,
-              int64_t c0) {
-  __m512 x[kEpiGroup], vec[kEpiGroup];
-  float *dst[kEpiGroup];
-  __mmask16 mask[kEpiGroup];
-  int nv = 0;
-  auto flush = [&] {
-    epi_program<DQ>(e, x, vec, nv);
-    for (int v = 0; v < nv; ++v) _mm512_mask_storeu_ps(dst[v], mask[v], x[v]);
-    nv = 0;
-  };
-  int64_t ri = e.axis == 1 ? r0 % e.len : 0; // the vector's index at row q
-  for (int64_t q = 0; q < rows; ++q) {
-    int64_t ci = e.axis == 2 ? c0 % e.len : 0; // and at column w
-    for (int64_t w = 0; w < cols; w += 16) {
-      const int l = int(std::min<int64_t>(16, cols - w));
-      const __mmask16 m = __mmask16((1u << l) - 1);
-      dst[nv] = c + q * ldc + w;
-      mask[nv] = m;
-      x[nv] = _mm512_maskz_loadu_ps(m, dst[nv]);
-      if (e.axis == 1) {
-        vec[nv] = _mm512_set1_ps(e.vec[ri]);
-      } else if (e.axis == 2 && ci + l <= e.len) {
-        vec[nv] = _mm512_maskz_loadu_ps(m, e.vec + ci);
-        ci = ci + l == e.len ? 0 : ci + l;
-      } else if (e.axis == 2) { // the row wraps around the vector (batches merged into rows)
-        alignas(64) float t[16] = {};
-        for (int j = 0; j < l; ++j, ci = ci + 1 == e.len ? 0 : ci + 1) t[j] = e.vec[ci];
-        vec[nv] = _mm512_load_ps(t);
-      } else {
-        vec[nv] = _mm512_setzero_ps();
-      }
-      if (++nv == kEpiGroup) flush();
-    }
-    if (e.axis == 1 && ++ri == e.len) ri = 0;
-  }
-  if (nv) flush();
-}
-// The epilogue over a micro-tile's 2 * R vectors of values in registers (row r: v[2r] and
-// v[2r + 1], columns 0-15 and 16-31), before they are stored.
-template <bool DQ> void epi_tile(const EpiTile &t, __m512 *v, int rows) {
-  __m512 vec[kEpiGroup];
-  const int n = 2 * rows;
-  if (t.rows)
-    for (int r = 0; r < rows; ++r) vec[2 * r] = vec[2 * r + 1] = _mm512_set1_ps(t.rows[r]);
-  else if (t.cols)
-    for (int r = 0; r < rows; ++r) {
-      vec[2 * r] = _mm512_loadu_ps(t.cols);
-      vec[2 * r + 1] = _mm512_loadu_ps(t.cols + 16);
-    }
-  epi_program<DQ>(*t.prog, v, vec, n);
-}
-// The programs compiled in (the bias is a row's or a column's: the same program), each for
-// CPUs without and with AVX-512 DQ.
-struct KnownProgram {
-  const uint32_t *codes;
-  int n;
-  void (*run[2])(const EpiTile &, __m512 *, int);
-};
-#define LM_KNOWN(...)                                                                              \
-  {                                                                                                \
-    Fixed<__VA_ARGS__>::codes, Fixed<__VA_ARGS__>::n, {                                            \
-      epi_tile_fixed<false, __VA_ARGS__>, epi_tile_fixed<true, __VA_ARGS__>                        \
-    }                                                                                              \
-  }
-const KnownProgram kKnown[] = {
-    LM_KNOWN(0x1, 0x102, 0x1000104),                                                   // x + bias
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x1011b),                                          // relu
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10015, 0x1000015, 0x7, 0x2000014, 0x6, 0x10005), // silu
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10015, 0x1010115, 0x1020c, 0x20315, 0x2030314, 0x30306,
-             0x3030415, 0x4040414, 0x3040405, 0x5040414, 0x3040405, 0x6040414, 0x3040405, 0x7040414,
-             0x3040405, 0x8040414, 0x3040405, 0x9040414, 0x3040405, 0xa040414, 0x3040405, 0xb040414,
-             0x3040405, 0xc040414, 0x2020205, 0xd020215, 0x2040204, 0xe020215, 0x20207, 0x2030205,
-             0xf010119, 0x10010315, 0x2030314, 0x3020305, 0x11010115, 0x1030104,
-             0x1000105), // gelu (erf)
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x1010005, 0x1000005, 0x15, 0x10004, 0x1000015, 0x2000015,
-             0x3000015, 0x7, 0x4000014, 0x6, 0x10005),                                // gelu (tanh)
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10115, 0x1010115, 0x10107, 0x2010114, 0x10106), // sigmoid
-    LM_KNOWN(0x1, 0x15, 0x1000015, 0x7, 0x2000014, 0x6), // sigmoid without a bias
-    // as torch.compile's graphs lower (their constants folded into one)
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10015, 0x7, 0x1000014, 0x6, 0x10005), // silu
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x1010005, 0x1000005, 0x15, 0x10004, 0x1000015, 0x7, 0x2000014,
-             0x6, 0x10005),                                                // gelu (tanh)
-    LM_KNOWN(0x1, 0x102, 0x1000104, 0x10115, 0x10107, 0x1010114, 0x10106), // sigmoid
-};
-#undef LM_KNOWN
-#pragma GCC pop_options
-
-using EpiFn = void (*)(const EpiProgram &, float *, int64_t, int64_t, int64_t, int64_t, int64_t);
+#include "pgemm_epilogue.inc"
 
 // ---- micro-kernels
 
@@ -764,7 +486,7 @@ public:
       : at_("step " + std::to_string(step) + " (pgemm)"),
         gemm_(plan.steps[step], at_, own_fields(plan.steps[step]),
               plan.steps[step].args.size() == 4 ? 1 : 0),
-        pool_(pool) {
+        pool_(pool), epi_(at_) {
     const Step &s = plan.steps[step];
     const DType ta = plan.buffers[s.args[0]].dtype, tb = plan.buffers[s.args[1]].dtype,
                 tc = plan.buffers[s.args[2]].dtype;
@@ -793,7 +515,7 @@ public:
               : f.name == "swap"   ? 5
                                    : -1;
       if (i < 0) {
-        epi_field(f);
+        epi_.field(f);
         continue;
       }
       if (f.is_real)
@@ -803,23 +525,14 @@ public:
     }
     args_ = s.args;
     for (int i = 0; i < 2; ++i) is_weight_[i] = plan.buffers[args_[i]].role == Role::weight;
-    if (args_.size() == 4 && plan.buffers[args_[3]].dtype != DType::f32)
-      throw PlanError(at_ + ": the epilogue's vector must be f32");
-    if (args_.size() == 4 && vec_expr_[0] < 0)
-      throw PlanError(at_ + ": a 4th buffer needs 'vec_axis'");
-    if (epi_expr_ < 0 && (!e_expr_.empty() || vec_expr_[0] >= 0))
-      throw PlanError(at_ + ": epilogue fields without 'epi'");
-    if (epi_expr_ >= 0 && !has_avx512())
-      throw PlanError(at_ + ": a fused epilogue needs AVX-512 (not on this CPU)");
-    dq_ = __builtin_cpu_supports("avx512dq");
-    epi_fn_ = dq_ ? epi_rect<true> : epi_rect<false>;
+    epi_.check(plan, s);
   }
 
   void bind(const int64_t *vals, const int64_t *buf_bytes) override {
     const int64_t elems[3] = {buf_bytes[args_[0]] / elem_, buf_bytes[args_[1]] / elem_,
                               buf_bytes[args_[2]] / 4};
     GemmDesc::Bound b = gemm_.bind(vals, elems);
-    bind_epilogue(vals, buf_bytes, b);
+    epi_.bind(vals, buf_bytes, b[kM], b[kN], b.beta);
     int64_t s[6] = {8, 0, 0, 0, 1, 0};
     for (int i = 0; i < 6; ++i)
       if (sched_set_[i]) s[i] = vals[sched_expr_[i]];
@@ -854,7 +567,7 @@ public:
   void run(void *const *args) override {
     const int64_t m = v_[kM], n = v_[kN], k = v_[kK], batch = v_[kBatch];
     c_ = static_cast<float *>(args[2]) + v_[kOffC];
-    if (vec_axis_) vec_ = static_cast<const float *>(args[3]) + vec_off_;
+    epi_.start(args);
     if (m == 0 || n == 0 || batch == 0) return;
     if (k == 0) { // an empty sum: C = beta * C
       for (int64_t i = 0; i < batch; ++i)
@@ -868,8 +581,8 @@ public:
           for (int64_t r = 0; r < m; r += mr_)
             for (int64_t p = 0; p * kNr < n; ++p) {
               float *c = c_ + i * v_[kStrideC] + p * kNr * (swap_ ? v_[kLdc] : 1);
-              epilogue(c + r * (swap_ ? 1 : v_[kLdc]), r, std::min(mr_, m - r), p,
-                       int(std::min<int64_t>(kNr, n - p * kNr)));
+              epi_.rect(c + r * (swap_ ? 1 : v_[kLdc]), v_[kLdc], r, std::min(mr_, m - r), p,
+                        int(std::min<int64_t>(kNr, n - p * kNr)), swap_);
             }
       return;
     }
@@ -1028,7 +741,7 @@ private:
     const int64_t *v = g.v_;
     const int64_t m = v[kM], n = v[kN], k = v[kK], kb = g.kb_, per = g.mblocks_ * g.panels_;
     const MicroFn *micro = g.micro_[g.direct_a_].data();
-    TileVec et; // the epilogue's vector at a tile
+    Epilogue::Scratch et; // a tile's epilogue
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / per, mb = t % per / g.panels_, p = t % g.panels_;
       const char *ad = g.a_ + i * v[kStrideA] * g.elem_; // A in place
@@ -1047,10 +760,11 @@ private:
                                ? static_cast<const void *>(ad + (r * v[kLda] + k0) * g.elem_)
                                : static_cast<const void *>(ap + r * kb + w0 * rr);
           const bool last = !g.epi_.empty() && k0 + kd >= k;
-          const EpiTile *ep = last && !g.portable_ ? g.tile_epilogue(et, r, rr, p, cols) : nullptr;
+          const EpiTile *ep =
+              last && !g.portable_ ? g.epi_.tile(et, r, rr, p, cols, g.swap_) : nullptr;
           micro[rr](at, v[kLda], bp + w0 * kNr, kd, c + r * rs, ldc, cols, g.alpha_, beta, g.swap_,
                     ep);
-          if (last && g.portable_) g.epilogue(c + r * rs, r, rr, p, cols);
+          if (last && g.portable_) g.epi_.rect(c + r * rs, ldc, r, rr, p, cols, g.swap_);
         }
       }
     }
@@ -1058,130 +772,10 @@ private:
 
   // The descriptor fields this call reads beyond the gemm's: its schedule and epilogue.
   static std::vector<std::string> own_fields(const Step &s) {
-    std::vector<std::string> out = {"mr",   "mc",  "kc",       "pack",   "pack_a",
-                                    "swap", "epi", "vec_axis", "vec_off"};
+    std::vector<std::string> out = {"mr", "mc", "kc", "pack", "pack_a", "swap"};
     for (const Field &f : s.fields)
-      if (epi_index(f.name, "e") >= 0 || epi_index(f.name, "ec") >= 0) out.push_back(f.name);
+      if (Epilogue::is_field(f.name)) out.push_back(f.name);
     return out;
-  }
-
-  // i for a name `prefix` + decimal i (no leading zeros), else -1.
-  static int epi_index(const std::string &name, const char *prefix) {
-    const size_t n = std::strlen(prefix);
-    if (name.size() <= n || name.compare(0, n, prefix) != 0 || name.size() - n > 3) return -1;
-    if (name[n] == '0' && name.size() > n + 1) return -1;
-    int i = 0;
-    for (size_t c = n; c < name.size(); ++c) {
-      if (name[c] < '0' || name[c] > '9') return -1;
-      i = i * 10 + (name[c] - '0');
-    }
-    return i < kEpiMaxOps ? i : -1;
-  }
-
-  void epi_field(const Field &f) {
-    int i;
-    if (f.name == "epi" || f.name == "vec_axis" || f.name == "vec_off") {
-      if (f.is_real)
-        throw PlanError(at_ + ": field '" + f.name + "' must be an integer expression");
-      (f.name == "epi" ? epi_expr_ : vec_expr_[f.name == "vec_axis" ? 0 : 1]) = int64_t(f.expr);
-    } else if ((i = epi_index(f.name, "ec")) >= 0) {
-      if (!f.is_real) throw PlanError(at_ + ": field '" + f.name + "' must be a real constant");
-      if (consts_.size() <= size_t(i)) consts_.resize(size_t(i) + 1, 0.f);
-      consts_[size_t(i)] = float(f.real);
-    } else if ((i = epi_index(f.name, "e")) >= 0) {
-      if (f.is_real)
-        throw PlanError(at_ + ": field '" + f.name + "' must be an integer expression");
-      if (e_expr_.size() <= size_t(i)) e_expr_.resize(size_t(i) + 1, -1);
-      e_expr_[size_t(i)] = int64_t(f.expr);
-    }
-  }
-
-  // The epilogue's instructions at bound dims, checked: every register and constant in range.
-  void bind_epilogue(const int64_t *vals, const int64_t *buf_bytes, const GemmDesc::Bound &b) {
-    epi_.clear();
-    vec_axis_ = 0;
-    std::vector<uint32_t> codes;
-    if (epi_expr_ < 0) return;
-    const int64_t n = vals[epi_expr_];
-    if (n < 1 || n > kEpiMaxOps || size_t(n) > e_expr_.size())
-      throw Error(at_ + ": 'epi' must count 1.." + std::to_string(kEpiMaxOps) +
-                  " instructions e0..");
-    for (int64_t i = 0; i < n; ++i) {
-      if (e_expr_[size_t(i)] < 0)
-        throw Error(at_ + ": epilogue lacks 'e" + std::to_string(i) + "'");
-      const int64_t code = vals[e_expr_[size_t(i)]];
-      const EpiInst in{uint8_t(code & 255), uint8_t(code >> 8 & 255), uint8_t(code >> 16 & 255),
-                       uint8_t(code >> 24 & 255)};
-      const int op = in.op >= kConstB ? in.op - kConstB : in.op;
-      const bool const_b = in.op >= kConstB;
-      const bool ok = code >= 0 && code < (int64_t(1) << 32) && op >= kX && op <= kAbs &&
-                      (!const_b || op == kAdd || op == kMul || op == kLt || op == kMaxC) &&
-                      in.dst < kEpiRegs &&
-                      (op == kConst ? in.a < consts_.size() : in.a < kEpiRegs) &&
-                      (const_b ? in.b < consts_.size() : in.b < kEpiRegs);
-      if (!ok) throw Error(at_ + ": bad epilogue instruction e" + std::to_string(i));
-      epi_.push_back(in);
-      codes.push_back(uint32_t(code));
-    }
-    epi_tile_fn_ = dq_ ? epi_tile<true> : epi_tile<false>;
-    for (const KnownProgram &kp : kKnown)
-      if (size_t(kp.n) == codes.size() && std::equal(codes.begin(), codes.end(), kp.codes))
-        epi_tile_fn_ = kp.run[dq_];
-    if (b.beta != 0.0) throw Error(at_ + ": a fused epilogue needs beta 0");
-    vec_axis_ = vec_expr_[0] >= 0 ? vals[vec_expr_[0]] : 0;
-    if (vec_axis_ < 0 || vec_axis_ > 2 || (vec_axis_ != 0) != (args_.size() == 4))
-      throw Error(at_ + ": 'vec_axis' must be 1 or 2 with a 4th buffer, 0 without");
-    if (vec_axis_) {
-      // the vector's period: C's rows or columns before a batch is merged into the rows
-      vec_len_ = vec_axis_ == 1 ? b[kM] : b[kN];
-      vec_off_ = vec_expr_[1] >= 0 ? vals[vec_expr_[1]] : 0;
-      if (vec_off_ < 0 || vec_off_ + vec_len_ > buf_bytes[args_[3]] / 4)
-        throw Error(at_ + ": the epilogue's vector reaches outside its buffer");
-    }
-  }
-
-  // Runs the epilogue over the rectangle of C one micro-tile stored at c: tile rows
-  // [r, r + rr) by the `cols` columns of panel p (with swap_, C's rows are the panel's
-  // columns). Element (q, w) of the rectangle is c[q * ldc + w] either way.
-  // The vector's values at a tile's rows or columns (0 past the tile), for store_tile.
-  struct TileVec {
-    float cols[kNr];
-    float rows[kMaxMr];
-    EpiTile tile;
-    EpiProgram prog;
-  };
-
-  // The epilogue of the micro-tile at tile rows [r, r + rr), panel p (its `cols` columns):
-  // with swap_, the tile's rows are C's columns and the other way round.
-  const EpiTile *tile_epilogue(TileVec &t, int64_t r, int64_t rr, int64_t p, int cols) const {
-    t.prog = EpiProgram{epi_.data(), int(epi_.size()), consts_.data(), vec_, vec_axis_, vec_len_};
-    t.tile = EpiTile{&t.prog, nullptr, nullptr, epi_tile_fn_};
-    if (vec_axis_ == 0) return &t.tile;
-    if ((vec_axis_ == 1) != swap_) { // along the tile's rows
-      int64_t i = r % vec_len_;
-      for (int64_t q = 0; q < rr; ++q, i = i + 1 == vec_len_ ? 0 : i + 1) t.rows[q] = vec_[i];
-      t.tile.rows = t.rows;
-    } else {
-      int64_t i = p * kNr % vec_len_;
-      if (cols == kNr && i + kNr <= vec_len_) { // the panel's columns in place
-        t.tile.cols = vec_ + i;
-        return &t.tile;
-      }
-      for (int j = 0; j < kNr; ++j) {
-        t.cols[j] = j < cols ? vec_[i] : 0.f;
-        i = i + 1 == vec_len_ ? 0 : i + 1;
-      }
-      t.tile.cols = t.cols;
-    }
-    return &t.tile;
-  }
-
-  void epilogue(float *c, int64_t r, int64_t rr, int64_t p, int cols) const {
-    EpiProgram e{epi_.data(), int(epi_.size()), consts_.data(), vec_, vec_axis_, vec_len_};
-    if (swap_)
-      epi_fn_(e, c, v_[kLdc], cols, rr, p * kNr, r);
-    else
-      epi_fn_(e, c, v_[kLdc], rr, cols, r, p * kNr);
   }
 
   std::string at_;
@@ -1200,17 +794,8 @@ private:
   bool keep_b_ = false, parallel_ = false, direct_a_ = false, b_is_weight_ = false;
   bool swap_ = false;      // the transposed product (see transpose)
   bool is_weight_[2] = {}; // the step's A and B are plan weights
-  // the fused epilogue: field expressions, then its bound instructions and vector
-  int64_t epi_expr_ = -1, vec_expr_[2] = {-1, -1};
-  std::vector<int64_t> e_expr_;
-  std::vector<float> consts_;
-  std::vector<EpiInst> epi_;
-  EpiFn epi_fn_ = nullptr; // over C in memory: the portable kernel and an empty sum
-  void (*epi_tile_fn_)(const EpiTile &, __m512 *, int) = nullptr;
+  Epilogue epi_;
   bool portable_ = false; // the plain-loop micro-kernels (no epilogue in their store)
-  bool dq_ = false;       // AVX-512 DQ (the exp2 form)
-  int64_t vec_axis_ = 0, vec_len_ = 1, vec_off_ = 0;
-  const float *vec_ = nullptr;
   // the current run's operands and partition (set by run before the tasks start)
   const char *a_ = nullptr, *b_ = nullptr;
   const uint32_t *bp_ = nullptr;

@@ -10,11 +10,13 @@ the epilogue's own operations in the renderer's forms (``codegen/cstyle.py``: th
 relu and clamp, ``fabs`` for max(x, -x), a compare cast to f32), so the fused call computes what
 the separate kernel computes; the search times both (select.py) and keeps the faster.
 
-Fields (csrc/cpu/pgemm.cpp reads them): ``epi`` the number of instructions; ``e<i>`` instruction
-i, ``op | dst << 8 | a << 16 | b << 24`` over registers (each a vector of the tile); ``ec<j>``
-constant j (real); ``vec_axis`` 1 when the vector operand (the call's 4th buffer) is indexed by
-the output's row (m), 2 by its column (n), with ``vec_off`` added to the index. The last
-instruction's register is stored.
+Fields (csrc/cpu/pgemm_epilogue.inc reads them): ``epi`` the number of instructions;
+``e<i>`` instruction i, ``op | dst << 8 | a << 16 | b << 24`` over registers (each a vector of
+the tile), ``op + CONST_B`` reading constant b instead of register b; ``ec<j>`` constant j
+(real); ``vec_axis`` 1 when the vector operand (the call's 4th buffer) is indexed by the
+output's row (m), 2 by its column (n), with ``vec_off`` added to the index. The last
+instruction's register is stored. The programs of a bias and the common activations are
+compiled into pgemm (``kKnown`` there); any other is interpreted, slower.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ..graph.ops import Op
 from ..graph.symbolic import sint
 from ..graph.view import contiguous_strides
 
-# opcodes, as csrc/cpu/pgemm.cpp numbers them
+# opcodes, as csrc/cpu/pgemm_epilogue.inc numbers them
 X, VEC, CONST, ADD, MUL, RECIP, EXP2, SQRT, LT, MAX2, MAXC, ABS = range(1, 13)
 BINARY = (ADD, MUL, LT, MAX2, MAXC)
 CONST_B = 16  # op + CONST_B: b is a constant's index (kConstB)
