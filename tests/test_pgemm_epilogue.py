@@ -42,17 +42,19 @@ def _fused(step: K.Kernel | K.LibCall) -> bool:
     return isinstance(step, K.LibCall) and "epi" in step.fields
 
 
-def _compile(g: lm.Graph, fused: bool, monkeypatch) -> list[K.Kernel | K.LibCall]:
-    """The graph's steps with the search made to keep the fused pgemm (or pgemm and the
-    epilogue kernel apart) wherever it is offered."""
+def _compile(g: lm.Graph, fused: bool, monkeypatch, swap: int | None = None):
+    """The graph's steps and plan with the search made to keep the fused pgemm (or pgemm and
+    the epilogue kernel apart) wherever it is offered; ``swap``: its form, plain or swapped."""
     monkeypatch.setattr(select, "MIN_GEMM_WORK", 0)
     clear_memory_cache()
 
     def measure(sub, dims):
         calls = [s for s in sub.kernels if isinstance(s, K.LibCall)]
+        other = any(c.func == "pgemm" and c.fields.get("swap", 0) != swap for c in calls)
+        penalty = 0.5 if swap is not None and other else 0.0
         if any(_fused(c) for c in calls):
-            return 1.0 if fused else 3.0
-        return 2.0 if any(c.func == "pgemm" for c in calls) else 4.0
+            return (1.0 if fused else 3.0) + penalty
+        return (2.0 if any(c.func == "pgemm" for c in calls) else 4.0) + penalty
 
     target = CpuTarget()
     tuner = Tuner(measure, f"test-epilogue-{fused}", variants=target.library_variants,
@@ -61,9 +63,11 @@ def _compile(g: lm.Graph, fused: bool, monkeypatch) -> list[K.Kernel | K.LibCall
     return low.kernels, build_plan(low, g.name)
 
 
-def _run(g, inputs, fused, monkeypatch):
-    steps, plan = _compile(g, fused, monkeypatch)
+def _run(g, inputs, fused, monkeypatch, swap=None):
+    steps, plan = _compile(g, fused, monkeypatch, swap)
     assert any(_fused(s) for s in steps) == fused
+    if swap is not None:
+        assert all(s.fields.get("swap", 0) == swap for s in steps if isinstance(s, K.LibCall))
     assert any(isinstance(s, K.LibCall) and s.func == "pgemm" for s in steps)
     return lm.load(plan.to_bytes()).run(inputs)["y"]
 
@@ -87,11 +91,12 @@ def test_bias_along_columns(act: str, m: int, n: int, tmp_path, monkeypatch) -> 
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("swap", [0, 1])
 @pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 @pytest.mark.parametrize("m,n", [(3, 13), (17, 77)])
-def test_bias_along_rows(act: str, m: int, n: int, tmp_path, monkeypatch) -> None:
+def test_bias_along_rows(act: str, m: int, n: int, swap: int, tmp_path, monkeypatch) -> None:
     """act(W @ x + c[:, None]) for a batch of 2 x: c along the output's rows (a convolution's
-    per-channel bias), W a weight on the left (the swapped pgemm)."""
+    per-channel bias), W a weight on the left, in pgemm's plain and swapped forms."""
     use_kernel_cache(monkeypatch, tmp_path)
     k = 19
     w, c = rand(m, k, seed=4), rand(m, seed=5)
@@ -101,10 +106,39 @@ def test_bias_along_rows(act: str, m: int, n: int, tmp_path, monkeypatch) -> Non
     g.output("y", ACTS[act][0](y))
     xv = rand(2, k, n, seed=6) * 2
     want = ACTS[act][1](torch.from_numpy(w) @ torch.from_numpy(xv) + torch.from_numpy(c)[:, None])
-    outs = [_run(g, {"x": xv}, fused, monkeypatch) for fused in (True, False)]
+    outs = [_run(g, {"x": xv}, fused, monkeypatch, swap) for fused in (True, False)]
     for out in outs:
         np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+
+
+def test_row_bias_of_merged_batches_and_an_offset_vector(tmp_path, monkeypatch) -> None:
+    """A batch of x by a shared weight (its rows merged into one product of 2 m rows) with a
+    bias along each matrix's rows (the vector's index wraps at m), and a bias read from the
+    middle of a longer vector (vec_off)."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    m, k, n = 17, 19, 13
+    w, c, b = rand(n, k, seed=12), rand(m, seed=13), rand(n + 5, seed=14)
+    g = lm.Graph("merged")
+    x = g.input("x", (2, m, k))
+    y = x @ g.weight("w", data=w).transpose(0, 1) + g.weight("c", data=c).reshape(m, 1)
+    g.output("y", F.silu(y))
+    xv = rand(2, m, k, seed=15)
+    t = torch.from_numpy(xv) @ torch.from_numpy(w).T + torch.from_numpy(c)[:, None]
+    out = _run(g, {"x": xv}, True, monkeypatch, swap=0)
+    np.testing.assert_allclose(out, F_torch_silu(t), rtol=1e-5, atol=1e-5)
+    g = lm.Graph("offset")
+    x = g.input("x", (m, k))
+    y = x @ g.weight("w", data=w).transpose(0, 1) + g.weight("b", data=b)[3 : 3 + n]
+    g.output("y", F.relu(y))
+    xv = rand(m, k, seed=16)
+    want = torch.relu(torch.from_numpy(xv) @ torch.from_numpy(w).T + torch.from_numpy(b[3 : 3 + n]))
+    out = _run(g, {"x": xv}, True, monkeypatch)
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def F_torch_silu(t):  # noqa: N802
+    return torch.nn.functional.silu(t).numpy()
 
 
 @pytest.mark.parametrize("act", ["gelu_tanh", "relu"])
