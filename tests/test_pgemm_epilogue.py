@@ -137,6 +137,24 @@ def test_row_bias_of_merged_batches_and_an_offset_vector(tmp_path, monkeypatch) 
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_operand_copy_then_fused_call(tmp_path, monkeypatch) -> None:
+    """gelu(relu(x + b0) @ W^T + b1): the operand computed into a copy first (copy+), then
+    the fused call."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    m, k, n = 17, 19, 13
+    w, b0, b1 = rand(n, k, seed=17), rand(k, seed=18), rand(n, seed=19)
+    g = lm.Graph("copy")
+    x = g.input("x", (m, k))
+    a = F.relu(x + g.weight("b0", data=b0))
+    g.output("y", F.gelu(a @ g.weight("w", data=w).transpose(0, 1) + g.weight("b1", data=b1)))
+    steps, plan = _compile(g, True, monkeypatch)
+    assert [type(s) for s in steps] == [K.Kernel, K.LibCall] and _fused(steps[1])
+    xv = rand(m, k, seed=20)
+    t = torch.relu(torch.from_numpy(xv + b0)) @ torch.from_numpy(w).T + torch.from_numpy(b1)
+    out = lm.load(plan.to_bytes()).run({"x": xv})["y"]
+    np.testing.assert_allclose(out, torch.nn.functional.gelu(t).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def F_torch_silu(t):  # noqa: N802
     return torch.nn.functional.silu(t).numpy()
 
