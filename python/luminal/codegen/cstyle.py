@@ -3,7 +3,7 @@
 ``Emitter`` turns kernel-IR value trees into SSA statements of C: loads and stores with the
 storage types' conversions (low-precision floats compute in f32 and round once, at the
 store), reductions as loops, gathers, masks, and the online-softmax sum. A backend subclasses
-it and changes a few fields (``index_type``, ``simd_reductions``, ``fast_exp2``) and hooks
+it and changes a few fields (``index_type``, ``simd_reductions``, ``fast_exp2``, ``fast_log2``) and hooks
 (``vector_sum``); its kernel renderer wraps the statements in the backend's entry point.
 """
 
@@ -162,6 +162,7 @@ class Emitter:
 
     simd_reductions = True
     fast_exp2 = True  # the C prelude's vectorizable lm_exp2f
+    fast_log2 = True  # and lm_log2f
 
     def hoist(self, v: K.Value, inner: frozenset[str], ind: str, anywhere: bool = False) -> None:
         """Emit, at the current level, the parts of ``v`` that do not use the loop variables in
@@ -466,6 +467,8 @@ class Emitter:
         op = v.op
         if op is Op.EXP2:
             return self.exp2(args[0], d)
+        if op is Op.LOG2 and d is dt.f32 and self.fast_log2:
+            return f"lm_log2f({args[0]})"
         if op in _UNARY_F:
             return f"{_UNARY_F[op]}{'' if d is dt.f64 else 'f'}({args[0]})"
         if op is Op.RECIP:

@@ -110,6 +110,47 @@ static inline float lm_exp2f(float x) {
   uint32_t k = lm_f32_bits(t) << 23, k1 = (uint32_t)((int32_t)k >> 1) & 0xff800000u;
   return p * lm_bits_f32(k1 + 0x3f800000u) * lm_bits_f32(k - k1 + 0x3f800000u);
 }
+/* log2(x) without branches, so loops calling it vectorize (libm's log2f is a scalar call).
+   x = 2^e * m with m in [sqrt(1/2), sqrt(2)) read from the bits (a subnormal x scaled by 2^23
+   first), f = m - 1, log2(1 + f) = L*f + f^2 * R(f) with L = log2(e) as two floats and R a
+   degree-9 fit (tools/fit_log2.py); e is exact and log2(1 + f) stays relative-accurate near
+   x = 1. Edges by bit selects: +-0 -> -inf, x < 0 and NaN -> NaN, +inf -> +inf. At most
+   0.95 ulp from f64 log2 (tests/test_transcendental_log2.py). */
+#define LM_LOG2E_HI 1.44269502162933350e+00f
+#define LM_LOG2E_LO 1.92596303350001108e-08f
+#define LM_LOG2_R9 9.70216989517211914e-02f
+#define LM_LOG2_R8 -1.68449535965919495e-01f
+#define LM_LOG2_R7 1.71694532036781311e-01f
+#define LM_LOG2_R6 -1.79000094532966614e-01f
+#define LM_LOG2_R5 2.05117776989936829e-01f
+#define LM_LOG2_R4 -2.40463912487030029e-01f
+#define LM_LOG2_R3 2.88571029901504517e-01f
+#define LM_LOG2_R2 -3.60674142837524414e-01f
+#define LM_LOG2_R1 4.80898022651672363e-01f
+#define LM_LOG2_R0 -7.21347510814666748e-01f
+static inline float lm_log2f(float x) {
+  const uint32_t sub = -(uint32_t)(x < 1.17549435e-38f);
+  const uint32_t b = (lm_f32_bits(x * 8388608.0f) & sub) | (lm_f32_bits(x) & ~sub);
+  const int32_t t = (int32_t)(b - 0x3f3504f3u);
+  const float e = (float)((t >> 23) - (int32_t)(sub & 23u));
+  const float f = lm_bits_f32(((uint32_t)t & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
+  float q = LM_LOG2_R9;
+  q = q * f + LM_LOG2_R8;
+  q = q * f + LM_LOG2_R7;
+  q = q * f + LM_LOG2_R6;
+  q = q * f + LM_LOG2_R5;
+  q = q * f + LM_LOG2_R4;
+  q = q * f + LM_LOG2_R3;
+  q = q * f + LM_LOG2_R2;
+  q = q * f + LM_LOG2_R1;
+  q = q * f + LM_LOG2_R0;
+  const float f2 = f * f, lo = f * LM_LOG2E_LO;
+  const float r = e + (f * LM_LOG2E_HI + (f2 * q + lo));
+  const uint32_t pos = -(uint32_t)(x > 0.0f), zero = -(uint32_t)(x == 0.0f);
+  const uint32_t inf = -(uint32_t)(x == INFINITY);
+  return lm_bits_f32((lm_f32_bits(r) & pos & ~inf) | (0x7f800000u & inf) | (0xff800000u & zero) |
+                     (0x7fc00000u & ~pos & ~zero));
+}
 """
 
 # every generated CPU kernel starts with this (one guarded copy per translation unit)

@@ -214,6 +214,7 @@ class GpuEmitter(Emitter):
 
     simd_reductions = False  # the CPU's vector idioms; GPU reductions spread over threads
     fast_exp2 = False  # exp2 is a hardware instruction on the GPU
+    fast_log2 = False  # and log2
 
     def __init__(
         self,
