@@ -107,6 +107,33 @@ def storage_ctype(d: dt.DType) -> str:
 _UNARY_F = {Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.SQRT: "sqrt"}
 
 
+def _select_safe(v: K.Value, done: Callable[[K.Value], bool]) -> bool:
+    """Whether ``v`` may be computed where its mask is false: no memory read (a padded
+    window's read past its row), no loop of more than a few terms (work the mask saves) and
+    no integer remainder (a division by zero traps) but in parts already computed (``done``:
+    emitted outside the mask); float math never traps."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or done(x):
+            continue
+        seen.add(id(x))
+        if isinstance(x, K.Reduce) and isinstance(x.extent, int) and x.extent <= 4:
+            stack.append(x.body)  # written out (a max against a constant), no loop
+            continue
+        if isinstance(x, (K.Load, K.Gather, K.Reduce, K.SoftmaxSum)):
+            return False
+        if isinstance(x, K.Alu) and x.op is Op.MOD and not x.dtype.is_float:
+            return False
+        if isinstance(x, K.Alu):
+            stack.extend(x.srcs)
+        elif isinstance(x, K.Cast):
+            stack.append(x.src)
+        elif isinstance(x, K.Masked):
+            stack.append(x.value)
+    return True
+
+
 class Emitter:
     """Emits value trees as SSA statements; nested blocks get their own memo scope.
     ``index_type`` is the C type of loop and gather variables."""
@@ -160,7 +187,14 @@ class Emitter:
         self.scopes[-1][v] = name
         return name
 
+    def emitted(self, v: K.Value) -> bool:
+        """Whether ``v`` is computed already, in this scope or one around it."""
+        return any(v in s for s in self.scopes)
+
     simd_reductions = True
+    # a masked value of arithmetic alone (``_select_safe``) computed everywhere and selected,
+    # not branched around: the loop around it stays straight-line code, which vectorizes
+    select_masks = False
     fast_exp2 = True  # the C prelude's vectorizable lm_exp2f
     fast_log2 = True  # and lm_log2f
 
@@ -204,6 +238,12 @@ class Emitter:
         if isinstance(v, K.Alu):
             return self._alu(v, ind)
         if isinstance(v, K.Masked):
+            if self.select_masks and _select_safe(v.value, self.emitted):
+                x = self.emit(v.value, ind)
+                ok = f"(uint32_t)({cexpr(v.valid)})"
+                if v.dtype is dt.f32:
+                    return f"lm_bits_f32(lm_f32_bits({x}) & (0u - {ok}))"
+                return f"({ok} ? {x} : ({ctype(v.dtype)})0)"
             out = self.tmp()
             self.lines.append(f"{ind}{ctype(v.dtype)} {out} = 0;")
             self.lines.append(f"{ind}if ({cexpr(v.valid)}) {{")

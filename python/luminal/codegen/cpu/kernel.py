@@ -169,6 +169,8 @@ class CpuEmitter(Emitter):
     """The C emitter with the CPU's explicit-vector split sums and exp-heavy loops
     (``vector.py``)."""
 
+    select_masks = True
+
     def vector_sum(self, v: K.Reduce, ind: str) -> str | None:
         return blocked_sum(self, v, ind)
 
