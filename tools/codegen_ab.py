@@ -22,8 +22,10 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 KERNELS = ("softmax", "layer_norm", "rms_norm", "gelu_chain", "gemv")
 
@@ -78,6 +80,27 @@ def apply(setting: str) -> Callable[[], None]:
     return restore
 
 
+def interleaved(runs: Mapping[K, Callable[[], object]], rounds: int, clock: Callable[[], float],
+                warmup: int = 1, calls: int = 1) -> dict[K, list[float]]:  # fmt: skip
+    """Each run's time in each of ``rounds`` rounds. The runs take turns in an order that
+    rotates by one each round, so that neither the machine's drifting load nor going first
+    favours one. A turn is ``warmup`` untimed calls (the caches as the previous contender left
+    them), then the best of ``calls`` timed ones."""
+    times: dict[K, list[float]] = {key: [] for key in runs}
+    keys = list(runs)
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            for _ in range(warmup):
+                runs[key]()
+            best = float("inf")
+            for _ in range(calls):
+                t = clock()
+                runs[key]()
+                best = min(best, clock() - t)
+            times[key].append(best)
+    return times
+
+
 def _runner(cg: Any, ins: dict[str, Any], out: dict[str, Any]) -> Callable[[], object]:
     return lambda: cg.run(ins, out=out)
 
@@ -126,15 +149,8 @@ def main() -> None:
         finally:
             restore()
     clock = time.thread_time if a.cpu_time else time.perf_counter
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
-    keys = list(runs)
     load0 = os.getloadavg()[0]
-    for r in range(a.rounds):
-        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            runs[key]()  # untimed: the caches as the previous contender left them
-            t = clock()
-            runs[key]()
-            times[key].append(clock() - t)
+    times = interleaved(runs, a.rounds, clock)
     result: dict[str, Any] = {
         "threads": a.threads, "cpu_time": a.cpu_time, "rounds": a.rounds,
         "load_start_end": [load0, os.getloadavg()[0]], "kernels": {},

@@ -6,9 +6,9 @@
 Each activation's ``act(x @ W^T + b)`` (W and b plan weights) is compiled twice with the
 library-call search forced to keep the fused call or the call and the epilogue kernel apart
 (the same pgemm schedule: mr, packing); both plans run on the same input and output arrays in
-interleaved rounds (order alternating), each round the best of --calls calls. Prints per
-activation the median and quartiles of each and the per-round ratio unfused / fused (> 1: the
-fused call is faster), then one JSON line.
+interleaved rounds (the order rotating: ``codegen_ab.interleaved``), each round the best of
+--calls calls. Prints per activation the median and quartiles of each and the per-round ratio
+unfused / fused (> 1: the fused call is faster), then one JSON line.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import os
 import statistics
 import time
 from typing import Any
+
+from codegen_ab import interleaved  # tools/: a script's folder is on the import path
 
 
 def build(act: str, m: int, k: int, n: int) -> Any:
@@ -95,17 +97,8 @@ def main() -> None:
         np.testing.assert_allclose(plans["fused"].run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
         for v, ex in plans.items():
             runs[(act, v)] = lambda ex=ex, o=outs[v], x=x: ex.run({"x": x}, out=o)
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
-    keys = list(runs)
     load0 = os.getloadavg()[0]
-    for r in range(a.rounds):
-        for key in keys[r % 2 :] + keys[: r % 2]:
-            best = float("inf")
-            for _ in range(a.calls):
-                t = clock()
-                runs[key]()
-                best = min(best, clock() - t)
-            times[key].append(best)
+    times = interleaved(runs, a.rounds, clock, warmup=0, calls=a.calls)
     result: dict[str, Any] = {
         "m": a.m, "k": a.k, "n": a.n, "threads": a.threads, "cpu_time": a.cpu_time,
         "rounds": a.rounds, "load_start_end": [load0, os.getloadavg()[0]], "acts": {},
