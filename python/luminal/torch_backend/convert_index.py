@@ -8,7 +8,7 @@ arrive as luminal values, ``Unsupported`` sends a node to eager.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from ..graph import dtypes as dt
 from ..graph import symbolic as sym
 from ..graph.view import idx_vars
 from ..tensor import Tensor, broadcast_shapes
-from .convert import Ctx, constant, need_tensor, op, static_shape
+from .convert import Converter, Ctx, constant, need_tensor, op, static_shape
 from .symbols import Unsupported
 
 aten = torch.ops.aten
@@ -112,20 +112,26 @@ def _one_index_put(cx: Ctx, x: Tensor, indices: Sequence[Any], values: Any, accu
 
 
 # ----------------------------------------------------------------------------- index reductions
-@op(aten.scatter_reduce.two)
-def _scatter_reduce(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
-                    include_self: bool = True) -> Tensor:  # fmt: skip
-    if reduce == "mean" and not x.dtype.is_float:
-        raise Unsupported("an integer scatter_reduce mean (PyTorch floors it)")
-    return F.scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
+# the same reduction into x, by an index per element of src (scatter_reduce) or per slice
+# along dim (index_reduce)
+_INDEX_REDUCTIONS: dict[Any, tuple[str, Callable[..., Tensor]]] = {
+    aten.scatter_reduce.two: ("scatter_reduce", F.scatter_reduce),
+    aten.index_reduce.default: ("index_reduce", F.index_reduce),
+}
 
 
-@op(aten.index_reduce.default)
-def _index_reduce(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
-                  include_self: bool = True) -> Tensor:  # fmt: skip
-    if reduce == "mean" and not x.dtype.is_float:
-        raise Unsupported("an integer index_reduce mean (PyTorch floors it)")
-    return F.index_reduce(x, dim, index, src, reduce, include_self=include_self)
+def _index_reduction(what: str, fn: Callable[..., Tensor]) -> Converter:
+    def convert(cx: Ctx, x: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
+                include_self: bool = True) -> Tensor:  # fmt: skip
+        if reduce == "mean" and not x.dtype.is_float:
+            raise Unsupported(f"an integer {what} mean (PyTorch floors it)")
+        return fn(x, dim, index, src, reduce, include_self=include_self)
+
+    return convert
+
+
+for _target, (_what, _fn) in _INDEX_REDUCTIONS.items():
+    op(_target)(_index_reduction(_what, _fn))
 
 
 # ----------------------------------------------------------------------------- scatters into views

@@ -7,7 +7,7 @@ arrive as luminal values, ``Unsupported`` sends a node to eager.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import torch
 from .. import functional as F
 from ..graph import dtypes as dt
 from ..tensor import Tensor, broadcast_shapes
-from .convert import Ctx, constant, empty_output, named_op, op, output_used, static_shape
+from .convert import Converter, Ctx, constant, empty_output, named_op, op, output_used, static_shape
 from .symbols import Unsupported
 
 aten = torch.ops.aten
@@ -28,31 +28,26 @@ def _mm(cx: Ctx, a: Tensor, b: Tensor) -> Tensor:
     return F.matmul(a, b)
 
 
-@op(aten.addmm.default)
-def _addmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    return F.addmm(bias, a, b, beta=beta, alpha=alpha)
+# beta * input + alpha * a product of the other two operands; only the product differs
+_SCALED_PRODUCTS: dict[Any, Callable[..., Tensor]] = {
+    aten.addmm.default: F.addmm,
+    aten.baddbmm.default: F.baddbmm,
+    aten.addmv.default: F.addmv,
+    aten.addbmm.default: F.addbmm,
+    aten.addr.default: F.addr,
+}
 
 
-@op(aten.baddbmm.default)
-def _baddbmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1
-             ) -> Tensor:  # fmt: skip
-    return F.baddbmm(bias, a, b, beta=beta, alpha=alpha)
+def _scaled_product(fn: Callable[..., Tensor]) -> Converter:
+    def convert(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1
+                ) -> Tensor:  # fmt: skip
+        return fn(bias, a, b, beta=beta, alpha=alpha)
+
+    return convert
 
 
-@op(aten.addmv.default)
-def _addmv(cx: Ctx, bias: Tensor, a: Tensor, v: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    return F.addmv(bias, a, v, beta=beta, alpha=alpha)
-
-
-@op(aten.addbmm.default)
-def _addbmm(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1
-            ) -> Tensor:  # fmt: skip
-    return F.addbmm(bias, a, b, beta=beta, alpha=alpha)
-
-
-@op(aten.addr.default)
-def _addr(cx: Ctx, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    return F.addr(bias, a, b, beta=beta, alpha=alpha)
+for _target, _fn in _SCALED_PRODUCTS.items():
+    op(_target)(_scaled_product(_fn))
 
 
 @op(aten._cdist_forward.default)
