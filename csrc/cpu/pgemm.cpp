@@ -13,6 +13,9 @@
 //         place), C stored transposed. For a weight on the left (a convolution's W @ patches):
 //         its panels are packed once and a few columns of C (pixels) fill whole tile rows,
 //         where the plain form packs the patches per run into panels mostly of zeros.
+//   conv_* B read through a convolution's geometry from the image (gemm_desc.hpp): packed per
+//         run straight from the image into B's panels, or with `swap` into A's tiles
+//         (pgemm_conv.inc); f32, `pack` 0 (plain) or `pack_a` 1 (swapped)
 //   epi   a fused epilogue of `epi` instructions `e0`.. with real constants `ec0`..: each tile
 //         of C, once its last depth pass is stored, is replaced by the program's value of it
 //         (targets/pgemm_epilogue.py writes it: a bias and an activation in the renderer's
@@ -160,6 +163,8 @@ private:
 };
 
 #include "pgemm_pack.inc"
+
+#include "pgemm_conv.inc"
 
 #include "pgemm_epilogue.inc"
 
@@ -336,7 +341,7 @@ public:
   PGemm(const Plan &plan, size_t step, cpu::ThreadPool &pool)
       : at_("step " + std::to_string(step) + " (pgemm)"),
         gemm_(plan.steps[step], at_, own_fields(plan.steps[step]),
-              plan.steps[step].args.size() == 4 ? 1 : 0),
+              plan.steps[step].args.size() == 4 ? 1 : 0, true),
         pool_(pool), epi_(at_) {
     const Step &s = plan.steps[step];
     const DType ta = plan.buffers[s.args[0]].dtype, tb = plan.buffers[s.args[1]].dtype,
@@ -397,6 +402,17 @@ public:
     alpha_ = float(b.alpha);
     beta_ = float(b.beta);
     b_is_weight_ = is_weight_[swap_ ? 0 : 1];
+    conv_a_ = b.conv && swap_;
+    conv_b_ = b.conv && !swap_;
+    if (b.conv) {
+      if (elem_ != 4) throw Error(at_ + ": an implicit convolution takes f32 operands");
+      if (!swap_ && s[3] != 0) throw Error(at_ + ": an implicit convolution's B needs 'pack' 0");
+      if (swap_ && s[4] != 1)
+        throw Error(at_ + ": an implicit convolution with 'swap' 1 needs 'pack_a' 1");
+      const int64_t *v = b.v;
+      conv_ = {v[kConvC],  v[kConvKh], v[kConvKw], v[kConvOw], v[kConvSh], v[kConvSw],
+               v[kConvPh], v[kConvPw], v[kConvIh], v[kConvIw], v[kConvCs], v[kConvRs]};
+    }
     if (s[0] < 1 || s[0] > kMaxMr)
       throw Error(at_ + ": 'mr' must be 1.." + std::to_string(kMaxMr) + ", not " +
                   std::to_string(s[0]));
@@ -471,8 +487,8 @@ private:
     const int64_t ta = v[kTransA];
     v[kTransA] = !v[kTransB];
     v[kTransB] = !ta;
-    if (v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] && v[kStrideA] == v[kM] * v[kLda] &&
-        v[kStrideC] == v[kM] && v[kBatch] * v[kM] <= INT32_MAX) {
+    if (!b.conv && v[kBatch] > 1 && v[kStrideB] == 0 && !v[kTransA] &&
+        v[kStrideA] == v[kM] * v[kLda] && v[kStrideC] == v[kM] && v[kBatch] * v[kM] <= INT32_MAX) {
       v[kM] *= v[kBatch];
       v[kBatch] = 1;
     }
@@ -556,7 +572,11 @@ private:
       uint32_t *dst = g.bdst_ + i * g.panels_ * g.kb_ * kNr;
       const auto *half = reinterpret_cast<const uint16_t *>(src);
       auto *f = reinterpret_cast<float *>(dst);
-      if (g.dpw_ == 2)
+      if (g.conv_b_)
+        (g.portable_ ? pack_conv : pack_conv_avx512)(
+            reinterpret_cast<const float *>(src), g.conv_, p * kNr,
+            std::min<int64_t>(kNr, v[kN] - p * kNr), v[kK], f + p * v[kK] * kNr, kNr);
+      else if (g.dpw_ == 2)
         pack_b_pairs(half, v[kLdb], v[kTransB], v[kK], v[kN], p, p + 1, dst);
       else if (g.widen_)
         pack_b_widen(half, v[kLdb], v[kTransB], v[kK], v[kN], p, p + 1, f, g.widen_);
@@ -575,7 +595,12 @@ private:
       uint32_t *dst = g.a_pack_.data<uint32_t>() + i * v[kM] * g.kb_;
       const auto *half = reinterpret_cast<const uint16_t *>(src);
       auto *f = reinterpret_cast<float *>(dst);
-      if (g.dpw_ == 2)
+      const int64_t r0 = tile * g.mr_;
+      if (g.conv_a_)
+        (g.portable_ ? pack_conv : pack_conv_avx512)(reinterpret_cast<const float *>(src), g.conv_,
+                                                     r0, std::min(g.mr_, v[kM] - r0), v[kK],
+                                                     f + r0 * v[kK], std::min(g.mr_, v[kM] - r0));
+      else if (g.dpw_ == 2)
         pack_a_pairs(half, v[kLda], v[kTransA], v[kM], v[kK], g.mr_, tile, tile + 1, dst);
       else if (g.widen_)
         pack_a_widen(half, v[kLda], v[kTransA], v[kM], v[kK], g.mr_, tile, tile + 1, f, g.widen_);
@@ -643,7 +668,9 @@ private:
   float alpha_ = 1.f, beta_ = 0.f;
   int64_t mr_ = 8, mc_ = 1, kc_ = 1;
   bool keep_b_ = false, parallel_ = false, direct_a_ = false, b_is_weight_ = false;
-  bool swap_ = false;      // the transposed product (see transpose)
+  bool swap_ = false;                    // the transposed product (see transpose)
+  bool conv_a_ = false, conv_b_ = false; // the operand read through conv_ (pgemm_conv.inc)
+  ConvGeom conv_ = {};
   bool is_weight_[2] = {}; // the step's A and B are plan weights
   Epilogue epi_;
   bool portable_ = false; // the plain-loop micro-kernels (no epilogue in their store)

@@ -431,6 +431,139 @@ def _match_copied(
     return alt
 
 
+def _eq(a: sint, b: sint) -> bool:
+    return sym.add(a, sym.mul(b, -1)) == 0
+
+
+def _axis_groups(
+    shape: tuple[sint, ...], parts: list[tuple[str, sint, sint]]
+) -> dict[str, list[int]] | None:
+    """The axes of a contiguous buffer of ``shape`` that each (role, stride, extent) of
+    ``parts`` spans: consecutive axes (size-1 axes skipped), the innermost at that stride, their
+    sizes multiplying to the extent (at most 3 axes); None when the parts do not cover every
+    axis exactly once."""
+    strides = contiguous_strides(shape)
+    live = [j for j, s in enumerate(shape) if s != 1]
+    taken: set[int] = set()
+    out: dict[str, list[int]] = {}
+    for role, stride, extent in parts:
+        out[role] = []
+        if extent == 1:
+            continue
+        j = next((j for j in live if j not in taken and _eq(strides[j], stride)), None)
+        size: sint = 1
+        while True:
+            if j is None or j in taken or len(out[role]) == 3:
+                return None
+            out[role].insert(0, j)
+            size = sym.mul(size, shape[j])
+            if _eq(size, extent):
+                break
+            j = next((i for i in reversed(live) if i < j), None)
+        taken |= set(out[role])
+    return out if taken == set(live) else None
+
+
+def implicit_conv(copy: K.Kernel, fields: dict[str, sint | float]) -> tuple[int, dict] | None:
+    """(image buffer, descriptor) of a gemm call whose B operand is the output of ``copy``, read
+    as ``fields`` say, rewritten to read B straight from the image through a convolution's
+    geometry (the conv_* fields of csrc/gemm_desc.hpp); None when ``copy`` is no patch copy.
+    A patch copy is an f32 load of one buffer, masked or not, at an index affine in the copy's
+    axes, which group (by their strides in the copy's contiguous output) into the product's
+    batch, k as (channel, kernel row, kernel column) or (channel) of a 1x1 kernel, and n as
+    (output row, output column); the column is read at unit stride and the mask bounds the
+    input row and column (the padding). Other reads (dilation, another k order) are refused:
+    they keep the copy."""
+    v: K.Value = copy.value
+    valid: sint = 1
+    if isinstance(v, K.Masked):
+        valid = v.valid
+        v = v.value
+    if not isinstance(v, K.Load) or v.dtype is not dt.f32 or copy.dtype is not dt.f32:
+        return None
+    if copy.scatter_row is not None or fields.get("b_offset", 0) != 0:
+        return None
+    valid = sym.logical_and(valid, v.valid)
+    k, n, batch = fields["k"], fields["n"], fields.get("batch", 1)
+    tb = fields.get("trans_b", 0)
+    ldb = fields.get("ldb", k if tb else n)
+    assert not isinstance(k, float) and not isinstance(n, float) and not isinstance(ldb, float)
+    assert not isinstance(batch, float)
+    sk, sn = (1, ldb) if tb else (ldb, 1)
+    shape = copy.shape
+    groups = _axis_groups(shape, [("k", sk, k), ("n", sn, n),
+                                  ("b", fields.get("stride_b", 0), batch)])  # type: ignore[list-item]  # fmt: skip
+    if groups is None or len(groups["n"]) != 2 or len(groups["k"]) not in (1, 3):
+        return None
+    names = [f"_i{j}" for j in range(len(shape))]
+    ones: dict[str, sint] = {names[j]: 0 for j, s in enumerate(shape) if s == 1}
+    aff = _affine(sym.substitute(v.index, ones), names)
+    if aff is None:
+        return None
+    off, coef = aff
+    (oy, ox), kax = groups["n"], groups["k"]
+    sw = coef[names[ox]]
+    if len(kax) == 3:  # (channel, dy, dx): the input row's stride is dy's
+        dy, dx = kax[1], kax[2]
+        rs, kh, kw = coef[names[dy]], shape[dy], shape[dx]
+        sh: sint = sym.floordiv(coef[names[oy]], rs) if rs != 0 else 0
+        if coef[names[dx]] != 1 or not _eq(sym.mul(sh, rs), coef[names[oy]]):
+            return None
+    elif valid == 1:  # 1x1: rows of the output's pixels, read where they lie
+        dy = dx = -1
+        rs, sh, kh, kw = coef[names[oy]], 1, 1, 1
+    else:
+        return None
+    if not (isinstance(sh, int) and isinstance(sw, int) and sh >= 1 and sw >= 1):
+        return None
+    # the mask: a lower and an upper bound on the input row (sh * oy + dy - ph) and column
+    bounds: dict[str, list[sint | None]] = {"y": [None, None], "x": [None, None]}
+    for f in [] if valid == 1 else sym._factors(valid):  # type: ignore[arg-type]
+        if not (isinstance(f, sym.Expr) and f.kind == sym.LT):
+            return None
+        d = _affine(sym.substitute(sym.add(f.args[1], sym.mul(f.args[0], -1)), ones), names)
+        if d is None:
+            return None
+        d_off, dc = d  # d_off + sum(dc * axis) > 0
+        used = {j for j, nm in enumerate(names) if dc[nm] != 0}
+        for axis, outer, inner, st in (("y", oy, dy, sh), ("x", ox, dx, sw)):
+            if used != {outer, inner}:
+                continue
+            side = 0 if (dc[names[outer]], dc[names[inner]]) == (st, 1) else 1
+            if side == 1 and (dc[names[outer]], dc[names[inner]]) != (-st, -1):
+                return None
+            if bounds[axis][side] is not None:
+                return None
+            # lower: e + d_off > 0, so e >= 1 - d_off (the padding); upper: e < d_off
+            bounds[axis][side] = sym.add(1, sym.mul(d_off, -1)) if side == 0 else d_off
+            break
+        else:
+            return None
+    lows = [bounds[a][0] for a in "yx"]
+    ph, pw = (0 if x is None else x for x in lows)
+    oh, ow = shape[oy], shape[ox]
+
+    def extent(a: str, pad: sint, st: int, out: sint, taps: sint) -> sint:
+        hi = bounds[a][1]
+        if hi is None:  # unbounded: every row or column read is in range
+            hi = sym.add(sym.mul(st, sym.add(out, -1)), taps)
+        return sym.add(hi, sym.mul(pad, -1))
+
+    ih, iw = extent("y", ph, sh, oh, kh), extent("x", pw, sw, ow, kw)
+    base = sym.add(sym.add(off, sym.mul(ph, rs)), pw)
+    cs = coef[names[kax[0]]]
+    stride_b = coef[names[groups["b"][0]]] if groups["b"] else 0
+    if not all(sym.prove_nonneg(x) for x in (base, cs, rs, ph, pw, sym.add(ih, -1),
+                                              sym.add(iw, -1))):  # fmt: skip
+        return None
+    out = {key: val for key, val in fields.items() if key != "ldb"}
+    out.update({"trans_b": 0, "b_offset": base, "stride_b": stride_b, "conv_c": shape[kax[0]],
+                "conv_kh": kh, "conv_kw": kw, "conv_ow": ow, "conv_sh": sh, "conv_sw": sw,
+                "conv_ph": ph, "conv_pw": pw, "conv_ih": ih, "conv_iw": iw, "conv_cs": cs,
+                "conv_rs": rs})  # fmt: skip
+    return v.buf, out
+
+
 # ``qdot``: a product by a block-quantized weight in the form that compile-time folding leaves
 # (compiler/fold.py: block scales as f32, quants packed per block), computed by the target with
 # integer dot products where the activation's blocks of 32 are int8 codes times a scale (the

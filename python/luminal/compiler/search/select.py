@@ -14,6 +14,12 @@ a ``qdot`` call (``gemm.match_qdot``: integer dot products); every option of tha
 timed and checked with the kernel that writes the activation cut out beside it, so the call
 sees the q8 values the plan computes, not random floats.
 
+A product whose B operand is a convolution's patches (an operand copy of the alternative, or a
+kernel of the program that writes them for it alone: a staged copy) also has an implicit
+convolution (``gemm.implicit_conv``): the call reads B straight from the image, the copy is
+gone. A staged copy is cut out with every other option and timed with them; kept, the
+implicit call drops it from the program.
+
 A choice is timed at both ends of its range. When one program wins at the smallest size and
 another at the representative one, and the kept one is ``SPLIT_LOSS`` times slower than the
 best at either end (a GEMV that dequantizes its weights per row, against a dequantized copy
@@ -38,7 +44,7 @@ from ..actquant import mode as act_quant_mode
 from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
 from .cost import estimate
-from .gemm import GemmAlternative, match_any, match_qdot
+from .gemm import GemmAlternative, implicit_conv, match_any, match_qdot
 from .tuner import (
     TYPICAL_DIMS,
     Candidate,
@@ -229,15 +235,19 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
     steps: list[Step] = []
     buffers = list(low.buffers)
     memo: dict[str, list[tuple[str, K.When | None]]] = {}
+    dropped: set[int] = set()  # staged copies that kept implicit convolutions left unneeded
     for kern, choice in zip(low.kernels, plans, strict=True):
         if choice is None:
             steps.append(kern)
             continue
         if choice.key not in memo:
             d = decisions[choice.key]
-            memo[choice.key] = [("generated", None)] if d is None else _decide(d, tuner, kern.name)
+            memo[choice.key] = [("generated", None)] if d is None else _decide(
+                d, tuner, kern.name, choice.bare)
         payloads = dict(choice.options)
         picks = [(payloads[label], when) for label, when in memo[choice.key]]
+        if choice.drop is not None and all(label in choice.bare for label, _ in memo[choice.key]):
+            dropped.add(id(choice.drop))
         added = False
         ids = {b.id: len(buffers) + i for i, b in enumerate(choice.extra)}
         for payload, when in picks:
@@ -253,6 +263,7 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
                 buffers += [replace(b, id=ids[b.id]) for b in choice.extra]
                 added = True
             steps += [replace(_renumbered(s, ids), when=when) for s in payload]
+    steps = [s for s in steps if id(s) not in dropped]
     return Lowered(buffers, steps, low.dims, low.weights, low.windowed)  # type: ignore[arg-type]
 
 
@@ -271,6 +282,10 @@ class _Choice:
     # label -> the steps a fused option is estimated as (FUSED_RANK), and their cut-out
     proxies: dict[str, list[Step]] = field(default_factory=dict)
     proxy_subs: dict[str, Lowered] = field(default_factory=dict)
+    # options cut out without ``context``: implicit convolutions, which read the image the
+    # context's staged copy (``drop``) reads; kept, they leave the copy unneeded
+    bare: set[str] = field(default_factory=set)
+    drop: K.Kernel | None = None
 
 
 def _options(
@@ -286,8 +301,10 @@ def _options(
     context = _producers(low, kern, qalt) if qalt is not None else []
     if qalt is not None and not context:
         qalt = None  # an activation not computed here (a plan input) is not known to be q8
+    conv = _implicit(low, kern, alt) if alt is not None and qalt is None else None
     options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
     proxies: dict[str, list[Step]] = {}
+    bare: set[str] = set()
     for a in (alt, qalt):
         if a is None:
             continue
@@ -304,7 +321,13 @@ def _options(
         known = {b.id: b for b in [*buffers, *extra]}
         operands = [known[x] for x in a.call.args]
         variants = tuner.variants(a.call, operands) if tuner.variants is not None else []
-        for label, call in [(a.call.func, a.call), *variants]:
+        forms = [(a.call.func, a.call), *variants]
+        if a is alt and conv is not None:
+            # the search measures the cheapest few: the implicit form (estimated just under
+            # the copy and call it replaces), then the target's own forms, which 8 of the 9
+            # staged convolutions of the diffusers VAE (docs/cpu-kernels.md) kept over OpenBLAS
+            forms = [*variants, forms[0]]
+        for label, call in forms:
             lib_steps: list[Step] = [*a.copies, call, *([a.epilogue] if a.epilogue else [])]
             options.append((prefix + label + suffix, lib_steps))
         if a.epilogue is not None and tuner.epilogues is not None:
@@ -312,11 +335,16 @@ def _options(
             for label, call in tuner.epilogues(a.call, a.epilogue, operands):
                 options.append((prefix + label, [*a.copies, call]))
                 proxies[prefix + label] = [*a.copies, a.call, a.epilogue]
+        if a is alt and conv is not None:
+            bare |= _implicit_options(conv, a, known, tuner, options, proxies)
     if len(options) == 1:
         return None
     if qalt is None or not any(label.endswith("qdot") or "qdot+" in label
                                for label, _ in options):  # fmt: skip
         context = []
+    drop = conv[1] if conv is not None and bare else None
+    if drop is not None:
+        context = [drop]
     # the generated kernel in the other task order too: few rows by a large weight (a
     # short sequence's projections) read the weight once instead of once per row
     if any(s.order == 1 for s in alternatives(kern, tuner.space)):
@@ -325,7 +353,75 @@ def _options(
     # without cutting out and estimating their candidates again)
     sub_gen = subprogram(low, [*context, kern])
     key = f"{sub_fingerprint(sub_gen)}|{[o[0] for o in options]}"
-    return _Choice(options, extra, sub_gen, key, context, proxies)
+    return _Choice(options, extra, sub_gen, key, context, proxies, bare=bare, drop=drop)
+
+
+def _implicit(
+    low: Lowered, kern: K.Kernel, alt: GemmAlternative
+) -> tuple[K.LibCall, K.Kernel | None] | None:
+    """``alt``'s call reading its B operand straight from an image (``gemm.implicit_conv``)
+    where B is a patch copy: the alternative's own copy, or a kernel of the program that
+    writes B for ``kern`` alone (returned with the call: kept, the call makes it unneeded)."""
+    b = alt.call.args[1]
+    producer: K.Kernel | None = None
+    span: Sequence[Step] = ()
+    if alt.copies:
+        if len(alt.copies) != 1 or alt.copies[0].out != b:
+            return None
+        copy = alt.copies[0]
+    else:
+        if b >= len(low.buffers) or low.buffers[b].role != "scratch" or kern.when is not None:
+            return None
+        at = next(i for i, s in enumerate(low.kernels) if s is kern)
+        p_at = next((i for i in range(at - 1, -1, -1) if b in K.step_buffers(low.kernels[i])[0]),
+                    None)  # fmt: skip
+        if p_at is None:
+            return None
+        span = low.kernels[p_at + 1 : at]
+        found = low.kernels[p_at]
+        if not isinstance(found, K.Kernel) or found.out != b or found.scatter_row is not None \
+                or found.when is not None:  # fmt: skip
+            return None
+        if any(b in K.step_buffers(s)[1] for s in low.kernels if s is not kern):
+            return None
+        producer = copy = found
+    hit = implicit_conv(copy, alt.call.fields)
+    if hit is None:
+        return None
+    image, fields = hit
+    if producer is not None and any(image in K.step_buffers(s)[0] for s in span):
+        return None  # the image changes between the copy and the product
+    args = [alt.call.args[0], image, *alt.call.args[2:]]
+    return replace(alt.call, fields=fields, args=args), producer
+
+
+def _implicit_options(
+    conv: tuple[K.LibCall, K.Kernel | None], alt: GemmAlternative, known: dict[int, BufferInfo],
+    tuner: Tuner, options: list[tuple[str, K.Kernel | list[Step]]],
+    proxies: dict[str, list[Step]],
+) -> set[str]:  # fmt: skip
+    """Adds the target's forms of the implicit convolution ``conv`` (its call, and the staged
+    copy it replaces if any), alone, with ``alt``'s epilogue kernel, or computing it, to
+    ``options``; their labels. Each is estimated as the copy and the call it replaces
+    (``FUSED_RANK``): the cost model prices no work inside a call, so the call alone, priced
+    as a fraction of the copy and the call, would leave the copies' options unmeasured."""
+    call, producer = conv
+    operands = [known[x] for x in call.args]
+    epi: list[Step] = [alt.epilogue] if alt.epilogue else []
+    suffix = "+epilogue" if alt.epilogue else ""
+    copied: list[Step] = [*alt.copies, *([producer] if producer is not None else [])]
+    labels = set()
+    forms = tuner.variants(call, operands) if tuner.variants is not None else []
+    for label, variant in forms:
+        options.append((f"implicit+{label}{suffix}", [variant, *epi]))
+        labels.add(f"implicit+{label}{suffix}")
+    if alt.epilogue is not None and tuner.epilogues is not None:
+        for label, variant in tuner.epilogues(call, alt.epilogue, operands):
+            options.append((f"implicit+{label}", [variant]))
+            labels.add(f"implicit+{label}")
+    for label in labels:
+        proxies[label] = [*copied, alt.call, *epi]
+    return labels
 
 
 def _extra(kern: K.Kernel, alt: GemmAlternative) -> list[BufferInfo]:
@@ -382,10 +478,11 @@ def _candidates(
     low: Lowered, buffers: list[BufferInfo], choice: _Choice, tuner: Tuner, dims: dict[str, int]
 ) -> list[Candidate]:
     """The cut-out program of every option (``buffers`` holds every new buffer so far)."""
-    sub_gen, ctx = choice.sub_gen, choice.context
+    sub_gen = choice.sub_gen
     cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost),
                        choice.options[0][1])]  # fmt: skip
     for label, payload in choice.options[1:]:
+        ctx = [] if label in choice.bare else choice.context
         if isinstance(payload, K.Kernel):
             sub = subprogram(low, [*ctx, payload])
         else:
@@ -428,7 +525,9 @@ def _decision(
     return _Decision(kept, subprogram(low, [*choice.context, plain]), dims)
 
 
-def _decide(d: _Decision, tuner: Tuner, name: str) -> list[tuple[str, K.When | None]]:
+def _decide(
+    d: _Decision, tuner: Tuner, name: str, bare: set[str]
+) -> list[tuple[str, K.When | None]]:
     """The labels of the candidates to keep, each with the part of the range it runs for.
     A split range keeps the winner at each end for its part, from the measurements the
     decision took (re-measuring within each part compiled every generated candidate again, for
@@ -436,6 +535,10 @@ def _decide(d: _Decision, tuner: Tuner, name: str) -> list[tuple[str, K.When | N
     reference first, and the range is not split when it does not match."""
     chosen, record = tuner.decide(name, "gemm", d.dims, d.reference, d.cands)
     parts = _split(d.reference, d.dims, record)
+    if parts is not None and len({label in bare for _, label in parts}) > 1:
+        # an implicit convolution in one part only: the staged copy stays for the other, and
+        # the layouts stage would cut out the copy's readers without the call
+        parts = None
     if parts is None:
         return [(chosen.label, None)]
     by_label = {c.label: c for c in d.cands}
