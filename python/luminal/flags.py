@@ -116,6 +116,11 @@ SEARCH_MEASURE_MS = Flag(
     "LUMINAL_SEARCH_MEASURE_MS", "100",
     "a candidate whose first run takes longer is not run again (that run is its time)",
 )  # fmt: skip
+SEARCH_CONFIRM = Flag(
+    "LUMINAL_SEARCH_CONFIRM", "2",
+    "rounds in which a kernel's candidates close to the fastest are measured again, in turns, "
+    "before one is kept (0: each is measured once)",
+)  # fmt: skip
 SEARCH_SEED = Flag("LUMINAL_SEARCH_SEED", "0", "seed of the search's random inputs")
 SEARCH_LIBRARY = Flag(
     "LUMINAL_SEARCH_LIBRARY", "1",
@@ -159,8 +164,8 @@ PROGRESS = Flag(
 ALL = (DEBUG, CACHE_DIR, PLAN_CACHE, PLAN_CACHE_DIR, PLAN_CACHE_MB, KERNEL_CACHE_MB,
        NUM_THREADS, CC, CUDA_ARCH, FOLD_SCALES, SIBLINGS, EGRAPH, STAGE, COLLAPSE,
        CUBLASLT, SEARCH_BUDGET,
-       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_SEED, SEARCH_LIBRARY, SEARCH_EPILOGUES,
-       SEARCH_MIN_US,
+       SEARCH_CANDIDATES, SEARCH_MEASURE_MS, SEARCH_CONFIRM, SEARCH_SEED, SEARCH_LIBRARY,
+       SEARCH_EPILOGUES, SEARCH_MIN_US,
        SEARCH_SCHEDULES, SEARCH_FUSION, ACT_QUANT, MATMUL_PRECISION, PROGRESS)  # fmt: skip
 
 

@@ -210,6 +210,28 @@ def _scores(
     return out
 
 
+# Candidates scored within this fraction of the fastest are measured again
+# (``LUMINAL_SEARCH_CONFIRM`` rounds, in turns): one candidate's repeats take a few tens of
+# milliseconds, and a burst of another process's work in that window made a kernel look up
+# to 2x slower. Set by a diffusers VAE compiled four times with empty caches on a 2-core
+# machine while other work ran (its plans ran 14.3-25.5 ms; its decisions' candidates
+# measured 5-40% apart) and by the spread of repeated measurements of one kernel there
+# under load, 5-20% (``flags.SEARCH_CANDIDATES``)
+CLOSE_MARGIN = 0.25
+# Scores within this fraction of the best count as equal and go to the candidate the cost
+# model ranks first, so that repeated compiles keep one choice where the measurement cannot
+# tell them apart (repeats of one kernel in one compile differ by a few percent)
+SAME_SCORE = 0.03
+
+
+def _preference(score: Mapping[int, float], rank: Mapping[int, int]) -> list[int]:
+    """Measured candidates, most preferred first: those scoring within ``SAME_SCORE`` of the
+    best by the cost model's rank, then the rest by score."""
+    bound = min(score.values(), default=0.0) * (1 + SAME_SCORE)
+    same = sorted((i for i in score if score[i] <= bound), key=lambda i: rank[i])
+    return same + sorted((i for i in score if score[i] > bound), key=lambda i: (score[i], rank[i]))
+
+
 @dataclass
 class Timing:
     """A measurement: seconds of one run (the target says how it is taken from ``runs`` runs)
@@ -625,12 +647,18 @@ class Tuner:
             if ts is not None:
                 small_times[i] = ts.seconds
         typical = TYPICAL_DIMS.get() or {}
-        score = _scores({i: t.seconds for i, t in timings.items()}, small_times,
-                        bool(dims) and all(n in typical for n in dims))  # fmt: skip
+        at_typical = bool(dims) and all(n in typical for n in dims)
+        score = _scores({i: t.seconds for i, t in timings.items()}, small_times, at_typical)
+        for r in range(flags.SEARCH_CONFIRM.as_int()):
+            if start + time.perf_counter() - t0 >= self.budget_s:
+                break
+            if not self._confirm(candidates, dims, small, timings, small_times, score, rank, r):
+                break
+            score = _scores({i: t.seconds for i, t in timings.items()}, small_times, at_typical)
         verdicts: dict[int, bool | None] = {}
         choice = None
         ref_out: dict[str, np.ndarray] | None = None
-        for i in sorted(timings, key=lambda i: (score[i], rank[i])):
+        for i in _preference(score, rank):
             cand = candidates[i]
             if cand.sub is reference or self.evaluate is None:
                 verdicts[i] = None  # the reference itself, or nothing to check with
@@ -667,6 +695,39 @@ class Tuner:
                 for i, c in enumerate(candidates)
             ],
         }  # fmt: skip
+
+    def _confirm(
+        self,
+        candidates: Sequence[Candidate],
+        dims: dict[str, int],
+        small: dict[str, int],
+        timings: dict[int, Timing],
+        small_times: dict[int, float],
+        score: Mapping[int, float],
+        rank: Mapping[int, int],
+        round_: int,
+    ) -> bool:
+        """One round of measuring again the candidates within ``CLOSE_MARGIN`` of the best
+        score, one after another (in turn order, reversed every other round), each keeping its
+        fastest time so far; False when fewer than two are that close or they are long runs
+        (measured once: their time varies less, and a run costs more)."""
+        best = min(score.values(), default=0.0)
+        close = sorted(
+            (i for i in timings
+             if timings[i].runs and score[i] <= best * (1 + CLOSE_MARGIN)
+             and 1e3 * timings[i].seconds <= flags.SEARCH_MEASURE_MS.as_float()),
+            key=lambda i: rank[i],
+        )  # fmt: skip
+        if len(close) < 2:
+            return False
+        for i in close if round_ % 2 else reversed(close):
+            sub = candidates[i].sub
+            t = self._measure(sub, dims, [])
+            old = timings[i]
+            timings[i] = Timing(min(old.seconds, t.seconds), old.runs + t.runs, old.outputs)
+            if i in small_times:
+                small_times[i] = min(small_times[i], self._measure(sub, small, []).seconds)
+        return True
 
     def _measure(self, sub: Lowered, dims: dict[str, int], so_far: list[float]) -> Timing:
         """One candidate's timing; with ``races``, cut off at ``RACE_MARGIN`` times the fastest
