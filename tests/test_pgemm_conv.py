@@ -5,6 +5,8 @@ sizes; the descriptor's errors; the search recognizing a patch copy and keeping 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -19,8 +21,10 @@ from luminal.compile import build_plan
 from luminal.compiler import kernel_ir as K
 from luminal.compiler.lower import lower
 from luminal.compiler.search import gemm, select
+from luminal.compiler.search.conv import implicit_conv
 from luminal.compiler.search.tuner import Timing, Tuner, clear_memory_cache
 from luminal.graph import symbolic as sym
+from luminal.graph.ops import Op
 from luminal.plan import InlineWeight, LibCall, Plan, Role
 from luminal.targets.cpu import CpuTarget
 
@@ -139,23 +143,25 @@ def test_conv_fields_are_pgemm_only() -> None:
 # ---- the search
 
 
-def _prefer_implicit(monkeypatch, tmp_path) -> list[K.LibCall]:
+def _prefer_implicit(monkeypatch, tmp_path) -> list[K.Kernel | K.LibCall]:
     """Makes every compile's search time an implicit convolution fastest (the choice is still
-    checked against the generated kernel on real runs); returns the library calls of the
-    programs built."""
+    checked against the generated kernel on real runs); returns the steps of the programs
+    built."""
     use_kernel_cache(monkeypatch, tmp_path)
     monkeypatch.setenv("LUMINAL_PLAN_CACHE", "0")
     clear_memory_cache()
 
     def measure(self, low, dims, cutoff=None):
+        # (and fewer steps faster: an activation inlined into the patch copy is kept)
         calls = [s for s in low.kernels if isinstance(s, K.LibCall)]
-        return Timing(1e-4 if any("conv_c" in c.fields for c in calls) else 1e-3)
+        each = 1e-4 if any("conv_c" in c.fields for c in calls) else 1e-3
+        return Timing(each * len(low.kernels))
 
-    built: list[K.LibCall] = []
+    built: list[K.Kernel | K.LibCall] = []
     build = CpuTarget.build_plan
 
     def build_plan(self, low, name):
-        built.extend(s for s in low.kernels if isinstance(s, K.LibCall))
+        built.extend(low.kernels)
         return build(self, low, name)
 
     monkeypatch.setattr(CpuTarget, "measure", measure)
@@ -191,11 +197,30 @@ def test_torch_conv_keeps_implicit_pgemm(geo: tuple, tmp_path, monkeypatch) -> N
             x = torch.randn(batch, c, h, w)
             torch.testing.assert_close(f(x), conv(x), rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
-    implicit = [x for x in built if "conv_c" in x.fields]
+    implicit = [x for x in built if isinstance(x, K.LibCall) and "conv_c" in x.fields]
     assert implicit and all(x.func == "pgemm" for x in implicit)
     # (a 1x1 kernel's rows are read as they lie: stride 2 is a row step of two image rows)
     assert implicit[0].fields["conv_kh"] == k and implicit[0].fields["conv_sw"] == s
     assert implicit[0].fields["conv_sh"] == (s if k > 1 else 1)
+
+
+@pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
+@pytest.mark.parametrize("act", ["silu", "relu"])
+def test_torch_norm_act_conv(act: str, tmp_path, monkeypatch) -> None:
+    """A group norm and an activation before the convolution (a diffusers ResNet block)."""
+    built = _prefer_implicit(monkeypatch, tmp_path)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    act_mod = torch.nn.SiLU() if act == "silu" else torch.nn.ReLU()
+    model = torch.nn.Sequential(torch.nn.GroupNorm(3, 12), act_mod,
+                                torch.nn.Conv2d(12, 10, 3, padding=1)).eval()  # fmt: skip
+    f = torch.compile(model, backend="luminal", dynamic=True)
+    with torch.no_grad():
+        for batch, size in ((2, 9), (3, 14)):
+            x = torch.randn(batch, 12, size, size)
+            torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+    assert any(isinstance(x, K.LibCall) and "conv_c" in x.fields for x in built)
 
 
 @pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
@@ -209,7 +234,7 @@ def test_compile_conv_keeps_implicit_pgemm(tmp_path, monkeypatch) -> None:
     y = F.conv2d(x, g.weight("w", data=wv), g.weight("bias", data=bias), stride=2, padding=1)
     g.output("y", y.relu())
     cg = lm.compile(g)
-    assert any("conv_c" in x.fields for x in built)
+    assert any(isinstance(x, K.LibCall) and "conv_c" in x.fields for x in built)
     for bs, hs in ((1, 5), (3, 17), (2, 40)):
         xv = rand(bs, 5, hs, hs, seed=hs)
         want = TF.conv2d(torch.from_numpy(xv), torch.from_numpy(wv), torch.from_numpy(bias),
@@ -250,6 +275,43 @@ def test_lowered_conv_copy_becomes_implicit(tmp_path, monkeypatch) -> None:
         np.testing.assert_allclose(ex.run({"x": xv})["y"], want.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
+@pytest.mark.parametrize("pad", [0, 1])
+def test_values_computed_in_the_copy_move_to_the_image(pad: int, tmp_path, monkeypatch) -> None:
+    """A patch copy computing x * x at each window position (as a staged copy computes a
+    norm and an activation fused into it): the computation moves into a kernel over the image
+    (``split_patch_copy``, once per input value instead of once per tap), which the implicit
+    call reads."""
+    use_kernel_cache(monkeypatch, tmp_path)
+    g = lm.Graph("conv")
+    b = lm.dim("b", 1, 8)
+    x = g.input("x", (b, 6, 11, 9))
+    wv = rand(14, 6, 3, 3, seed=3)
+    g.output("y", F.conv2d(x, g.weight("w", data=wv), None, padding=pad))
+    low = lower(g)
+    kern = low.kernels[0]
+    assert isinstance(kern, K.Kernel)
+    (read,) = [v for v in K.walk(kern.value) if isinstance(v, K.Load) and v.buf == 0]
+    at = K.Load(0, read.index, 1, lm.f32)
+    square = K.Masked(read.valid, K.Alu(Op.MUL, (at, at), lm.f32), lm.f32)
+    low.kernels[0] = replace(kern, value=gemm._replace(kern.value, read, square))
+
+    def measure(sub, dims):
+        calls = [s for s in sub.kernels if isinstance(s, K.LibCall)]
+        return 1.0 if any("conv_c" in s.fields for s in calls) else 2.0
+
+    tuner = Tuner(measure, f"test-implicit-image-{pad}", variants=CpuTarget().library_variants)
+    chosen = select.choose_library_calls(low, tuner)
+    (call,) = [s for s in chosen.kernels if isinstance(s, K.LibCall)]
+    assert "conv_c" in call.fields
+    assert [s.name for s in chosen.kernels if isinstance(s, K.Kernel)][0].endswith("_image")
+    ex = lm.load(build_plan(chosen, "conv").to_bytes())
+    for bs in (1, 3):
+        xv = rand(bs, 6, 11, 9, seed=bs)
+        want = TF.conv2d(torch.from_numpy(xv * xv), torch.from_numpy(wv), padding=pad)
+        np.testing.assert_allclose(ex.run({"x": xv})["y"], want.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_implicit_conv_refuses_other_copies() -> None:
     """A copy that is no patch copy of the supported kind keeps the copy: a dilated window,
     a transposed read, a half-type image."""
@@ -267,8 +329,8 @@ def test_implicit_conv_refuses_other_copies() -> None:
             total = sym.add(total, t)
         return total
 
-    ok = gemm.implicit_conv(copy(at(36, 6, 6, 1, 1)), fields)
+    ok = implicit_conv(copy(at(36, 6, 6, 1, 1)), fields)
     assert ok is not None and ok[1]["conv_ih"] == 6 and ok[1]["conv_rs"] == 6
-    assert gemm.implicit_conv(copy(at(36, 6, 6, 2, 1)), fields) is None  # dilated columns
-    assert gemm.implicit_conv(copy(at(36, 6, 6, 1, 1), lm.bf16), fields) is None
-    assert gemm.implicit_conv(copy(at(36, 6, 6, 1, 1)), {**fields, "k": 9}) is None
+    assert implicit_conv(copy(at(36, 6, 6, 2, 1)), fields) is None  # dilated columns
+    assert implicit_conv(copy(at(36, 6, 6, 1, 1), lm.bf16), fields) is None
+    assert implicit_conv(copy(at(36, 6, 6, 1, 1)), {**fields, "k": 9}) is None

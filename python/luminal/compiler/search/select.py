@@ -16,9 +16,10 @@ sees the q8 values the plan computes, not random floats.
 
 A product whose B operand is a convolution's patches (an operand copy of the alternative, or a
 kernel of the program that writes them for it alone: a staged copy) also has an implicit
-convolution (``gemm.implicit_conv``): the call reads B straight from the image, the copy is
-gone. A staged copy is cut out with every other option and timed with them; kept, the
-implicit call drops it from the program.
+convolution (conv.py): the call reads B straight from the image, the copy is gone; a staged
+copy that computes its values (a norm and an activation fused in) becomes a kernel computing
+them over the image, which the call reads. A staged copy is cut out with every other option
+and timed with them; kept, the implicit call drops it from the program.
 
 A choice is timed at both ends of its range. When one program wins at the smallest size and
 another at the representative one, and the kept one is ``SPLIT_LOSS`` times slower than the
@@ -43,8 +44,9 @@ from .. import kernel_ir as K
 from ..actquant import mode as act_quant_mode
 from ..lower import BufferInfo, Lowered, Role
 from ..schedule import alternatives
+from .conv import implicit_conv, split_patch_copy
 from .cost import estimate
-from .gemm import GemmAlternative, implicit_conv, match_any, match_qdot
+from .gemm import GemmAlternative, match_any, match_qdot
 from .tuner import (
     TYPICAL_DIMS,
     Candidate,
@@ -301,7 +303,12 @@ def _options(
     context = _producers(low, kern, qalt) if qalt is not None else []
     if qalt is not None and not context:
         qalt = None  # an activation not computed here (a plan input) is not known to be q8
-    conv = _implicit(low, kern, alt) if alt is not None and qalt is None else None
+    conv = None
+    if alt is not None and qalt is None:
+        conv = _implicit(low, kern, alt, len(buffers) + len(extra))
+        if conv is not None and conv[2] is not None:
+            image = conv[2]
+            extra.append(BufferInfo(image.out, image.name, dt.f32, image.shape, "scratch"))
     options: list[tuple[str, K.Kernel | list[Step]]] = [("generated", kern)]
     proxies: dict[str, list[Step]] = {}
     bare: set[str] = set()
@@ -325,7 +332,7 @@ def _options(
         if a is alt and conv is not None:
             # the search measures the cheapest few: the implicit form (estimated just under
             # the copy and call it replaces), then the target's own forms, which 8 of the 9
-            # staged convolutions of the diffusers VAE (docs/cpu-kernels.md) kept over OpenBLAS
+            # staged convolutions of a diffusers VAE kept over the plain gemm call
             forms = [*variants, forms[0]]
         for label, call in forms:
             lib_steps: list[Step] = [*a.copies, call, *([a.epilogue] if a.epilogue else [])]
@@ -357,11 +364,13 @@ def _options(
 
 
 def _implicit(
-    low: Lowered, kern: K.Kernel, alt: GemmAlternative
-) -> tuple[K.LibCall, K.Kernel | None] | None:
-    """``alt``'s call reading its B operand straight from an image (``gemm.implicit_conv``)
+    low: Lowered, kern: K.Kernel, alt: GemmAlternative, new_buffer_id: int
+) -> tuple[K.LibCall, K.Kernel | None, K.Kernel | None] | None:
+    """``alt``'s call reading its B operand straight from an image (``conv.implicit_conv``)
     where B is a patch copy: the alternative's own copy, or a kernel of the program that
-    writes B for ``kern`` alone (returned with the call: kept, the call makes it unneeded)."""
+    writes B for ``kern`` alone (returned second: kept, the call makes it unneeded). Third,
+    a kernel writing the image the call reads (buffer ``new_buffer_id``), where the copy
+    computes its values (``conv.split_patch_copy``); else None."""
     b = alt.call.args[1]
     producer: K.Kernel | None = None
     span: Sequence[Step] = ()
@@ -386,38 +395,47 @@ def _implicit(
             return None
         producer = copy = found
     hit = implicit_conv(copy, alt.call.fields)
+    computed = None
+    if hit is None:
+        split = split_patch_copy(copy, alt.call.fields, new_buffer_id)
+        if split is not None:
+            computed = split[0]
+            hit = implicit_conv(split[1], alt.call.fields)
     if hit is None:
         return None
     image, fields = hit
     if producer is not None and any(image in K.step_buffers(s)[0] for s in span):
         return None  # the image changes between the copy and the product
     args = [alt.call.args[0], image, *alt.call.args[2:]]
-    return replace(alt.call, fields=fields, args=args), producer
+    return replace(alt.call, fields=fields, args=args), producer, computed
 
 
 def _implicit_options(
-    conv: tuple[K.LibCall, K.Kernel | None], alt: GemmAlternative, known: dict[int, BufferInfo],
+    conv: tuple[K.LibCall, K.Kernel | None, K.Kernel | None], alt: GemmAlternative,
+    known: dict[int, BufferInfo],
     tuner: Tuner, options: list[tuple[str, K.Kernel | list[Step]]],
     proxies: dict[str, list[Step]],
 ) -> set[str]:  # fmt: skip
-    """Adds the target's forms of the implicit convolution ``conv`` (its call, and the staged
-    copy it replaces if any), alone, with ``alt``'s epilogue kernel, or computing it, to
-    ``options``; their labels. Each is estimated as the copy and the call it replaces
-    (``FUSED_RANK``): the cost model prices no work inside a call, so the call alone, priced
-    as a fraction of the copy and the call, would leave the copies' options unmeasured."""
-    call, producer = conv
+    """Adds the target's forms of the implicit convolution ``conv`` (its call, the staged copy
+    it replaces if any, the kernel computing the image it reads if any), alone, with ``alt``'s
+    epilogue kernel, or computing it, to ``options``; their labels. Each is estimated as the
+    copy and the call it replaces (``FUSED_RANK``): the cost model prices no work inside a
+    call, so the call alone, priced as a fraction of the copy and the call, would leave the
+    copies' options unmeasured."""
+    call, producer, computed = conv
     operands = [known[x] for x in call.args]
     epi: list[Step] = [alt.epilogue] if alt.epilogue else []
+    first: list[Step] = [computed] if computed is not None else []
     suffix = "+epilogue" if alt.epilogue else ""
     copied: list[Step] = [*alt.copies, *([producer] if producer is not None else [])]
     labels = set()
     forms = tuner.variants(call, operands) if tuner.variants is not None else []
     for label, variant in forms:
-        options.append((f"implicit+{label}{suffix}", [variant, *epi]))
+        options.append((f"implicit+{label}{suffix}", [*first, variant, *epi]))
         labels.add(f"implicit+{label}{suffix}")
     if alt.epilogue is not None and tuner.epilogues is not None:
         for label, variant in tuner.epilogues(call, alt.epilogue, operands):
-            options.append((f"implicit+{label}", [variant]))
+            options.append((f"implicit+{label}", [*first, variant]))
             labels.add(f"implicit+{label}")
     for label in labels:
         proxies[label] = [*copied, alt.call, *epi]
