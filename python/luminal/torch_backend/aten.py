@@ -74,7 +74,11 @@ def _compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             env.bind(args)
         except ValueError as e:  # a size outside dynamo's guards: eager PyTorch runs it
             warn_once(f"bind:{e}", f"luminal: {e}; this call runs in eager PyTorch")
-            return gm(*args)
+            env.eager = True
+            try:
+                return forward(*args)
+            finally:
+                env.eager = False
         return forward(*args)
 
     return run

@@ -19,7 +19,7 @@ from ..graph import symbolic as sym
 from ..graph.view import contiguous_strides, idx_vars
 from ..tensor import Tensor
 from .convert import Ctx, op
-from .symbols import Unsupported
+from .symbols import Unsupported, dense_order
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -54,9 +54,30 @@ def _dropout(cx: Ctx, x: Tensor, p: float, train: bool) -> Tensor:
 
 @op(aten.copy.default)
 def _copy(cx: Ctx, dst: Tensor, src: Any, non_blocking: bool = False) -> Tensor:
-    return (
-        src.cast(dst.dtype).expand(dst.shape) if isinstance(src, Tensor) else F.full_like(dst, src)
-    )
+    return copy_value(cx, dst, src)
+
+
+def copy_value(cx: Ctx, dst: Tensor, src: Any) -> Tensor:
+    """The value ``copy_(dst, src)`` leaves in ``dst``: ``src`` cast and broadcast to dst's
+    shape (an expand), or viewed to it where a size of src equals dst's only under a guard
+    (``b * ((s + 1) // b)`` for ``s + 1``, which each call checks: view_exact)."""
+    if not isinstance(src, Tensor):
+        return F.full_like(dst, src)
+    src = src.cast(dst.dtype)
+    if tuple(src.shape) == tuple(dst.shape):
+        return src
+    try:
+        return src.expand(dst.shape)
+    except ValueError:
+        pass
+    hints = [[cx.dims.hint(n) for n in t.shape] for t in (src, dst)]
+    if hints[0] != hints[1] or None in hints[0]:
+        raise Unsupported(f"copy into {tuple(dst.shape)} from a value of shape "
+                          f"{tuple(src.shape)}")  # fmt: skip
+    try:
+        return view_exact(cx, src, dst.shape)
+    except ValueError as e:
+        raise Unsupported(f"copy into {tuple(dst.shape)} from {tuple(src.shape)}: {e}") from e
 
 
 # ----------------------------------------------------------------------------- views
@@ -65,16 +86,24 @@ def _copy(cx: Ctx, dst: Tensor, src: Any, non_blocking: bool = False) -> Tensor:
     aten.unflatten.int, aten.view_as.default)  # fmt: skip
 def _reshape(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
     # the fake value holds the resolved shape (no -1, symbolic sizes simplified by torch)
-    shape = cx.shape()
+    return view_exact(cx, x, cx.shape())
+
+
+def view_exact(cx: Ctx, x: Tensor, shape: Sequence[sym.sint]) -> Tensor:
+    """``x`` viewed as ``shape``, also where the element counts agree only when the divisors
+    of ``shape``'s quotients divide their dividends: a view to (b, a // b, ...) of a tensor of
+    ``a`` elements per row (a batch split off rows that hold batch x heads), where ``a`` is a
+    size or a size plus a constant (LED's ``s + 1`` chunks). Eager's view refuses the other
+    sizes and dynamo guards the division; each call checks it (Dims.divides), and the
+    elements are then the same, in order."""
     try:
         return x.reshape(shape)
     except ValueError:
-        quotients = [e for e in shape if isinstance(e, sym.Expr) and e.kind == sym.DIV]
+        quotients: list[sym.Expr] = []
+        for e in (*shape, *x.shape):
+            _quotients_in(e, quotients)
         if not quotients:
             raise
-    # a view to (b, a // b, ...) of a tensor of a elements per row (a batch split off rows
-    # that hold batch x heads): as many elements only where b divides a, which eager's view
-    # requires and each call checks (Dims.divides); the elements are then the same, in order
     n: sym.sint = 1
     for e in shape:
         n = sym.mul(n, e)
@@ -82,14 +111,42 @@ def _reshape(cx: Ctx, x: Tensor, *args: Any, **kw: Any) -> Tensor:
     exact: dict[str, sym.sint] = {}
     for k, q in enumerate(quotients):
         a, b = q.args[0], q.args[1]
-        if not (a.kind == sym.VAR and a.name not in exact):
+        v, c = _size_plus_const(a)
+        if v is None or v.name in exact:
             raise ValueError(f"reshape: cannot view {tuple(x.shape)} as {tuple(shape)}")
-        exact[a.name] = sym.mul(b, sym.dim(f"_exact{k}", 1, max(sym.upper_bound(a), 1)))
+        k_dim = sym.dim(f"_exact{k}", 1, max(sym.upper_bound(a), 1))
+        exact[v.name] = sym.add(sym.mul(b, k_dim), -c)
     if sym.add(sym.substitute(n, exact), sym.mul(sym.substitute(x.numel(), exact), -1)) != 0:
         raise ValueError(f"reshape: cannot view {tuple(x.shape)} as {tuple(shape)}")
     what = f"view to {tuple(shape)}"
     cx.dims.divides += [(q.args[0], q.args[1], what) for q in quotients]
     return x.reshape(-1).slice(0, 0, n).reshape(shape)
+
+
+def _quotients_in(e: Any, out: list[sym.Expr]) -> None:
+    """The floor divisions inside ``e`` (a sint, or the tuples of a sum's terms), each once."""
+    if isinstance(e, tuple):
+        for a in e:
+            _quotients_in(a, out)
+    elif isinstance(e, sym.Expr):
+        if e.kind == sym.DIV:
+            if e not in out:
+                out.append(e)
+        elif e.kind != sym.VAR:
+            _quotients_in(e.args, out)
+
+
+def _size_plus_const(a: sym.sint) -> tuple[Any, int]:
+    """(v, c) where ``a`` is the dim ``v`` plus the constant ``c``; (None, 0) otherwise."""
+    if isinstance(a, sym.Expr) and a.kind == sym.VAR:
+        return a, 0
+    if isinstance(a, sym.Expr) and a.kind == sym.ADD:
+        terms, c = a.args
+        if len(terms) == 1:
+            ((v, coef),) = dict(terms).items()
+            if coef == 1 and v.kind == sym.VAR:
+                return v, c
+    return None, 0
 
 
 @op(aten.expand.default, aten.expand_as.default)
@@ -242,57 +299,94 @@ def _unfold(cx: Ctx, x: Tensor, dim: int, size: int, step: int) -> Tensor:
     return out.permute(order)
 
 
-def _owns_storage(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.storage_offset() == 0 and v.is_contiguous()
+def _storage_block(cx: Ctx, node: Any, value: Any) -> tuple[Tensor, sym.sint] | None:
+    """``value`` (the luminal value of ``node``) as the block of storage it fills, in storage
+    order, and that block's storage offset; None where its elements do not fill a block
+    (gaps, overlaps, or a layout luminal cannot read)."""
+    val = node.meta.get("val")
+    if not isinstance(value, Tensor) or not isinstance(val, torch.Tensor):
+        return None
+    try:
+        size = cx.dims.shape(val)
+        stride = tuple(cx.dims.expr(st) for st in val.stride())
+        off = cx.dims.expr(val.storage_offset())
+    except Unsupported:
+        return None
+    order = dense_order(val, size, stride)
+    if order is None:
+        return None
+    block = value.permute(order) if order != sorted(order) else value
+    return (block.reshape((-1,)) if block.ndim != 1 else block), off
 
 
-def _storage_base(cx: Ctx, x: Tensor) -> Tensor:
-    """The value whose contiguous layout is the storage ``x`` views: ``x`` itself, or the
-    source of the views (a transpose, then a reshape: Longformer's chunks) that led to it."""
-    node = cx.node.args[0] if cx.node is not None else None
-    if node is None or not isinstance(node.meta.get("val"), torch.Tensor):
-        raise Unsupported("as_strided of a value without a known layout")
-    storage = StorageWeakRef(node.meta["val"].untyped_storage())
-    while not _owns_storage(node.meta.get("val")):
-        up = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
-              and StorageWeakRef(a.meta["val"].untyped_storage()) == storage]  # fmt: skip
-        if len(up) != 1:
-            raise Unsupported("as_strided of a tensor that is not its own contiguous storage, "
-                              "nor a view of one")  # fmt: skip
-        node = up[0]
-    base = cx.values.get(node) if node is not cx.node.args[0] else x
-    if not isinstance(base, Tensor):
-        raise Unsupported("as_strided of a view whose source luminal does not hold")
-    return base
+def _within(cx: Ctx, lo: sym.sint, hi: sym.sint, n: sym.sint, what: str) -> bool:
+    """Whether reads from ``lo`` to ``hi`` stay in ``[0, n)``: proved, or true at the traced
+    sizes and then checked at each call (Dims.nonneg); False where it fails at the traced
+    sizes."""
+    conds = [sym.add(n, sym.add(sym.mul(hi, -1), -1)), lo]
+    if all(sym.prove_nonneg(c) for c in conds):
+        return True
+    hints = [cx.dims.hint(c) for c in conds]
+    if any(h is None or h < 0 for h in hints):
+        return False
+    cx.dims.nonneg += [(c, what) for c in conds if not sym.prove_nonneg(c)]
+    return True
 
 
 @op(aten.as_strided.default, aten.as_strided_copy.default)
 def _as_strided(cx: Ctx, x: Tensor, size: Any, stride: Any, storage_offset: Any = None) -> Tensor:
-    x = _storage_base(cx, x)  # as_strided addresses the storage, not the view it is called on
+    """A gather from the storage ``x`` views, at ``storage_offset + sum(i_k * stride_k)``:
+    from ``x`` itself or from the view it was made from (Longformer's sliding chunks
+    transpose and reshape before their ``as_strided``), whichever holds a block of storage
+    that covers every element read, taken in storage order."""
     off = storage_offset or 0
-    last: Any = off  # the furthest element read: within the storage, or PyTorch reads others'
+    last: Any = off  # the furthest element read
     for n, st in zip(size, stride, strict=True):
+        if isinstance(st, int) and st < 0:
+            raise Unsupported("as_strided with a negative stride")
         last = sym.add(last, sym.mul(sym.add(n, -1), st))
-    if any(isinstance(n, int) and n == 0 for n in size):
-        last = -1
-    if not sym.prove_lt(last, x.numel()):
-        raise Unsupported(f"as_strided reading up to element {last} of {x.numel()}")
+    shape = tuple(size)
+    node = cx.node.args[0] if cx.node is not None else None
+    if not isinstance(node, torch.fx.Node) or not isinstance(node.meta.get("val"), torch.Tensor):
+        raise Unsupported("as_strided of a value without a known layout")
+    if any(isinstance(n, int) and n == 0 for n in shape):
+        return F.full(cx.g, shape, 0, dtype=x.dtype)
     if (
         tuple(size) == tuple(x.shape)
         and off == 0
+        and node.meta["val"].storage_offset() == 0
         and all(
             n == 1 or F._base.same(st, want)
             for n, st, want in zip(size, stride, contiguous_strides(x.shape), strict=True)
         )
+        and node.meta["val"].is_contiguous()
     ):
         return x  # x's own layout restated (AOTAutograd restrides a keepdim reduction so)
-    flat = x.reshape((-1,)) if x.ndim != 1 else x
-    shape = tuple(size)
-    expr: Any = off
+    storage = StorageWeakRef(node.meta["val"].untyped_storage())
+    value: Any = x
+    why = "as_strided of a tensor that is not a block of its storage, nor a view of one"
+    while True:
+        got = _storage_block(cx, node, value)
+        if got is not None:
+            flat, base = got
+            what = f"as_strided reading elements {off}..{last} of a block at {base}"
+            if _within(cx, sym.add(off, sym.mul(base, -1)), sym.add(last, sym.mul(base, -1)),
+                       flat.shape[0], what):  # fmt: skip
+                break
+            why = f"as_strided reading up to element {last} of {base} + {flat.shape[0]}"
+        up = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
+              and StorageWeakRef(a.meta["val"].untyped_storage()) == storage]  # fmt: skip
+        if len(up) != 1:
+            raise Unsupported(why)
+        node = up[0]
+        value = cx.values.get(node)
+        if not isinstance(value, Tensor):
+            raise Unsupported("as_strided of a view whose source luminal does not hold")
+    expr: Any = sym.add(off, sym.mul(base, -1))
     for v, st in zip(idx_vars(shape), stride, strict=True):
         expr = sym.add(expr, sym.mul(v, st))
     if not shape:
-        return flat.slice(0, off, 1).reshape(())
+        return flat.slice(0, expr, 1).reshape(())
     idx = F._base.iota(cx.g, shape, expr, dt.i64)
     return F._base.gather_flat(flat, idx)
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,8 @@ from ..graph.ops import Leaf, Op
 from ..tensor import Graph, Tensor
 from .call import _BITS_VIEWED, Call, complex_of, plan_array, prepare, to_torch, weight_array
 from .convert import Ctx, convert_call
-from .symbols import Dims, Unsupported, bare_symbol, quotient_name
+from .convert_views import copy_value
+from .symbols import Dims, Unsupported, bare_symbol, dense_order, quotient_name
 
 
 @dataclass
@@ -92,14 +93,27 @@ class Env:
         self._quotients = [(n, m, quotient_name(n, m)) for n, m in self.multiples.items()
                            if n in binders]  # fmt: skip
         self.divides: list[tuple[sym.sint, sym.sint, str]] = []  # see Dims.divides
+        self.nonneg: list[tuple[sym.sint, str]] = []  # see Dims.nonneg
+        self.used: set[str] = set()  # symbols some plan takes as a dim
+        # set for a call whose sizes no plan takes: every partition runs its ATen code (the
+        # graph itself holds the partitions now, so the caller cannot run it around them)
+        self.eager = False
 
-    def require(self, divides: Sequence[tuple[sym.sint, sym.sint, str]]) -> None:
+    def require(self, divides: Sequence[tuple[sym.sint, sym.sint, str]],
+                nonneg: Sequence[tuple[sym.sint, str]] = (),
+                used: Iterable[str] = ()) -> None:  # fmt: skip
+        """Take up the run-time conditions a partition's conversion relied on, and the
+        symbols its plan takes as dims."""
         self.divides += [d for d in divides if d not in self.divides]
+        self.nonneg += [d for d in nonneg if d not in self.nonneg]
+        self.used |= set(used)
 
     def bind(self, args: Sequence[Any]) -> None:
         dims = {name: args[i].shape[axis] for name, i, axis in self._sizes}  # torch.Size: ints
         for name, i in self._ints:
             dims[name] = int(args[i])
+            if dims[name] < 0 and name in self.used:  # a dim is a size: never negative
+                raise ValueError(f"int argument {name} = {dims[name]} is negative")
         for name, m, q in self._quotients:
             if dims[name] % m:
                 raise ValueError(f"size {name} = {dims[name]} is not a multiple of {m}, which "
@@ -109,6 +123,9 @@ class Env:
             va, vb = sym.evaluate(a, dims), sym.evaluate(b, dims)
             if vb == 0 or va % vb:
                 raise ValueError(f"{what}: size {a} = {va} is not a multiple of {b} = {vb}")
+        for e, what in self.nonneg:
+            if sym.evaluate(e, dims) < 0:
+                raise ValueError(f"{what} at these sizes")
         self.dims = dims
 
 
@@ -141,6 +158,9 @@ class Built:
     tuple_out: bool
     updated: list[int]  # placeholder indices of inputs the plan writes in place (copy_ into)
     failed: dict[Node, str]  # tolerant builds only: node -> why it cannot convert
+    # placeholder indices of strided inputs a copy_ writes: the plan computes the new value,
+    # the partition copies it into the tensor
+    written_back: list[int] = field(default_factory=list)
 
 
 # plans a partition keeps for distinct weight sets, least recently used dropped: one per layer
@@ -174,6 +194,7 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
     storages: dict[Any, int] = {}  # fake storage of each tensor placeholder -> its index
     mutated = mutated_inputs(gm)
     updated: list[int] = []
+    written_back: list[int] = []
     ph_index: dict[Node, int] = {}
     for node in gm.graph.nodes:
         val = node.meta.get("val")
@@ -208,6 +229,9 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
                 if node.target is torch.ops.aten.copy_.default and node.args[0] in mutated:
                     env[node] = _write_in_place(cx, node, args)
                     updated.append(ph_index[node.args[0]])
+                elif node.target is torch.ops.aten.copy_.default and node.args[0] in ph_index:
+                    env[node] = _write_back(cx, node, args, inputs)
+                    written_back.append(ph_index[node.args[0]])
                 else:
                     env[node] = convert_call(cx, node.target, args, kwargs)
             except Unsupported as e:
@@ -225,7 +249,9 @@ def build(gm: GraphModule, weight_names: set[str], shape_env: Any, tolerant: boo
                 outputs.append(_output(g, dims, env, storages, r, j) if not tolerant else None)
         else:
             raise Unsupported(f"FX node kind {node.op}")
-    return Built(g, dims, inputs, weights, scalars, outputs, tuple_out, updated, failed)
+    return Built(
+        g, dims, inputs, weights, scalars, outputs, tuple_out, updated, failed, written_back
+    )
 
 
 def _attr_tensor(gm: GraphModule, node: Node) -> torch.Tensor | None:
@@ -270,9 +296,7 @@ def _flat_input(g: Graph, dims: Dims, node: Node, val: torch.Tensor) -> Any:
 def _write_in_place(cx: Ctx, node: Node, args: tuple) -> Tensor:
     """``copy_(input, value)`` as an in-place plan output when ``value`` is a SCATTER into that
     input (a cache write); anything else is left to eager PyTorch."""
-    dst, src = args[0], args[1]
-    if not isinstance(src, Tensor) or tuple(src.shape) != tuple(dst.shape):
-        raise Unsupported("copy_ into an input from a value of another shape")
+    dst, src = args[0], copy_value(cx, args[0], args[1])
     name = str(getattr(node.args[0], "name", ""))
     into, layout = cx.flat_writes.get(id(src.node), (None, None))
     flat = cx.flat_inputs.get(id(dst))
@@ -290,6 +314,17 @@ def _write_in_place(cx: Ctx, node: Node, args: tuple) -> Tensor:
     except ValueError as e:  # not a scatter into that input: a whole new value
         raise Unsupported(f"copy_ into an input: {e}") from e
     return src
+
+
+def _write_back(cx: Ctx, node: Node, args: tuple, inputs: list[tuple[int, str]]) -> Tensor:
+    """``copy_(input, value)`` into a strided input (not one the plan can write in place): the
+    new value is a plan output the partition copies into the tensor (``copy_back``)."""
+    name = str(getattr(node.args[0], "name", ""))
+    if not isinstance(args[0], Tensor) or not any(n == name for _, n in inputs):
+        raise Unsupported(_EAGER_COPY)
+    new = copy_value(cx, args[0], args[1])
+    cx.g.output(f"_upd_{name}", new if new.node.op is not Leaf.INPUT else _copy(new))
+    return new
 
 
 def _is_size(dims: Dims, val: Any) -> bool:
@@ -382,7 +417,7 @@ def _output(g: Graph, dims: Dims, env: dict[Node, Any], storages: dict[Any, int]
             if val.is_complex():  # a complex view of a real input's memory
                 raise Unsupported(f"output {r.name}: a complex alias of an input")
             return ("alias", k, dims.expr(val.storage_offset()), size, stride)
-        perm = _dense_order(val, size, stride)
+        perm = dense_order(val, size, stride)
         name = f"out{j}"
         if perm is None:  # overlapping or gapped strides: copy into torch's layout
             g.output(name, v if v.node.op is not Leaf.INPUT else _copy(v))
@@ -397,23 +432,6 @@ def _output(g: Graph, dims: Dims, env: dict[Node, Any], storages: dict[Any, int]
     if v is None or isinstance(v, (float, bool)):
         return ("v", v)
     raise Unsupported(f"output {r.name} of kind {type(val).__name__}")
-
-
-def _dense_order(val: torch.Tensor, size: tuple, stride: tuple) -> list[int] | None:
-    """The dim order in which ``val`` is laid out contiguously, or None if it is not dense."""
-    hints = [_hint(s) for s in val.stride()]
-    perm = sorted(range(val.dim()), key=lambda d: -hints[d])  # stable: ties keep logical order
-    expect: sym.sint = 1
-    for d in reversed(perm):
-        if not (isinstance(size[d], int) and size[d] == 1) and stride[d] is not expect and \
-                stride[d] != expect:  # fmt: skip
-            return None
-        expect = sym.mul(expect, size[d])
-    return perm
-
-
-def _hint(s: Any) -> int:
-    return int(s.node.hint) if isinstance(s, torch.SymInt) else int(s)
 
 
 def _copy(v: Tensor) -> Tensor:
@@ -491,6 +509,8 @@ class LuminalPartition(torch.nn.Module):
         )
 
     def forward(self, *args: Any) -> Any:
+        if self.env.eager:
+            return self.eager(*args)
         call = self.call
         if call is not None:
             try:
@@ -658,9 +678,10 @@ def split(gm: GraphModule, weight_names: set[str], shape_env: Any, env: Env) -> 
         except Unsupported as e:
             warn_once(f"part:{e}", f"luminal: {e}; that part of the graph runs in eager PyTorch")
             continue
-        if all(o[0] in ("alias", "s", "v") for o in built.outputs) and not built.updated:
+        if all(o[0] in ("alias", "s", "v") for o in built.outputs) and not \
+                (built.updated or built.written_back):  # fmt: skip
             continue  # views of inputs and sizes only: nothing for a plan to compute
-        env.require(built.dims.divides)
+        env.require(built.dims.divides, built.dims.nonneg, built.dims.dims)
         stats.partitions += 1
         stats.in_place += len(built.updated)
         stats.partition_sizes.append(sum(n.op == "call_function" for n in sub.graph.nodes))

@@ -37,6 +37,9 @@ class Dims:
         # (a, b, what): the graph is exact only where b divides a (a view to a size a // b);
         # each call checks it (Env.bind), as eager's view would refuse the sizes otherwise
         self.divides: list[tuple[sint, sint, str]] = []
+        # (e, what): the graph is exact only where e >= 0 (an as_strided read inside its base
+        # that the bounds cannot prove); each call checks it (Env.bind)
+        self.nonneg: list[tuple[sint, str]] = []
 
     def symbol(self, s: sympy.Symbol) -> sint:
         name = s.name
@@ -47,8 +50,9 @@ class Dims:
             lo, hi = 1, sym.DEFAULT_DIM_MAX
             vr = getattr(self.shape_env, "var_to_range", {}).get(s)
             if vr is not None:
-                if _finite(vr.lower):
-                    lo = max(int(vr.lower), 0)
+                # an int argument (a cache position) ranges over all integers: 0 is a value
+                # the plan must take; a negative one Env.bind sends to eager
+                lo = max(int(vr.lower), 0) if _finite(vr.lower) else 0
                 if _finite(vr.upper):
                     hi = min(int(vr.upper), sym.DEFAULT_DIM_MAX)
             if self.guard_bounds is None:
@@ -148,6 +152,25 @@ class Dims:
     def position(self, v: sint, n: sint, what: str) -> sint:
         """``v`` along an axis of extent ``n``, a negative one counted from the end."""
         return sym.add(n, v) if self.negative(v, what) else v
+
+
+def dense_order(val: torch.Tensor, size: tuple, stride: tuple) -> list[int] | None:
+    """The dim order in which ``val`` is laid out contiguously (its elements fill a block of
+    storage, largest stride first), or None if it is not dense; ``size`` and ``stride`` are
+    ``val``'s as sints, equal for every value of the dims, the order is read at the hints."""
+    hints = [_hint(s) for s in val.stride()]
+    perm = sorted(range(val.dim()), key=lambda d: -hints[d])  # stable: ties keep logical order
+    expect: sint = 1
+    for d in reversed(perm):
+        if not (isinstance(size[d], int) and size[d] == 1) and stride[d] is not expect and \
+                stride[d] != expect:  # fmt: skip
+            return None
+        expect = sym.mul(expect, size[d])
+    return perm
+
+
+def _hint(s: Any) -> int:
+    return int(s.node.hint) if isinstance(s, torch.SymInt) else int(s)
 
 
 def _hints(shape_env: Any) -> dict[Any, Any]:
