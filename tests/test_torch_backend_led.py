@@ -72,6 +72,26 @@ def test_as_strided_of_a_view_of_an_intermediate():
     _no_eager()
 
 
+def test_as_strided_over_a_symbolic_window_checks_its_reads_per_call():
+    # chunks already cut (LED's attention probabilities after a graph break): the window
+    # 2w is a size of the input, the stride w = 2w // 2 a floor division, and the bound of
+    # the last element read is checked at each call rather than proved
+    def f(p):
+        size = [p.size(0), 2 * p.size(1) - 1, p.size(2), 1]
+        stride = [p.stride(0), p.stride(1) // 2, 1, 1]
+        return p.as_strided(size, stride) - 1.0
+
+    g = _compiled(f)
+    with torch.no_grad():
+        for shape in ((3, 4, 8, 1), (2, 5, 12, 1), (5, 3, 7, 1)):
+            p = torch.randn(*shape)
+            torch.testing.assert_close(g(p), f(p), rtol=0, atol=0)
+            if shape[0] == 3:
+                compiles = lt.stats.compiles
+    assert lt.stats.compiles == compiles
+    _no_eager()
+
+
 def test_as_strided_with_an_offset_past_a_strided_base():
     # the window starts past the start of a permuted base: the offset counts in storage
     def f(x):
