@@ -26,6 +26,16 @@ def _compiled(fn):
 def _no_eager():
     assert lt.stats.eager_ops == {}, lt.stats.eager_ops
     assert lt.stats.failed_plans == 0, lt.stats.fallbacks
+    assert lt.stats.fallbacks == []
+
+
+def _compiles_once(calls):
+    """Run each call; the ones after the first compile nothing new."""
+    calls[0]()
+    compiles = lt.stats.compiles
+    for c in calls[1:]:
+        c()
+    assert lt.stats.compiles == compiles
 
 
 def _chunks(h: torch.Tensor, w: int) -> torch.Tensor:
@@ -137,9 +147,12 @@ def test_copy_from_a_guarded_view():
 
     g = _compiled(f)
     with torch.no_grad():
-        for n, b in ((5, 2), (11, 4), (8, 9)):
+
+        def call(n, b):
             x, y = torch.randn(n, 3), torch.randn(b, 4)
             torch.testing.assert_close(g(x, y), f(x, y), rtol=0, atol=0)
+
+        _compiles_once([lambda n=n, b=b: call(n, b) for n, b in ((5, 2), (11, 4), (8, 3))])
     _no_eager()
 
 
@@ -150,12 +163,15 @@ def test_copy_broadcasts_like_expand():
 
     g = _compiled(f)
     with torch.no_grad():
-        for n, d in ((3, 5), (7, 2)):
+
+        def call(n, d):
             x = torch.randn(n, d)
             want_buf, got_buf = torch.zeros(n, d), torch.zeros(n, d)
             want = f(want_buf, x)
             torch.testing.assert_close(g(got_buf, x), want)
             torch.testing.assert_close(got_buf, want_buf)
+
+        _compiles_once([lambda n=n, d=d: call(n, d) for n, d in ((3, 5), (7, 2), (4, 9))])
     _no_eager()
 
 
@@ -168,7 +184,8 @@ def test_copy_into_a_strided_input():
 
     g = _compiled(f)
     with torch.no_grad():
-        for n, k in ((3, 5), (6, 7)):
+
+        def call(n, k):
             x = torch.randn(n, 9)
             start = torch.randn(k, n, 9)
             want_buf = start.clone().transpose(0, 1)
@@ -176,6 +193,8 @@ def test_copy_into_a_strided_input():
             want = f(want_buf, x)
             torch.testing.assert_close(g(got_buf, x), want)
             torch.testing.assert_close(got_buf, want_buf, rtol=0, atol=0)
+
+        _compiles_once([lambda n=n, k=k: call(n, k) for n, k in ((3, 5), (6, 7), (11, 2))])
     _no_eager()
 
 
