@@ -224,6 +224,22 @@ def test_torch_norm_act_conv(act: str, tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
+def test_grouped_conv_keeps_its_copy(tmp_path, monkeypatch) -> None:
+    """groups > 1 is not read implicitly (its batch of (image, group) matrices has no one
+    stride): it stays on the patch copy and computes conv2d."""
+    built = _prefer_implicit(monkeypatch, tmp_path)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(12, 18, 3, padding=1, groups=3).eval()
+    f = torch.compile(conv, backend="luminal", dynamic=False)
+    with torch.no_grad():
+        x = torch.randn(2, 12, 10, 11)
+        torch.testing.assert_close(f(x), conv(x), rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+    assert not any(isinstance(x, K.LibCall) and "conv_c" in x.fields for x in built)
+
+
+@pytest.mark.skipif(not AVX512, reason="pgemm is offered on AVX-512 machines")
 def test_compile_conv_keeps_implicit_pgemm(tmp_path, monkeypatch) -> None:
     """Through luminal.compile, a symbolic batch and image size: conv2d, bias and relu."""
     built = _prefer_implicit(monkeypatch, tmp_path)

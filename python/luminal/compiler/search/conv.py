@@ -69,7 +69,9 @@ def _patch_axes(copy: K.Kernel, fields: dict[str, sint | float]) -> dict[str, li
     sk, sn = (1, ldb) if tb else (ldb, 1)
     parts = [("k", sk, k), ("n", sn, n), ("b", stride_b, batch)]
     groups = _axis_groups(copy.shape, parts)  # type: ignore[arg-type]
-    if groups is None or len(groups["n"]) != 2 or len(groups["k"]) not in (1, 3):
+    # (one batch axis: a grouped convolution's (batch, group) matrices are not one stride apart)
+    if groups is None or len(groups["n"]) != 2 or len(groups["k"]) not in (1, 3) \
+            or len(groups["b"]) > 1:  # fmt: skip
         return None
     return groups
 
