@@ -372,8 +372,12 @@ def _pgemm_variants(call: K.LibCall, operands: Sequence[BufferInfo]) -> list[tup
         # channel, so that packing is most of the time)
         mr = PGEMM_MR[-1]
         fields = {"mr": mr, "pack": 0, "pack_a": int(call.fields.get("trans_a", 0) != 0)}
-        return [(f"pgemm,mr={mr}",
-                 replace(call, name=name, func="pgemm", fields={**call.fields, **fields}))]
+        return [
+            (
+                f"pgemm,mr={mr}",
+                replace(call, name=name, func="pgemm", fields={**call.fields, **fields}),
+            )
+        ]
     # A read in place where it can be (rows of A, trans_a 0): 1.04-1.15x faster than packed at
     # every size timed (M 17..2048 by the PGEMM_MR sizes, one sitting, interleaved)
     forms = [("", {"pack": pack, "pack_a": int(call.fields.get("trans_a", 0) != 0)})]

@@ -244,8 +244,9 @@ def choose_library_calls(low: Lowered, measure: Measure | Tuner, target: str = "
             continue
         if choice.key not in memo:
             d = decisions[choice.key]
-            memo[choice.key] = [("generated", None)] if d is None else _decide(
-                d, tuner, kern.name, choice.bare)
+            memo[choice.key] = (
+                [("generated", None)] if d is None else _decide(d, tuner, kern.name, choice.bare)
+            )
         payloads = dict(choice.options)
         picks = [(payloads[label], when) for label, when in memo[choice.key]]
         if choice.drop is not None and all(label in choice.bare for label, _ in memo[choice.key]):
@@ -498,7 +499,7 @@ def _candidates(
     """The cut-out program of every option (``buffers`` holds every new buffer so far)."""
     sub_gen = choice.sub_gen
     cands = [Candidate("generated", sub_gen, estimate(sub_gen, dims, tuner.cost),
-                       choice.options[0][1])]  # fmt: skip
+                       choice.options[0][1], ("generated", "generated"))]  # fmt: skip
     for label, payload in choice.options[1:]:
         ctx = [] if label in choice.bare else choice.context
         if isinstance(payload, K.Kernel):
@@ -510,8 +511,19 @@ def _candidates(
             proxy = subprogram(low, [*ctx, *choice.proxies[label]], buffers[len(low.buffers) :])
             choice.proxy_subs[label] = proxy
             cost = FUSED_RANK * estimate(proxy, dims, tuner.cost)
-        cands.append(Candidate(label, sub, cost, payload))
+        cands.append(Candidate(label, sub, cost, payload, (_implementation(payload), label)))
     return cands
+
+
+def _implementation(payload: K.Kernel | list[Step]) -> str:
+    """What runs an option's product: "generated", or its library call's function. The
+    measured slots go to different ones among options the cost model ties (``spread``): it
+    prices every call's flops alike, so the forms of one call (an implicit convolution and the
+    copy it replaces, a GEMM's register blockings) had taken the slots of another call that
+    measured faster (the plain gemm call on a 56x56 convolution's patches, 1.65 against 2.5 ms)."""
+    if isinstance(payload, K.Kernel):
+        return "generated"
+    return next((s.func for s in payload if isinstance(s, K.LibCall)), "generated")
 
 
 def _decision(
